@@ -1,0 +1,183 @@
+// Running the checker: resolve the config as Bridge would, evaluate the rule table, report.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "check/flex_backend.hpp"
+#include "config/schema.hpp"
+#include "epx/check.hpp"
+
+namespace epx {
+namespace {
+
+const GpuInfo& target_gpu(const Config& cfg) {
+  const GpuInfo* gpu = find_gpu(cfg.target.gpu);
+  if (!gpu) {
+    std::vector<std::string> names;
+    for (const auto& g : gpu_catalog()) names.push_back(g.name);
+    throw ConfigError(fmt::format("target.gpu: unknown GPU '{}'; known: {}", cfg.target.gpu,
+                                  fmt::join(names, ", ")));
+  }
+  return *gpu;
+}
+
+void check_versions(const Config& cfg) {
+  // Reject unreadable versions up front, naming the field (unusable input).
+  for (const auto& [key, value] : {std::pair{"target.torch_version", cfg.target.torch_version},
+                                   std::pair{"target.te_version", cfg.target.te_version}}) {
+    if (!value) continue;
+    try {
+      version_at_least(*value, "0");
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}: {}", key, e.what()));
+    }
+  }
+}
+
+std::string value_text(const Config& cfg, const std::string& key) {
+  if (key.starts_with("env_vars.")) {
+    auto it = cfg.env_vars.find(key.substr(9));
+    return it == cfg.env_vars.end() ? "unset" : it->second;
+  }
+  return field_text(cfg, key);
+}
+
+int severity_rank(Severity s) { return static_cast<int>(s); }
+
+}  // namespace
+
+const char* to_string(Severity s) {
+  switch (s) {
+    case Severity::error: return "error";
+    case Severity::warning: return "warning";
+    case Severity::advice: return "advice";
+  }
+  return "?";
+}
+
+int CheckReport::count(Severity s) const {
+  return static_cast<int>(std::count_if(findings.begin(), findings.end(),
+                                        [s](const Finding& f) { return f.severity == s; }));
+}
+
+Config resolve_config(const Config& loaded, const OptString& flex_backend_flag,
+                      std::vector<Finding>* findings) {
+  std::vector<Finding> local;
+  std::vector<Finding>& out = findings ? *findings : local;
+  Config cfg = loaded;
+  const GpuInfo& gpu = target_gpu(cfg);
+  check_versions(cfg);
+  // Bridge's order: the harness applies the backend, runtime_config_update finalizes, then
+  // ConfigContainer.validate() runs the flex backend validation; the harness sets HybridEP's
+  // topology environment.
+  if (flex_backend_flag && *flex_backend_flag != "None")
+    apply_flex_dispatcher_backend(cfg, *flex_backend_flag, gpu, out);
+  FinalizeOptions options;
+  options.have_te = gpu.major > 0 && cfg.target.te_version.value_or("") != "none";
+  for (auto& f : finalize(cfg, options)) out.push_back(std::move(f));
+  validate_flex_dispatcher_backend(cfg, out);
+  apply_hybridep_topology_env(cfg, gpu);
+  return cfg;
+}
+
+CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) {
+  CheckReport report;
+  report.user = loaded;
+  report.ignored_note = ignored_note(loaded);
+  report.resolved = resolve_config(loaded, flex_backend_flag, &report.findings);
+  const CheckContext ctx{report.user, report.resolved, target_gpu(report.resolved)};
+
+  for (const Rule& rule : rules()) {
+    if (!rule.check) continue;
+    const Outcome o = rule.check(ctx);
+    if (o.kind == Outcome::unknown) {
+      report.unchecked.push_back(fmt::format("{}: {}", rule.id, o.message));
+    } else if (o.kind == Outcome::fail) {
+      report.findings.push_back({rule.id, rule.severity, {}, o.message, o.fix});
+    }
+  }
+  // Values as resolved, for every field the rule reads (resolve-step findings carry their own).
+  for (Finding& f : report.findings) {
+    if (!f.values.empty()) continue;
+    const Rule* rule = find_rule(f.rule_id);
+    for (const auto& key : rule->fields) f.values.emplace_back(key, value_text(report.resolved, key));
+  }
+  std::stable_sort(report.findings.begin(), report.findings.end(),
+                   [](const Finding& a, const Finding& b) {
+                     return severity_rank(a.severity) < severity_rank(b.severity);
+                   });
+  return report;
+}
+
+std::string format_report(const CheckReport& r) {
+  std::string out;
+  if (!r.ignored_note.empty()) out += r.ignored_note + "\n";
+  for (const Finding& f : r.findings) {
+    std::vector<std::string> values;
+    for (const auto& [k, v] : f.values) values.push_back(k + "=" + v);
+    out += fmt::format("{:<7} {} [{}] {}", to_string(f.severity), f.rule_id,
+                       fmt::join(values, " "), f.message);
+    if (!f.fix.empty()) out += fmt::format(" | fix: {}", f.fix);
+    out += "\n";
+  }
+  for (const auto& u : r.unchecked) out += fmt::format("unchecked {}\n", u);
+  const int errors = r.count(Severity::error), warnings = r.count(Severity::warning),
+            advice = r.count(Severity::advice);
+  out += fmt::format("verdict: {} ({} error{}, {} warning{}, {} advice{}) for {} on {} x {}\n",
+                     r.ok() ? "PASS" : "FAIL", errors, errors == 1 ? "" : "s", warnings,
+                     warnings == 1 ? "" : "s", advice,
+                     r.unchecked.empty() ? "" : fmt::format(", {} unchecked", r.unchecked.size()),
+                     r.user.source, r.resolved.target.num_gpus, r.resolved.target.gpu);
+  return out;
+}
+
+nlohmann::json report_json(const CheckReport& r) {
+  nlohmann::json findings = nlohmann::json::array();
+  for (const Finding& f : r.findings) {
+    nlohmann::json values = nlohmann::json::object();
+    for (const auto& [k, v] : f.values) values[k] = v;
+    const Rule* rule = find_rule(f.rule_id);
+    findings.push_back({{"id", f.rule_id},
+                        {"severity", to_string(f.severity)},
+                        {"fields", values},
+                        {"message", f.message},
+                        {"fix", f.fix},
+                        {"source", rule ? rule->source : ""}});
+  }
+  return {{"config", r.user.source},
+          {"target",
+           {{"gpu", r.resolved.target.gpu},
+            {"num_gpus", r.resolved.target.num_gpus},
+            {"nodes", num_nodes(r.resolved)}}},
+          {"findings", findings},
+          {"unchecked", r.unchecked},
+          {"ignored", r.ignored_note},
+          {"errors", r.count(Severity::error)},
+          {"warnings", r.count(Severity::warning)},
+          {"advice", r.count(Severity::advice)},
+          {"verdict", r.ok() ? "pass" : "fail"}};
+}
+
+std::string format_rule_table() {
+  std::string out = fmt::format("{:<40} {:<8} {:<46} {}\n", "id", "severity", "source", "summary");
+  for (const Rule& r : rules()) {
+    out += fmt::format("{:<40} {:<8} {:<46} {}\n", r.id, to_string(r.severity), r.source, r.summary);
+    out += fmt::format("{:<40} {:<8} reads: {}\n", "", "", fmt::join(r.fields, ", "));
+  }
+  out += fmt::format("{} rules\n", rules().size());
+  return out;
+}
+
+nlohmann::json rule_table_json() {
+  nlohmann::json table = nlohmann::json::array();
+  for (const Rule& r : rules())
+    table.push_back({{"id", r.id},
+                     {"severity", to_string(r.severity)},
+                     {"fields", r.fields},
+                     {"source", r.source},
+                     {"summary", r.summary},
+                     {"stage", r.check ? "check" : "resolve"}});
+  return table;
+}
+
+}  // namespace epx

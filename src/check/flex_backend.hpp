@@ -1,0 +1,38 @@
+// Megatron-Bridge's flex-dispatcher backend steps (training/flex_dispatcher_backend.py) and the
+// HybridEP topology environment (scripts/performance/utils/utils.py), by target GPU.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epx/check.hpp"
+
+namespace epx {
+
+// apply_flex_dispatcher_backend: what `--moe_flex_dispatcher_backend deepep|hybridep` does.
+void apply_flex_dispatcher_backend(Config& cfg, const std::string& backend, const GpuInfo& gpu,
+                                   std::vector<Finding>& out);
+
+// validate_flex_dispatcher_backend's non-raising part: flex with no backend falls back to
+// alltoall. (The raising part is the flex.deepep_gpu / flex.hybridep_gpu rules.)
+void validate_flex_dispatcher_backend(Config& cfg, std::vector<Finding>& out);
+
+struct HybridEpTopology {
+  Int ranks_per_domain = 0;  // NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN
+  Int nvlink_domain_size = 0;
+  int use_mnnvl = 0;
+  std::string error;  // non-empty: Bridge raises ValueError with this text
+};
+
+// The NVLink-domain settings HybridEP needs for this GPU and EP size.
+HybridEpTopology hybridep_topology(const Config& cfg, const GpuInfo& gpu);
+
+inline constexpr const char* kRanksPerDomainVar = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN";
+
+// For flex+hybridep, set the topology variables the recipe left unset (as Bridge's harness does).
+void apply_hybridep_topology_env(Config& cfg, const GpuInfo& gpu);
+
+bool uses_flex(const ModelConfig& m, const char* backend);
+
+}  // namespace epx

@@ -1,0 +1,639 @@
+// The rule table. Order: layout, then Megatron-Bridge's EP-overlap asserts in its order (with
+// Megatron-Core's extra ones after), delay_wgrad, TP overlap, flex backends, HybridEP topology,
+// then the seeds' pitfalls and advice. Messages quote Megatron where Megatron has a message.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "check/flex_backend.hpp"
+#include "epx/check.hpp"
+
+namespace epx {
+namespace {
+
+constexpr const char* kBridgeCommOverlap = "Megatron-Bridge training/comm_overlap.py";
+constexpr const char* kBridgeFlex = "Megatron-Bridge training/flex_dispatcher_backend.py";
+constexpr const char* kBridgeTopology = "Megatron-Bridge scripts/performance/utils/utils.py";
+constexpr const char* kBridgeConfig = "Megatron-Bridge training/config.py";
+constexpr const char* kMcore = "Megatron-Core TransformerConfig";
+constexpr const char* kSeedOverlap = "seed: moe-comm-overlap / perf-expert-parallel-overlap";
+constexpr const char* kSeedWorkflow = "seed: moe-optimization-workflow";
+constexpr const char* kSeedDispatcher = "seed: moe-dispatcher-selection";
+constexpr const char* kDocs = "Megatron-Bridge docs/training/communication-overlap.md";
+
+Outcome pass() { return {}; }
+Outcome fail(std::string message, std::string fix = "") {
+  return {Outcome::fail, std::move(message), std::move(fix)};
+}
+Outcome unknown(std::string what) { return {Outcome::unknown, std::move(what), ""}; }
+Outcome fail_if(bool bad, std::string message, std::string fix = "") {
+  return bad ? fail(std::move(message), std::move(fix)) : pass();
+}
+
+bool ep_overlap(const CheckContext& c) { return c.cfg.model.overlap_moe_expert_parallel_comm; }
+bool delay_wgrad(const CheckContext& c) { return c.cfg.model.delay_wgrad_compute; }
+constexpr const char* kDisableOverlap = "comm_overlap.overlap_moe_expert_parallel_comm=false";
+
+bool contains(const StringList& list, const std::string& item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+// Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
+bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
+  return contains(m.cuda_graph_modules, name) || contains(m.cuda_graph_scope, name);
+}
+
+// A TE version rule: unknown TE on a GPU target cannot be decided; epx's runtime has no TE.
+Outcome te_at_least(const CheckContext& c, const char* minimum, std::string message) {
+  if (!c.cuda()) return pass();
+  if (!c.cfg.target.te_version) return unknown("pass --te-version to check");
+  return fail_if(!version_at_least(*c.cfg.target.te_version, minimum), std::move(message),
+                 fmt::format("target.te_version={}", minimum));
+}
+
+// The smallest multiple of `step` that is >= value (for fixes that must divide).
+Int round_up(Int value, Int step) { return step <= 0 ? value : ((value + step - 1) / step) * step; }
+
+Int microbatches(const Config& cfg) {
+  const Int dp = data_parallel_size(cfg);
+  if (!cfg.train.global_batch_size || !cfg.train.micro_batch_size || dp <= 0) return 0;
+  return *cfg.train.global_batch_size / (*cfg.train.micro_batch_size * dp);
+}
+
+std::vector<Rule> build_rules() {
+  std::vector<Rule> r;
+  auto add = [&](std::string id, Severity sev, std::vector<std::string> fields, std::string source,
+                 std::string summary, std::function<Outcome(const CheckContext&)> check = {}) {
+    r.push_back({std::move(id), sev, std::move(fields), std::move(source), std::move(summary),
+                 std::move(check)});
+  };
+  const auto E = Severity::error, W = Severity::warning, A = Severity::advice;
+
+  // ---- Layout -------------------------------------------------------------------------------
+  add("parallel.world_divisible", E,
+      {"target.num_gpus", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+       "model.context_parallel_size"},
+      kBridgeConfig, "world size divisible by TP*PP*CP (data-parallel size)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size *
+                       m.context_parallel_size;
+        return fail_if(data_parallel_size(c.cfg) == 0,
+                       fmt::format("world size {} is not divisible by TP*PP*CP = {}",
+                                   c.cfg.target.num_gpus, mp),
+                       fmt::format("target.num_gpus={}", round_up(c.cfg.target.num_gpus, mp)));
+      });
+  add("parallel.expert_world_divisible", E,
+      {"target.num_gpus", "model.expert_tensor_parallel_size", "model.expert_model_parallel_size",
+       "model.pipeline_model_parallel_size"},
+      kMcore, "world size divisible by ETP*EP*PP (expert data-parallel size)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int emp = effective_etp(m) * m.expert_model_parallel_size *
+                        m.pipeline_model_parallel_size;
+        return fail_if(emp <= 0 || c.cfg.target.num_gpus % emp != 0,
+                       fmt::format("world size {} is not divisible by ETP*EP*PP = {}: the expert "
+                                   "side cannot be folded onto the ranks",
+                                   c.cfg.target.num_gpus, emp),
+                       fmt::format("target.num_gpus={}", round_up(c.cfg.target.num_gpus, emp)));
+      });
+  add("parallel.ep_needs_experts", E,
+      {"model.expert_model_parallel_size", "model.num_moe_experts"}, kMcore,
+      "expert parallelism needs an MoE model", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.expert_model_parallel_size > 1 && !m.num_moe_experts,
+                       "num_moe_experts must be non None to use expert-parallel.",
+                       "model.expert_model_parallel_size=1");
+      });
+  add("parallel.experts_divisible_by_ep", E,
+      {"model.num_moe_experts", "model.expert_model_parallel_size"}, kMcore,
+      "experts split evenly over EP ranks", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || m.expert_model_parallel_size <= 0) return pass();
+        return fail_if(*m.num_moe_experts % m.expert_model_parallel_size != 0,
+                       fmt::format("num_moe_experts ({}) must be divisible by "
+                                   "expert_model_parallel_size ({})",
+                                   *m.num_moe_experts, m.expert_model_parallel_size),
+                       "model.expert_model_parallel_size=<a divisor of num_moe_experts>");
+      });
+  add("parallel.heads_divisible_by_tp", E,
+      {"model.num_attention_heads", "model.num_query_groups", "model.tensor_model_parallel_size"},
+      kMcore, "attention heads and query groups split evenly over TP ranks",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int tp = m.tensor_model_parallel_size;
+        if (tp <= 0 || m.num_attention_heads == 0) return pass();
+        if (m.num_attention_heads % tp != 0)
+          return fail(fmt::format("num_attention_heads ({}) must be a multiple of "
+                                  "tensor_model_parallel_size ({})",
+                                  m.num_attention_heads, tp),
+                      "model.tensor_model_parallel_size=1");
+        return fail_if(m.num_query_groups && *m.num_query_groups % tp != 0,
+                       fmt::format("num_query_groups ({}) must be a multiple of "
+                                   "tensor_model_parallel_size ({})",
+                                   m.num_query_groups.value_or(0), tp),
+                       "model.tensor_model_parallel_size=1");
+      });
+  add("parallel.layers_divisible_by_pp", E,
+      {"model.num_layers", "model.pipeline_model_parallel_size",
+       "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_layout",
+       "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"},
+      kMcore, "layers split evenly over pipeline (and virtual pipeline) stages",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.pipeline_model_parallel_layout || m.num_layers == 0) return pass();
+        const Int stages =
+            m.pipeline_model_parallel_size * m.virtual_pipeline_model_parallel_size.value_or(1);
+        const Int layers = m.num_layers + (m.account_for_embedding_in_pipeline_split ? 1 : 0) +
+                           (m.account_for_loss_in_pipeline_split ? 1 : 0);
+        return fail_if(stages > 0 && layers % stages != 0,
+                       fmt::format("num_layers ({}, counting the embedding/loss stages the split "
+                                   "accounts for) must be divisible by PP x VPP = {} (or set "
+                                   "pipeline_model_parallel_layout for uneven stages)",
+                                   layers, stages),
+                       "model.pipeline_model_parallel_layout=<layout>");
+      });
+  add("parallel.ep_tp_needs_sp", W,
+      {"model.expert_model_parallel_size", "model.tensor_model_parallel_size",
+       "model.sequence_parallel"},
+      kMcore, "EP with TP wants sequence parallelism", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.expert_model_parallel_size > 1 && m.tensor_model_parallel_size > 1 &&
+                           !m.sequence_parallel,
+                       "expert parallelism with tensor parallelism runs without sequence "
+                       "parallelism: Megatron-Core warns that MoE with TP needs SP",
+                       "model.sequence_parallel=true");
+      });
+  add("train.batch_divisible", E,
+      {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size"},
+      kBridgeConfig, "global batch = micro batch x DP x micro-batches", [](const CheckContext& c) {
+        const auto& t = c.cfg.train;
+        const Int dp = data_parallel_size(c.cfg);
+        if (!t.global_batch_size || !t.micro_batch_size || dp == 0) return pass();
+        const Int step = *t.micro_batch_size * dp;
+        return fail_if(*t.micro_batch_size <= 0 || *t.global_batch_size % step != 0,
+                       fmt::format("global_batch_size ({}) is not divisible by micro_batch_size x "
+                                   "data_parallel_size = {} x {}",
+                                   *t.global_batch_size, *t.micro_batch_size, dp),
+                       fmt::format("train.global_batch_size={}",
+                                   round_up(*t.global_batch_size, std::max<Int>(step, 1))));
+      });
+  add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
+      "1 <= top-k <= number of experts", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts) return pass();
+        return fail_if(m.moe_router_topk < 1 || m.moe_router_topk > *m.num_moe_experts,
+                       fmt::format("moe_router_topk ({}) must be between 1 and num_moe_experts "
+                                   "({})",
+                                   m.moe_router_topk, *m.num_moe_experts),
+                       fmt::format("model.moe_router_topk={}",
+                                   std::clamp<Int>(m.moe_router_topk, 1, *m.num_moe_experts)));
+      });
+  add("moe.shared_expert_overlap_dispatcher", E,
+      {"model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type"}, kMcore,
+      "shared-expert overlap works with the alltoall dispatcher only", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall",
+                       "moe_shared_expert_overlap only works with alltoall token dispatcher",
+                       "model.moe_shared_expert_overlap=false");
+      });
+  add("precision.single_dtype", E, {"model.bf16", "model.fp16"}, kMcore,
+      "bf16 and fp16 are exclusive", [](const CheckContext& c) {
+        return fail_if(c.cfg.model.bf16 && c.cfg.model.fp16, "bf16 and fp16 cannot both be set",
+                       "model.fp16=false");
+      });
+  add("recompute.full_needs_method", E,
+      {"model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"},
+      kMcore, "full recompute names a method and a layer count", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.recompute_granularity != "full") return pass();
+        if (!m.recompute_method)
+          return fail("When using recompute_granularity: full, recompute_method must be uniform "
+                      "or block",
+                      "model.recompute_method=uniform");
+        return fail_if(!m.recompute_num_layers || *m.recompute_num_layers < 1,
+                       "When using recompute_granularity: full, recompute_num_layers must be "
+                       "between 1 and the layers per pipeline rank",
+                       "model.recompute_num_layers=1");
+      });
+
+  // ---- EP overlap: Megatron-Bridge's asserts, in its order ------------------------------------
+  add("ep_overlap.expert_parallel", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.expert_model_parallel_size"},
+      kBridgeCommOverlap, "EP overlap needs EP > 1", [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && c.cfg.model.expert_model_parallel_size <= 1,
+                       "overlap_moe_expert_parallel_comm is only supported when "
+                       "expert_model_parallel_size > 1",
+                       kDisableOverlap);
+      });
+  add("ep_overlap.num_experts", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.num_moe_experts"},
+      kBridgeCommOverlap, "EP overlap needs more than one expert", [](const CheckContext& c) {
+        const auto& n = c.cfg.model.num_moe_experts;
+        return fail_if(ep_overlap(c) && (!n || *n <= 1),
+                       fmt::format("overlap_moe_expert_parallel_comm is only supported when "
+                                   "num_moe_experts > 1, but got {}",
+                                   n ? std::to_string(*n) : "None"),
+                       kDisableOverlap);
+      });
+  add("ep_overlap.dispatcher", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.moe_token_dispatcher_type"},
+      kBridgeCommOverlap, "EP overlap needs the alltoall or flex dispatcher",
+      [](const CheckContext& c) {
+        const auto& d = c.cfg.model.moe_token_dispatcher_type;
+        return fail_if(ep_overlap(c) && d != "alltoall" && d != "flex",
+                       fmt::format("overlap_moe_expert_parallel_comm is only supported when "
+                                   "moe_token_dispatcher_type == 'alltoall' or 'flex', but got {}",
+                                   d),
+                       "model.moe_token_dispatcher_type=alltoall");
+      });
+  add("ep_overlap.precision", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.bf16", "model.fp16"},
+      kBridgeCommOverlap, "EP overlap needs a bf16 or fp16 model", [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && !c.cfg.model.bf16 && !c.cfg.model.fp16,
+                       "overlap_moe_expert_parallel_comm is only supported when using bf16 or fp16 "
+                       "models",
+                       "model.bf16=true");
+      });
+  add("ep_overlap.torch_version", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "target.torch_version"},
+      kBridgeCommOverlap, "EP overlap needs torch >= 2.6.0 (hangs before)",
+      [](const CheckContext& c) {
+        if (!ep_overlap(c) || !c.cuda()) return pass();
+        if (!c.cfg.target.torch_version) return unknown("pass --torch-version to check");
+        return fail_if(!version_at_least(*c.cfg.target.torch_version, "2.6.0"),
+                       "A2A Overlap encounters hang issue with torch version < 2.6.0",
+                       "target.torch_version=2.6.0");
+      });
+  add("ep_overlap.pp_needs_vpp", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.pipeline_model_parallel_size",
+       "model.virtual_pipeline_model_parallel_size"},
+      kBridgeCommOverlap, "EP overlap with PP > 1 needs VPP set (VPP=1 passes)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&
+                           !m.virtual_pipeline_model_parallel_size,
+                       "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
+                       "specified when pipeline_model_parallel_size > 1",
+                       "model.virtual_pipeline_model_parallel_size=2");
+      });
+  add("ep_overlap.full_recompute", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_granularity"},
+      kBridgeCommOverlap, "EP overlap excludes full recompute (seed pitfall)",
+      [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && c.cfg.model.recompute_granularity == "full",
+                       "disable full recomputation when enabling overlap_moe_expert_parallel_comm",
+                       "model.recompute_granularity=selective");
+      });
+  add("ep_overlap.recompute_method", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_method"},
+      kBridgeCommOverlap, "EP overlap needs recompute_method None", [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && c.cfg.model.recompute_method.has_value(),
+                       "disable recomputation method when enabling overlap_moe_expert_parallel_comm",
+                       "model.recompute_method=null");
+      });
+  add("ep_overlap.recompute_num_layers", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_num_layers"},
+      kBridgeCommOverlap, "EP overlap needs recompute_num_layers None", [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && c.cfg.model.recompute_num_layers.has_value(),
+                       "recompute_num_layers must be None when enabling "
+                       "overlap_moe_expert_parallel_comm",
+                       "model.recompute_num_layers=null");
+      });
+  add("ep_overlap.recompute_moe", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_modules"},
+      kBridgeCommOverlap, "EP overlap excludes 'moe' from recompute_modules",
+      [](const CheckContext& c) {
+        const auto& mods = c.cfg.model.recompute_modules;
+        if (!ep_overlap(c) || !mods || !contains(*mods, "moe")) return pass();
+        StringList rest;
+        for (const auto& m : *mods)
+          if (m != "moe") rest.push_back(m);
+        return fail("disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm",
+                    fmt::format("model.recompute_modules=[{}]", fmt::join(rest, ",")));
+      });
+  add("ep_overlap.shared_expert_overlap", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.moe_shared_expert_overlap"},
+      kBridgeCommOverlap, "EP overlap excludes shared-expert overlap", [](const CheckContext& c) {
+        return fail_if(ep_overlap(c) && c.cfg.model.moe_shared_expert_overlap,
+                       "disable moe_shared_expert_overlap when enabling "
+                       "overlap_moe_expert_parallel_comm",
+                       "model.moe_shared_expert_overlap=false");
+      });
+  add("ep_overlap.mtp_layers", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.mtp_num_layers"},
+      kBridgeCommOverlap, "EP overlap allows at most one MTP layer", [](const CheckContext& c) {
+        const auto& n = c.cfg.model.mtp_num_layers;
+        return fail_if(ep_overlap(c) && n && *n > 1,
+                       "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm.",
+                       "model.mtp_num_layers=1");
+      });
+  // Megatron-Core's extra EP-overlap checks (TransformerConfig.__post_init__).
+  add("ep_overlap.cuda_graph_moe_scope", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.cuda_graph_impl",
+       "model.cuda_graph_modules", "model.cuda_graph_scope"},
+      kMcore, "EP overlap excludes TE CUDA-graph scopes moe and mlp", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(ep_overlap(c) && m.cuda_graph_impl == "transformer_engine" &&
+                           (has_cuda_graph_module(m, "moe") || has_cuda_graph_module(m, "mlp")),
+                       "CUDA graph scope on moe and mlp is not supported with "
+                       "overlap_moe_expert_parallel_comm",
+                       "model.cuda_graph_scope=moe_router,moe_preprocess");
+      });
+  add("ep_overlap.dispatch_wgrad_exclusive", E,
+      {"model.overlap_dispatch_backward_with_experts_wgrad",
+       "comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute"},
+      kMcore, "overlap_dispatch_backward_with_experts_wgrad excludes EP overlap and delay_wgrad",
+      [](const CheckContext& c) {
+        return fail_if(c.cfg.model.overlap_dispatch_backward_with_experts_wgrad &&
+                           (ep_overlap(c) || delay_wgrad(c)),
+                       "overlap_dispatch_backward_with_experts_wgrad cannot be combined with "
+                       "overlap_moe_expert_parallel_comm or delay_wgrad_compute",
+                       "model.overlap_dispatch_backward_with_experts_wgrad=false");
+      });
+  add("ep_overlap.early_attn_release", E,
+      {"model.ep_overlap_early_attn_memory_release",
+       "comm_overlap.overlap_moe_expert_parallel_comm"},
+      kMcore, "ep_overlap_early_attn_memory_release needs EP overlap", [](const CheckContext& c) {
+        return fail_if(c.cfg.model.ep_overlap_early_attn_memory_release && !ep_overlap(c),
+                       "ep_overlap_early_attn_memory_release requires "
+                       "overlap_moe_expert_parallel_comm",
+                       "model.ep_overlap_early_attn_memory_release=false");
+      });
+
+  // ---- delay_wgrad_compute ------------------------------------------------------------------
+  add("delay_wgrad.te_overlap_grad_reduce", E,
+      {"comm_overlap.delay_wgrad_compute", "ddp.overlap_grad_reduce", "target.te_version"},
+      kBridgeCommOverlap, "delay_wgrad with overlap_grad_reduce needs TE >= 2.7.0",
+      [](const CheckContext& c) {
+        const bool grad_reduce = c.user.ddp.overlap_grad_reduce ||
+                                 (c.user.comm_overlap &&
+                                  c.user.comm_overlap->overlap_grad_reduce.value_or(false));
+        if (!delay_wgrad(c) || !grad_reduce) return pass();
+        return te_at_least(c, "2.7.0",
+                           fmt::format("TE version >= 2.7.0 is required for overlap_grad_reduce "
+                                       "when usingdelay_wgrad_compute. Current TE version: {}",
+                                       c.cfg.target.te_version.value_or("unknown")));
+      });
+  add("delay_wgrad.te_grad_accum_fusion", E,
+      {"comm_overlap.delay_wgrad_compute", "model.gradient_accumulation_fusion",
+       "target.te_version"},
+      kBridgeCommOverlap, "delay_wgrad with gradient_accumulation_fusion needs TE >= 2.7.0",
+      [](const CheckContext& c) {
+        if (!delay_wgrad(c) || !c.cfg.model.gradient_accumulation_fusion) return pass();
+        return te_at_least(c, "2.7.0",
+                           fmt::format("TE version >= 2.7.0 is required for "
+                                       "gradient_accumulation_fusion when usingdelay_wgrad_compute. "
+                                       "Current TE version: {}",
+                                       c.cfg.target.te_version.value_or("unknown")));
+      });
+  add("delay_wgrad.needs_ep_overlap", E,
+      {"comm_overlap.delay_wgrad_compute", "comm_overlap.overlap_moe_expert_parallel_comm"},
+      kBridgeCommOverlap, "delay_wgrad needs EP overlap", [](const CheckContext& c) {
+        return fail_if(delay_wgrad(c) && !ep_overlap(c),
+                       "overlap_moe_expert_parallel_comm is required for delay_wgrad_compute",
+                       "comm_overlap.overlap_moe_expert_parallel_comm=true");
+      });
+  // wgrad inside a CUDA-graph scope: attention, or the router when the shared expert runs there.
+  auto wgrad_in_graph = [](const ModelConfig& m) {
+    return has_cuda_graph_module(m, "attn") ||
+           (has_cuda_graph_module(m, "moe_router") && m.moe_shared_expert_intermediate_size &&
+            !m.moe_shared_expert_overlap);
+  };
+  add("delay_wgrad.cuda_graph_te", E,
+      {"comm_overlap.delay_wgrad_compute", "model.cuda_graph_scope", "model.cuda_graph_modules",
+       "target.te_version"},
+      kBridgeCommOverlap, "delay_wgrad with wgrad in a CUDA-graph scope needs TE >= 2.12.0",
+      [wgrad_in_graph](const CheckContext& c) {
+        if (!delay_wgrad(c) || !wgrad_in_graph(c.cfg.model)) return pass();
+        return te_at_least(c, "2.12.0",
+                           "CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0.");
+      });
+  add("delay_wgrad.cuda_graph_grad_accum_fusion", E,
+      {"comm_overlap.delay_wgrad_compute", "model.cuda_graph_scope",
+       "model.gradient_accumulation_fusion"},
+      kBridgeCommOverlap, "delay_wgrad in a CUDA-graph scope needs gradient_accumulation_fusion",
+      [wgrad_in_graph](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(delay_wgrad(c) && wgrad_in_graph(m) && !m.gradient_accumulation_fusion,
+                       "CUDA graph with delay_wgrad_compute requires gradient_accumulation_fusion "
+                       "to be enabled. This is because default gradient accumulation does not use "
+                       "static memory addresses, which breaks CUDA graph requirements.",
+                       "model.gradient_accumulation_fusion=true");
+      });
+  add("delay_wgrad.cuda_graph_attn_bias", E,
+      {"comm_overlap.delay_wgrad_compute", "model.cuda_graph_scope", "model.add_bias_linear",
+       "model.add_qkv_bias"},
+      kBridgeCommOverlap, "delay_wgrad with the attn CUDA-graph scope excludes attention bias",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(delay_wgrad(c) && has_cuda_graph_module(m, "attn") &&
+                           (m.add_bias_linear || m.add_qkv_bias),
+                       "CUDA graph with delay_wgrad_compute does not support attention bias for now.",
+                       m.add_bias_linear ? "model.add_bias_linear=false" : "model.add_qkv_bias=false");
+      });
+  add("delay_wgrad.te_partial_cuda_graph", E,
+      {"comm_overlap.delay_wgrad_compute", "model.cuda_graph_impl", "target.te_version"}, kMcore,
+      "delay_wgrad with TE CUDA graphs needs TE >= 2.10.0", [](const CheckContext& c) {
+        if (!delay_wgrad(c) || c.cfg.model.cuda_graph_impl != "transformer_engine") return pass();
+        return te_at_least(c, "2.10.0",
+                           "TE version >= 2.10.0 is required for delay_wgrad_compute with partial "
+                           "cuda graph");
+      });
+
+  // ---- Raised while resolving (finalize) ----------------------------------------------------
+  add("tp_overlap.tp_size", W, {"comm_overlap.tp_comm_overlap", "model.tensor_model_parallel_size"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: TP < 2");
+  add("tp_overlap.sequence_parallel", W, {"comm_overlap.tp_comm_overlap", "model.sequence_parallel"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: sequence_parallel off");
+  add("tp_overlap.no_te", W, {"comm_overlap.tp_comm_overlap", "target.te_version"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: Transformer Engine not present");
+  add("comm_overlap.overwrites_model", W,
+      {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
+      "comm_overlap copies its (unset) overlap switches over the model's");
+  add("flex.deprecated_sm_knob", W, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
+      kMcore, "deprecated per-backend SM-count knob");
+  add("flex.conflicting_sm_knobs", E, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
+      kMcore, "two deprecated SM-count knobs disagree");
+
+  // ---- Flex dispatcher backends -------------------------------------------------------------
+  add("flex.apply_not_moe", W, {"model.num_moe_experts"}, kBridgeFlex,
+      "--moe_flex_dispatcher_backend on a model without experts is skipped");
+  add("flex.apply_fallback", W, {"target.gpu", "model.moe_flex_dispatcher_backend"}, kBridgeFlex,
+      "backend unsupported on the GPU: apply falls back to alltoall");
+  add("flex.no_backend", W,
+      {"model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend"}, kBridgeFlex,
+      "flex without a backend falls back to alltoall");
+  add("flex.deepep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
+      "DeepEP needs Ampere, Hopper, B200 or B300", [](const CheckContext& c) {
+        if (!c.cuda() || !uses_flex(c.cfg.model, "deepep")) return pass();
+        const bool ok = c.gpu.major == 8 || c.gpu.major == 9 ||
+                        c.gpu.device_name.starts_with("NVIDIA B200") ||
+                        c.gpu.device_name.starts_with("NVIDIA B300");
+        return fail_if(!ok,
+                       fmt::format("DeepEP is supported for Ampere, Hopper, and Blackwell "
+                                   "(B200/B300) GPUs. Current GPU: {}",
+                                   c.gpu.device_name),
+                       "model.moe_flex_dispatcher_backend=hybridep");
+      });
+  add("flex.hybridep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
+      "HybridEP needs compute capability 8, 9 or 10", [](const CheckContext& c) {
+        if (!c.cuda() || !uses_flex(c.cfg.model, "hybridep")) return pass();
+        return fail_if(c.gpu.major < 8 || c.gpu.major > 10,
+                       "HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, "
+                       "B200 and B300 GPUs",
+                       "model.moe_token_dispatcher_type=alltoall");
+      });
+  add("flex.backend_without_flex", W,
+      {"model.moe_flex_dispatcher_backend", "model.moe_token_dispatcher_type"}, kSeedOverlap,
+      "a backend set while the dispatcher is not flex does nothing", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.moe_token_dispatcher_type == "flex" || !m.moe_flex_dispatcher_backend) return pass();
+        // Megatron's default backend is "deepep" on every config; flag what the user asked for.
+        const bool asked = c.user.set_on_command_line("model.moe_flex_dispatcher_backend") ||
+                           *m.moe_flex_dispatcher_backend != "deepep";
+        return fail_if(asked,
+                       fmt::format("moe_flex_dispatcher_backend={} alone does nothing while "
+                                   "moe_token_dispatcher_type is '{}'",
+                                   *m.moe_flex_dispatcher_backend, m.moe_token_dispatcher_type),
+                       "model.moe_token_dispatcher_type=flex");
+      });
+  add("flex.runtime_package", A, {"model.moe_flex_dispatcher_backend", "target.gpu"},
+      kSeedDispatcher, "a flex backend needs its runtime package in the container",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!c.cuda() || m.moe_token_dispatcher_type != "flex" || !m.moe_flex_dispatcher_backend)
+          return pass();
+        return fail(fmt::format("confirm the {} package imports in the target container before "
+                                "reading timings: a missing package fails at model construction, "
+                                "an environment limitation, not a timing (alltoall is then the "
+                                "only measured fallback)",
+                                *m.moe_flex_dispatcher_backend));
+      });
+
+  // ---- HybridEP topology --------------------------------------------------------------------
+  add("hybridep.topology", E, {"model.expert_model_parallel_size", "target.gpu"}, kBridgeTopology,
+      "HybridEP has an NVLink-domain layout for this GPU and EP size", [](const CheckContext& c) {
+        if (!uses_flex(c.cfg.model, "hybridep")) return pass();
+        const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
+        return fail_if(!t.error.empty(), t.error, "model.moe_token_dispatcher_type=alltoall");
+      });
+  add("hybridep.domain_divides_ep", E,
+      {"model.expert_model_parallel_size", "env_vars." + std::string(kRanksPerDomainVar)}, "epx",
+      "the NVLink-domain rank count divides EP", [](const CheckContext& c) {
+        if (!uses_flex(c.cfg.model, "hybridep")) return pass();
+        auto it = c.cfg.env_vars.find(kRanksPerDomainVar);
+        if (it == c.cfg.env_vars.end()) return pass();
+        Int ranks = 0;
+        try {
+          ranks = std::stoll(it->second);
+        } catch (...) {
+        }
+        const Int ep = c.cfg.model.expert_model_parallel_size;
+        return fail_if(ranks <= 0 || ep % ranks != 0,
+                       fmt::format("{}={} must be a positive divisor of the EP size {}",
+                                   kRanksPerDomainVar, it->second, ep),
+                       fmt::format("env_vars.{}={}", kRanksPerDomainVar,
+                                   hybridep_topology(c.cfg, c.gpu).ranks_per_domain));
+      });
+  add("hybridep.domain_mismatch", W,
+      {"env_vars." + std::string(kRanksPerDomainVar), "model.expert_model_parallel_size",
+       "target.gpu"},
+      kSeedDispatcher, "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN matches the topology",
+      [](const CheckContext& c) {
+        if (!uses_flex(c.cfg.model, "hybridep")) return pass();
+        const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
+        auto it = c.cfg.env_vars.find(kRanksPerDomainVar);
+        if (!t.error.empty() || it == c.cfg.env_vars.end()) return pass();
+        return fail_if(it->second != std::to_string(t.ranks_per_domain),
+                       fmt::format("{}={} does not match the NVLink domain of {} x EP{} (expected "
+                                   "{}): performance and sometimes correctness will suffer",
+                                   kRanksPerDomainVar, it->second, c.gpu.name,
+                                   c.cfg.model.expert_model_parallel_size, t.ranks_per_domain),
+                       fmt::format("env_vars.{}={}", kRanksPerDomainVar, t.ranks_per_domain));
+      });
+  add("hybridep.env_without_hybridep", W, {"env_vars." + std::string(kRanksPerDomainVar)},
+      kBridgeTopology, "HybridEP topology variables set without the HybridEP backend",
+      [](const CheckContext& c) {
+        return fail_if(!uses_flex(c.cfg.model, "hybridep") &&
+                           c.cfg.env_vars.count(kRanksPerDomainVar),
+                       fmt::format("{} is set but the dispatcher is not flex+hybridep: Bridge "
+                                   "removes it, it has no effect",
+                                   kRanksPerDomainVar),
+                       fmt::format("~env_vars.{}", kRanksPerDomainVar));
+      });
+
+  // ---- Pitfalls and advice from the seeds ---------------------------------------------------
+  add("advice.small_ep_overlap", A,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.moe_token_dispatcher_type",
+       "model.expert_model_parallel_size", "target.num_gpus"},
+      kDocs, "EP overlap at EP <= 4 on alltoall within <= 2 nodes is often flat or slower",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(ep_overlap(c) && m.moe_token_dispatcher_type == "alltoall" &&
+                           m.expert_model_parallel_size <= 4 && num_nodes(c.cfg) <= 2,
+                       fmt::format("EP overlap with alltoall at EP {} on {} node(s) can be correct "
+                                   "but flat or slower; measure it against overlap off before "
+                                   "making it the default",
+                                   m.expert_model_parallel_size, num_nodes(c.cfg)),
+                       "--moe_a2a_overlap false");
+      });
+  add("advice.few_microbatches", A,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "train.global_batch_size",
+       "train.micro_batch_size"},
+      kDocs, "EP overlap needs several micro-batches to interleave", [](const CheckContext& c) {
+        const Int n = microbatches(c.cfg);
+        return fail_if(ep_overlap(c) && n > 0 && n < 2,
+                       fmt::format("{} micro-batch per step: the merged forward/backward schedule "
+                                   "has no neighbour to overlap with (the first forward and last "
+                                   "backward always run alone)",
+                                   n),
+                       "train.global_batch_size=<at least 2 x micro_batch_size x DP>");
+      });
+  add("advice.pp_without_vpp", A,
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
+      kSeedOverlap, "PP > 1 without VPP rules out EP overlap later", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(!ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&
+                           !m.virtual_pipeline_model_parallel_size,
+                       "pipeline parallelism without VPP: EP overlap cannot be enabled on this "
+                       "layout (it needs virtual_pipeline_model_parallel_size)",
+                       "model.virtual_pipeline_model_parallel_size=2");
+      });
+  add("advice.full_recompute", A, {"model.recompute_granularity"}, kSeedWorkflow,
+      "prefer selective recompute to full recompute", [](const CheckContext& c) {
+        return fail_if(!ep_overlap(c) && c.cfg.model.recompute_granularity == "full",
+                       "full recompute costs throughput and blocks EP overlap; selective recompute "
+                       "(layernorm, core_attn, moe_act, mlp, shared_experts) usually recovers most "
+                       "of the memory",
+                       "model.recompute_granularity=selective model.recompute_method=null "
+                       "model.recompute_num_layers=null");
+      });
+  add("advice.full_graph_dropless", A,
+      {"model.cuda_graph_impl", "model.moe_expert_capacity_factor"}, kSeedWorkflow,
+      "full-iteration CUDA graphs suit drop-and-pad, not dropless MoE", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.cuda_graph_impl == "local" &&
+                           !m.moe_expert_capacity_factor,
+                       "full-iteration CUDA graphs need static shapes; with dropless MoE start with "
+                       "TE-scoped graphs (attn, moe_router, moe_preprocess)",
+                       "model.cuda_graph_impl=transformer_engine "
+                       "model.cuda_graph_scope=attn,moe_router,moe_preprocess");
+      });
+  return r;
+}
+
+}  // namespace
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = build_rules();
+  return table;
+}
+
+const Rule* find_rule(std::string_view id) {
+  for (const auto& r : rules())
+    if (r.id == id) return &r;
+  return nullptr;
+}
+
+}  // namespace epx

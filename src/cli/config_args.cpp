@@ -1,0 +1,92 @@
+#include "cli/config_args.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace epx::cli {
+namespace {
+
+const std::vector<std::pair<std::string, std::string>> kTwoLetterFlags = {
+    {"-tp", "--tp"}, {"-pp", "--pp"}, {"-vp", "--vp"}, {"-cp", "--cp"}, {"-ep", "--ep"},
+    {"-et", "--et"}, {"-gb", "--gb"}, {"-mb", "--mb"}, {"-sl", "--sl"}, {"-ng", "--ng"},
+    {"-gn", "--gn"}, {"-ms", "--ms"}, {"-rl", "--rl"}};
+
+OptBool parse_bool_flag(const std::string& text) {
+  std::string s = text;
+  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  if (s == "true" || s == "1" || s == "t" || s == "yes" || s == "y") return true;
+  if (s == "false" || s == "0" || s == "f" || s == "no" || s == "n") return false;
+  throw ConfigError(fmt::format("--moe_a2a_overlap expects true or false, got '{}'", text));
+}
+
+}  // namespace
+
+std::vector<std::string> normalize_harness_flags(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    for (const auto& [short_form, long_form] : kTwoLetterFlags)
+      if (a == short_form || a.starts_with(short_form + "=")) a = long_form + a.substr(3);
+    args.push_back(a);
+  }
+  std::reverse(args.begin(), args.end());  // CLI11's parse(vector) takes arguments reversed
+  return args;
+}
+
+void ConfigArgs::add_to(CLI::App& app) {
+  app.add_option("config", positional,
+                 "RECIPE (name in recipes/) or FILE (YAML, including a Megatron-Bridge dump), "
+                 "then overrides: section.key=value, +key=value, ~key");
+  const char* group = "Performance-harness flags (win over dotted overrides)";
+  app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp")->group(group);
+  app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->group(group);
+  app.add_option("--vp,--virtual_pipeline_model_parallel_size", flags.vp, "-vp (-1 keeps)")
+      ->group(group);
+  app.add_option("--cp,--context_parallel_size", flags.cp, "-cp")->group(group);
+  app.add_option("--ep,--expert_model_parallel_size", flags.ep, "-ep")->group(group);
+  app.add_option("--et,--expert_tensor_parallel_size", flags.et, "-et")->group(group);
+  app.add_option("--gb,--global_batch_size", flags.gb, "-gb")->group(group);
+  app.add_option("--mb,--micro_batch_size", flags.mb, "-mb")->group(group);
+  app.add_option("--sl,--seq_length", flags.sl, "-sl")->group(group);
+  app.add_option("--ms,--max_steps", flags.max_steps, "-ms: train.train_iters")->group(group);
+  app.add_option("--moe_a2a_overlap", moe_a2a_overlap,
+                 "true: EP overlap + delay_wgrad on, shared-expert overlap off; false: no change")
+      ->group(group);
+  app.add_option("--moe_flex_dispatcher_backend", flags.moe_flex_dispatcher_backend,
+                 "deepep|hybridep (apply by GPU) or None (alltoall)")
+      ->check(CLI::IsMember({"deepep", "hybridep", "None"}))
+      ->group(group);
+  app.add_option("-g,--gpu", flags.gpu, "target GPU: h100 h200 b200 b300 gb200 gb300 a100 v100 cpu")
+      ->group(group);
+  app.add_option("--ng,--num_gpus", flags.num_gpus, "-ng: world size")->group(group);
+  app.add_option("--gn,--gpus_per_node", flags.gpus_per_node, "-gn")->group(group);
+  app.add_option("--cuda_graph_impl", flags.cuda_graph_impl, "none|local|transformer_engine")
+      ->group(group);
+  app.add_option("--cuda_graph_scope", flags.cuda_graph_scope, "comma list")->group(group);
+  app.add_option("--rl,--recompute_num_layers", flags.recompute_num_layers,
+                 "-rl: full recompute, block method")
+      ->group(group);
+  app.add_option("--recompute_modules", flags.recompute_modules, "comma list: selective recompute")
+      ->group(group);
+  app.add_option("--torch-version", torch_version, "torch version in the target container");
+  app.add_option("--te-version", te_version, "Transformer Engine version in the target container");
+}
+
+
+Config ConfigArgs::load() const {
+  if (positional.empty())
+    throw ConfigError("no config given: name a recipe (see `epx config list`) or a YAML file");
+  Config cfg = load_config_file(resolve_recipe(positional.front()));
+  for (size_t i = 1; i < positional.size(); ++i) apply_override(cfg, positional[i]);
+  HarnessFlags f = flags;
+  if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
+  apply_harness_flags(cfg, f);
+  if (torch_version)
+    apply_override(cfg, "target.torch_version='" + *torch_version + "'", Config::Origin::flag);
+  if (te_version)
+    apply_override(cfg, "target.te_version='" + *te_version + "'", Config::Origin::flag);
+  return cfg;
+}
+
+}  // namespace epx::cli

@@ -1,0 +1,29 @@
+// The arguments every config-reading subcommand takes: RECIPE|FILE, dotted overrides, the
+// performance harness's flags and the target environment.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "epx/config.hpp"
+
+namespace epx::cli {
+
+struct ConfigArgs {
+  std::vector<std::string> positional;  // RECIPE|FILE then overrides
+  HarnessFlags flags;
+  std::string moe_a2a_overlap;  // as typed; parsed like the harness's str2bool
+  OptString torch_version, te_version;
+
+  void add_to(CLI::App& app);
+  // Load the recipe, apply overrides, then flags (flags win). Throws ConfigError.
+  Config load() const;
+};
+
+// The harness spells some flags with one dash and two letters (-ep, -tp, ...), which CLI11
+// reads as bundled short flags; rewrite them to their long form first.
+std::vector<std::string> normalize_harness_flags(int argc, char** argv);
+
+}  // namespace epx::cli

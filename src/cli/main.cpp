@@ -1,0 +1,86 @@
+// `epx`: the command-line front end. Subcommands: check, config.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/config_args.hpp"
+#include "epx/check.hpp"
+
+namespace epx::cli {
+namespace {
+
+// Exit codes: 0 fine, 1 the config has errors, 2 unusable input.
+constexpr int kUnusable = 2;
+
+int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
+  if (list_rules) {
+    std::cout << (json ? rule_table_json().dump(2) + "\n" : format_rule_table());
+    return 0;
+  }
+  const CheckReport report = run_check(args.load(), args.flags.moe_flex_dispatcher_backend);
+  std::cout << (json ? report_json(report).dump(2) + "\n" : format_report(report));
+  return report.ok() ? 0 : 1;
+}
+
+int run_config_show(const ConfigArgs& args) {
+  const Config loaded = args.load();
+  const Config resolved = resolve_config(loaded, args.flags.moe_flex_dispatcher_backend);
+  const std::string note = ignored_note(loaded);
+  std::cout << fmt::format("# epx config show: {} (resolved)\n", loaded.source);
+  if (!note.empty()) std::cout << "# " << note << "\n";
+  std::cout << dump_yaml(resolved);
+  return 0;
+}
+
+}  // namespace
+}  // namespace epx::cli
+
+int main(int argc, char** argv) {
+  using namespace epx::cli;
+  CLI::App app{"epx: expert-parallel MoE training with communication overlap"};
+  app.require_subcommand(1);
+
+  ConfigArgs check_args;
+  bool json = false, list_rules = false;
+  auto* check = app.add_subcommand(
+      "check", "pre-flight check of an MoE training config (exit 0 ok, 1 errors, 2 bad input)");
+  check_args.add_to(*check);
+  check->add_flag("--json", json, "machine-readable report");
+  check->add_flag("--list-rules", list_rules, "print the rule table and exit");
+
+  auto* config = app.add_subcommand("config", "show the resolved config, or list recipes");
+  config->require_subcommand(1);
+  ConfigArgs show_args;
+  auto* show = config->add_subcommand("show", "print the resolved config as YAML");
+  show_args.add_to(*show);
+  auto* list = config->add_subcommand("list", "list the shipped recipes");
+
+  try {
+    auto args = normalize_harness_flags(argc, argv);
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kUnusable;
+  }
+
+  try {
+    if (*check) return run_check_command(check_args, json, list_rules);
+    if (*show) return run_config_show(show_args);
+    if (*list) {
+      for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
+      return 0;
+    }
+  } catch (const epx::ConfigError& e) {
+    std::cerr << "epx: error: " << e.what() << "\n";
+    return kUnusable;
+  } catch (const std::exception& e) {
+    std::cerr << "epx: internal error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}

@@ -1,0 +1,176 @@
+// Megatron-Bridge's derived fields (runtime_config_update, CommOverlapConfig.setup) and
+// Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
+#include <fmt/format.h>
+
+#include "epx/config.hpp"
+
+namespace epx {
+namespace {
+
+constexpr Int kDefaultBucketSize = 128LL * 1024 * 1024;
+
+Finding note(const char* id, Severity sev, std::vector<std::pair<std::string, std::string>> values,
+             std::string message, std::string fix = "") {
+  return Finding{id, sev, std::move(values), std::move(message), std::move(fix)};
+}
+
+std::string text(const OptInt& v) { return v ? std::to_string(*v) : "null"; }
+
+// CommOverlapConfig._get_model_comm_overlap_cfgs + _apply_cfgs onto the model.
+void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<Finding>& out) {
+  CommOverlapConfig& user = *c.comm_overlap;
+  ModelConfig& m = c.model;
+  const Int vp = m.virtual_pipeline_model_parallel_size.value_or(1);
+
+  // TP overlap gate: warn and disable, first match wins.
+  if (user.tp_comm_overlap) {
+    const char* id = nullptr;
+    std::string why, fix;
+    std::vector<std::pair<std::string, std::string>> values;
+    if (m.tensor_model_parallel_size < 2) {
+      id = "tp_overlap.tp_size";
+      why = "Disabling tensor parallel communication overlap due to TP size < 2.";
+      values = {{"model.tensor_model_parallel_size", std::to_string(m.tensor_model_parallel_size)}};
+      fix = "comm_overlap.tp_comm_overlap=false";
+    } else if (!m.sequence_parallel) {
+      id = "tp_overlap.sequence_parallel";
+      why = "Disabling tensor parallel communication overlap due to sequence_parallel=False.";
+      values = {{"model.sequence_parallel", "false"}};
+      fix = "model.sequence_parallel=true";
+    } else if (!o.have_te) {
+      id = "tp_overlap.no_te";
+      why = "Disabling tensor parallel communication overlap due to TE not detected.";
+      values = {{"target.te_version", c.target.te_version.value_or("null")}};
+      fix = "comm_overlap.tp_comm_overlap=false";
+    }
+    if (id) {
+      values.insert(values.begin(), {"comm_overlap.tp_comm_overlap", "true"});
+      out.push_back(note(id, Severity::warning, values, why, fix));
+      user.tp_comm_overlap = false;
+    }
+  }
+
+  // A model-level EP-overlap switch is overwritten by comm_overlap (user None -> False).
+  auto overwritten = [&](const char* field, bool model_value, const OptBool& user_value) {
+    if (model_value && !user_value)
+      out.push_back(note(
+          "comm_overlap.overwrites_model", Severity::warning,
+          {{fmt::format("model.{}", field), "true"}, {fmt::format("comm_overlap.{}", field), "null"}},
+          fmt::format("comm_overlap is set, so Bridge copies comm_overlap.{0} (unset, so false) "
+                      "over model.{0}=true: the feature is off",
+                      field),
+          fmt::format("comm_overlap.{}=true", field)));
+  };
+  overwritten("overlap_moe_expert_parallel_comm", m.overlap_moe_expert_parallel_comm,
+              user.overlap_moe_expert_parallel_comm);
+  overwritten("delay_wgrad_compute", m.delay_wgrad_compute, user.delay_wgrad_compute);
+
+  // PP p2p defaults: interleaved (VPP > 1) overlaps p2p, plain PP batches it.
+  bool overlap_p2p = false, batch_p2p = false;
+  if (m.pipeline_model_parallel_size > 1) {
+    overlap_p2p = vp > 1;
+    batch_p2p = vp <= 1;
+  }
+  m.tp_comm_overlap = user.tp_comm_overlap;
+  m.overlap_p2p_comm = user.overlap_p2p_comm.value_or(overlap_p2p);
+  m.batch_p2p_comm = user.batch_p2p_comm.value_or(batch_p2p);
+  m.defer_embedding_wgrad_compute = user.defer_embedding_wgrad_compute.value_or(false);
+  m.wgrad_deferral_limit = user.wgrad_deferral_limit.value_or(-1);
+  m.overlap_moe_expert_parallel_comm = user.overlap_moe_expert_parallel_comm.value_or(false);
+  m.delay_wgrad_compute = user.delay_wgrad_compute.value_or(false);
+}
+
+// CommOverlapConfig._get_optimizer_overlap_cfgs: only with the distributed optimizer.
+void setup_optimizer_comm_overlap(Config& c, Int dp) {
+  const CommOverlapConfig& user = *c.comm_overlap;
+  const ModelConfig& m = c.model;
+  OptInt bucket;
+  bool grad_reduce = false, param_gather = false, align = false;
+  if (dp > 1) {
+    bucket = kDefaultBucketSize;
+    grad_reduce = true;
+    param_gather = true;
+    align = m.pipeline_model_parallel_size > 1 &&
+            m.virtual_pipeline_model_parallel_size.value_or(1) > 1;
+  }
+  c.ddp.bucket_size = user.bucket_size ? user.bucket_size : bucket;
+  c.ddp.overlap_grad_reduce = user.overlap_grad_reduce.value_or(grad_reduce);
+  c.ddp.overlap_param_gather = user.overlap_param_gather.value_or(param_gather);
+  c.ddp.align_param_gather = user.align_param_gather.value_or(align);
+  c.optimizer.overlap_param_gather = c.ddp.overlap_param_gather;
+  c.optimizer.overlap_param_gather_with_optimizer_step =
+      user.overlap_param_gather_with_optimizer_step.value_or(false);
+  c.optimizer.align_param_gather = c.ddp.align_param_gather;
+}
+
+// Megatron-Core's deprecated per-backend SM-count knobs fold into moe_flex_dispatcher_num_sms.
+void fold_deprecated_sm_knobs(ModelConfig& m, std::vector<Finding>& out) {
+  std::vector<std::pair<std::string, std::string>> set;
+  if (m.moe_deepep_num_sms) set.emplace_back("model.moe_deepep_num_sms", text(m.moe_deepep_num_sms));
+  if (m.moe_hybridep_num_sms)
+    set.emplace_back("model.moe_hybridep_num_sms", text(m.moe_hybridep_num_sms));
+  if (set.empty()) return;
+  std::string names = set[0].first.substr(6);
+  if (set.size() == 2) names += ", " + set[1].first.substr(6);
+  const OptInt value = m.moe_deepep_num_sms ? m.moe_deepep_num_sms : m.moe_hybridep_num_sms;
+  out.push_back(note("flex.deprecated_sm_knob", Severity::warning, set,
+                     fmt::format("{} is deprecated. Use moe_flex_dispatcher_num_sms instead.", names),
+                     fmt::format("model.moe_flex_dispatcher_num_sms={}", text(value))));
+  if (m.moe_flex_dispatcher_num_sms) return;
+  if (m.moe_deepep_num_sms && m.moe_hybridep_num_sms &&
+      *m.moe_deepep_num_sms != *m.moe_hybridep_num_sms) {
+    out.push_back(note("flex.conflicting_sm_knobs", Severity::error, set,
+                       fmt::format("Conflicting deprecated SM-count knobs {{moe_deepep_num_sms: {}, "
+                                   "moe_hybridep_num_sms: {}}}; set a single "
+                                   "moe_flex_dispatcher_num_sms instead.",
+                                   *m.moe_deepep_num_sms, *m.moe_hybridep_num_sms),
+                       fmt::format("model.moe_flex_dispatcher_num_sms={}", *m.moe_deepep_num_sms)));
+    return;
+  }
+  m.moe_flex_dispatcher_num_sms = value;
+}
+
+}  // namespace
+
+Int data_parallel_size(const Config& c) {
+  const ModelConfig& m = c.model;
+  const Int model_parallel =
+      m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size;
+  if (model_parallel <= 0 || c.target.num_gpus <= 0 || c.target.num_gpus % model_parallel != 0)
+    return 0;
+  return c.target.num_gpus / model_parallel;
+}
+
+Int effective_etp(const ModelConfig& m) {
+  if (m.expert_tensor_parallel_size) return *m.expert_tensor_parallel_size;
+  // Bridge: EP > 1 and ETP unset -> 1. Megatron-Core otherwise defaults ETP to TP.
+  return m.expert_model_parallel_size > 1 ? 1 : m.tensor_model_parallel_size;
+}
+
+std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
+  std::vector<Finding> out;
+  const Int dp = data_parallel_size(c);
+
+  if (c.comm_overlap) {
+    c.comm_overlap->data_parallel_size = dp > 0 ? OptInt(dp) : std::nullopt;
+    setup_model_comm_overlap(c, options, out);
+    if (c.ddp.use_distributed_optimizer) setup_optimizer_comm_overlap(c, dp);
+  }
+  // Bridge keeps these two in step between ddp and optimizer.
+  const bool dist_opt = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
+  c.ddp.use_distributed_optimizer = c.optimizer.use_distributed_optimizer = dist_opt;
+  const bool param_gather = c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather;
+  c.ddp.overlap_param_gather = c.optimizer.overlap_param_gather = param_gather;
+
+  // Megatron-Core TransformerConfig post-init and Bridge's model finalize.
+  ModelConfig& m = c.model;
+  m.expert_tensor_parallel_size = effective_etp(m);
+  if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
+  fold_deprecated_sm_knobs(m, out);
+  if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == "hybridep" &&
+      m.cuda_graph_impl == "none")
+    m.moe_hybridep_pad_uneven_dispatch_inputs = true;
+  return out;
+}
+
+}  // namespace epx

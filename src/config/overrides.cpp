@@ -1,0 +1,167 @@
+// Hydra-style dotted overrides and the performance harness's flags.
+#include <fmt/format.h>
+
+#include "config/schema.hpp"
+#include "epx/config.hpp"
+
+namespace epx {
+namespace {
+
+std::string did_you_mean(const std::string& key) {
+  auto options = suggest_keys(key);
+  if (options.empty()) return "";
+  return fmt::format(" (did you mean {}?)", fmt::join(options, " or "));
+}
+
+// The value side of `key=value`, read as YAML so lists, quotes and null work as in Hydra.
+YAML::Node parse_value(const std::string& key, const std::string& text) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception&) {
+    return YAML::Node(text);  // not YAML on its own: take the text literally
+  } catch (...) {
+    throw ConfigError(fmt::format("{}: cannot read the value '{}'", key, text));
+  }
+}
+
+// Keys outside the schema: env_vars.NAME and fields of kept Bridge sections.
+bool apply_free_key(Config& cfg, const std::string& key, const std::string& section,
+                    const std::string& name, bool adding, bool deleting,
+                    const std::string& value) {
+  if (section == "env_vars") {
+    if (name.empty()) throw ConfigError("env_vars needs a variable name: env_vars.NAME=value");
+    const bool exists = cfg.env_vars.count(name) > 0;
+    if (deleting) {
+      if (!exists) throw ConfigError(fmt::format("cannot delete {}: it is not set", key));
+      cfg.env_vars.erase(name);
+    } else if (!exists && !adding) {
+      throw ConfigError(fmt::format("{} is not set; add it with +{}={}", key, key, value));
+    } else {
+      cfg.env_vars[name] = value;
+    }
+    return true;
+  }
+  // Look up through a const view: yaml-cpp's mutable operator[] would insert the key.
+  const YAML::Node& kept = cfg.extra_sections;
+  YAML::Node sec = kept[section];
+  if (!sec.IsDefined() || !sec.IsMap()) return false;
+  if (deleting) {
+    if (name.empty()) {
+      cfg.extra_sections.remove(section);
+    } else if (!sec.remove(name)) {
+      throw ConfigError(fmt::format("cannot delete {}: no such key", key));
+    }
+    return true;
+  }
+  if (!static_cast<const YAML::Node&>(sec)[name].IsDefined() && !adding)
+    throw ConfigError(fmt::format("{} does not exist; add it with +{}={}", key, key, value));
+  sec[name] = parse_value(key, value);
+  return true;
+}
+
+}  // namespace
+
+void apply_override(Config& cfg, const std::string& text, Config::Origin origin) {
+  std::string body = text;
+  bool adding = false, deleting = false;
+  if (body.starts_with("++")) {
+    adding = true;
+    body.erase(0, 2);
+  } else if (body.starts_with("+")) {
+    adding = true;
+    body.erase(0, 1);
+  } else if (body.starts_with("~")) {
+    deleting = true;
+    body.erase(0, 1);
+  }
+  const auto eq = body.find('=');
+  std::string key = body.substr(0, eq);
+  const std::string value = eq == std::string::npos ? "" : body.substr(eq + 1);
+  if (key.empty())
+    throw ConfigError(fmt::format("cannot read override '{}': expected key=value, +key=value or "
+                                  "~key",
+                                  text));
+  if (!deleting && eq == std::string::npos)
+    throw ConfigError(fmt::format("override '{}' has no value: write {}=VALUE (or ~{} to reset "
+                                  "it to the default)",
+                                  text, key, key));
+  if (deleting && eq != std::string::npos)
+    throw ConfigError(fmt::format("override '{}': a deletion takes no value, write ~{}", text, key));
+
+  const auto dot = key.find('.');
+  const std::string section = key.substr(0, dot);
+  const std::string name = dot == std::string::npos ? "" : key.substr(dot + 1);
+
+  // Whole-section forms: ~comm_overlap, comm_overlap=null.
+  if (section == "comm_overlap" && name.empty()) {
+    if (deleting || parse_value(key, value).IsNull()) {
+      cfg.comm_overlap.reset();
+      return;
+    }
+    throw ConfigError("comm_overlap can only be set to null as a whole; set its fields with "
+                      "comm_overlap.FIELD=VALUE");
+  }
+
+  if (const FieldInfo* f = find_field(key)) {
+    if (deleting) {
+      f->reset(cfg);
+      cfg.explicit_keys.erase(f->key());
+      return;
+    }
+    f->set(cfg, parse_value(f->key(), value));
+    cfg.explicit_keys[f->key()] = origin;
+    return;
+  }
+  if (apply_free_key(cfg, key, section, name, adding, deleting, value)) return;
+  throw ConfigError(fmt::format("unknown key '{}'{}", key, did_you_mean(key)));
+}
+
+void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
+  auto set = [&](const std::string& key, const std::string& value) {
+    apply_override(cfg, key + "=" + value, Config::Origin::flag);
+  };
+  auto set_int = [&](const std::string& key, const OptInt& v) {
+    if (v) set(key, std::to_string(*v));
+  };
+  set_int("model.tensor_model_parallel_size", f.tp);
+  set_int("model.pipeline_model_parallel_size", f.pp);
+  set_int("model.context_parallel_size", f.cp);
+  set_int("model.expert_model_parallel_size", f.ep);
+  set_int("model.expert_tensor_parallel_size", f.et);
+  if (f.vp && *f.vp != -1) set_int("model.virtual_pipeline_model_parallel_size", f.vp);
+  set_int("train.global_batch_size", f.gb);
+  set_int("train.micro_batch_size", f.mb);
+  set_int("model.seq_length", f.sl);
+  set_int("train.train_iters", f.max_steps);
+  if (f.gpu) set("target.gpu", *f.gpu);
+  set_int("target.num_gpus", f.num_gpus);
+  set_int("target.gpus_per_node", f.gpus_per_node);
+  if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
+  if (f.cuda_graph_scope) set("model.cuda_graph_scope", "'" + *f.cuda_graph_scope + "'");
+  if (f.recompute_num_layers) {  // -rl: full recompute, block method
+    set("model.recompute_granularity", "full");
+    set("model.recompute_method", "block");
+    set_int("model.recompute_num_layers", f.recompute_num_layers);
+  }
+  if (f.recompute_modules) {
+    set("model.recompute_granularity", "selective");
+    set("model.recompute_modules", "'" + *f.recompute_modules + "'");
+  }
+  if (f.moe_flex_dispatcher_backend && *f.moe_flex_dispatcher_backend == "None") {
+    set("model.moe_flex_dispatcher_backend", "null");
+    set("model.moe_token_dispatcher_type", "alltoall");
+  }
+  // --moe_a2a_overlap true: EP overlap and delayed wgrad on, shared-expert overlap off, creating
+  // comm_overlap (TP overlap only when TP > 1) if the recipe has none. false changes nothing.
+  if (f.moe_a2a_overlap && *f.moe_a2a_overlap) {
+    if (!cfg.comm_overlap) {
+      cfg.comm_overlap.emplace();
+      cfg.comm_overlap->tp_comm_overlap = cfg.model.tensor_model_parallel_size > 1;
+    }
+    set("comm_overlap.overlap_moe_expert_parallel_comm", "true");
+    set("comm_overlap.delay_wgrad_compute", "true");
+    set("model.moe_shared_expert_overlap", "false");
+  }
+}
+
+}  // namespace epx

@@ -1,0 +1,61 @@
+// Finding recipes by name.
+#include <algorithm>
+#include <cstdlib>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "epx/config.hpp"
+
+namespace epx {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<fs::path> recipe_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("EPX_RECIPES_DIR")) dirs.emplace_back(env);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    dirs.push_back(exe.parent_path() / "../share/epx/recipes");
+    dirs.push_back(exe.parent_path() / "../recipes");
+  }
+#ifdef EPX_SOURCE_RECIPES_DIR
+  dirs.emplace_back(EPX_SOURCE_RECIPES_DIR);
+#endif
+  return dirs;
+}
+
+}  // namespace
+
+std::vector<std::string> list_recipes() {
+  std::vector<std::string> names;
+  for (const auto& dir : recipe_dirs()) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
+    if (!names.empty()) break;  // the first directory that has recipes wins
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+fs::path resolve_recipe(const std::string& name_or_path) {
+  const fs::path as_path(name_or_path);
+  if (name_or_path.find('/') != std::string::npos || as_path.extension() == ".yaml" ||
+      as_path.extension() == ".yml") {
+    if (!fs::exists(as_path))
+      throw ConfigError(fmt::format("{}: no such file", name_or_path));
+    return as_path;
+  }
+  for (const auto& dir : recipe_dirs()) {
+    const fs::path candidate = dir / (name_or_path + ".yaml");
+    if (fs::exists(candidate)) return fs::weakly_canonical(candidate);
+  }
+  throw ConfigError(fmt::format("no recipe named '{}'; shipped recipes: {} (or give a path to "
+                                "a YAML file)",
+                                name_or_path, fmt::join(list_recipes(), ", ")));
+}
+
+}  // namespace epx

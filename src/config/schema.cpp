@@ -1,0 +1,558 @@
+#include "config/schema.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+namespace epx {
+namespace {
+
+// ---- Scalar parsing shared by YAML files and command-line overrides -------------------------
+
+[[noreturn]] void type_error(const std::string& key, const std::string& expected,
+                             const YAML::Node& n) {
+  throw ConfigError(fmt::format("{} expects {}, got {}", key, expected, yaml_text(n)));
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Megatron users write Python's None; YAML writes null or ~.
+bool is_null(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return true;
+  if (!n.IsScalar()) return false;
+  const std::string s = lower(n.Scalar());
+  return s == "none" || s == "null" || s == "~";
+}
+
+const std::string& scalar(const YAML::Node& n, const std::string& key, const std::string& what) {
+  if (!n.IsScalar() || is_null(n)) type_error(key, what, n);
+  return n.Scalar();
+}
+
+void check_choice(const std::string& key, const std::string& v,
+                  const std::vector<std::string>& choices) {
+  if (choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end()) return;
+  throw ConfigError(fmt::format("{} must be one of {}, got '{}'", key, fmt::join(choices, "|"), v));
+}
+
+std::optional<Int> parse_int(std::string_view s) {
+  Int v = 0;
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_double(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) return std::nullopt;
+  return v;
+}
+
+// Shortest text that reads back to the same double, always recognisable as a float.
+std::string double_text(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) return s + ".0";
+  if (auto e = s.find('e'); e != std::string::npos && s.find('.') == std::string::npos)
+    s.insert(e, ".0");
+  return s;
+}
+
+YAML::Node scalar_node(const std::string& s) { return YAML::Node(s); }
+
+// ---- Codecs: one per C++ field type ---------------------------------------------------------
+
+template <class T>
+struct Codec;
+
+template <>
+struct Codec<bool> {
+  static std::string type_name() { return "a bool (true|false)"; }
+  static bool decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>&) {
+    const std::string s = lower(scalar(n, key, type_name()));
+    if (s == "true" || s == "yes" || s == "on" || s == "1" || s == "t" || s == "y") return true;
+    if (s == "false" || s == "no" || s == "off" || s == "0" || s == "f" || s == "n") return false;
+    type_error(key, type_name(), n);
+  }
+  static YAML::Node encode(bool v) { return scalar_node(v ? "true" : "false"); }
+};
+
+template <>
+struct Codec<Int> {
+  static std::string type_name() { return "an integer"; }
+  static Int decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>&) {
+    if (auto v = parse_int(scalar(n, key, type_name()))) return *v;
+    type_error(key, type_name(), n);
+  }
+  static YAML::Node encode(Int v) { return scalar_node(std::to_string(v)); }
+};
+
+template <>
+struct Codec<double> {
+  static std::string type_name() { return "a number"; }
+  static double decode(const YAML::Node& n, const std::string& key,
+                       const std::vector<std::string>&) {
+    if (auto v = parse_double(scalar(n, key, type_name()))) return *v;
+    type_error(key, type_name(), n);
+  }
+  static YAML::Node encode(double v) { return scalar_node(double_text(v)); }
+};
+
+template <>
+struct Codec<std::string> {
+  static std::string type_name() { return "a string"; }
+  static std::string decode(const YAML::Node& n, const std::string& key,
+                            const std::vector<std::string>& choices) {
+    const std::string& s = scalar(n, key, type_name());
+    check_choice(key, s, choices);
+    return s;
+  }
+  static YAML::Node encode(const std::string& v) { return scalar_node(v); }
+};
+
+// A list of names: a YAML sequence, or one string with commas (Bridge splits "a,b" the same way).
+template <>
+struct Codec<StringList> {
+  static std::string type_name() { return "a list of strings"; }
+  static StringList decode(const YAML::Node& n, const std::string& key,
+                           const std::vector<std::string>& choices) {
+    StringList out;
+    if (n.IsSequence()) {
+      for (const auto& item : n) out.push_back(scalar(item, key, "a list of strings"));
+    } else if (n.IsScalar() && !is_null(n)) {
+      std::string s = n.Scalar();
+      // Accept "[a, b]" typed as one scalar on a command line that YAML did not split.
+      if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);
+      size_t start = 0;
+      while (start <= s.size()) {
+        size_t end = s.find(',', start);
+        if (end == std::string::npos) end = s.size();
+        std::string item = s.substr(start, end - start);
+        item.erase(0, item.find_first_not_of(" \t'\""));
+        item.erase(item.find_last_not_of(" \t'\"") + 1);
+        if (!item.empty()) out.push_back(item);
+        start = end + 1;
+      }
+    } else {
+      type_error(key, type_name(), n);
+    }
+    for (const auto& item : out) check_choice(key, item, choices);
+    return out;
+  }
+  static YAML::Node encode(const StringList& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (const auto& s : v) n.push_back(s);
+    return n;
+  }
+};
+
+// "([0]*3+[1]*58)" or "[1,1,0]" as Megatron-LM writes moe_layer_freq.
+std::optional<std::vector<Int>> parse_layer_pattern(std::string s) {
+  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
+          s.end());
+  while (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
+  std::vector<Int> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    if (s[i] != '[') return std::nullopt;
+    size_t close = s.find(']', i);
+    if (close == std::string::npos) return std::nullopt;
+    std::vector<Int> items;
+    std::string body = s.substr(i + 1, close - i - 1);
+    for (size_t p = 0; p <= body.size();) {
+      size_t comma = body.find(',', p);
+      if (comma == std::string::npos) comma = body.size();
+      auto v = parse_int(std::string_view(body).substr(p, comma - p));
+      if (!v) return std::nullopt;
+      items.push_back(*v);
+      p = comma + 1;
+    }
+    i = close + 1;
+    Int repeat = 1;
+    if (i < s.size() && s[i] == '*') {
+      size_t end = s.find('+', i);
+      if (end == std::string::npos) end = s.size();
+      auto r = parse_int(std::string_view(s).substr(i + 1, end - i - 1));
+      if (!r || *r < 0) return std::nullopt;
+      repeat = *r;
+      i = end;
+    }
+    for (Int k = 0; k < repeat; ++k) out.insert(out.end(), items.begin(), items.end());
+    if (i < s.size()) {
+      if (s[i] != '+') return std::nullopt;
+      ++i;
+    }
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+template <>
+struct Codec<MoeLayerFreq> {
+  static std::string type_name() {
+    return "an integer, a list of 0/1 per layer, or a pattern like \"([0]*3+[1]*58)\"";
+  }
+  static MoeLayerFreq decode(const YAML::Node& n, const std::string& key,
+                             const std::vector<std::string>&) {
+    MoeLayerFreq f;
+    if (n.IsSequence()) {
+      for (const auto& item : n) f.pattern.push_back(Codec<Int>::decode(item, key, {}));
+    } else if (n.IsScalar() && !is_null(n)) {
+      if (auto v = parse_int(n.Scalar())) {
+        f.every = *v;
+      } else if (auto p = parse_layer_pattern(n.Scalar())) {
+        f.pattern = *p;
+      } else {
+        type_error(key, type_name(), n);
+      }
+    } else {
+      type_error(key, type_name(), n);
+    }
+    for (Int v : f.pattern)
+      if (v != 0 && v != 1) throw ConfigError(fmt::format("{} pattern entries must be 0 or 1", key));
+    if (f.pattern.empty() && f.every < 1)
+      throw ConfigError(fmt::format("{} must be >= 1, got {}", key, f.every));
+    return f;
+  }
+  static YAML::Node encode(const MoeLayerFreq& f) {
+    if (f.pattern.empty()) return Codec<Int>::encode(f.every);
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (Int v : f.pattern) n.push_back(v);
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
+template <class T>
+struct Codec<std::optional<T>> {
+  static std::string type_name() { return Codec<T>::type_name() + " or null"; }
+  static std::optional<T> decode(const YAML::Node& n, const std::string& key,
+                                 const std::vector<std::string>& choices) {
+    if (is_null(n)) return std::nullopt;
+    return Codec<T>::decode(n, key, choices);
+  }
+  static YAML::Node encode(const std::optional<T>& v) {
+    return v ? Codec<T>::encode(*v) : YAML::Node(YAML::NodeType::Null);
+  }
+};
+
+template <class T>
+constexpr bool is_optional = false;
+template <class T>
+constexpr bool is_optional<std::optional<T>> = true;
+
+// ---- Sections and the field builder ---------------------------------------------------------
+
+template <class S>
+struct Section {
+  using type = S;
+  const char* name;
+  S* (*mut)(Config&);              // creates an optional section on first write
+  const S* (*get)(const Config&);  // nullptr when an optional section is absent
+};
+
+const Section<ModelConfig> kModel{
+    "model", [](Config& c) { return &c.model; }, [](const Config& c) { return &c.model; }};
+const Section<CommOverlapConfig> kCommOverlap{
+    "comm_overlap",
+    [](Config& c) {
+      if (!c.comm_overlap) c.comm_overlap.emplace();
+      return &*c.comm_overlap;
+    },
+    [](const Config& c) -> const CommOverlapConfig* {
+      return c.comm_overlap ? &*c.comm_overlap : nullptr;
+    }};
+const Section<DdpConfig> kDdp{"ddp", [](Config& c) { return &c.ddp; },
+                              [](const Config& c) { return &c.ddp; }};
+const Section<OptimizerConfig> kOptimizer{"optimizer", [](Config& c) { return &c.optimizer; },
+                                          [](const Config& c) { return &c.optimizer; }};
+const Section<SchedulerConfig> kScheduler{"scheduler", [](Config& c) { return &c.scheduler; },
+                                          [](const Config& c) { return &c.scheduler; }};
+const Section<TrainConfig> kTrain{"train", [](Config& c) { return &c.train; },
+                                  [](const Config& c) { return &c.train; }};
+const Section<RngConfig> kRng{"rng", [](Config& c) { return &c.rng; },
+                              [](const Config& c) { return &c.rng; }};
+const Section<TargetConfig> kTarget{"target", [](Config& c) { return &c.target; },
+                                    [](const Config& c) { return &c.target; }};
+
+template <class S, class T>
+FieldInfo make_field(const Section<S>& sec, T S::*member, const char* name,
+                     std::vector<std::string> choices = {}) {
+  FieldInfo f;
+  f.section = sec.name;
+  f.name = name;
+  f.type = Codec<T>::type_name();
+  f.choices = choices;
+  f.nullable = is_optional<T>;
+  const std::string key = f.key();
+  f.get = [sec, member](const Config& c) -> YAML::Node {
+    const S* s = sec.get(c);
+    return s ? Codec<T>::encode(s->*member) : YAML::Node(YAML::NodeType::Null);
+  };
+  f.set = [sec, member, key, choices](Config& c, const YAML::Node& n) {
+    T value = Codec<T>::decode(n, key, choices);
+    sec.mut(c)->*member = std::move(value);
+  };
+  f.reset = [sec, member](Config& c) {
+    if (sec.get(c)) sec.mut(c)->*member = S{}.*member;
+  };
+  return f;
+}
+
+#define EPX_FIELD(sec, member, ...) \
+  make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
+
+const std::vector<std::string> kRecomputeModules = {
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
+const std::vector<std::string> kCudaGraphScopes = {"full", "attn", "mlp", "moe", "moe_router",
+                                                    "moe_preprocess", "mamba"};
+
+std::vector<FieldInfo> build_schema() {
+  return {
+      EPX_FIELD(kModel, tensor_model_parallel_size),
+      EPX_FIELD(kModel, pipeline_model_parallel_size),
+      EPX_FIELD(kModel, virtual_pipeline_model_parallel_size),
+      EPX_FIELD(kModel, context_parallel_size),
+      EPX_FIELD(kModel, expert_model_parallel_size),
+      EPX_FIELD(kModel, expert_tensor_parallel_size),
+      EPX_FIELD(kModel, sequence_parallel),
+      EPX_FIELD(kModel, pipeline_model_parallel_layout),
+      EPX_FIELD(kModel, account_for_embedding_in_pipeline_split),
+      EPX_FIELD(kModel, account_for_loss_in_pipeline_split),
+      EPX_FIELD(kModel, num_layers),
+      EPX_FIELD(kModel, hidden_size),
+      EPX_FIELD(kModel, ffn_hidden_size),
+      EPX_FIELD(kModel, num_attention_heads),
+      EPX_FIELD(kModel, num_query_groups),
+      EPX_FIELD(kModel, kv_channels),
+      EPX_FIELD(kModel, qk_layernorm),
+      EPX_FIELD(kModel, normalization, {"LayerNorm", "RMSNorm"}),
+      EPX_FIELD(kModel, layernorm_epsilon),
+      EPX_FIELD(kModel, gated_linear_unit),
+      EPX_FIELD(kModel, add_bias_linear),
+      EPX_FIELD(kModel, add_qkv_bias),
+      EPX_FIELD(kModel, seq_length),
+      EPX_FIELD(kModel, vocab_size),
+      EPX_FIELD(kModel, make_vocab_size_divisible_by),
+      EPX_FIELD(kModel, share_embeddings_and_output_weights),
+      EPX_FIELD(kModel, position_embedding_type,
+                {"learned_absolute", "rope", "yarn", "mrope", "none"}),
+      EPX_FIELD(kModel, rotary_base),
+      EPX_FIELD(kModel, init_method_std),
+      EPX_FIELD(kModel, multi_latent_attention),
+      EPX_FIELD(kModel, q_lora_rank),
+      EPX_FIELD(kModel, kv_lora_rank),
+      EPX_FIELD(kModel, qk_head_dim),
+      EPX_FIELD(kModel, qk_pos_emb_head_dim),
+      EPX_FIELD(kModel, v_head_dim),
+      EPX_FIELD(kModel, num_moe_experts),
+      EPX_FIELD(kModel, moe_ffn_hidden_size),
+      EPX_FIELD(kModel, moe_router_topk),
+      EPX_FIELD(kModel, moe_layer_freq),
+      EPX_FIELD(kModel, moe_shared_expert_intermediate_size),
+      EPX_FIELD(kModel, moe_shared_expert_overlap),
+      EPX_FIELD(kModel, moe_router_load_balancing_type,
+                {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"}),
+      EPX_FIELD(kModel, moe_aux_loss_coeff),
+      EPX_FIELD(kModel, moe_z_loss_coeff),
+      EPX_FIELD(kModel, moe_router_pre_softmax),
+      EPX_FIELD(kModel, moe_router_score_function, {"softmax", "sigmoid"}),
+      EPX_FIELD(kModel, moe_router_topk_scaling_factor),
+      EPX_FIELD(kModel, moe_router_enable_expert_bias),
+      EPX_FIELD(kModel, moe_router_bias_update_rate),
+      EPX_FIELD(kModel, moe_router_num_groups),
+      EPX_FIELD(kModel, moe_router_group_topk),
+      EPX_FIELD(kModel, moe_router_dtype, {"fp32", "fp64"}),
+      EPX_FIELD(kModel, moe_router_force_load_balancing),
+      EPX_FIELD(kModel, moe_grouped_gemm),
+      EPX_FIELD(kModel, moe_token_dispatcher_type, {"allgather", "alltoall", "flex"}),
+      EPX_FIELD(kModel, moe_flex_dispatcher_backend, {"deepep", "hybridep", "ncclep"}),
+      EPX_FIELD(kModel, moe_flex_dispatcher_num_sms),
+      EPX_FIELD(kModel, moe_deepep_num_sms),
+      EPX_FIELD(kModel, moe_hybridep_num_sms),
+      EPX_FIELD(kModel, moe_hybridep_num_sms_preprocessing),
+      EPX_FIELD(kModel, moe_permute_fusion_into_hybridep),
+      EPX_FIELD(kModel, moe_hybridep_pad_uneven_dispatch_inputs),
+      EPX_FIELD(kModel, moe_permute_fusion),
+      EPX_FIELD(kModel, moe_router_fusion),
+      EPX_FIELD(kModel, moe_expert_capacity_factor),
+      EPX_FIELD(kModel, moe_pad_expert_input_to_capacity),
+      EPX_FIELD(kModel, moe_token_drop_policy, {"probs", "position"}),
+      EPX_FIELD(kModel, high_priority_a2a_comm_stream),
+      EPX_FIELD(kModel, tp_comm_overlap),
+      EPX_FIELD(kModel, overlap_p2p_comm),
+      EPX_FIELD(kModel, batch_p2p_comm),
+      EPX_FIELD(kModel, overlap_moe_expert_parallel_comm),
+      EPX_FIELD(kModel, delay_wgrad_compute),
+      EPX_FIELD(kModel, overlap_dispatch_backward_with_experts_wgrad),
+      EPX_FIELD(kModel, ep_overlap_early_attn_memory_release),
+      EPX_FIELD(kModel, defer_embedding_wgrad_compute),
+      EPX_FIELD(kModel, wgrad_deferral_limit),
+      EPX_FIELD(kModel, bf16),
+      EPX_FIELD(kModel, fp16),
+      EPX_FIELD(kModel, gradient_accumulation_fusion),
+      EPX_FIELD(kModel, recompute_granularity, {"full", "selective"}),
+      EPX_FIELD(kModel, recompute_method, {"uniform", "block"}),
+      EPX_FIELD(kModel, recompute_num_layers),
+      EPX_FIELD(kModel, recompute_modules, kRecomputeModules),
+      EPX_FIELD(kModel, mtp_num_layers),
+      EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine"}),
+      EPX_FIELD(kModel, cuda_graph_scope, kCudaGraphScopes),
+      EPX_FIELD(kModel, cuda_graph_modules, kCudaGraphScopes),
+
+      EPX_FIELD(kCommOverlap, tp_comm_overlap),
+      EPX_FIELD(kCommOverlap, tp_comm_bootstrap_backend),
+      EPX_FIELD(kCommOverlap, overlap_p2p_comm),
+      EPX_FIELD(kCommOverlap, batch_p2p_comm),
+      EPX_FIELD(kCommOverlap, overlap_grad_reduce),
+      EPX_FIELD(kCommOverlap, overlap_param_gather),
+      EPX_FIELD(kCommOverlap, overlap_param_gather_with_optimizer_step),
+      EPX_FIELD(kCommOverlap, align_param_gather),
+      EPX_FIELD(kCommOverlap, bucket_size),
+      EPX_FIELD(kCommOverlap, defer_embedding_wgrad_compute),
+      EPX_FIELD(kCommOverlap, wgrad_deferral_limit),
+      EPX_FIELD(kCommOverlap, overlap_moe_expert_parallel_comm),
+      EPX_FIELD(kCommOverlap, delay_wgrad_compute),
+      EPX_FIELD(kCommOverlap, data_parallel_size),
+
+      EPX_FIELD(kDdp, overlap_grad_reduce),
+      EPX_FIELD(kDdp, overlap_param_gather),
+      EPX_FIELD(kDdp, align_param_gather),
+      EPX_FIELD(kDdp, use_distributed_optimizer),
+      EPX_FIELD(kDdp, bucket_size),
+      EPX_FIELD(kDdp, grad_reduce_in_fp32),
+
+      EPX_FIELD(kOptimizer, optimizer, {"adam", "sgd"}),
+      EPX_FIELD(kOptimizer, lr),
+      EPX_FIELD(kOptimizer, min_lr),
+      EPX_FIELD(kOptimizer, weight_decay),
+      EPX_FIELD(kOptimizer, adam_beta1),
+      EPX_FIELD(kOptimizer, adam_beta2),
+      EPX_FIELD(kOptimizer, adam_eps),
+      EPX_FIELD(kOptimizer, clip_grad),
+      EPX_FIELD(kOptimizer, use_distributed_optimizer),
+      EPX_FIELD(kOptimizer, overlap_param_gather),
+      EPX_FIELD(kOptimizer, overlap_param_gather_with_optimizer_step),
+      EPX_FIELD(kOptimizer, align_param_gather),
+
+      EPX_FIELD(kScheduler, lr_decay_style,
+                {"constant", "linear", "cosine", "inverse-square-root", "WSD"}),
+      EPX_FIELD(kScheduler, lr_warmup_iters),
+      EPX_FIELD(kScheduler, lr_decay_iters),
+      EPX_FIELD(kScheduler, lr_warmup_init),
+
+      EPX_FIELD(kTrain, train_iters),
+      EPX_FIELD(kTrain, global_batch_size),
+      EPX_FIELD(kTrain, micro_batch_size),
+      EPX_FIELD(kTrain, eval_iters),
+      EPX_FIELD(kTrain, manual_gc),
+
+      EPX_FIELD(kRng, seed),
+
+      EPX_FIELD(kTarget, gpu),
+      EPX_FIELD(kTarget, num_gpus),
+      EPX_FIELD(kTarget, gpus_per_node),
+      EPX_FIELD(kTarget, torch_version),
+      EPX_FIELD(kTarget, te_version),
+  };
+}
+
+#undef EPX_FIELD
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+const std::vector<FieldInfo>& schema() {
+  static const std::vector<FieldInfo> fields = build_schema();
+  return fields;
+}
+
+const std::vector<std::string>& schema_sections() {
+  static const std::vector<std::string> sections = {
+      "model", "comm_overlap", "ddp", "optimizer", "scheduler", "train", "rng", "target"};
+  return sections;
+}
+
+// The issue-level names for training settings that Megatron-Bridge keeps in other sections.
+const std::vector<std::pair<std::string, std::string>>& field_aliases() {
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"train.seq_length", "model.seq_length"},
+      {"train.seed", "rng.seed"},
+      {"train.lr", "optimizer.lr"},
+      {"train.min_lr", "optimizer.min_lr"},
+      {"train.lr_decay_style", "scheduler.lr_decay_style"},
+      {"train.lr_warmup_iters", "scheduler.lr_warmup_iters"},
+      {"train.lr_decay_iters", "scheduler.lr_decay_iters"},
+  };
+  return aliases;
+}
+
+const FieldInfo* find_field(std::string_view key) {
+  for (const auto& [alias, canonical] : field_aliases())
+    if (key == alias) key = canonical;
+  for (const auto& f : schema())
+    if (key.size() == f.section.size() + 1 + f.name.size() && key.starts_with(f.section) &&
+        key[f.section.size()] == '.' && key.ends_with(f.name))
+      return &f;
+  return nullptr;
+}
+
+std::vector<std::string> suggest_keys(std::string_view key) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  // Compare whole keys, and also field names alone, so "model.moe_topk" finds the router field
+  // and a field put in the wrong section ("train.num_moe_experts") finds its real section.
+  const auto dot = key.find('.');
+  const std::string_view name = dot == std::string_view::npos ? key : key.substr(dot + 1);
+  for (const auto& f : schema()) {
+    const std::string k = f.key();
+    size_t d = std::min(edit_distance(key, k), edit_distance(name, f.name));
+    if (f.name.find(name) != std::string::npos && name.size() >= 4) d = std::min<size_t>(d, 2);
+    scored.emplace_back(d, k);
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  const size_t limit = std::max<size_t>(3, name.size() / 3);
+  for (const auto& [d, k] : scored)
+    if (d <= limit && out.size() < 3) out.push_back(k);
+  return out;
+}
+
+std::string yaml_text(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+std::string field_text(const Config& cfg, std::string_view key) {
+  const FieldInfo* f = find_field(key);
+  if (!f) throw std::logic_error("no config field named " + std::string(key));
+  return yaml_text(f->get(cfg));
+}
+
+}  // namespace epx

@@ -1,0 +1,189 @@
+// YAML in and out: epx recipes, `epx config show` dumps and Megatron-Bridge config dumps.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "config/schema.hpp"
+#include "epx/config.hpp"
+
+namespace epx {
+namespace {
+
+// Megatron-Bridge ConfigContainer groups that epx does not model: kept and reported, not errors.
+const std::vector<std::string> kBridgeOnlySections = {
+    "dataset", "logger", "tokenizer", "checkpoint", "dist", "profiling", "peft",
+    "mixed_precision", "inprocess_restart", "ft", "straggler", "nvrx_straggler",
+    "rerun_state_machine", "tensor_inspect", "mixed_precision_config"};
+
+std::string location(const std::string& source, const YAML::Node& n) {
+  const YAML::Mark m = n.Mark();
+  if (m.is_null()) return source;
+  return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
+}
+
+std::string did_you_mean(const std::vector<std::string>& options) {
+  if (options.empty()) return "";
+  return fmt::format(" (did you mean {}?)", fmt::join(options, " or "));
+}
+
+std::vector<std::string> suggest_sections(const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& s : schema_sections())
+    if (s.starts_with(name.substr(0, 3)) || name.starts_with(s.substr(0, 3))) out.push_back(s);
+  if (out.empty())
+    for (const auto& k : suggest_keys(name + ".x")) out.push_back(k.substr(0, k.find('.')));
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.size() > 3) out.resize(3);
+  return out;
+}
+
+bool is_modelled_section(const std::string& s) {
+  const auto& all = schema_sections();
+  return std::find(all.begin(), all.end(), s) != all.end();
+}
+
+void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
+  if (sec == "comm_overlap") {
+    if (body.IsNull()) {  // Bridge's comm_overlap=None
+      c.comm_overlap.reset();
+      return;
+    }
+    c.comm_overlap.emplace();
+  }
+  if (!body.IsMap())
+    throw ConfigError(fmt::format("{}: section '{}' must be a mapping of field: value",
+                                  location(c.source, body), sec));
+  // Bridge dumps tag each dataclass with _target_; only there do unmodelled fields pass.
+  const bool bridge_dump = body["_target_"].IsDefined();
+  for (const auto& kv : body) {
+    const std::string name = kv.first.as<std::string>();
+    const std::string key = sec + "." + name;
+    if (name.starts_with("_") || (bridge_dump && !find_field(key))) {
+      c.extra_fields[sec][name] = kv.second;
+      continue;
+    }
+    const FieldInfo* f = find_field(key);
+    if (!f)
+      throw ConfigError(fmt::format("{}: unknown key '{}'{}", location(c.source, kv.first), key,
+                                    did_you_mean(suggest_keys(key))));
+    try {
+      f->set(c, kv.second);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}: {}", location(c.source, kv.second), e.what()));
+    }
+    c.explicit_keys[f->key()] = Config::Origin::file;
+  }
+}
+
+}  // namespace
+
+Config load_config_text(const std::string& text, const std::string& source_name) {
+  Config c;
+  c.source = source_name;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: malformed YAML: {}", source_name, e.mark.line + 1,
+                                  e.mark.column + 1, e.msg));
+  }
+  if (root.IsNull()) return c;
+  if (!root.IsMap())
+    throw ConfigError(fmt::format("{}: a config must be a YAML mapping of sections "
+                                  "(model:, comm_overlap:, train:, ...)",
+                                  location(source_name, root)));
+  for (const auto& kv : root) {
+    const std::string sec = kv.first.as<std::string>();
+    const YAML::Node& body = kv.second;
+    if (sec == "env_vars") {
+      if (body.IsNull()) continue;
+      if (!body.IsMap())
+        throw ConfigError(fmt::format("{}: env_vars must be a mapping NAME: value",
+                                      location(source_name, body)));
+      for (const auto& var : body) {
+        if (!var.second.IsScalar())
+          throw ConfigError(fmt::format("{}: env_vars.{} must be a scalar",
+                                        location(source_name, var.second),
+                                        var.first.as<std::string>()));
+        c.env_vars[var.first.as<std::string>()] = var.second.Scalar();
+      }
+    } else if (is_modelled_section(sec)) {
+      load_section(c, sec, body);
+    } else if (sec.starts_with("_") ||
+               std::find(kBridgeOnlySections.begin(), kBridgeOnlySections.end(), sec) !=
+                   kBridgeOnlySections.end()) {
+      c.extra_sections[sec] = body;
+    } else {
+      throw ConfigError(fmt::format("{}: unknown section '{}'{}; epx models {} and keeps "
+                                    "Megatron-Bridge's other groups ({})",
+                                    location(source_name, kv.first), sec,
+                                    did_you_mean(suggest_sections(sec)),
+                                    fmt::join(schema_sections(), ", "),
+                                    fmt::join(kBridgeOnlySections, ", ")));
+    }
+  }
+  return c;
+}
+
+Config load_config_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the file", path.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  return load_config_text(text.str(), path.string());
+}
+
+std::string dump_yaml(const Config& cfg) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  out << YAML::BeginMap;
+  for (const auto& sec : schema_sections()) {
+    out << YAML::Key << sec;
+    if (sec == "comm_overlap" && !cfg.comm_overlap) {
+      out << YAML::Value << YAML::Null;
+      continue;
+    }
+    out << YAML::Value << YAML::BeginMap;
+    for (const auto& f : schema())
+      if (f.section == sec) out << YAML::Key << f.name << YAML::Value << f.get(cfg);
+    if (auto it = cfg.extra_fields.find(sec); it != cfg.extra_fields.end())
+      for (const auto& kv : it->second) out << YAML::Key << kv.first << YAML::Value << kv.second;
+    out << YAML::EndMap;
+  }
+  out << YAML::Key << "env_vars" << YAML::Value << YAML::BeginMap;
+  for (const auto& [k, v] : cfg.env_vars) out << YAML::Key << k << YAML::Value << v;
+  out << YAML::EndMap;
+  for (const auto& kv : cfg.extra_sections)
+    out << YAML::Key << kv.first << YAML::Value << kv.second;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string ignored_note(const Config& cfg) {
+  std::vector<std::string> sections, fields;
+  for (const auto& kv : cfg.extra_sections) {
+    const std::string name = kv.first.as<std::string>();
+    if (!name.starts_with("_")) sections.push_back(name);
+  }
+  for (const auto& [sec, node] : cfg.extra_fields)
+    for (const auto& kv : node) {
+      const std::string name = kv.first.as<std::string>();
+      if (!name.starts_with("_")) fields.push_back(sec + "." + name);
+    }
+  if (sections.empty() && fields.empty()) return "";
+  std::string note = "note: kept but not modelled by epx (ignored):";
+  if (!sections.empty()) note += fmt::format(" sections {}", fmt::join(sections, ", "));
+  if (!fields.empty()) {
+    constexpr size_t kShown = 12;
+    note += fmt::format("{} {} field{} ", sections.empty() ? "" : ";", fields.size(),
+                        fields.size() == 1 ? "" : "s");
+    std::vector<std::string> shown(fields.begin(),
+                                   fields.begin() + std::min(kShown, fields.size()));
+    note += fmt::format("({}{})", fmt::join(shown, ", "), fields.size() > kShown ? ", ..." : "");
+  }
+  return note;
+}
+
+}  // namespace epx
