@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <tuple>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -31,8 +32,10 @@ bool is_null(const YAML::Node& n) {
   return s == "none" || s == "null" || s == "~";
 }
 
+// A scalar's text. Only YAML's own null is refused here: "none" is a real value of some string
+// fields (cuda_graph_impl, moe_router_load_balancing_type); optional fields test is_null first.
 const std::string& scalar(const YAML::Node& n, const std::string& key, const std::string& what) {
-  if (!n.IsScalar() || is_null(n)) type_error(key, what, n);
+  if (!n.IsScalar()) type_error(key, what, n);
   return n.Scalar();
 }
 
@@ -483,6 +486,17 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+std::vector<std::string> split_words(const std::string& name) {
+  std::vector<std::string> words;
+  for (size_t p = 0; p < name.size();) {
+    size_t end = name.find('_', p);
+    if (end == std::string::npos) end = name.size();
+    if (end > p) words.push_back(name.substr(p, end - p));
+    p = end + 1;
+  }
+  return words;
+}
+
 }  // namespace
 
 const std::vector<FieldInfo>& schema() {
@@ -521,23 +535,40 @@ const FieldInfo* find_field(std::string_view key) {
 }
 
 std::vector<std::string> suggest_keys(std::string_view key) {
-  std::vector<std::pair<size_t, std::string>> scored;
-  // Compare whole keys, and also field names alone, so "model.moe_topk" finds the router field
-  // and a field put in the wrong section ("train.num_moe_experts") finds its real section.
+  // Score by edit distance on whole keys and on field names alone (so a field put in the wrong
+  // section, "train.num_moe_experts", finds its real one), and count a name whose words all
+  // appear in a field ("moe_topk" in "moe_router_topk") as close.
   const auto dot = key.find('.');
-  const std::string_view name = dot == std::string_view::npos ? key : key.substr(dot + 1);
+  const std::string name(dot == std::string_view::npos ? key : key.substr(dot + 1));
+  const std::vector<std::string> words = split_words(name);
+  struct Scored {
+    size_t score;
+    bool other_section;
+    size_t distance;
+    std::string key;
+  };
+  std::vector<Scored> scored;
   for (const auto& f : schema()) {
-    const std::string k = f.key();
-    size_t d = std::min(edit_distance(key, k), edit_distance(name, f.name));
-    if (f.name.find(name) != std::string::npos && name.size() >= 4) d = std::min<size_t>(d, 2);
-    scored.emplace_back(d, k);
+    const size_t distance = std::min(edit_distance(key, f.key()), edit_distance(name, f.name));
+    const std::vector<std::string> field_words = split_words(f.name);
+    // Every typed word is in the field's name, give or take one typo ("paralel").
+    const bool all_words =
+        words.size() >= 2 && std::all_of(words.begin(), words.end(), [&](const std::string& w) {
+          return std::any_of(field_words.begin(), field_words.end(), [&](const std::string& fw) {
+            return edit_distance(w, fw) <= (w.size() > 4 ? 1u : 0u);
+          });
+        });
+    scored.push_back({all_words ? std::min<size_t>(distance, 2) : distance,
+                      key.substr(0, dot) != f.section, distance, f.key()});
   }
-  std::stable_sort(scored.begin(), scored.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) {
+    return std::tie(a.score, a.other_section, a.distance) <
+           std::tie(b.score, b.other_section, b.distance);
+  });
   std::vector<std::string> out;
   const size_t limit = std::max<size_t>(3, name.size() / 3);
-  for (const auto& [d, k] : scored)
-    if (d <= limit && out.size() < 3) out.push_back(k);
+  for (const auto& s : scored)
+    if (s.score <= limit && out.size() < 3) out.push_back(s.key);
   return out;
 }
 
