@@ -217,6 +217,18 @@ struct TargetConfig {
   OptString te_version;
 };
 
+// A YAML mapping held by value: copies are deep, unlike yaml-cpp's Node, whose copies share one
+// tree (so editing a copied Config would edit the original).
+struct OwnedYaml {
+  YAML::Node node = YAML::Node(YAML::NodeType::Map);
+  OwnedYaml() = default;
+  OwnedYaml(const OwnedYaml& o) : node(YAML::Clone(o.node)) {}
+  OwnedYaml& operator=(const OwnedYaml& o) {
+    if (this != &o) node.reset(YAML::Clone(o.node));
+    return *this;
+  }
+};
+
 struct Config {
   ModelConfig model;
   std::optional<CommOverlapConfig> comm_overlap;  // absent as in Bridge's comm_overlap=None
@@ -228,10 +240,10 @@ struct Config {
   TargetConfig target;
   std::map<std::string, std::string> env_vars;
 
-  // Kept from a Megatron-Bridge dump but not modelled: whole sections, and fields of modelled
-  // sections (by section). Dumped back unchanged so a round trip loses nothing.
-  YAML::Node extra_sections = YAML::Node(YAML::NodeType::Map);
-  std::map<std::string, YAML::Node> extra_fields;
+  // Kept from a Megatron-Bridge dump but not modelled: whole sections (name -> node), and
+  // fields of modelled sections (section -> name -> node). Dumped back unchanged.
+  OwnedYaml extra_sections;
+  OwnedYaml extra_fields;
 
   // Keys ("model.num_moe_experts") set by the recipe file, an override or a flag, as opposed
   // to left at Megatron's default. Some pitfalls depend on what the user asked for.

@@ -210,7 +210,9 @@ std::vector<Rule> build_rules() {
         if (!m.recompute_method)
           return fail("When using recompute_granularity: full, recompute_method must be uniform "
                       "or block",
-                      "model.recompute_method=uniform");
+                      m.recompute_num_layers
+                          ? "model.recompute_method=uniform"
+                          : "model.recompute_method=uniform model.recompute_num_layers=1");
         return fail_if(!m.recompute_num_layers || *m.recompute_num_layers < 1,
                        "When using recompute_granularity: full, recompute_num_layers must be "
                        "between 1 and the layers per pipeline rank",
@@ -334,11 +336,23 @@ std::vector<Rule> build_rules() {
        "model.cuda_graph_modules", "model.cuda_graph_scope"},
       kMcore, "EP overlap excludes TE CUDA-graph scopes moe and mlp", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(ep_overlap(c) && m.cuda_graph_impl == "transformer_engine" &&
-                           (has_cuda_graph_module(m, "moe") || has_cuda_graph_module(m, "mlp")),
-                       "CUDA graph scope on moe and mlp is not supported with "
-                       "overlap_moe_expert_parallel_comm",
-                       "model.cuda_graph_scope=moe_router,moe_preprocess");
+        if (!ep_overlap(c) || m.cuda_graph_impl != "transformer_engine" ||
+            (!has_cuda_graph_module(m, "moe") && !has_cuda_graph_module(m, "mlp")))
+          return pass();
+        // Keep the other scopes; the router and preprocessing are the seeds' dropless choice.
+        std::vector<std::string> fixes;
+        for (const auto& [name, list] : {std::pair{"cuda_graph_modules", &m.cuda_graph_modules},
+                                         std::pair{"cuda_graph_scope", &m.cuda_graph_scope}}) {
+          if (!contains(*list, "moe") && !contains(*list, "mlp")) continue;
+          StringList keep;
+          for (const auto& s : *list)
+            if (s != "moe" && s != "mlp") keep.push_back(s);
+          if (keep.empty()) keep = {"moe_router", "moe_preprocess"};
+          fixes.push_back(fmt::format("model.{}=[{}]", name, fmt::join(keep, ",")));
+        }
+        return fail("CUDA graph scope on moe and mlp is not supported with "
+                    "overlap_moe_expert_parallel_comm",
+                    fmt::format("{}", fmt::join(fixes, " ")));
       });
   add("ep_overlap.dispatch_wgrad_exclusive", E,
       {"model.overlap_dispatch_backward_with_experts_wgrad",

@@ -113,9 +113,11 @@ void fold_deprecated_sm_knobs(ModelConfig& m, std::vector<Finding>& out) {
   std::string names = set[0].first.substr(6);
   if (set.size() == 2) names += ", " + set[1].first.substr(6);
   const OptInt value = m.moe_deepep_num_sms ? m.moe_deepep_num_sms : m.moe_hybridep_num_sms;
+  std::string fix = fmt::format("model.moe_flex_dispatcher_num_sms={}", text(value));
+  for (const auto& [key, v] : set) fix += " ~" + key;
   out.push_back(note("flex.deprecated_sm_knob", Severity::warning, set,
                      fmt::format("{} is deprecated. Use moe_flex_dispatcher_num_sms instead.", names),
-                     fmt::format("model.moe_flex_dispatcher_num_sms={}", text(value))));
+                     fix));
   if (m.moe_flex_dispatcher_num_sms) return;
   if (m.moe_deepep_num_sms && m.moe_hybridep_num_sms &&
       *m.moe_deepep_num_sms != *m.moe_hybridep_num_sms) {

@@ -42,12 +42,12 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
     return true;
   }
   // Look up through a const view: yaml-cpp's mutable operator[] would insert the key.
-  const YAML::Node& kept = cfg.extra_sections;
+  const YAML::Node& kept = cfg.extra_sections.node;
   YAML::Node sec = kept[section];
   if (!sec.IsDefined() || !sec.IsMap()) return false;
   if (deleting) {
     if (name.empty()) {
-      cfg.extra_sections.remove(section);
+      cfg.extra_sections.node.remove(section);
     } else if (!sec.remove(name)) {
       throw ConfigError(fmt::format("cannot delete {}: no such key", key));
     }

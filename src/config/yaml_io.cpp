@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -61,7 +62,7 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
     const std::string name = kv.first.as<std::string>();
     const std::string key = sec + "." + name;
     if (name.starts_with("_") || (bridge_dump && !find_field(key))) {
-      c.extra_fields[sec][name] = kv.second;
+      c.extra_fields.node[sec][name] = kv.second;
       continue;
     }
     const FieldInfo* f = find_field(key);
@@ -114,7 +115,7 @@ Config load_config_text(const std::string& text, const std::string& source_name)
     } else if (sec.starts_with("_") ||
                std::find(kBridgeOnlySections.begin(), kBridgeOnlySections.end(), sec) !=
                    kBridgeOnlySections.end()) {
-      c.extra_sections[sec] = body;
+      c.extra_sections.node[sec] = body;
     } else {
       throw ConfigError(fmt::format("{}: unknown section '{}'{}; epx models {} and keeps "
                                     "Megatron-Bridge's other groups ({})",
@@ -123,6 +124,14 @@ Config load_config_text(const std::string& text, const std::string& source_name)
                                     fmt::join(schema_sections(), ", "),
                                     fmt::join(kBridgeOnlySections, ", ")));
     }
+  }
+  // A Bridge dump has no epx target section but records its data-parallel size: the world it
+  // was dumped for is DP x TP x PP x CP.
+  if (!c.explicit_keys.count("target.num_gpus") && c.comm_overlap &&
+      c.comm_overlap->data_parallel_size) {
+    const ModelConfig& m = c.model;
+    c.target.num_gpus = *c.comm_overlap->data_parallel_size * m.tensor_model_parallel_size *
+                        m.pipeline_model_parallel_size * m.context_parallel_size;
   }
   return c;
 }
@@ -148,14 +157,15 @@ std::string dump_yaml(const Config& cfg) {
     out << YAML::Value << YAML::BeginMap;
     for (const auto& f : schema())
       if (f.section == sec) out << YAML::Key << f.name << YAML::Value << f.get(cfg);
-    if (auto it = cfg.extra_fields.find(sec); it != cfg.extra_fields.end())
-      for (const auto& kv : it->second) out << YAML::Key << kv.first << YAML::Value << kv.second;
+    if (const YAML::Node kept = std::as_const(cfg.extra_fields.node)[sec];
+        kept.IsDefined() && kept.IsMap())
+      for (const auto& kv : kept) out << YAML::Key << kv.first << YAML::Value << kv.second;
     out << YAML::EndMap;
   }
   out << YAML::Key << "env_vars" << YAML::Value << YAML::BeginMap;
   for (const auto& [k, v] : cfg.env_vars) out << YAML::Key << k << YAML::Value << v;
   out << YAML::EndMap;
-  for (const auto& kv : cfg.extra_sections)
+  for (const auto& kv : cfg.extra_sections.node)
     out << YAML::Key << kv.first << YAML::Value << kv.second;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
@@ -163,14 +173,14 @@ std::string dump_yaml(const Config& cfg) {
 
 std::string ignored_note(const Config& cfg) {
   std::vector<std::string> sections, fields;
-  for (const auto& kv : cfg.extra_sections) {
+  for (const auto& kv : cfg.extra_sections.node) {
     const std::string name = kv.first.as<std::string>();
     if (!name.starts_with("_")) sections.push_back(name);
   }
-  for (const auto& [sec, node] : cfg.extra_fields)
-    for (const auto& kv : node) {
+  for (const auto& sec : cfg.extra_fields.node)
+    for (const auto& kv : sec.second) {
       const std::string name = kv.first.as<std::string>();
-      if (!name.starts_with("_")) fields.push_back(sec + "." + name);
+      if (!name.starts_with("_")) fields.push_back(sec.first.as<std::string>() + "." + name);
     }
   if (sections.empty() && fields.empty()) return "";
   std::string note = "note: kept but not modelled by epx (ignored):";

@@ -1,0 +1,373 @@
+// The checker: every rule on both sides (a config that trips it and a neighbour that does not),
+// finalize's derived fields, versions, and report shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "epx/check.hpp"
+#include "test_support.hpp"
+
+namespace epx {
+namespace {
+
+using test::load_with;
+using Overrides = std::vector<std::string>;
+
+// Base for every case: the 2-rank CPU proxy (EP2, alltoall, bf16, GBS 8, MBS 1).
+constexpr const char* kBase = "qwen3_30b_a3b_proxy";
+
+CheckReport check(const Overrides& o, const OptString& flag = std::nullopt) {
+  return run_check(load_with(kBase, o), flag);
+}
+
+const Finding* find(const CheckReport& r, const std::string& id) {
+  for (const auto& f : r.findings)
+    if (f.rule_id == id) return &f;
+  return nullptr;
+}
+
+Overrides operator+(Overrides a, const Overrides& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const Overrides OV = {"comm_overlap.overlap_moe_expert_parallel_comm=true"};
+const Overrides DW = OV + Overrides{"comm_overlap.delay_wgrad_compute=true"};
+const Overrides H100 = {"target.gpu=h100"};
+const Overrides TP2 = {"model.tensor_model_parallel_size=2", "target.num_gpus=4"};
+const Overrides PP2 = {"model.pipeline_model_parallel_size=2", "target.num_gpus=4"};
+const Overrides HYBRIDEP = {"model.moe_token_dispatcher_type=flex",
+                            "model.moe_flex_dispatcher_backend=hybridep"};
+const Overrides DEEPEP = {"model.moe_token_dispatcher_type=flex",
+                          "model.moe_flex_dispatcher_backend=deepep"};
+const Overrides ATTN_GRAPH = {"model.cuda_graph_scope=[attn]"};
+const Overrides GB200_EP = {"target.gpu=gb200", "model.num_moe_experts=128",
+                            "train.global_batch_size=128"};
+
+struct Case {
+  std::string rule;
+  Overrides trips;
+  Overrides passes;
+  OptString flag_trips = std::nullopt;
+  OptString flag_passes = std::nullopt;
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"parallel.world_divisible", {"model.tensor_model_parallel_size=2", "target.num_gpus=3"}, TP2},
+      {"parallel.expert_world_divisible", {"model.expert_model_parallel_size=4"}, {}},
+      {"parallel.ep_needs_experts", {"~model.num_moe_experts"}, {}},
+      {"parallel.experts_divisible_by_ep", {"model.num_moe_experts=15"}, {}},
+      {"parallel.heads_divisible_by_tp", TP2 + Overrides{"model.num_attention_heads=7"}, TP2},
+      {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
+      {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
+      {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
+      {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
+      {"moe.shared_expert_overlap_dispatcher",
+       DEEPEP + Overrides{"model.moe_shared_expert_overlap=true"},
+       {"model.moe_shared_expert_overlap=true"}},
+      {"precision.single_dtype", {"model.fp16=true"}, {}},
+      {"recompute.full_needs_method", {"model.recompute_granularity=full"},
+       {"model.recompute_granularity=full", "model.recompute_method=uniform",
+        "model.recompute_num_layers=1"}},
+      {"ep_overlap.expert_parallel", OV + Overrides{"model.expert_model_parallel_size=1"}, OV},
+      {"ep_overlap.num_experts", OV + Overrides{"model.num_moe_experts=1", "model.moe_router_topk=1"},
+       OV},
+      {"ep_overlap.dispatcher", OV + Overrides{"model.moe_token_dispatcher_type=allgather"}, OV},
+      {"ep_overlap.precision", OV + Overrides{"model.bf16=false"}, OV + Overrides{"model.bf16=false", "model.fp16=true"}},
+      {"ep_overlap.torch_version", OV + H100 + Overrides{"target.torch_version=2.6.0a0+ecf3bae"},
+       OV + H100 + Overrides{"target.torch_version=2.6.0"}},
+      {"ep_overlap.pp_needs_vpp", OV + PP2,
+       OV + PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=1"}},
+      {"ep_overlap.full_recompute",
+       OV + Overrides{"model.recompute_granularity=full", "model.recompute_method=uniform",
+                      "model.recompute_num_layers=1"},
+       OV + Overrides{"model.recompute_granularity=selective"}},
+      {"ep_overlap.recompute_method", OV + Overrides{"model.recompute_method=block"}, OV},
+      {"ep_overlap.recompute_num_layers", OV + Overrides{"model.recompute_num_layers=1"}, OV},
+      {"ep_overlap.recompute_moe", OV + Overrides{"model.recompute_modules=[moe,mlp]"},
+       OV + Overrides{"model.recompute_modules=[mlp]"}},
+      {"ep_overlap.shared_expert_overlap", OV + Overrides{"model.moe_shared_expert_overlap=true"},
+       OV},
+      {"ep_overlap.mtp_layers", OV + Overrides{"model.mtp_num_layers=2"},
+       OV + Overrides{"model.mtp_num_layers=1"}},
+      {"ep_overlap.cuda_graph_moe_scope",
+       OV + Overrides{"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[mlp]"},
+       OV + Overrides{"model.cuda_graph_impl=transformer_engine",
+                      "model.cuda_graph_scope=[moe_router,moe_preprocess]"}},
+      {"ep_overlap.dispatch_wgrad_exclusive",
+       OV + Overrides{"model.overlap_dispatch_backward_with_experts_wgrad=true"},
+       {"model.overlap_dispatch_backward_with_experts_wgrad=true"}},
+      {"ep_overlap.early_attn_release", {"model.ep_overlap_early_attn_memory_release=true"},
+       OV + Overrides{"model.ep_overlap_early_attn_memory_release=true"}},
+      {"delay_wgrad.te_overlap_grad_reduce",
+       DW + H100 + Overrides{"ddp.overlap_grad_reduce=true", "target.te_version=2.6.0"},
+       DW + H100 + Overrides{"ddp.overlap_grad_reduce=true", "target.te_version=2.7.0"}},
+      {"delay_wgrad.te_grad_accum_fusion",
+       DW + H100 + Overrides{"model.gradient_accumulation_fusion=true", "target.te_version=2.6"},
+       DW + H100 + Overrides{"model.gradient_accumulation_fusion=true", "target.te_version=2.8"}},
+      {"delay_wgrad.needs_ep_overlap", {"comm_overlap.delay_wgrad_compute=true"}, DW},
+      {"delay_wgrad.cuda_graph_te",
+       DW + H100 + ATTN_GRAPH +
+           Overrides{"model.gradient_accumulation_fusion=true", "target.te_version=2.11.0"},
+       DW + H100 + ATTN_GRAPH +
+           Overrides{"model.gradient_accumulation_fusion=true", "target.te_version=2.12.0"}},
+      {"delay_wgrad.cuda_graph_grad_accum_fusion", DW + ATTN_GRAPH,
+       DW + ATTN_GRAPH + Overrides{"model.gradient_accumulation_fusion=true"}},
+      {"delay_wgrad.cuda_graph_attn_bias",
+       DW + ATTN_GRAPH + Overrides{"model.gradient_accumulation_fusion=true", "model.add_qkv_bias=true"},
+       DW + ATTN_GRAPH + Overrides{"model.gradient_accumulation_fusion=true"}},
+      {"delay_wgrad.te_partial_cuda_graph",
+       DW + H100 + Overrides{"model.cuda_graph_impl=transformer_engine", "target.te_version=2.9.1"},
+       DW + H100 + Overrides{"model.cuda_graph_impl=transformer_engine", "target.te_version=2.10.0"}},
+      {"tp_overlap.tp_size", {"comm_overlap.tp_comm_overlap=true"}, {}},
+      {"tp_overlap.sequence_parallel", H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true"},
+       H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"}},
+      {"tp_overlap.no_te",
+       TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"},
+       H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"}},
+      {"comm_overlap.overwrites_model", {"model.overlap_moe_expert_parallel_comm=true"},
+       {"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true"}},
+      {"flex.deprecated_sm_knob", {"model.moe_deepep_num_sms=20"}, {}},
+      {"flex.conflicting_sm_knobs", {"model.moe_deepep_num_sms=20", "model.moe_hybridep_num_sms=16"},
+       {"model.moe_deepep_num_sms=20", "model.moe_hybridep_num_sms=20"}},
+      {"flex.apply_not_moe", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"},
+       {}, "deepep", "deepep"},
+      {"flex.apply_fallback", {"target.gpu=gb200"}, {"target.gpu=h100"}, "deepep", "deepep"},
+      {"flex.no_backend", {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=null"},
+       DEEPEP},
+      {"flex.deepep_gpu", DEEPEP + Overrides{"target.gpu=gb200"}, DEEPEP + H100},
+      {"flex.hybridep_gpu", HYBRIDEP + Overrides{"target.gpu=v100"}, HYBRIDEP + H100},
+      {"flex.backend_without_flex", {"model.moe_flex_dispatcher_backend=hybridep"}, {}},
+      {"flex.runtime_package", DEEPEP + H100, DEEPEP},
+      {"hybridep.topology",
+       HYBRIDEP + GB200_EP + Overrides{"model.expert_model_parallel_size=128", "target.num_gpus=128"},
+       HYBRIDEP + GB200_EP + Overrides{"model.expert_model_parallel_size=64", "target.num_gpus=64"}},
+      {"hybridep.domain_divides_ep",
+       HYBRIDEP + Overrides{"+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=3"}, HYBRIDEP},
+      {"hybridep.domain_mismatch",
+       HYBRIDEP + H100 + Overrides{"+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=1"},
+       HYBRIDEP + H100},
+      {"hybridep.env_without_hybridep", {"+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8"}, {}},
+      {"advice.small_ep_overlap", OV, OV + DEEPEP},
+      {"advice.few_microbatches", OV + Overrides{"train.global_batch_size=2"}, OV},
+      {"advice.pp_without_vpp", PP2,
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
+      {"advice.full_recompute",
+       {"model.recompute_granularity=full", "model.recompute_method=uniform",
+        "model.recompute_num_layers=1"},
+       {}},
+      {"advice.full_graph_dropless", {"model.cuda_graph_impl=local"},
+       {"model.cuda_graph_impl=local", "model.moe_expert_capacity_factor=1.0"}},
+  };
+  return all;
+}
+
+TEST(CheckRules, BaseConfigIsClean) {
+  const CheckReport r = check({});
+  EXPECT_TRUE(r.findings.empty()) << format_report(r);
+  EXPECT_TRUE(r.ok());
+}
+
+TEST(CheckRules, EveryRuleHasBothSides) {
+  std::set<std::string> covered;
+  for (const auto& c : cases()) covered.insert(c.rule);
+  for (const auto& rule : rules()) EXPECT_TRUE(covered.count(rule.id)) << "no test case: " << rule.id;
+  EXPECT_EQ(covered.size(), rules().size()) << "a case names a rule that does not exist";
+}
+
+TEST(CheckRules, EachCaseTripsAndPasses) {
+  for (const auto& c : cases()) {
+    SCOPED_TRACE(c.rule);
+    const Rule* rule = find_rule(c.rule);
+    ASSERT_NE(rule, nullptr);
+    const CheckReport tripped = check(c.trips, c.flag_trips);
+    const Finding* f = find(tripped, c.rule);
+    ASSERT_NE(f, nullptr) << format_report(tripped);
+    EXPECT_EQ(f->severity, rule->severity);
+    EXPECT_FALSE(f->message.empty());
+    EXPECT_FALSE(f->values.empty());
+    if (rule->severity == Severity::error) {
+      EXPECT_FALSE(tripped.ok());
+    }
+    const CheckReport passed = check(c.passes, c.flag_passes);
+    EXPECT_EQ(find(passed, c.rule), nullptr) << format_report(passed);
+  }
+}
+
+TEST(CheckRules, BridgeMessagesVerbatim) {
+  auto message = [](const Overrides& o, const std::string& id) {
+    const CheckReport r = check(o);
+    const Finding* f = find(r, id);
+    return f ? f->message : "(none)";
+  };
+  EXPECT_EQ(message(OV + PP2, "ep_overlap.pp_needs_vpp"),
+            "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified "
+            "when pipeline_model_parallel_size > 1");
+  EXPECT_EQ(message(OV + Overrides{"model.moe_shared_expert_overlap=true"},
+                    "ep_overlap.shared_expert_overlap"),
+            "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm");
+  EXPECT_EQ(message({"comm_overlap.delay_wgrad_compute=true"}, "delay_wgrad.needs_ep_overlap"),
+            "overlap_moe_expert_parallel_comm is required for delay_wgrad_compute");
+  EXPECT_EQ(message(DEEPEP + Overrides{"target.gpu=gb200"}, "flex.deepep_gpu"),
+            "DeepEP is supported for Ampere, Hopper, and Blackwell (B200/B300) GPUs. Current GPU: "
+            "NVIDIA GB200");
+  EXPECT_EQ(message({"comm_overlap.tp_comm_overlap=true"}, "tp_overlap.tp_size"),
+            "Disabling tensor parallel communication overlap due to TP size < 2.");
+}
+
+TEST(CheckRules, FixesAreOverridesThatApply) {
+  // A fix that is an override must itself load: paste it and the finding goes away.
+  for (const auto& c : cases()) {
+    const CheckReport r = check(c.trips, c.flag_trips);
+    const Finding* f = find(r, c.rule);
+    if (!f || f->fix.empty() || f->fix.find('<') != std::string::npos || f->fix.starts_with("--"))
+      continue;
+    SCOPED_TRACE(c.rule + " fix: " + f->fix);
+    Overrides fixed = c.trips;
+    size_t start = 0;
+    while (start < f->fix.size()) {
+      size_t end = f->fix.find(' ', start);
+      if (end == std::string::npos) end = f->fix.size();
+      fixed.push_back(f->fix.substr(start, end - start));
+      start = end + 1;
+    }
+    const CheckReport after = check(fixed, c.flag_trips);
+    EXPECT_EQ(find(after, c.rule), nullptr) << format_report(after);
+  }
+}
+
+TEST(CheckRules, UnknownEnvironmentIsReportedNotGuessed) {
+  const CheckReport r = check(OV + H100);
+  EXPECT_EQ(find(r, "ep_overlap.torch_version"), nullptr);
+  ASSERT_EQ(r.unchecked.size(), 1u);
+  EXPECT_NE(r.unchecked[0].find("--torch-version"), std::string::npos);
+  // epx's own CPU runtime has no torch: the rule does not apply there.
+  EXPECT_TRUE(check(OV).unchecked.empty());
+}
+
+TEST(CheckRules, UnusableEnvironmentThrows) {
+  EXPECT_THROW(check({"target.gpu=h900"}), ConfigError);
+  EXPECT_THROW(check({"target.torch_version=latest"}), ConfigError);
+}
+
+TEST(Versions, Pep440Ordering) {
+  EXPECT_TRUE(version_at_least("2.6.0", "2.6.0"));
+  EXPECT_TRUE(version_at_least("2.10.1", "2.6.0"));
+  EXPECT_FALSE(version_at_least("2.5.1", "2.6.0"));
+  EXPECT_FALSE(version_at_least("2.6.0a0+ecf3bae40a", "2.6.0"));
+  EXPECT_TRUE(version_at_least("2.7.0a0+git1234", "2.6.0"));
+  EXPECT_TRUE(version_at_least("2.6", "2.6.0"));
+  EXPECT_FALSE(version_at_least("2.12.0rc1", "2.12.0"));
+  EXPECT_TRUE(version_at_least("2.12.0rc1", "2.12.0a0"));
+  EXPECT_THROW(version_at_least("abc", "1.0"), ConfigError);
+}
+
+// ---- Finalize: Bridge's derived fields --------------------------------------------------------
+
+Config resolved(const Overrides& o, const OptString& flag = std::nullopt) {
+  return resolve_config(load_with(kBase, o), flag);
+}
+
+TEST(Finalize, DataParallelSizeAndEtp) {
+  const Config c = resolved({"target.num_gpus=8", "model.tensor_model_parallel_size=2"});
+  EXPECT_EQ(c.comm_overlap->data_parallel_size, 4);
+  EXPECT_EQ(c.model.expert_tensor_parallel_size, 1);  // set in the recipe
+  const Config d = resolved({"~model.expert_tensor_parallel_size"});
+  EXPECT_EQ(d.model.expert_tensor_parallel_size, 1);  // EP > 1: Bridge's default 1
+  const Config e = resolved({"~model.expert_tensor_parallel_size", "model.expert_model_parallel_size=1",
+                             "model.tensor_model_parallel_size=2"});
+  EXPECT_EQ(e.model.expert_tensor_parallel_size, 2);  // EP = 1: MCore defaults ETP to TP
+  EXPECT_EQ(*resolved({}).model.recompute_modules, StringList{"core_attn"});
+}
+
+TEST(Finalize, PipelineP2pDefaults) {
+  const Config plain = resolved(PP2);
+  EXPECT_FALSE(plain.model.overlap_p2p_comm);
+  EXPECT_TRUE(plain.model.batch_p2p_comm);
+  const Config interleaved = resolved(PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2"});
+  EXPECT_TRUE(interleaved.model.overlap_p2p_comm);
+  EXPECT_FALSE(interleaved.model.batch_p2p_comm);
+  const Config no_pp = resolved({});
+  EXPECT_FALSE(no_pp.model.overlap_p2p_comm);
+  EXPECT_FALSE(no_pp.model.batch_p2p_comm);
+  const Config user = resolved(PP2 + Overrides{"comm_overlap.overlap_p2p_comm=true"});
+  EXPECT_TRUE(user.model.overlap_p2p_comm);  // user values win over computed defaults
+  // Without a comm_overlap section Bridge computes nothing: MCore's defaults stay.
+  const Config none = resolved(PP2 + Overrides{"~comm_overlap"});
+  EXPECT_TRUE(none.model.batch_p2p_comm);
+}
+
+TEST(Finalize, DataParallelOverlapDefaults) {
+  const Config c = resolved(PP2 + Overrides{"target.num_gpus=8", "model.virtual_pipeline_model_parallel_size=2",
+                                            "ddp.use_distributed_optimizer=true"});
+  EXPECT_EQ(c.ddp.bucket_size, 128LL * 1024 * 1024);
+  EXPECT_TRUE(c.ddp.overlap_grad_reduce);
+  EXPECT_TRUE(c.ddp.overlap_param_gather);
+  EXPECT_TRUE(c.ddp.align_param_gather);
+  EXPECT_TRUE(c.optimizer.overlap_param_gather);
+  EXPECT_FALSE(c.optimizer.overlap_param_gather_with_optimizer_step);
+  const Config user = resolved({"ddp.use_distributed_optimizer=true",
+                                "comm_overlap.overlap_grad_reduce=false"});
+  EXPECT_FALSE(user.ddp.overlap_grad_reduce);
+  EXPECT_TRUE(user.ddp.overlap_param_gather);
+  const Config dp1 = resolved({"ddp.use_distributed_optimizer=true", "target.num_gpus=1",
+                               "model.expert_model_parallel_size=1"});
+  EXPECT_FALSE(dp1.ddp.overlap_grad_reduce);
+  EXPECT_FALSE(dp1.ddp.bucket_size.has_value());
+  const Config no_dist_opt = resolved({});
+  EXPECT_FALSE(no_dist_opt.ddp.overlap_grad_reduce);
+}
+
+TEST(Finalize, CommOverlapDrivesTheModel) {
+  const Config on = resolved(DW);
+  EXPECT_TRUE(on.model.overlap_moe_expert_parallel_comm);
+  EXPECT_TRUE(on.model.delay_wgrad_compute);
+  const Config overwritten = resolved({"model.overlap_moe_expert_parallel_comm=true"});
+  EXPECT_FALSE(overwritten.model.overlap_moe_expert_parallel_comm);
+  const Config model_only = resolved({"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true"});
+  EXPECT_TRUE(model_only.model.overlap_moe_expert_parallel_comm);
+  const Config tp = resolved({"comm_overlap.tp_comm_overlap=true"});
+  EXPECT_FALSE(tp.model.tp_comm_overlap);
+  EXPECT_FALSE(tp.comm_overlap->tp_comm_overlap);
+}
+
+TEST(Finalize, FlexBackendSteps) {
+  const Config folded = resolved({"model.moe_hybridep_num_sms=24"});
+  EXPECT_EQ(folded.model.moe_flex_dispatcher_num_sms, 24);
+  const Config fallback = resolved({"model.moe_token_dispatcher_type=flex", "~model.moe_flex_dispatcher_backend",
+                                    "model.moe_flex_dispatcher_backend=null"});
+  EXPECT_EQ(fallback.model.moe_token_dispatcher_type, "alltoall");
+  const Config applied = resolved({"model.moe_shared_expert_overlap=true"}, "hybridep");
+  EXPECT_EQ(applied.model.moe_token_dispatcher_type, "flex");
+  EXPECT_EQ(applied.model.moe_flex_dispatcher_backend, "hybridep");
+  EXPECT_FALSE(applied.model.moe_shared_expert_overlap);
+  EXPECT_TRUE(applied.model.moe_hybridep_pad_uneven_dispatch_inputs);
+  EXPECT_EQ(applied.env_vars.at("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"), "2");
+  const Config gb = resolved(H100 + Overrides{"target.num_gpus=16", "model.expert_model_parallel_size=16",
+                                              "train.global_batch_size=16"},
+                             "hybridep");
+  EXPECT_EQ(gb.env_vars.at("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"), "8");
+  EXPECT_EQ(gb.env_vars.at("NVLINK_DOMAIN_SIZE"), "8");
+  EXPECT_EQ(gb.env_vars.at("USE_MNNVL"), "0");
+  const Config fell_back = resolved({"target.gpu=gb200"}, "deepep");
+  EXPECT_EQ(fell_back.model.moe_token_dispatcher_type, "alltoall");
+  EXPECT_FALSE(fell_back.model.moe_flex_dispatcher_backend.has_value());
+}
+
+TEST(Report, JsonAndTextAgree) {
+  const CheckReport r = check(OV + PP2);
+  const auto j = report_json(r);
+  EXPECT_EQ(j["verdict"], "fail");
+  EXPECT_EQ(j["errors"].get<int>(), r.count(Severity::error));
+  EXPECT_EQ(j["findings"].size(), r.findings.size());
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("verdict: FAIL"), std::string::npos);
+  for (const auto& f : r.findings) EXPECT_NE(text.find(f.rule_id), std::string::npos);
+  // Errors come first.
+  EXPECT_EQ(r.findings.front().severity, Severity::error);
+}
+
+}  // namespace
+}  // namespace epx

@@ -1,0 +1,140 @@
+// The built `epx` binary: exit codes, output, flags, bad input.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "epx/check.hpp"
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(EPX_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe)) r.out += buf.data();
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const Result& r, const std::string& text) { return r.out.find(text) != std::string::npos; }
+
+TEST(Cli, CleanRecipePasses) {
+  const Result r = run("check qwen3_30b_a3b_proxy");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "verdict: PASS")) << r.out;
+}
+
+TEST(Cli, ErrorsExitOne) {
+  const Result r = run("check qwen3_30b_a3b_proxy comm_overlap.overlap_moe_expert_parallel_comm=true "
+                       "-pp 2 -ng 4");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r, "error   ep_overlap.pp_needs_vpp [")) << r.out;
+  EXPECT_TRUE(has(r, "model.pipeline_model_parallel_size=2")) << r.out;
+  EXPECT_TRUE(has(r, "fix: model.virtual_pipeline_model_parallel_size=2")) << r.out;
+  EXPECT_TRUE(has(r, "verdict: FAIL")) << r.out;
+}
+
+TEST(Cli, SeedsHarnessCommandShape) {
+  // The seeds' A/B command: flags plus Hydra overrides, on the 16xH100 recipe.
+  const Result r = run("check qwen3_30b_a3b -g h100 -ng 16 -gn 8 --max_steps 8 --cuda_graph_impl none "
+                       "--moe_flex_dispatcher_backend None --moe_a2a_overlap false "
+                       "comm_overlap.overlap_moe_expert_parallel_comm=true "
+                       "comm_overlap.delay_wgrad_compute=false model.moe_shared_expert_overlap=false "
+                       "--torch-version 2.7.0 --te-version 2.8.0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "for ")) << r.out;
+}
+
+TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
+  const Result r = run("config show qwen3_30b_a3b_proxy --moe_a2a_overlap true");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "  overlap_moe_expert_parallel_comm: true")) << r.out;
+  EXPECT_TRUE(has(r, "  delay_wgrad_compute: true")) << r.out;
+}
+
+TEST(Cli, JsonReport) {
+  const Result r = run("check qwen3_30b_a3b_proxy --json model.moe_router_topk=99");
+  EXPECT_EQ(r.code, 1);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["verdict"], "fail");
+  EXPECT_EQ(j["findings"][0]["id"], "moe.topk_range");
+  EXPECT_EQ(j["findings"][0]["fields"]["model.moe_router_topk"], "99");
+}
+
+TEST(Cli, ListRulesComesFromTheTable) {
+  const Result r = run("check --list-rules");
+  EXPECT_EQ(r.code, 0);
+  for (const auto& rule : epx::rules()) EXPECT_TRUE(has(r, rule.id)) << rule.id;
+  const Result j = run("check --list-rules --json");
+  EXPECT_EQ(nlohmann::json::parse(j.out).size(), epx::rules().size());
+}
+
+TEST(Cli, UnusableInputExitsTwo) {
+  Result r = run("check qwen3_30b_a3b_proxy model.moe_topk=3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "did you mean model.moe_router_topk")) << r.out;
+  r = run("check no_such_recipe");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "no recipe named")) << r.out;
+  r = run("check qwen3_30b_a3b_proxy -g h900");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "unknown GPU 'h900'")) << r.out;
+  r = run("check qwen3_30b_a3b_proxy --moe_a2a_overlap maybe");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "--moe_a2a_overlap expects true or false")) << r.out;
+  r = run("check qwen3_30b_a3b_proxy --moe_flex_dispatcher_backend nccl");
+  EXPECT_EQ(r.code, 2);
+  r = run("check qwen3_30b_a3b_proxy -g h100 --gpu b200");  // conflicting flags
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = run("check");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "no config given")) << r.out;
+  EXPECT_FALSE(has(r, "terminate called"));
+
+  const std::string bad = testing::TempDir() + "/bad.yaml";
+  std::ofstream(bad) << "model:\n  num_layers: 4\n  hidden_size: [oops\n";
+  r = run("check " + bad);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, bad + ":")) << r.out;
+  EXPECT_TRUE(has(r, "malformed YAML")) << r.out;
+}
+
+TEST(Cli, ConfigShowRoundTrips) {
+  const std::string path = testing::TempDir() + "/shown.yaml";
+  Result r = run("config show qwen3_30b_a3b model.moe_router_topk=4 -ep 8 > " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("config show " + path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(path);
+  std::string first((std::istreambuf_iterator<char>(in)), {});
+  // Drop the header comment, which names the source file.
+  auto body = [](const std::string& s) { return s.substr(s.find('\n') + 1); };
+  EXPECT_EQ(body(first), body(r.out));
+  EXPECT_TRUE(has(r, "  moe_router_topk: 4")) << r.out;
+  EXPECT_TRUE(has(r, "  expert_model_parallel_size: 8")) << r.out;
+}
+
+TEST(Cli, BridgeDumpGetsOneNote) {
+  const Result r = run(std::string("check ") + EPX_TEST_DATA +
+                       "/bridge_dump_qwen3_30b_a3b.yaml -g h100 --torch-version 2.7.0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "note: kept but not modelled by epx (ignored): sections dataset")) << r.out;
+  EXPECT_TRUE(has(r, "flex.deprecated_sm_knob")) << r.out;
+}
+
+}  // namespace

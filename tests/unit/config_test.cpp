@@ -1,0 +1,276 @@
+// Config tree: defaults, YAML load/dump, overrides, harness flags, Bridge dumps.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+
+#include "config/schema.hpp"
+#include "epx/check.hpp"
+#include "epx/config.hpp"
+#include "test_support.hpp"
+
+namespace epx {
+namespace {
+
+using test::load_with;
+using test::recipe_path;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ConfigDefaults, MatchMegatron) {
+  const Config c;
+  EXPECT_EQ(c.model.moe_router_topk, 2);
+  EXPECT_EQ(c.model.moe_token_dispatcher_type, "allgather");
+  EXPECT_EQ(c.model.moe_flex_dispatcher_backend, "deepep");
+  EXPECT_EQ(c.model.cuda_graph_impl, "none");
+  EXPECT_TRUE(c.model.batch_p2p_comm);
+  EXPECT_FALSE(c.model.overlap_p2p_comm);
+  EXPECT_TRUE(c.model.add_bias_linear);
+  EXPECT_EQ(c.model.moe_hybridep_num_sms_preprocessing, 108);
+  EXPECT_FALSE(c.comm_overlap.has_value());
+  EXPECT_EQ(c.model.moe_layer_freq.every, 1);
+  EXPECT_FALSE(c.model.expert_tensor_parallel_size.has_value());
+}
+
+TEST(ConfigSchema, EveryKeyIsUniqueAndFindable) {
+  std::set<std::string> keys;
+  for (const auto& f : schema()) {
+    EXPECT_TRUE(keys.insert(f.key()).second) << f.key();
+    EXPECT_EQ(find_field(f.key()), &f);
+  }
+  for (const auto& [alias, canonical] : field_aliases())
+    EXPECT_EQ(find_field(alias), find_field(canonical)) << alias;
+}
+
+TEST(ConfigRecipes, ShippedRecipesLoadAndRoundTrip) {
+  const auto names = list_recipes();
+  ASSERT_GE(names.size(), 5u);
+  for (const auto& name : names) {
+    SCOPED_TRACE(name);
+    const Config loaded = load_config_file(resolve_recipe(name));
+    const Config resolved = resolve_config(loaded, std::nullopt);
+    const std::string dumped = dump_yaml(resolved);
+    const Config reloaded = load_config_text(dumped, "dump");
+    EXPECT_EQ(dump_yaml(reloaded), dumped);
+    // Finalize is idempotent: resolving the dump changes nothing.
+    EXPECT_EQ(dump_yaml(resolve_config(reloaded, std::nullopt)), dumped);
+  }
+}
+
+TEST(ConfigRecipes, RealShapes) {
+  const Config q = load_config_file(resolve_recipe("qwen3_30b_a3b"));
+  EXPECT_EQ(q.model.hidden_size, 2048);
+  EXPECT_EQ(q.model.num_moe_experts, 128);
+  EXPECT_EQ(q.model.moe_router_topk, 8);
+  EXPECT_EQ(q.model.moe_ffn_hidden_size, 768);
+  EXPECT_EQ(q.model.expert_model_parallel_size, 16);
+  EXPECT_EQ(q.target.num_gpus, 16);
+  const Config d = load_config_file(resolve_recipe("deepseek_v3"));
+  ASSERT_EQ(d.model.moe_layer_freq.pattern.size(), 61u);
+  EXPECT_EQ(d.model.moe_layer_freq.pattern[2], 0);
+  EXPECT_EQ(d.model.moe_layer_freq.pattern[3], 1);
+  EXPECT_EQ(d.model.num_moe_experts, 256);
+}
+
+TEST(ConfigRecipes, MissingRecipeNamesTheShippedOnes) {
+  const std::string e = error_of([] { resolve_recipe("qwen9"); });
+  EXPECT_NE(e.find("no recipe named 'qwen9'"), std::string::npos) << e;
+  EXPECT_NE(e.find("qwen3_30b_a3b"), std::string::npos) << e;
+}
+
+TEST(ConfigOverrides, TypesAndNulls) {
+  Config c;
+  apply_override(c, "model.moe_router_topk=4");
+  apply_override(c, "model.bf16=yes");
+  apply_override(c, "model.num_moe_experts=64");
+  apply_override(c, "model.moe_expert_capacity_factor=1.25");
+  apply_override(c, "model.recompute_modules=[moe_act,layernorm]");
+  apply_override(c, "model.cuda_graph_scope=attn,moe_router");
+  EXPECT_EQ(c.model.moe_router_topk, 4);
+  EXPECT_TRUE(c.model.bf16);
+  EXPECT_EQ(c.model.num_moe_experts, 64);
+  EXPECT_DOUBLE_EQ(*c.model.moe_expert_capacity_factor, 1.25);
+  EXPECT_EQ(*c.model.recompute_modules, (StringList{"moe_act", "layernorm"}));
+  EXPECT_EQ(c.model.cuda_graph_scope, (StringList{"attn", "moe_router"}));
+  apply_override(c, "model.num_moe_experts=None");
+  EXPECT_FALSE(c.model.num_moe_experts.has_value());
+  apply_override(c, "model.moe_expert_capacity_factor=null");
+  EXPECT_FALSE(c.model.moe_expert_capacity_factor.has_value());
+  apply_override(c, "model.moe_router_load_balancing_type=none");  // a value, not null
+  EXPECT_EQ(c.model.moe_router_load_balancing_type, "none");
+  apply_override(c, "model.moe_layer_freq=([0]*1+[1]*3)");
+  EXPECT_EQ(c.model.moe_layer_freq.pattern, (std::vector<Int>{0, 1, 1, 1}));
+}
+
+TEST(ConfigOverrides, AddDeleteAndAliases) {
+  Config c;
+  apply_override(c, "model.moe_router_topk=4");
+  apply_override(c, "~model.moe_router_topk");
+  EXPECT_EQ(c.model.moe_router_topk, 2);
+  EXPECT_EQ(c.explicit_keys.count("model.moe_router_topk"), 0u);
+
+  apply_override(c, "comm_overlap.overlap_moe_expert_parallel_comm=true");
+  ASSERT_TRUE(c.comm_overlap.has_value());
+  EXPECT_EQ(c.comm_overlap->overlap_moe_expert_parallel_comm, true);
+  apply_override(c, "~comm_overlap");
+  EXPECT_FALSE(c.comm_overlap.has_value());
+  apply_override(c, "+comm_overlap.delay_wgrad_compute=true");
+  apply_override(c, "comm_overlap=null");
+  EXPECT_FALSE(c.comm_overlap.has_value());
+
+  EXPECT_NE(error_of([&] { apply_override(c, "env_vars.FOO=1"); }).find("+env_vars.FOO=1"),
+            std::string::npos);
+  apply_override(c, "+env_vars.FOO=1");
+  EXPECT_EQ(c.env_vars.at("FOO"), "1");
+  apply_override(c, "env_vars.FOO=2");
+  EXPECT_EQ(c.env_vars.at("FOO"), "2");
+  apply_override(c, "~env_vars.FOO");
+  EXPECT_EQ(c.env_vars.count("FOO"), 0u);
+  EXPECT_NE(error_of([&] { apply_override(c, "~env_vars.FOO"); }).find("not set"),
+            std::string::npos);
+
+  apply_override(c, "train.seed=7");
+  apply_override(c, "train.seq_length=512");
+  apply_override(c, "train.lr=0.001");
+  EXPECT_EQ(c.rng.seed, 7);
+  EXPECT_EQ(c.model.seq_length, 512);
+  EXPECT_DOUBLE_EQ(*c.optimizer.lr, 0.001);
+}
+
+TEST(ConfigOverrides, ClearErrors) {
+  Config c;
+  EXPECT_EQ(error_of([&] { apply_override(c, "model.moe_router_topk=abc"); }),
+            "model.moe_router_topk expects an integer, got abc");
+  EXPECT_EQ(error_of([&] { apply_override(c, "model.bf16=maybe"); }),
+            "model.bf16 expects a bool (true|false), got maybe");
+  EXPECT_EQ(error_of([&] { apply_override(c, "model.moe_router_topk=null"); }),
+            "model.moe_router_topk expects an integer, got null");
+  EXPECT_NE(error_of([&] { apply_override(c, "model.moe_token_dispatcher_type=deepep"); })
+                .find("must be one of allgather|alltoall|flex, got 'deepep'"),
+            std::string::npos);
+  const std::string unknown = error_of([&] { apply_override(c, "model.moe_topk=4"); });
+  EXPECT_NE(unknown.find("unknown key 'model.moe_topk'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("did you mean model.moe_router_topk"), std::string::npos) << unknown;
+  const std::string wrong_section = error_of([&] { apply_override(c, "train.num_moe_experts=8"); });
+  EXPECT_NE(wrong_section.find("model.num_moe_experts"), std::string::npos) << wrong_section;
+  EXPECT_NE(error_of([&] { apply_override(c, "model.bf16"); }).find("has no value"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(c, "=3"); }).find("expected key=value"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(c, "model.moe_layer_freq=([2]*3)"); })
+                .find("must be 0 or 1"),
+            std::string::npos);
+}
+
+TEST(ConfigYaml, ErrorsNameFileLineAndKey) {
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  num_layers: [1, 2\n", "bad.yaml"); })
+                .rfind("bad.yaml:", 0),
+            0u);
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  num_layers: 2\n  hidden_size: big\n", "f.yaml"); }),
+            "f.yaml:3:16: model.hidden_size expects an integer, got big");
+  const std::string unknown =
+      error_of([] { load_config_text("model:\n  num_layer: 2\n", "f.yaml"); });
+  EXPECT_NE(unknown.find("f.yaml:2:3: unknown key 'model.num_layer'"), std::string::npos)
+      << unknown;
+  EXPECT_NE(unknown.find("did you mean model.num_layers"), std::string::npos) << unknown;
+  const std::string section = error_of([] { load_config_text("modle:\n  x: 1\n", "f.yaml"); });
+  EXPECT_NE(section.find("unknown section 'modle'"), std::string::npos) << section;
+  EXPECT_NE(section.find("did you mean model"), std::string::npos) << section;
+  EXPECT_NE(error_of([] { load_config_text("- 1\n- 2\n", "f.yaml"); }).find("mapping of sections"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load_config_file("/nonexistent/x.yaml"); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
+  const Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+  EXPECT_EQ(c.model.num_moe_experts, 128);
+  EXPECT_EQ(c.model.expert_model_parallel_size, 16);
+  EXPECT_EQ(c.model.cuda_graph_scope, (StringList{"moe_router", "moe_preprocess"}));
+  ASSERT_TRUE(c.comm_overlap.has_value());
+  EXPECT_EQ(c.comm_overlap->overlap_moe_expert_parallel_comm, true);
+  EXPECT_EQ(c.train.global_batch_size, 1024);
+  EXPECT_EQ(c.rng.seed, 1234);
+  EXPECT_EQ(c.target.num_gpus, 16);  // DP 16 x TP 1 x PP 1 x CP 1 from the dump
+  const std::string note = ignored_note(c);
+  EXPECT_NE(note.find("sections dataset, logger"), std::string::npos) << note;
+  EXPECT_NE(note.find("model.apply_rope_fusion"), std::string::npos) << note;
+  EXPECT_EQ(note.find("_target_"), std::string::npos) << note;
+  // Kept parts survive a dump and reload.
+  const Config again = load_config_text(dump_yaml(c), "dump");
+  EXPECT_EQ(dump_yaml(again), dump_yaml(c));
+  EXPECT_EQ(ignored_note(again), note);
+  // Kept sections take + additions and ~ deletions like Hydra.
+  Config edited = c;
+  apply_override(edited, "+dataset.num_workers=4");
+  EXPECT_EQ(edited.extra_sections.node["dataset"]["num_workers"].as<int>(), 4);
+  EXPECT_EQ(c.extra_sections.node["dataset"]["num_workers"].as<int>(), 8);  // copies are deep
+  EXPECT_NE(error_of([&] { apply_override(edited, "dataset.nonexistent=1"); }).find("does not exist"),
+            std::string::npos);
+}
+
+TEST(HarnessFlags, ShortcutsAndPrecedence) {
+  Config c = load_with("qwen3_30b_a3b_proxy", {"model.expert_model_parallel_size=1"});
+  HarnessFlags f;
+  f.ep = 4;
+  f.tp = 2;
+  f.gb = 64;
+  f.mb = 2;
+  f.sl = 512;
+  f.max_steps = 8;
+  f.num_gpus = 8;
+  f.gpu = "h100";
+  f.gpus_per_node = 4;
+  f.vp = -1;  // keep
+  apply_harness_flags(c, f);
+  EXPECT_EQ(c.model.expert_model_parallel_size, 4);  // flag wins over the dotted override
+  EXPECT_EQ(c.model.tensor_model_parallel_size, 2);
+  EXPECT_EQ(c.train.global_batch_size, 64);
+  EXPECT_EQ(c.train.micro_batch_size, 2);
+  EXPECT_EQ(c.model.seq_length, 512);
+  EXPECT_EQ(c.train.train_iters, 8);
+  EXPECT_EQ(c.target.gpu, "h100");
+  EXPECT_EQ(c.target.num_gpus, 8);
+  EXPECT_EQ(c.target.gpus_per_node, 4);
+  EXPECT_FALSE(c.model.virtual_pipeline_model_parallel_size.has_value());
+}
+
+TEST(HarnessFlags, MoeA2aOverlap) {
+  Config c = load_with("qwen3_30b_a3b_proxy", {"~comm_overlap", "model.moe_shared_expert_overlap=true"});
+  HarnessFlags off;
+  off.moe_a2a_overlap = false;
+  apply_harness_flags(c, off);  // false changes nothing
+  EXPECT_FALSE(c.comm_overlap.has_value());
+  EXPECT_TRUE(c.model.moe_shared_expert_overlap);
+  HarnessFlags on;
+  on.moe_a2a_overlap = true;
+  apply_harness_flags(c, on);
+  ASSERT_TRUE(c.comm_overlap.has_value());
+  EXPECT_FALSE(c.comm_overlap->tp_comm_overlap);  // TP = 1
+  EXPECT_EQ(c.comm_overlap->overlap_moe_expert_parallel_comm, true);
+  EXPECT_EQ(c.comm_overlap->delay_wgrad_compute, true);
+  EXPECT_FALSE(c.model.moe_shared_expert_overlap);
+
+  Config tp2 = load_with("qwen3_30b_a3b_proxy", {"~comm_overlap", "model.tensor_model_parallel_size=2"});
+  apply_harness_flags(tp2, on);
+  EXPECT_TRUE(tp2.comm_overlap->tp_comm_overlap);
+}
+
+TEST(HarnessFlags, FlexBackendNoneSelectsAlltoall) {
+  Config c = load_with("qwen3_30b_a3b", {});
+  HarnessFlags f;
+  f.moe_flex_dispatcher_backend = "None";
+  apply_harness_flags(c, f);
+  EXPECT_EQ(c.model.moe_token_dispatcher_type, "alltoall");
+  EXPECT_FALSE(c.model.moe_flex_dispatcher_backend.has_value());
+}
+
+}  // namespace
+}  // namespace epx
