@@ -183,6 +183,7 @@ std::string ignored_note(const Config& cfg) {
       if (!name.starts_with("_")) fields.push_back(sec.first.as<std::string>() + "." + name);
     }
   if (sections.empty() && fields.empty()) return "";
+  std::sort(fields.begin(), fields.end());  // stable across dump order
   std::string note = "note: kept but not modelled by epx (ignored):";
   if (!sections.empty()) note += fmt::format(" sections {}", fmt::join(sections, ", "));
   if (!fields.empty()) {
