@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The README's main-job command. Until the training runtime lands, the main job is the
+# pre-flight check of a shipped recipe and its resolved configuration.
+#   bash scripts/run.sh [RECIPE] [overrides and harness flags...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log=$(mktemp)
+bash scripts/setup.sh >"$log" 2>&1 || { cat "$log"; echo "setup failed" >&2; exit 1; }
+rm -f "$log"
+recipe=${1:-qwen3_30b_a3b}
+shift || true
+echo "== epx check $recipe $*"
+status=0
+./build/epx check "$recipe" "$@" || status=$?
+echo
+echo "== epx config show $recipe $*"
+./build/epx config show "$recipe" "$@"
+exit "$status"
