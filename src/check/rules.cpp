@@ -178,6 +178,13 @@ std::vector<Rule> build_rules() {
                        fmt::format("train.global_batch_size={}",
                                    round_up(*t.global_batch_size, std::max<Int>(step, 1))));
       });
+  add("moe.not_moe", A, {"model.num_moe_experts"}, "epx",
+      "a config without experts has nothing MoE-specific to check", [](const CheckContext& c) {
+        return fail_if(!c.cfg.model.num_moe_experts || *c.cfg.model.num_moe_experts == 0,
+                       "num_moe_experts is not set: this is a dense model, so the expert-parallel "
+                       "and overlap rules do not apply",
+                       "model.num_moe_experts=<experts per MoE layer>");
+      });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
       "1 <= top-k <= number of experts", [](const CheckContext& c) {
         const auto& m = c.cfg.model;

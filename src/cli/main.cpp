@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    std::cerr << "epx: error: " << e.what() << "\nRun with --help for the options.\n";
     return kUnusable;
   }
 

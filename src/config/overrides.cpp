@@ -138,6 +138,9 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   set_int("target.gpus_per_node", f.gpus_per_node);
   if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
   if (f.cuda_graph_scope) set("model.cuda_graph_scope", "'" + *f.cuda_graph_scope + "'");
+  if (f.recompute_num_layers && f.recompute_modules)
+    throw ConfigError("-rl (full recompute) and --recompute_modules (selective recompute) "
+                      "conflict: give one of them");
   if (f.recompute_num_layers) {  // -rl: full recompute, block method
     set("model.recompute_granularity", "full");
     set("model.recompute_method", "block");

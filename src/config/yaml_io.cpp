@@ -40,6 +40,8 @@ std::vector<std::string> suggest_sections(const std::string& name) {
   return out;
 }
 
+Config load_config_yaml(const std::string& text, const std::string& source_name);
+
 bool is_modelled_section(const std::string& s) {
   const auto& all = schema_sections();
   return std::find(all.begin(), all.end(), s) != all.end();
@@ -81,6 +83,17 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
 }  // namespace
 
 Config load_config_text(const std::string& text, const std::string& source_name) {
+  try {
+    return load_config_yaml(text, source_name);
+  } catch (const YAML::Exception& e) {  // e.g. a non-scalar key: still the file's fault
+    throw ConfigError(fmt::format("{}:{}:{}: {}", source_name, e.mark.line + 1, e.mark.column + 1,
+                                  e.msg));
+  }
+}
+
+namespace {
+
+Config load_config_yaml(const std::string& text, const std::string& source_name) {
   Config c;
   c.source = source_name;
   YAML::Node root;
@@ -90,7 +103,10 @@ Config load_config_text(const std::string& text, const std::string& source_name)
     throw ConfigError(fmt::format("{}:{}:{}: malformed YAML: {}", source_name, e.mark.line + 1,
                                   e.mark.column + 1, e.msg));
   }
-  if (root.IsNull()) return c;
+  if (root.IsNull())
+    throw ConfigError(fmt::format("{}: the file is empty; a config needs at least a model: "
+                                  "section (see recipes/)",
+                                  source_name));
   if (!root.IsMap())
     throw ConfigError(fmt::format("{}: a config must be a YAML mapping of sections "
                                   "(model:, comm_overlap:, train:, ...)",
@@ -135,6 +151,8 @@ Config load_config_text(const std::string& text, const std::string& source_name)
   }
   return c;
 }
+
+}  // namespace
 
 Config load_config_file(const std::filesystem::path& path) {
   std::ifstream in(path);

@@ -63,6 +63,7 @@ const std::vector<Case>& cases() {
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
+      {"moe.not_moe", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"}, {}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
       {"moe.shared_expert_overlap_dispatcher",
        DEEPEP + Overrides{"model.moe_shared_expert_overlap=true"},

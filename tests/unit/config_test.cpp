@@ -187,6 +187,10 @@ TEST(ConfigYaml, ErrorsNameFileLineAndKey) {
             std::string::npos);
   EXPECT_NE(error_of([] { load_config_file("/nonexistent/x.yaml"); }).find("cannot open"),
             std::string::npos);
+  EXPECT_NE(error_of([] { load_config_text("", "e.yaml"); }).find("e.yaml: the file is empty"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { load_config_text("? [a, b]\n: 1\n", "k.yaml"); }).rfind("k.yaml:1:", 0),
+            0u);
 }
 
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
@@ -261,6 +265,14 @@ TEST(HarnessFlags, MoeA2aOverlap) {
   Config tp2 = load_with("qwen3_30b_a3b_proxy", {"~comm_overlap", "model.tensor_model_parallel_size=2"});
   apply_harness_flags(tp2, on);
   EXPECT_TRUE(tp2.comm_overlap->tp_comm_overlap);
+}
+
+TEST(HarnessFlags, ConflictingRecomputeFlags) {
+  Config c = load_with("qwen3_30b_a3b_proxy", {});
+  HarnessFlags f;
+  f.recompute_num_layers = 1;
+  f.recompute_modules = "mlp";
+  EXPECT_NE(error_of([&] { apply_harness_flags(c, f); }).find("conflict"), std::string::npos);
 }
 
 TEST(HarnessFlags, FlexBackendNoneSelectsAlltoall) {
