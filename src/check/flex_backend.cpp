@@ -12,6 +12,8 @@ void fallback_to_alltoall(ModelConfig& m) {
   m.moe_flex_dispatcher_backend.reset();
 }
 
+}  // namespace
+
 bool deepep_supported(const GpuInfo& gpu) {
   return gpu.major == 8 || gpu.major == 9 || gpu.device_name.starts_with("NVIDIA B200") ||
          gpu.device_name.starts_with("NVIDIA B300");
@@ -20,8 +22,6 @@ bool deepep_supported(const GpuInfo& gpu) {
 bool hybridep_supported(const GpuInfo& gpu) {
   return gpu.major == 8 || gpu.major == 9 || gpu.major == 10;
 }
-
-}  // namespace
 
 bool uses_flex(const ModelConfig& m, const char* backend) {
   return m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == backend;

@@ -35,4 +35,8 @@ void apply_hybridep_topology_env(Config& cfg, const GpuInfo& gpu);
 
 bool uses_flex(const ModelConfig& m, const char* backend);
 
+// Bridge's GPU gates: DeepEP on Ampere, Hopper, B200, B300; HybridEP on compute capability 8-10.
+bool deepep_supported(const GpuInfo& gpu);
+bool hybridep_supported(const GpuInfo& gpu);
+
 }  // namespace epx

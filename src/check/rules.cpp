@@ -488,10 +488,7 @@ std::vector<Rule> build_rules() {
   add("flex.deepep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
       "DeepEP needs Ampere, Hopper, B200 or B300", [](const CheckContext& c) {
         if (!c.cuda() || !uses_flex(c.cfg.model, "deepep")) return pass();
-        const bool ok = c.gpu.major == 8 || c.gpu.major == 9 ||
-                        c.gpu.device_name.starts_with("NVIDIA B200") ||
-                        c.gpu.device_name.starts_with("NVIDIA B300");
-        return fail_if(!ok,
+        return fail_if(!deepep_supported(c.gpu),
                        fmt::format("DeepEP is supported for Ampere, Hopper, and Blackwell "
                                    "(B200/B300) GPUs. Current GPU: {}",
                                    c.gpu.device_name),
@@ -500,7 +497,7 @@ std::vector<Rule> build_rules() {
   add("flex.hybridep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
       "HybridEP needs compute capability 8, 9 or 10", [](const CheckContext& c) {
         if (!c.cuda() || !uses_flex(c.cfg.model, "hybridep")) return pass();
-        return fail_if(c.gpu.major < 8 || c.gpu.major > 10,
+        return fail_if(!hybridep_supported(c.gpu),
                        "HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, "
                        "B200 and B300 GPUs",
                        "model.moe_token_dispatcher_type=alltoall");
