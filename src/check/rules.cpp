@@ -30,9 +30,28 @@ Outcome fail_if(bool bad, std::string message, std::string fix = "") {
   return bad ? fail(std::move(message), std::move(fix)) : pass();
 }
 
+// EP overlap / delayed wgrad as the model ends up with them (Megatron-Core validates these).
 bool ep_overlap(const CheckContext& c) { return c.cfg.model.overlap_moe_expert_parallel_comm; }
 bool delay_wgrad(const CheckContext& c) { return c.cfg.model.delay_wgrad_compute; }
-constexpr const char* kDisableOverlap = "comm_overlap.overlap_moe_expert_parallel_comm=false";
+
+// Whether Bridge's own asserts run: only when comm_overlap asks for the feature. A switch set
+// only on the model (no comm_overlap section) meets Megatron-Core's checks and messages alone.
+bool bridge_ep_overlap(const CheckContext& c) {
+  return c.user.comm_overlap && c.user.comm_overlap->overlap_moe_expert_parallel_comm == true;
+}
+bool bridge_delay_wgrad(const CheckContext& c) {
+  return c.user.comm_overlap && c.user.comm_overlap->delay_wgrad_compute == true;
+}
+
+// Bridge's message where Bridge's assert runs, else Megatron-Core's.
+std::string by_path(const CheckContext& c, const std::string& bridge, const std::string& mcore) {
+  return bridge_ep_overlap(c) ? bridge : mcore;
+}
+
+std::string disable_overlap(const CheckContext& c) {
+  return c.cfg.comm_overlap ? "comm_overlap.overlap_moe_expert_parallel_comm=false"
+                            : "model.overlap_moe_expert_parallel_comm=false";
+}
 
 bool contains(const StringList& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
@@ -231,19 +250,23 @@ std::vector<Rule> build_rules() {
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.expert_model_parallel_size"},
       kBridgeCommOverlap, "EP overlap needs EP > 1", [](const CheckContext& c) {
         return fail_if(ep_overlap(c) && c.cfg.model.expert_model_parallel_size <= 1,
-                       "overlap_moe_expert_parallel_comm is only supported when "
-                       "expert_model_parallel_size > 1",
-                       kDisableOverlap);
+                       by_path(c,
+                               "overlap_moe_expert_parallel_comm is only supported when "
+                               "expert_model_parallel_size > 1",
+                               "overlap_moe_expert_parallel_comm is only supported with expert "
+                               "model parallelism"),
+                       disable_overlap(c));
       });
   add("ep_overlap.num_experts", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.num_moe_experts"},
-      kBridgeCommOverlap, "EP overlap needs more than one expert", [](const CheckContext& c) {
+      kBridgeCommOverlap, "EP overlap needs more than one expert (Bridge only)",
+      [](const CheckContext& c) {
         const auto& n = c.cfg.model.num_moe_experts;
-        return fail_if(ep_overlap(c) && (!n || *n <= 1),
+        return fail_if(bridge_ep_overlap(c) && (!n || *n <= 1),
                        fmt::format("overlap_moe_expert_parallel_comm is only supported when "
                                    "num_moe_experts > 1, but got {}",
                                    n ? std::to_string(*n) : "None"),
-                       kDisableOverlap);
+                       disable_overlap(c));
       });
   add("ep_overlap.dispatcher", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.moe_token_dispatcher_type"},
@@ -251,17 +274,24 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& d = c.cfg.model.moe_token_dispatcher_type;
         return fail_if(ep_overlap(c) && d != "alltoall" && d != "flex",
-                       fmt::format("overlap_moe_expert_parallel_comm is only supported when "
-                                   "moe_token_dispatcher_type == 'alltoall' or 'flex', but got {}",
-                                   d),
+                       by_path(c,
+                               fmt::format("overlap_moe_expert_parallel_comm is only supported "
+                                           "when moe_token_dispatcher_type == 'alltoall' or "
+                                           "'flex', but got {}",
+                                           d),
+                               "overlap_moe_expert_parallel_comm is supported with alltoall/flex "
+                               "token dispatcher"),
                        "model.moe_token_dispatcher_type=alltoall");
       });
   add("ep_overlap.precision", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.bf16", "model.fp16"},
       kBridgeCommOverlap, "EP overlap needs a bf16 or fp16 model", [](const CheckContext& c) {
         return fail_if(ep_overlap(c) && !c.cfg.model.bf16 && !c.cfg.model.fp16,
-                       "overlap_moe_expert_parallel_comm is only supported when using bf16 or fp16 "
-                       "models",
+                       by_path(c,
+                               "overlap_moe_expert_parallel_comm is only supported when using "
+                               "bf16 or fp16 models",
+                               "overlap_moe_expert_parallel_comm is only supported with bf16 or "
+                               "fp16 model"),
                        "model.bf16=true");
       });
   add("ep_overlap.torch_version", E,
@@ -333,7 +363,7 @@ std::vector<Rule> build_rules() {
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.mtp_num_layers"},
       kBridgeCommOverlap, "EP overlap allows at most one MTP layer", [](const CheckContext& c) {
         const auto& n = c.cfg.model.mtp_num_layers;
-        return fail_if(ep_overlap(c) && n && *n > 1,
+        return fail_if(ep_overlap(c) && n && *n != 0 && *n != 1,
                        "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm.",
                        "model.mtp_num_layers=1");
       });
@@ -372,6 +402,13 @@ std::vector<Rule> build_rules() {
                        "overlap_moe_expert_parallel_comm or delay_wgrad_compute",
                        "model.overlap_dispatch_backward_with_experts_wgrad=false");
       });
+  add("ep_overlap.dispatch_wgrad_te", E,
+      {"model.overlap_dispatch_backward_with_experts_wgrad", "target.te_version"}, kMcore,
+      "overlap_dispatch_backward_with_experts_wgrad needs TE >= 2.3.0", [](const CheckContext& c) {
+        if (!c.cfg.model.overlap_dispatch_backward_with_experts_wgrad) return pass();
+        return te_at_least(c, "2.3.0",
+                           "overlap_dispatch_backward_with_experts_wgrad requires TE >= 2.3.0");
+      });
   add("ep_overlap.early_attn_release", E,
       {"model.ep_overlap_early_attn_memory_release",
        "comm_overlap.overlap_moe_expert_parallel_comm"},
@@ -390,7 +427,7 @@ std::vector<Rule> build_rules() {
         const bool grad_reduce = c.user.ddp.overlap_grad_reduce ||
                                  (c.user.comm_overlap &&
                                   c.user.comm_overlap->overlap_grad_reduce.value_or(false));
-        if (!delay_wgrad(c) || !grad_reduce) return pass();
+        if (!bridge_delay_wgrad(c) || !grad_reduce) return pass();
         return te_at_least(c, "2.7.0",
                            fmt::format("TE version >= 2.7.0 is required for overlap_grad_reduce "
                                        "when usingdelay_wgrad_compute. Current TE version: {}",
@@ -401,7 +438,7 @@ std::vector<Rule> build_rules() {
        "target.te_version"},
       kBridgeCommOverlap, "delay_wgrad with gradient_accumulation_fusion needs TE >= 2.7.0",
       [](const CheckContext& c) {
-        if (!delay_wgrad(c) || !c.cfg.model.gradient_accumulation_fusion) return pass();
+        if (!bridge_delay_wgrad(c) || !c.cfg.model.gradient_accumulation_fusion) return pass();
         return te_at_least(c, "2.7.0",
                            fmt::format("TE version >= 2.7.0 is required for "
                                        "gradient_accumulation_fusion when usingdelay_wgrad_compute. "
@@ -411,9 +448,18 @@ std::vector<Rule> build_rules() {
   add("delay_wgrad.needs_ep_overlap", E,
       {"comm_overlap.delay_wgrad_compute", "comm_overlap.overlap_moe_expert_parallel_comm"},
       kBridgeCommOverlap, "delay_wgrad needs EP overlap", [](const CheckContext& c) {
-        return fail_if(delay_wgrad(c) && !ep_overlap(c),
-                       "overlap_moe_expert_parallel_comm is required for delay_wgrad_compute",
-                       "comm_overlap.overlap_moe_expert_parallel_comm=true");
+        if (!delay_wgrad(c) || ep_overlap(c)) return pass();
+        // Bridge's assert accepts the model's switch before comm_overlap overwrites it; what
+        // slips past it meets Megatron-Core's check.
+        const bool bridge_fails =
+            bridge_delay_wgrad(c) && !c.user.model.overlap_moe_expert_parallel_comm &&
+            c.user.comm_overlap->overlap_moe_expert_parallel_comm != true;
+        return fail(bridge_fails ? "overlap_moe_expert_parallel_comm is required for "
+                                   "delay_wgrad_compute"
+                                 : "overlap_moe_expert_parallel_comm must be enabled when "
+                                   "enabling delay_wgrad_compute",
+                    c.cfg.comm_overlap ? "comm_overlap.overlap_moe_expert_parallel_comm=true"
+                                       : "model.overlap_moe_expert_parallel_comm=true");
       });
   // wgrad inside a CUDA-graph scope: attention, or the router when the shared expert runs there.
   auto wgrad_in_graph = [](const ModelConfig& m) {
@@ -426,7 +472,7 @@ std::vector<Rule> build_rules() {
        "target.te_version"},
       kBridgeCommOverlap, "delay_wgrad with wgrad in a CUDA-graph scope needs TE >= 2.12.0",
       [wgrad_in_graph](const CheckContext& c) {
-        if (!delay_wgrad(c) || !wgrad_in_graph(c.cfg.model)) return pass();
+        if (!bridge_delay_wgrad(c) || !wgrad_in_graph(c.cfg.model)) return pass();
         return te_at_least(c, "2.12.0",
                            "CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0.");
       });
@@ -436,7 +482,7 @@ std::vector<Rule> build_rules() {
       kBridgeCommOverlap, "delay_wgrad in a CUDA-graph scope needs gradient_accumulation_fusion",
       [wgrad_in_graph](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(delay_wgrad(c) && wgrad_in_graph(m) && !m.gradient_accumulation_fusion,
+        return fail_if(bridge_delay_wgrad(c) && wgrad_in_graph(m) && !m.gradient_accumulation_fusion,
                        "CUDA graph with delay_wgrad_compute requires gradient_accumulation_fusion "
                        "to be enabled. This is because default gradient accumulation does not use "
                        "static memory addresses, which breaks CUDA graph requirements.",
@@ -448,7 +494,7 @@ std::vector<Rule> build_rules() {
       kBridgeCommOverlap, "delay_wgrad with the attn CUDA-graph scope excludes attention bias",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(delay_wgrad(c) && has_cuda_graph_module(m, "attn") &&
+        return fail_if(bridge_delay_wgrad(c) && has_cuda_graph_module(m, "attn") &&
                            (m.add_bias_linear || m.add_qkv_bias),
                        "CUDA graph with delay_wgrad_compute does not support attention bias for now.",
                        m.add_bias_linear ? "model.add_bias_linear=false" : "model.add_qkv_bias=false");
@@ -469,6 +515,9 @@ std::vector<Rule> build_rules() {
       kBridgeCommOverlap, "TP overlap auto-disabled: sequence_parallel off");
   add("tp_overlap.no_te", W, {"comm_overlap.tp_comm_overlap", "target.te_version"},
       kBridgeCommOverlap, "TP overlap auto-disabled: Transformer Engine not present");
+  add("tp_overlap.default_cfg", W,
+      {"comm_overlap.tp_comm_overlap", "comm_overlap.tp_comm_overlap_cfg"}, kBridgeCommOverlap,
+      "TP overlap without a userbuffer config uses TE's default");
   add("comm_overlap.overwrites_model", W,
       {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
       "comm_overlap copies its (unset) overlap switches over the model's");
@@ -531,7 +580,8 @@ std::vector<Rule> build_rules() {
 
   // ---- HybridEP topology --------------------------------------------------------------------
   add("hybridep.topology", E, {"model.expert_model_parallel_size", "target.gpu"}, kBridgeTopology,
-      "HybridEP has an NVLink-domain layout for this GPU and EP size", [](const CheckContext& c) {
+      "HybridEP has an NVLink-domain layout for this GPU and EP size (epx also maps h200 and "
+      "a100 like h100, and cpu to the ranks of one node)", [](const CheckContext& c) {
         if (!uses_flex(c.cfg.model, "hybridep")) return pass();
         const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
         return fail_if(!t.error.empty(), t.error, "model.moe_token_dispatcher_type=alltoall");

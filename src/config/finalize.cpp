@@ -1,5 +1,7 @@
 // Megatron-Bridge's derived fields (runtime_config_update, CommOverlapConfig.setup) and
 // Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "epx/config.hpp"
@@ -15,6 +17,13 @@ Finding note(const char* id, Severity sev, std::vector<std::pair<std::string, st
 }
 
 std::string text(const OptInt& v) { return v ? std::to_string(*v) : "null"; }
+
+// epx does not model TE's userbuffer config; a Bridge dump's tp_comm_overlap_cfg is kept as is.
+bool has_tp_overlap_cfg(const Config& c) {
+  const YAML::Node kept = std::as_const(c.extra_fields.node)["comm_overlap"];
+  return kept.IsDefined() && kept.IsMap() && kept["tp_comm_overlap_cfg"].IsDefined() &&
+         !kept["tp_comm_overlap_cfg"].IsNull();
+}
 
 // CommOverlapConfig._get_model_comm_overlap_cfgs + _apply_cfgs onto the model.
 void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<Finding>& out) {
@@ -47,6 +56,12 @@ void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<F
       values.insert(values.begin(), {"comm_overlap.tp_comm_overlap", "true"});
       out.push_back(note(id, Severity::warning, values, why, fix));
       user.tp_comm_overlap = false;
+    } else if (!has_tp_overlap_cfg(c)) {
+      out.push_back(note("tp_overlap.default_cfg", Severity::warning,
+                         {{"comm_overlap.tp_comm_overlap", "true"},
+                          {"comm_overlap.tp_comm_overlap_cfg", "null"}},
+                         "Tensor parallel overlap: No overlap config provided. Initializing TP "
+                         "comm overlap with the default config."));
     }
   }
 

@@ -100,6 +100,9 @@ const std::vector<Case>& cases() {
       {"ep_overlap.dispatch_wgrad_exclusive",
        OV + Overrides{"model.overlap_dispatch_backward_with_experts_wgrad=true"},
        {"model.overlap_dispatch_backward_with_experts_wgrad=true"}},
+      {"ep_overlap.dispatch_wgrad_te",
+       H100 + Overrides{"model.overlap_dispatch_backward_with_experts_wgrad=true", "target.te_version=2.2.0"},
+       H100 + Overrides{"model.overlap_dispatch_backward_with_experts_wgrad=true", "target.te_version=2.3.0"}},
       {"ep_overlap.early_attn_release", {"model.ep_overlap_early_attn_memory_release=true"},
        OV + Overrides{"model.ep_overlap_early_attn_memory_release=true"}},
       {"delay_wgrad.te_overlap_grad_reduce",
@@ -125,6 +128,9 @@ const std::vector<Case>& cases() {
       {"tp_overlap.tp_size", {"comm_overlap.tp_comm_overlap=true"}, {}},
       {"tp_overlap.sequence_parallel", H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true"},
        H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"}},
+      {"tp_overlap.default_cfg",
+       H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"},
+       H100 + TP2 + Overrides{"model.sequence_parallel=true"}},
       {"tp_overlap.no_te",
        TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"},
        H100 + TP2 + Overrides{"comm_overlap.tp_comm_overlap=true", "model.sequence_parallel=true"}},
@@ -237,6 +243,31 @@ TEST(CheckRules, FixesAreOverridesThatApply) {
     const CheckReport after = check(fixed, c.flag_trips);
     EXPECT_EQ(find(after, c.rule), nullptr) << format_report(after);
   }
+}
+
+TEST(CheckRules, OverlapSetOnlyOnTheModelGetsMegatronCoreChecks) {
+  // No comm_overlap section: Bridge's asserts do not run, Megatron-Core's do, with its words.
+  const Overrides model_only = {"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true"};
+  CheckReport r = check(model_only + Overrides{"model.expert_model_parallel_size=1",
+                                               "model.num_moe_experts=1", "model.moe_router_topk=1"});
+  const Finding* f = find(r, "ep_overlap.expert_parallel");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->message, "overlap_moe_expert_parallel_comm is only supported with expert model parallelism");
+  EXPECT_EQ(f->fix, "model.overlap_moe_expert_parallel_comm=false");
+  EXPECT_EQ(find(r, "ep_overlap.num_experts"), nullptr);  // Megatron-Core has no such check
+
+  // delay_wgrad with the model's overlap switch passes Bridge's assert, then comm_overlap
+  // overwrites the switch and Megatron-Core rejects it.
+  r = check({"model.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
+  f = find(r, "delay_wgrad.needs_ep_overlap");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->message,
+            "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute");
+  // Bridge's delay_wgrad TE rules do not run without comm_overlap asking for delay_wgrad.
+  r = check({"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true",
+             "model.delay_wgrad_compute=true", "model.gradient_accumulation_fusion=true",
+             "target.gpu=h100", "target.te_version=2.6.0"});
+  EXPECT_EQ(find(r, "delay_wgrad.te_grad_accum_fusion"), nullptr) << format_report(r);
 }
 
 TEST(CheckRules, UnknownEnvironmentIsReportedNotGuessed) {
