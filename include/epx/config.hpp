@@ -227,6 +227,12 @@ struct OwnedYaml {
     if (this != &o) node.reset(YAML::Clone(o.node));
     return *this;
   }
+  // The mapping under `key`, or an empty map. Looks up without inserting (yaml-cpp's mutable
+  // operator[] would) and without the invalid node its const operator[] returns for a miss.
+  YAML::Node child_map(const std::string& key) const {
+    const YAML::Node found = static_cast<const YAML::Node&>(node)[key];
+    return found.IsDefined() && found.IsMap() ? found : YAML::Node(YAML::NodeType::Map);
+  }
 };
 
 struct Config {

@@ -1,7 +1,5 @@
 // Megatron-Bridge's derived fields (runtime_config_update, CommOverlapConfig.setup) and
 // Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
-#include <utility>
-
 #include <fmt/format.h>
 
 #include "epx/config.hpp"
@@ -20,9 +18,8 @@ std::string text(const OptInt& v) { return v ? std::to_string(*v) : "null"; }
 
 // epx does not model TE's userbuffer config; a Bridge dump's tp_comm_overlap_cfg is kept as is.
 bool has_tp_overlap_cfg(const Config& c) {
-  const YAML::Node kept = std::as_const(c.extra_fields.node)["comm_overlap"];
-  return kept.IsDefined() && kept.IsMap() && kept["tp_comm_overlap_cfg"].IsDefined() &&
-         !kept["tp_comm_overlap_cfg"].IsNull();
+  const YAML::Node cfg = c.extra_fields.child_map("comm_overlap")["tp_comm_overlap_cfg"];
+  return cfg.IsDefined() && !cfg.IsNull();
 }
 
 // CommOverlapConfig._get_model_comm_overlap_cfgs + _apply_cfgs onto the model.

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-#include <utility>
 
 #include <fmt/format.h>
 
@@ -175,9 +174,7 @@ std::string dump_yaml(const Config& cfg) {
     out << YAML::Value << YAML::BeginMap;
     for (const auto& f : schema())
       if (f.section == sec) out << YAML::Key << f.name << YAML::Value << f.get(cfg);
-    if (const YAML::Node kept = std::as_const(cfg.extra_fields.node)[sec];
-        kept.IsDefined() && kept.IsMap())
-      for (const auto& kv : kept) out << YAML::Key << kv.first << YAML::Value << kv.second;
+    for (const auto& kv : cfg.extra_fields.child_map(sec)) out << YAML::Key << kv.first << YAML::Value << kv.second;
     out << YAML::EndMap;
   }
   out << YAML::Key << "env_vars" << YAML::Value << YAML::BeginMap;

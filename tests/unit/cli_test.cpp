@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -85,26 +86,25 @@ TEST(Cli, ListRulesComesFromTheTable) {
 }
 
 TEST(Cli, UnusableInputExitsTwo) {
-  Result r = run("check qwen3_30b_a3b_proxy model.moe_topk=3");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "did you mean model.moe_router_topk")) << r.out;
-  r = run("check no_such_recipe");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "no recipe named")) << r.out;
-  r = run("check qwen3_30b_a3b_proxy -g h900");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "unknown GPU 'h900'")) << r.out;
-  r = run("check qwen3_30b_a3b_proxy --moe_a2a_overlap maybe");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "--moe_a2a_overlap expects true or false")) << r.out;
-  r = run("check qwen3_30b_a3b_proxy --moe_flex_dispatcher_backend nccl");
-  EXPECT_EQ(r.code, 2);
-  r = run("check qwen3_30b_a3b_proxy -g h100 --gpu b200");  // conflicting flags
-  EXPECT_EQ(r.code, 2) << r.out;
-  r = run("check");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r, "no config given")) << r.out;
-  EXPECT_FALSE(has(r, "terminate called"));
+  struct BadInput {
+    std::string args, says;
+  };
+  const std::vector<BadInput> cases = {
+      {"qwen3_30b_a3b_proxy model.moe_topk=3", "did you mean model.moe_router_topk"},
+      {"no_such_recipe", "no recipe named"},
+      {"qwen3_30b_a3b_proxy -g h900", "unknown GPU 'h900'"},
+      {"qwen3_30b_a3b_proxy --moe_a2a_overlap maybe", "--moe_a2a_overlap expects true or false"},
+      {"qwen3_30b_a3b_proxy --moe_flex_dispatcher_backend nccl", "--moe_flex_dispatcher_backend"},
+      {"qwen3_30b_a3b_proxy -g h100 --gpu b200", "--gpu"},  // conflicting flags
+      {"", "no config given"},
+  };
+  Result r;
+  for (const auto& c : cases) {
+    r = run("check " + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_TRUE(has(r, c.says)) << c.args << "\n" << r.out;
+    EXPECT_FALSE(has(r, "terminate called")) << c.args;
+  }
 
   const std::string bad = testing::TempDir() + "/bad.yaml";
   std::ofstream(bad) << "model:\n  num_layers: 4\n  hidden_size: [oops\n";
