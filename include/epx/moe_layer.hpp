@@ -1,0 +1,86 @@
+// The MoE layer (Megatron-Core's MoELayer): shared expert, router, token dispatcher, grouped
+// experts, combine. Forward and backward are split into the phases the schedules launch one by
+// one (ARCHITECTURE.md); forward() and backward() run them in order. Weights live in the layer;
+// everything one micro-batch saves for its backward lives in a Context, so several micro-batches
+// can be in flight at once.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "epx/dispatcher.hpp"
+#include "epx/experts.hpp"
+#include "epx/moe_spec.hpp"
+#include "epx/router.hpp"
+#include "epx/safetensors.hpp"
+
+namespace epx {
+
+class MoELayer {
+ public:
+  MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher);
+
+  struct Context {
+    Shape input_shape;  // [S, B, H] or [T, H]
+    Tensor x;           // [T, H] in the compute dtype
+    Routing routing;
+    DispatchState dispatch;
+    GroupedMlp::Saved experts, shared;
+    Tensor shared_output, output;
+    Tensor dprobs;        // [T, E] F32
+    Tensor dx_shared;     // the shared expert's input gradient
+  };
+
+  // x: [S, B, H] (Megatron's order) or [T, H], in the compute dtype. Returns the output in x's shape.
+  Tensor forward(const Tensor& x, Context& ctx, bool training = true);
+  // dy in the output's shape. Runs the dgrad phases, then wgrad. Returns dx.
+  Tensor backward(Context& ctx, const Tensor& dy);
+
+  // The phases. Forward:
+  void forward_route(Context& ctx, const Tensor& x, bool training);  // shared expert, router, permute
+  void forward_dispatch(Context& ctx);  // communication
+  void forward_experts(Context& ctx);   // regroup, experts, prepare combine
+  Tensor forward_combine(Context& ctx); // communication, unpermute, + shared output
+  // Backward (dgrad), in reverse:
+  void backward_combine(Context& ctx, const Tensor& dy);  // unpermute^T, communication
+  void backward_experts(Context& ctx);                    // expert dgrad
+  void backward_dispatch(Context& ctx);                   // communication
+  Tensor backward_route(Context& ctx);                    // permute^T, router + shared dgrad -> dx
+  // Weight gradients of the experts, shared expert and router, accumulated into Param::grad.
+  void backward_wgrad(Context& ctx);
+
+  // Megatron's initialisation from a seed; the same weights on any rank layout.
+  void init_weights(std::uint64_t seed);
+  std::vector<Param*> params();
+  void zero_grad();
+  // Tensors by their file names (README): FP32 masters, or their gradients.
+  TensorMap weight_tensors() const;
+  TensorMap grad_tensors() const;
+  // Reads every weight from `tensors` (F32 or BF16), or throws InputError naming the tensor and file.
+  void load_weights(const TensorMap& tensors, const std::string& file);
+
+  const MoESpec& spec() const { return spec_; }
+  TokenDispatcher& dispatcher() { return *dispatcher_; }
+
+  double aux_loss_scale = 1.0;  // gradient scale of the aux and z losses (1 / micro-batches)
+  std::uint64_t rank = 0;       // picks the random stream under force load balancing
+
+  Router router;
+  GroupedMlp experts;
+  std::optional<GroupedMlp> shared_experts;
+
+ private:
+  // Every (file name, param, group) of the layer's weights.
+  struct Entry {
+    std::string name;
+    const Param* param;
+    std::int64_t group;  // -1: the whole tensor
+  };
+  std::vector<Entry> entries() const;
+
+  MoESpec spec_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
+};
+
+}  // namespace epx

@@ -1,0 +1,148 @@
+// GEMM through oneDNN's matmul. oneDNN picks the kernel at run time from the CPU it finds: AMX
+// tiles where the CPU has them, AVX-512 BF16 dot products otherwise, FP32 FMA for FP32.
+// Strided memory descriptors express the transposes, so no operand is ever copied.
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include <dnnl.hpp>
+#include <fmt/format.h>
+
+#include "epx/kernels.hpp"
+
+namespace epx {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dt to_dnnl(DType d) {
+  switch (d) {
+    case DType::F32: return dt::f32;
+    case DType::BF16: return dt::bf16;
+    default: throw std::invalid_argument("gemm: only F32 and BF16 operands");
+  }
+}
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+// The logical [rows, cols] of op(X) for X stored row-major [r, c].
+dnnl::memory::desc op_desc(std::int64_t r, std::int64_t c, DType d, Trans t) {
+  if (t == Trans::N) return dnnl::memory::desc({r, c}, to_dnnl(d), {c, 1});
+  return dnnl::memory::desc({c, r}, to_dnnl(d), {1, c});
+}
+
+// Primitive creation costs 5-300 us; a per-thread cache keyed by the problem makes a repeated
+// shape (every step of training) cost a map lookup.
+using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, int, bool>;
+constexpr std::size_t kMaxCached = 4096;
+
+dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c,
+                        bool accumulate, std::int64_t n) {
+  thread_local std::map<Key, dnnl::matmul> cache;
+  // (a.rows, a.cols, ta) fix M, K and A's strides; n and tb fix B's.
+  const Key key{a.rows, a.cols, n, static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c.dtype),
+                static_cast<int>(ta), static_cast<int>(tb), accumulate};
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= kMaxCached) cache.clear();
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.f);
+    attr.set_post_ops(ops);
+  }
+  const auto md_a = op_desc(a.rows, a.cols, a.dtype, ta);
+  const auto md_b = op_desc(b.rows, b.cols, b.dtype, tb);
+  const dnnl::memory::desc md_c({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_b, md_c), attr, engine().engine);
+  return cache.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate) {
+  const std::int64_t m = ta == Trans::N ? a.rows : a.cols;
+  const std::int64_t k = ta == Trans::N ? a.cols : a.rows;
+  const std::int64_t kb = tb == Trans::N ? b.rows : b.cols;
+  const std::int64_t n = tb == Trans::N ? b.cols : b.rows;
+  if (k != kb || c.rows != m || c.cols != n || a.dtype != b.dtype)
+    throw std::invalid_argument(fmt::format(
+        "gemm: op(A) is [{}, {}] {}, op(B) is [{}, {}] {}, C is [{}, {}]: shapes or dtypes do not "
+        "match", m, k, dtype_name(a.dtype), kb, n, dtype_name(b.dtype), c.rows, c.cols));
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) std::memset(c.data, 0, static_cast<std::size_t>(m * n) * dtype_size(c.dtype));
+    return;
+  }
+  auto& e = engine();
+  auto& mm = primitive(a, ta, b, tb, c, accumulate, n);
+  const auto md_a = op_desc(a.rows, a.cols, a.dtype, ta);
+  const auto md_b = op_desc(b.rows, b.cols, b.dtype, tb);
+  const dnnl::memory::desc md_c({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
+  dnnl::memory ma(md_a, e.engine, const_cast<void*>(a.data));
+  dnnl::memory mb(md_b, e.engine, const_cast<void*>(b.data));
+  dnnl::memory mc(md_c, e.engine, c.data);
+  mm.execute(e.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  e.stream.wait();
+}
+
+}  // namespace
+
+MatRef mat(const Tensor& t, std::int64_t row0, std::int64_t n) {
+  if (t.rank() != 2) throw std::invalid_argument("mat: expected a 2-D tensor, got " + shape_string(t.shape()));
+  const std::int64_t cols = t.dim(1);
+  if (row0 < 0) return {t.raw(), t.dtype(), t.dim(0), cols};
+  const auto* base = static_cast<const char*>(t.raw());
+  return {base + row0 * cols * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(), n, cols};
+}
+
+MatMut mat_mut(Tensor& t, std::int64_t row0, std::int64_t n) {
+  const MatRef r = mat(t, row0, n);
+  return {const_cast<void*>(r.data), r.dtype, r.rows, r.cols};
+}
+
+MatRef expert_mat(const Tensor& stacked, std::int64_t index) {
+  if (stacked.rank() != 3) throw std::invalid_argument("expert_mat: expected [G, R, C], got " + shape_string(stacked.shape()));
+  const std::int64_t r = stacked.dim(1), c = stacked.dim(2);
+  const auto* base = static_cast<const char*>(stacked.raw());
+  return {base + index * r * c * static_cast<std::int64_t>(dtype_size(stacked.dtype())), stacked.dtype(), r, c};
+}
+
+MatMut expert_mat_mut(Tensor& stacked, std::int64_t index) {
+  const MatRef r = expert_mat(stacked, index);
+  return {const_cast<void*>(r.data), r.dtype, r.rows, r.cols};
+}
+
+void gemm(MatRef a, Trans ta, MatRef b, Trans tb, MatMut c, bool accumulate) {
+  run(a, ta, b, tb, c, accumulate);
+}
+
+void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, bool accumulate) {
+  for (const auto& p : problems) run(p.a, ta, p.b, tb, p.c, accumulate);
+}
+
+std::string gemm_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    default: return fmt::format("isa#{}", static_cast<int>(dnnl::get_effective_cpu_isa()));
+  }
+}
+
+std::string gemm_impl(DType dtype) {
+  const auto md_a = op_desc(256, 256, dtype, Trans::N);
+  const dnnl::memory::desc md_c({256, 256}, dt::f32, {256, 1});
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_a, md_c), engine().engine);
+  return pd.impl_info_str();
+}
+
+}  // namespace epx

@@ -1,0 +1,106 @@
+// Expert-major permutation (Megatron-Core's "permutation 1"): rows grouped by expert, tokens in
+// ascending order inside each expert. Because experts are assigned to EP ranks contiguously,
+// expert-major is also rank-major, which is what the all-to-all needs.
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "epx/kernels.hpp"
+#include "kernels/float_access.hpp"
+
+namespace epx {
+
+Permutation make_permutation(const std::uint8_t* routing_map, std::int64_t num_tokens,
+                             std::int64_t num_experts) {
+  Permutation p;
+  p.num_tokens = num_tokens;
+  p.tokens_per_expert.assign(static_cast<std::size_t>(num_experts), 0);
+  for (std::int64_t t = 0; t < num_tokens; ++t)
+    for (std::int64_t e = 0; e < num_experts; ++e)
+      if (routing_map[t * num_experts + e]) ++p.tokens_per_expert[static_cast<std::size_t>(e)];
+  std::int64_t rows = 0;
+  std::vector<std::int64_t> next(static_cast<std::size_t>(num_experts));
+  for (std::int64_t e = 0; e < num_experts; ++e) {
+    next[static_cast<std::size_t>(e)] = rows;
+    rows += p.tokens_per_expert[static_cast<std::size_t>(e)];
+  }
+  p.row_token.assign(static_cast<std::size_t>(rows), -1);
+  p.row_expert.assign(static_cast<std::size_t>(rows), 0);
+  for (std::int64_t t = 0; t < num_tokens; ++t)
+    for (std::int64_t e = 0; e < num_experts; ++e)
+      if (routing_map[t * num_experts + e]) {
+        const auto r = static_cast<std::size_t>(next[static_cast<std::size_t>(e)]++);
+        p.row_token[r] = t;
+        p.row_expert[r] = static_cast<std::int32_t>(e);
+      }
+  return p;
+}
+
+void permute_rows(const Tensor& x, const Permutation& p, Tensor& out) {
+  const std::int64_t h = x.dim(1);
+  detail::expect_shape("permute_rows", "out", out, {p.rows(), h});
+  if (x.dim(0) != p.num_tokens) throw std::invalid_argument("permute_rows: token count mismatch");
+  if (x.dtype() != out.dtype()) throw std::invalid_argument("permute_rows: dtype mismatch");
+  const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(x.dtype());
+  const auto* src = static_cast<const char*>(x.raw());
+  auto* dst = static_cast<char*>(out.raw());
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = 0; r < p.rows(); ++r) {
+    const std::int64_t t = p.row_token[static_cast<std::size_t>(r)];
+    if (t < 0) std::memset(dst + r * row_bytes, 0, row_bytes);
+    else std::memcpy(dst + r * row_bytes, src + t * row_bytes, row_bytes);
+  }
+}
+
+void unpermute_rows(const Tensor& y, const Permutation& p, Tensor& out) {
+  const std::int64_t h = y.dim(1);
+  detail::expect_shape("unpermute_rows", "out", out, {p.num_tokens, h});
+  if (y.dim(0) != p.rows()) throw std::invalid_argument("unpermute_rows: row count mismatch");
+  // Per token, the list of its rows in order, so each output row is one thread's ordered sum.
+  std::vector<std::int64_t> start(static_cast<std::size_t>(p.num_tokens) + 1, 0);
+  for (auto t : p.row_token)
+    if (t >= 0) ++start[static_cast<std::size_t>(t) + 1];
+  for (std::size_t t = 0; t < static_cast<std::size_t>(p.num_tokens); ++t) start[t + 1] += start[t];
+  std::vector<std::int64_t> rows_of(static_cast<std::size_t>(start.back()));
+  {
+    std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
+    for (std::int64_t r = 0; r < p.rows(); ++r) {
+      const std::int64_t t = p.row_token[static_cast<std::size_t>(r)];
+      if (t >= 0) rows_of[static_cast<std::size_t>(fill[static_cast<std::size_t>(t)]++)] = r;
+    }
+  }
+  detail::with_dtype("unpermute_rows", [&](auto tag) {
+    using T = decltype(tag);
+    const T* yp = static_cast<const T*>(y.raw());
+    T* op = static_cast<T*>(out.raw());
+#pragma omp parallel
+    {
+      std::vector<float> acc(static_cast<std::size_t>(h));
+#pragma omp for schedule(static)
+      for (std::int64_t t = 0; t < p.num_tokens; ++t) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (auto i = start[static_cast<std::size_t>(t)]; i < start[static_cast<std::size_t>(t) + 1]; ++i) {
+          const std::int64_t r = rows_of[static_cast<std::size_t>(i)];
+          for (std::int64_t j = 0; j < h; ++j) acc[static_cast<std::size_t>(j)] += detail::ld(yp, r * h + j);
+        }
+        for (std::int64_t j = 0; j < h; ++j) detail::st(op, t * h + j, acc[static_cast<std::size_t>(j)]);
+      }
+    }
+  }, y, out);
+}
+
+void gather_probs(const float* probs, std::int64_t num_experts, const Permutation& p, float* out) {
+  for (std::int64_t r = 0; r < p.rows(); ++r) {
+    const std::int64_t t = p.row_token[static_cast<std::size_t>(r)];
+    out[r] = t < 0 ? 0.f : probs[t * num_experts + p.row_expert[static_cast<std::size_t>(r)]];
+  }
+}
+
+void scatter_probs(const float* drow, std::int64_t num_experts, const Permutation& p, float* dprobs) {
+  for (std::int64_t r = 0; r < p.rows(); ++r) {
+    const std::int64_t t = p.row_token[static_cast<std::size_t>(r)];
+    if (t >= 0) dprobs[t * num_experts + p.row_expert[static_cast<std::size_t>(r)]] += drow[r];
+  }
+}
+
+}  // namespace epx

@@ -1,0 +1,101 @@
+#include "epx/experts.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "epx/kernels.hpp"
+
+namespace epx {
+namespace {
+
+// Row offsets of each group, checked against the row count.
+std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& counts, std::int64_t rows) {
+  std::vector<std::int64_t> off(counts.size() + 1, 0);
+  for (std::size_t g = 0; g < counts.size(); ++g) off[g + 1] = off[g] + counts[g];
+  if (off.back() != rows)
+    throw std::invalid_argument(fmt::format("experts: group counts sum to {}, input has {} rows", off.back(), rows));
+  return off;
+}
+
+}  // namespace
+
+GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden,
+                       std::int64_t ffn, DType dtype, bool grouped)
+    : fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
+      fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
+      groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), grouped_(grouped) {}
+
+std::string GroupedMlp::tensor_name(const Param& p, std::int64_t g) const {
+  return grouped_ ? fmt::format("{}{}", p.name, g) : p.name;
+}
+
+Tensor GroupedMlp::forward(const Tensor& x, std::vector<std::int64_t> counts,
+                           std::vector<float> probs, Saved& s) const {
+  const std::int64_t m = x.dim(0);
+  if (x.dtype() != dtype_ || x.dim(1) != hidden_)
+    throw std::invalid_argument(fmt::format("experts: input is {} {}, expected [M, {}] {}", shape_string(x.shape()),
+                                            dtype_name(x.dtype()), hidden_, dtype_name(dtype_)));
+  if (static_cast<std::int64_t>(counts.size()) != groups_)
+    throw std::invalid_argument("experts: one count per group expected");
+  const auto off = offsets(counts, m);
+  s.x = x;
+  s.counts = std::move(counts);
+  s.probs = std::move(probs);
+  s.h = Tensor({m, 2 * ffn_}, dtype_);
+  s.act = Tensor({m, ffn_}, dtype_);
+  Tensor y({m, hidden_}, dtype_);
+  std::vector<GemmProblem> p1, p2;
+  for (std::int64_t g = 0; g < groups_; ++g) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
+    p1.push_back({mat(x, r0, n), expert_mat(fc1.compute, g), mat_mut(s.h, r0, n)});
+    p2.push_back({mat(s.act, r0, n), expert_mat(fc2.compute, g), mat_mut(y, r0, n)});
+  }
+  grouped_gemm(p1, Trans::N, Trans::T);
+  swiglu_forward(s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
+  grouped_gemm(p2, Trans::N, Trans::T);
+  return y;
+}
+
+Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>* dprobs) const {
+  const std::int64_t m = s.x.dim(0);
+  if (dy.shape() != Shape{m, hidden_} || dy.dtype() != dtype_)
+    throw std::invalid_argument("experts: output gradient shape or dtype mismatch");
+  const auto off = offsets(s.counts, m);
+  s.dy = dy;
+  Tensor dact({m, ffn_}, dtype_);
+  s.dh = Tensor({m, 2 * ffn_}, dtype_);
+  Tensor dx({m, hidden_}, dtype_);
+  std::vector<GemmProblem> p2, p1;
+  for (std::int64_t g = 0; g < groups_; ++g) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
+    p2.push_back({mat(dy, r0, n), expert_mat(fc2.compute, g), mat_mut(dact, r0, n)});
+    p1.push_back({mat(s.dh, r0, n), expert_mat(fc1.compute, g), mat_mut(dx, r0, n)});
+  }
+  grouped_gemm(p2, Trans::N, Trans::N);
+  float* dp = nullptr;
+  if (!s.probs.empty() && dprobs) {
+    dprobs->assign(static_cast<std::size_t>(m), 0.f);
+    dp = dprobs->data();
+  }
+  swiglu_backward(s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
+  grouped_gemm(p1, Trans::N, Trans::N);
+  return dx;
+}
+
+void GroupedMlp::backward_wgrad(Saved& s) {
+  if (!s.dy.defined()) throw std::logic_error("experts: wgrad before dgrad");
+  const auto off = offsets(s.counts, s.x.dim(0));
+  std::vector<GemmProblem> p2, p1;
+  for (std::int64_t g = 0; g < groups_; ++g) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
+    // dW2[H, F] += dy^T act;  dW1[2F, H] += dh^T x.
+    p2.push_back({mat(s.dy, r0, n), mat(s.act, r0, n), expert_mat_mut(fc2.grad, g)});
+    p1.push_back({mat(s.dh, r0, n), mat(s.x, r0, n), expert_mat_mut(fc1.grad, g)});
+  }
+  grouped_gemm(p2, Trans::T, Trans::N, /*accumulate=*/true);
+  grouped_gemm(p1, Trans::T, Trans::N, /*accumulate=*/true);
+  s = Saved{};
+}
+
+}  // namespace epx

@@ -1,0 +1,213 @@
+#include "epx/moe_layer.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "epx/error.hpp"
+#include "epx/random.hpp"
+
+namespace epx {
+namespace {
+
+// The stream of a named tensor: the same name draws the same values on every rank.
+std::uint64_t stream_of(const std::string& name) { return std::hash<std::string>{}(name); }
+
+// Bytes of matrix `group` (-1: all) of a tensor, and its file shape.
+std::pair<char*, Shape> slice(const Tensor& t, std::int64_t group) {
+  auto* base = static_cast<char*>(const_cast<void*>(t.raw()));
+  if (group < 0) return {base, t.shape()};
+  const Shape s{t.dim(1), t.dim(2)};
+  return {base + group * s[0] * s[1] * static_cast<std::int64_t>(dtype_size(t.dtype())), s};
+}
+
+}  // namespace
+
+MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher)
+    : router(spec),
+      experts("mlp.experts", dispatcher->num_local_experts(), spec.hidden, spec.ffn, spec.dtype, true),
+      spec_(spec),
+      dispatcher_(std::move(dispatcher)) {
+  if (spec.shared_ffn > 0)
+    shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false);
+}
+
+std::vector<MoELayer::Entry> MoELayer::entries() const {
+  std::vector<Entry> out{{router.weight.name, &router.weight, -1}};
+  const std::int64_t first = dispatcher_->first_local_expert();
+  for (const Param* p : {&experts.fc1, &experts.fc2})
+    for (std::int64_t g = 0; g < experts.groups(); ++g)
+      out.push_back({experts.tensor_name(*p, first + g), p, g});
+  if (shared_experts)
+    for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2})
+      out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
+  return out;
+}
+
+std::vector<Param*> MoELayer::params() {
+  std::vector<Param*> out{&router.weight, &experts.fc1, &experts.fc2};
+  if (shared_experts) {
+    out.push_back(&shared_experts->fc1);
+    out.push_back(&shared_experts->fc2);
+  }
+  return out;
+}
+
+void MoELayer::zero_grad() {
+  for (Param* p : params()) p->grad.zero();
+}
+
+void MoELayer::init_weights(std::uint64_t seed) {
+  // Megatron: N(0, init_method_std), and N(0, std / sqrt(2 * num_layers)) for the output
+  // projections (fc2), which feed the residual stream.
+  for (const Entry& e : entries()) {
+    const bool output_layer = e.param->name.find("linear_fc2") != std::string::npos;
+    const double std = spec_.init_std / (output_layer ? std::sqrt(2.0 * spec_.num_layers) : 1.0);
+    const CounterRng rng(seed, stream_of(e.name));
+    auto [bytes, shape] = slice(e.param->master, e.group);
+    auto* data = reinterpret_cast<float*>(bytes);
+    for (std::int64_t i = 0, n = shape[0] * (shape.size() > 1 ? shape[1] : 1); i < n; ++i)
+      data[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i)));
+  }
+  router.expert_bias.zero();
+  for (Param* p : params()) p->refresh();
+}
+
+TensorMap MoELayer::weight_tensors() const {
+  TensorMap out;
+  for (const Entry& e : entries()) {
+    auto [bytes, shape] = slice(e.param->master, e.group);
+    Tensor t(shape, DType::F32);
+    std::memcpy(t.raw(), bytes, t.nbytes());
+    out.emplace(e.name, std::move(t));
+  }
+  if (spec_.expert_bias) out.emplace("mlp.router.expert_bias", router.expert_bias.clone());
+  return out;
+}
+
+TensorMap MoELayer::grad_tensors() const {
+  TensorMap out;
+  for (const Entry& e : entries()) {
+    auto [bytes, shape] = slice(e.param->grad, e.group);
+    Tensor t(shape, DType::F32);
+    std::memcpy(t.raw(), bytes, t.nbytes());
+    out.emplace("grad." + e.name, std::move(t));
+  }
+  return out;
+}
+
+void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
+  for (const Entry& e : entries()) {
+    auto [bytes, shape] = slice(e.param->master, e.group);
+    const Tensor f32 = expect_tensor(tensors, e.name, shape, file).to(DType::F32);
+    std::memcpy(bytes, f32.raw(), f32.nbytes());
+  }
+  if (spec_.expert_bias)
+    router.expert_bias.copy_from(
+        expect_tensor(tensors, "mlp.router.expert_bias", {spec_.num_experts}, file).to(DType::F32));
+  for (Param* p : params()) p->refresh();
+}
+
+// ------------------------------------------------------------------------------- forward
+
+void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training) {
+  if (x.dtype() != spec_.dtype)
+    throw InputError(fmt::format("MoE layer input is {}, the layer computes in {} (model.bf16)",
+                                 dtype_name(x.dtype()), dtype_name(spec_.dtype)));
+  if ((x.rank() != 2 && x.rank() != 3) || x.dim(-1) != spec_.hidden)
+    throw InputError(fmt::format("MoE layer input has shape {}; expected [S, B, {}] or [T, {}]",
+                                 shape_string(x.shape()), spec_.hidden, spec_.hidden));
+  ctx.input_shape = x.shape();
+  const std::int64_t seq = x.rank() == 3 ? x.dim(0) : x.dim(0);
+  ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
+  // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
+  if (shared_experts)
+    ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
+  ctx.routing = router.forward(ctx.x, seq, training, aux_loss_scale, rank);
+  dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, ctx.routing);
+}
+
+void MoELayer::forward_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
+
+void MoELayer::forward_experts(Context& ctx) {
+  DispatchState& d = ctx.dispatch;
+  dispatcher_->dispatch_postprocess(d);
+  Tensor y = experts.forward(d.hidden, d.tokens_per_local_expert, std::move(d.probs), ctx.experts);
+  d.hidden = Tensor();
+  dispatcher_->combine_preprocess(d, std::move(y));
+}
+
+Tensor MoELayer::forward_combine(Context& ctx) {
+  dispatcher_->token_combine(ctx.dispatch);
+  Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
+  if (shared_experts) {
+    // Sum in FP32 then round once, whatever the dtype.
+    for (std::int64_t i = 0, n = out.numel(); i < n; ++i) out.set(i, out.get(i) + ctx.shared_output.get(i));
+  }
+  ctx.output = out.reshape(ctx.input_shape);
+  return ctx.output;
+}
+
+Tensor MoELayer::forward(const Tensor& x, Context& ctx, bool training) {
+  forward_route(ctx, x, training);
+  forward_dispatch(ctx);
+  forward_experts(ctx);
+  return forward_combine(ctx);
+}
+
+// ------------------------------------------------------------------------------ backward
+
+void MoELayer::backward_combine(Context& ctx, const Tensor& dy) {
+  if (dy.shape() != ctx.input_shape)
+    throw InputError(fmt::format("output gradient has shape {}; the output is {}",
+                                 shape_string(dy.shape()), shape_string(ctx.input_shape)));
+  const Tensor g = (dy.dtype() == spec_.dtype ? dy : dy.to(spec_.dtype)).reshape(ctx.x.shape());
+  if (shared_experts) ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, g, nullptr);
+  dispatcher_->combine_postprocess_backward(ctx.dispatch, g);
+  dispatcher_->token_combine_backward(ctx.dispatch);
+}
+
+void MoELayer::backward_experts(Context& ctx) {
+  DispatchState& d = ctx.dispatch;
+  dispatcher_->combine_preprocess_backward(d);
+  std::vector<float> dprobs;
+  Tensor dx = experts.backward_dgrad(ctx.experts, d.grad, &dprobs);
+  d.grad = Tensor();
+  dispatcher_->dispatch_postprocess_backward(d, std::move(dx), std::move(dprobs));
+}
+
+void MoELayer::backward_dispatch(Context& ctx) { dispatcher_->token_dispatch_backward(ctx.dispatch); }
+
+Tensor MoELayer::backward_route(Context& ctx) {
+  ctx.dprobs = Tensor({ctx.x.dim(0), spec_.num_experts}, DType::F32);
+  Tensor dx = dispatcher_->dispatch_preprocess_backward(ctx.dispatch, ctx.dprobs);
+  const Tensor dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
+  // dx = dispatch path + router path (+ shared expert), summed in FP32, rounded once.
+  for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) {
+    float v = dx.get(i) + dx_router.get(i);
+    if (shared_experts) v += ctx.dx_shared.get(i);
+    dx.set(i, v);
+  }
+  ctx.dx_shared = Tensor();
+  return dx.reshape(ctx.input_shape);
+}
+
+void MoELayer::backward_wgrad(Context& ctx) {
+  experts.backward_wgrad(ctx.experts);
+  if (shared_experts) shared_experts->backward_wgrad(ctx.shared);
+  router.backward_wgrad(ctx.routing);
+}
+
+Tensor MoELayer::backward(Context& ctx, const Tensor& dy) {
+  backward_combine(ctx, dy);
+  backward_experts(ctx);
+  backward_dispatch(ctx);
+  Tensor dx = backward_route(ctx);
+  backward_wgrad(ctx);
+  return dx;
+}
+
+}  // namespace epx

@@ -1,0 +1,142 @@
+#include "epx/safetensors.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "epx/error.hpp"
+
+namespace epx {
+namespace {
+
+// A header larger than this is not a tensor file (the reference implementation caps it at 100 MB).
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
+
+DType parse_dtype(const std::string& s, const std::string& name, const std::string& path) {
+  if (s == "F32") return DType::F32;
+  if (s == "BF16") return DType::BF16;
+  if (s == "I64") return DType::I64;
+  throw InputError(fmt::format(
+      "{}: tensor '{}' has dtype {}; epx reads F32, BF16 and I64 (convert it, e.g. "
+      "tensor.float() in PyTorch, before saving)",
+      path, name, s));
+}
+
+}  // namespace
+
+TensorMap read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open tensor file", path));
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0);
+  unsigned char len_bytes[8] = {};
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
+    throw InputError(fmt::format("{}: not a safetensors file ({} bytes, shorter than the 8-byte "
+                                 "header length)", path, file_size));
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes || 8 + header_len > file_size)
+    throw InputError(fmt::format("{}: corrupt safetensors file: header length {} does not fit in "
+                                 "the file's {} bytes", path, header_len, file_size));
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{}: corrupt safetensors header (not JSON): {}", path, e.what()));
+  }
+  if (!j.is_object()) throw InputError(fmt::format("{}: corrupt safetensors header (not a JSON object)", path));
+
+  const std::uint64_t data_size = file_size - 8 - header_len;
+  TensorMap out;
+  for (const auto& [name, info] : j.items()) {
+    if (name == "__metadata__") continue;
+    Shape shape;
+    std::uint64_t begin = 0, end = 0;
+    DType dtype;
+    try {
+      dtype = parse_dtype(info.at("dtype").get<std::string>(), name, path);
+      shape = info.at("shape").get<Shape>();
+      const auto offsets = info.at("data_offsets").get<std::vector<std::uint64_t>>();
+      if (offsets.size() != 2) throw InputError("data_offsets must have two entries");
+      begin = offsets[0];
+      end = offsets[1];
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(fmt::format("{}: corrupt entry for tensor '{}': {}", path, name, e.what()));
+    }
+    std::uint64_t count = 1;
+    for (auto d : shape) {
+      if (d < 0) throw InputError(fmt::format("{}: tensor '{}' has a negative dimension", path, name));
+      count *= static_cast<std::uint64_t>(d);
+    }
+    const std::uint64_t bytes = count * dtype_size(dtype);
+    if (begin > end || end > data_size || end - begin != bytes)
+      throw InputError(fmt::format(
+          "{}: corrupt safetensors file: tensor '{}' ({} {}) needs {} bytes but its data_offsets "
+          "[{}, {}] cover {} of the {} data bytes", path, name, dtype_name(dtype),
+          shape_string(shape), bytes, begin, end, end >= begin ? end - begin : 0, data_size));
+    Tensor t(shape, dtype);
+    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
+    if (!in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes)))
+      throw InputError(fmt::format("{}: could not read the data of tensor '{}'", path, name));
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const TensorMap& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", dtype_name(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw InputError(fmt::format("{}: cannot open for writing", tmp));
+    unsigned char len_bytes[8];
+    std::uint64_t len = text.size();
+    for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len_bytes), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, t] : tensors)
+      out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(tmp);
+      throw InputError(fmt::format("{}: write failed (disk full?)", tmp));
+    }
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+const Tensor& expect_tensor(const TensorMap& tensors, const std::string& name, const Shape& shape,
+                            const std::string& file) {
+  const auto it = tensors.find(name);
+  if (it == tensors.end())
+    throw InputError(fmt::format("{}: tensor '{}' is missing (expected shape {}); the file has {} "
+                                 "tensors, see the README's tensor layout", file, name,
+                                 shape_string(shape), tensors.size()));
+  const Tensor& t = it->second;
+  if (t.dtype() == DType::I64)
+    throw InputError(fmt::format("{}: tensor '{}' is I64; expected F32 or BF16", file, name));
+  if (t.shape() != shape)
+    throw InputError(fmt::format("{}: tensor '{}' has shape {}; expected {}", file, name,
+                                 shape_string(t.shape()), shape_string(shape)));
+  return t;
+}
+
+}  // namespace epx

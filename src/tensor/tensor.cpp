@@ -1,0 +1,164 @@
+#include "epx/tensor.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace epx {
+namespace {
+
+constexpr std::size_t kAlignment = 64;  // a cache line; what AVX-512 loads and oneDNN like
+
+std::atomic<std::int64_t> g_allocated{0};
+std::atomic<std::int64_t> g_max_allocated{0};
+
+void account(std::int64_t delta) {
+  const std::int64_t now = g_allocated.fetch_add(delta) + delta;
+  std::int64_t peak = g_max_allocated.load();
+  while (now > peak && !g_max_allocated.compare_exchange_weak(peak, now)) {
+  }
+}
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<std::uint16_t>() { return DType::BF16; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::I64; }
+
+}  // namespace
+
+std::size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+std::string shape_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+Tensor::Storage::Storage(std::size_t n) : bytes(n) {
+  const std::size_t rounded = (n + kAlignment - 1) / kAlignment * kAlignment;
+  data = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  std::memset(data, 0, rounded == 0 ? kAlignment : rounded);
+  account(static_cast<std::int64_t>(bytes));
+}
+
+Tensor::Storage::~Storage() {
+  std::free(data);
+  account(-static_cast<std::int64_t>(bytes));
+}
+
+Tensor::Tensor(Shape shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
+  for (auto d : shape_)
+    if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_string(shape_));
+  storage_ = std::make_shared<Storage>(nbytes());
+}
+
+std::int64_t Tensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return n;
+}
+
+template <class T> T* Tensor::data() {
+  if (dtype_ != dtype_of<T>())
+    throw std::logic_error(fmt::format("tensor is {}, accessed as {}", dtype_name(dtype_),
+                                       dtype_name(dtype_of<T>())));
+  return static_cast<T*>(raw());
+}
+template <class T> const T* Tensor::data() const { return const_cast<Tensor*>(this)->data<T>(); }
+template float* Tensor::data<float>();
+template std::uint16_t* Tensor::data<std::uint16_t>();
+template std::int64_t* Tensor::data<std::int64_t>();
+template const float* Tensor::data<float>() const;
+template const std::uint16_t* Tensor::data<std::uint16_t>() const;
+template const std::int64_t* Tensor::data<std::int64_t>() const;
+
+float Tensor::get(std::int64_t i) const {
+  switch (dtype_) {
+    case DType::F32: return static_cast<const float*>(raw())[i];
+    case DType::BF16: return bf16_to_float(static_cast<const std::uint16_t*>(raw())[i]);
+    case DType::I64: return static_cast<float>(static_cast<const std::int64_t*>(raw())[i]);
+  }
+  return 0.f;
+}
+
+void Tensor::set(std::int64_t i, float v) {
+  switch (dtype_) {
+    case DType::F32: static_cast<float*>(raw())[i] = v; break;
+    case DType::BF16: static_cast<std::uint16_t*>(raw())[i] = float_to_bf16(v); break;
+    case DType::I64: static_cast<std::int64_t*>(raw())[i] = static_cast<std::int64_t>(v); break;
+  }
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  if (t.numel() != numel())
+    throw std::invalid_argument(fmt::format("cannot reshape {} to {}", shape_string(shape_),
+                                            shape_string(t.shape_)));
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(shape_, dtype_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType d) const {
+  if (d == dtype_) return clone();
+  Tensor t(shape_, d);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::fill(float v) {
+  for (std::int64_t i = 0, n = numel(); i < n; ++i) set(i, v);
+}
+
+void Tensor::zero() { std::memset(raw(), 0, nbytes()); }
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel() != numel())
+    throw std::invalid_argument(fmt::format("copy of {} into {}", shape_string(src.shape_),
+                                            shape_string(shape_)));
+  if (src.dtype_ == dtype_) {
+    std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  const std::int64_t n = numel();
+  if (src.dtype_ == DType::F32 && dtype_ == DType::BF16) {
+    const float* s = src.data<float>();
+    std::uint16_t* d = data<std::uint16_t>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+  } else if (src.dtype_ == DType::BF16 && dtype_ == DType::F32) {
+    const std::uint16_t* s = src.data<std::uint16_t>();
+    float* d = data<float>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) set(i, src.get(i));
+  }
+}
+
+MemoryStats memory_stats() { return {g_allocated.load(), g_max_allocated.load()}; }
+
+void reset_peak_memory() { g_max_allocated.store(g_allocated.load()); }
+
+}  // namespace epx

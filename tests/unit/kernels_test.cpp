@@ -1,0 +1,186 @@
+// Kernels against naive references and finite differences.
+#include <gtest/gtest.h>
+
+#include "epx/kernels.hpp"
+#include "gradcheck.hpp"
+
+namespace epx {
+namespace {
+
+using test::dot;
+using test::expect_directional_derivative;
+using test::randn;
+
+// C = op(A) op(B) by loops in double.
+Tensor naive_gemm(const Tensor& a, Trans ta, const Tensor& b, Trans tb) {
+  const std::int64_t m = ta == Trans::N ? a.dim(0) : a.dim(1), k = ta == Trans::N ? a.dim(1) : a.dim(0);
+  const std::int64_t n = tb == Trans::N ? b.dim(1) : b.dim(0);
+  Tensor c({m, n}, DType::F32);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t l = 0; l < k; ++l)
+        s += static_cast<double>(ta == Trans::N ? a.get(i * a.dim(1) + l) : a.get(l * a.dim(1) + i)) *
+             (tb == Trans::N ? b.get(l * b.dim(1) + j) : b.get(j * b.dim(1) + l));
+      c.set(i * n + j, static_cast<float>(s));
+    }
+  return c;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double tol) {
+  ASSERT_EQ(got.shape(), want.shape());
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_NEAR(got.get(i), want.get(i), tol * (1 + std::abs(want.get(i)))) << "element " << i;
+}
+
+TEST(Gemm, MatchesNaiveForEveryTransposeAndDtype) {
+  const std::int64_t m = 7, k = 33, n = 5;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (Trans ta : {Trans::N, Trans::T})
+      for (Trans tb : {Trans::N, Trans::T}) {
+        const Tensor a = randn(ta == Trans::N ? Shape{m, k} : Shape{k, m}, 1, 1.0, dt);
+        const Tensor b = randn(tb == Trans::N ? Shape{k, n} : Shape{n, k}, 2, 1.0, dt);
+        Tensor c({m, n}, DType::F32);
+        gemm(mat(a), ta, mat(b), tb, mat_mut(c));
+        // BF16 inputs are exact in the reference too (same rounded values); accumulation is FP32.
+        expect_close(c, naive_gemm(a, ta, b, tb), 1e-5);
+        gemm(mat(a), ta, mat(b), tb, mat_mut(c), /*accumulate=*/true);
+        Tensor twice = naive_gemm(a, ta, b, tb);
+        for (std::int64_t i = 0; i < twice.numel(); ++i) twice.set(i, 2 * twice.get(i));
+        expect_close(c, twice, 1e-5);
+      }
+}
+
+TEST(Gemm, Bf16OutputRoundsTheFp32Result) {
+  const Tensor a = randn({4, 64}, 3, 1.0, DType::BF16), b = randn({64, 6}, 4, 1.0, DType::BF16);
+  Tensor c({4, 6}, DType::BF16);
+  gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c));
+  const Tensor want = naive_gemm(a, Trans::N, b, Trans::N);
+  for (std::int64_t i = 0; i < c.numel(); ++i) EXPECT_NEAR(c.get(i), want.get(i), 1e-2 * (1 + std::abs(want.get(i))));
+}
+
+TEST(Gemm, ShapeMismatchThrows) {
+  const Tensor a = randn({4, 8}, 1), b = randn({9, 3}, 2);
+  Tensor c({4, 3}, DType::F32);
+  EXPECT_THROW(gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c)), std::invalid_argument);
+}
+
+TEST(Gemm, ReportsTheRuntimeIsa) {
+  EXPECT_FALSE(gemm_isa().empty());
+  EXPECT_FALSE(gemm_impl(DType::BF16).empty());
+}
+
+TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
+  const std::vector<std::int64_t> counts{3, 0, 5, 1};
+  const std::int64_t k = 16, n = 8, rows = 9;
+  const Tensor x = randn({rows, k}, 5), w = randn({4, n, k}, 6);
+  Tensor y({rows, n}, DType::F32), dw({4, n, k}, DType::F32);
+  std::vector<GemmProblem> fwd, wgrad;
+  std::int64_t r0 = 0;
+  for (std::int64_t g = 0; g < 4; ++g) {
+    fwd.push_back({mat(x, r0, counts[g]), expert_mat(w, g), mat_mut(y, r0, counts[g])});
+    wgrad.push_back({mat(y, r0, counts[g]), mat(x, r0, counts[g]), expert_mat_mut(dw, g)});
+    r0 += counts[g];
+  }
+  grouped_gemm(fwd, Trans::N, Trans::T);
+  grouped_gemm(wgrad, Trans::T, Trans::N, true);
+  r0 = 0;
+  for (std::int64_t g = 0; g < 4; ++g) {
+    Tensor xg({counts[g], k}, DType::F32), wg({n, k}, DType::F32);
+    for (std::int64_t i = 0; i < counts[g] * k; ++i) xg.set(i, x.get(r0 * k + i));
+    for (std::int64_t i = 0; i < n * k; ++i) wg.set(i, w.get(g * n * k + i));
+    const Tensor yg = naive_gemm(xg, Trans::N, wg, Trans::T);
+    for (std::int64_t i = 0; i < counts[g] * n; ++i) EXPECT_NEAR(y.get(r0 * n + i), yg.get(i), 1e-4);
+    const Tensor dwg = naive_gemm(yg, Trans::T, xg, Trans::N);  // zero for the empty group
+    for (std::int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(dw.get(g * n * k + i), dwg.get(i), 1e-3);
+    r0 += counts[g];
+  }
+}
+
+TEST(SwiGlu, GradientsMatchFiniteDifferences) {
+  const std::int64_t m = 5, f = 6;
+  Tensor h = randn({m, 2 * f}, 7), probs = randn({m}, 8, 0.5), g = randn({m, f}, 9);
+  auto loss = [&] {
+    Tensor out({m, f}, DType::F32);
+    swiglu_forward(h, probs.data<float>(), out);
+    return dot(out, g);
+  };
+  Tensor dh({m, 2 * f}, DType::F32), dprobs({m}, DType::F32);
+  swiglu_backward(h, probs.data<float>(), g, dh, dprobs.data<float>());
+  expect_directional_derivative(loss, h, dh, 10, "swiglu dh");
+  expect_directional_derivative(loss, probs, dprobs, 11, "swiglu dprobs");
+}
+
+TEST(Softmax, BackwardMatchesFiniteDifferences) {
+  const std::int64_t r = 3, c = 7;
+  Tensor x = randn({r, c}, 12), g = randn({r, c}, 13);
+  auto loss = [&] {
+    Tensor y({r, c}, DType::F32);
+    softmax_rows(x.data<float>(), y.data<float>(), r, c);
+    return dot(y, g);
+  };
+  Tensor y({r, c}, DType::F32), dx({r, c}, DType::F32);
+  softmax_rows(x.data<float>(), y.data<float>(), r, c);
+  softmax_backward_rows(y.data<float>(), g.data<float>(), dx.data<float>(), r, c);
+  expect_directional_derivative(loss, x, dx, 14, "softmax dx");
+}
+
+TEST(TopK, LargestFirstAndTiesGoToTheLowerIndex) {
+  const std::vector<float> x{0.5f, 2.f, 2.f, -1.f, 3.f};
+  std::vector<std::int32_t> idx(3);
+  topk_rows(x.data(), 1, 5, 3, idx.data());
+  EXPECT_EQ(idx, (std::vector<std::int32_t>{4, 1, 2}));
+}
+
+TEST(RmsNorm, DgradAndWgradMatchFiniteDifferences) {
+  const std::int64_t t = 4, h = 8;
+  Tensor x = randn({t, h}, 15), gamma = randn({h}, 16), g = randn({t, h}, 17);
+  auto loss = [&] {
+    Tensor y({t, h}, DType::F32), rstd({t}, DType::F32);
+    rmsnorm_forward(x, gamma, 1e-6f, y, rstd);
+    return dot(y, g);
+  };
+  Tensor y({t, h}, DType::F32), rstd({t}, DType::F32), dx({t, h}, DType::F32), dgamma({h}, DType::F32);
+  rmsnorm_forward(x, gamma, 1e-6f, y, rstd);
+  rmsnorm_dgrad(x, gamma, rstd, g, dx);
+  rmsnorm_wgrad(x, rstd, g, dgamma);
+  expect_directional_derivative(loss, x, dx, 18, "rmsnorm dx");
+  expect_directional_derivative(loss, gamma, dgamma, 19, "rmsnorm dgamma");
+}
+
+TEST(CrossEntropy, ValueAndGradient) {
+  const std::int64_t t = 3, v = 5;
+  Tensor logits = randn({t, v}, 20), targets({t}, DType::I64), lse({t}, DType::F32);
+  for (std::int64_t i = 0; i < t; ++i) targets.data<std::int64_t>()[i] = (i * 2) % v;
+  // A uniform distribution costs log(V).
+  Tensor flat({t, v}, DType::F32);
+  EXPECT_NEAR(cross_entropy_forward(flat, targets, lse), std::log(5.0), 1e-6);
+  auto loss = [&] { return cross_entropy_forward(logits, targets, lse); };
+  Tensor dlogits({t, v}, DType::F32);
+  loss();
+  cross_entropy_backward(logits, targets, lse, 1.f, dlogits);
+  expect_directional_derivative(loss, logits, dlogits, 21, "cross-entropy dlogits");
+  targets.data<std::int64_t>()[0] = v;
+  EXPECT_THROW(loss(), std::invalid_argument);
+}
+
+TEST(Permute, ExpertMajorRoundTripAndAdjoint) {
+  // 4 tokens, 3 experts, 2 routes each.
+  const std::vector<std::uint8_t> map{1, 1, 0,  0, 1, 1,  1, 0, 1,  0, 1, 1};
+  const Permutation p = make_permutation(map.data(), 4, 3);
+  EXPECT_EQ(p.tokens_per_expert, (std::vector<std::int64_t>{2, 3, 3}));
+  EXPECT_EQ(p.row_token, (std::vector<std::int64_t>{0, 2, 0, 1, 3, 1, 2, 3}));
+  const Tensor x = randn({4, 6}, 22);
+  Tensor rows({8, 6}, DType::F32), back({4, 6}, DType::F32);
+  permute_rows(x, p, rows);
+  unpermute_rows(rows, p, back);
+  for (std::int64_t i = 0; i < x.numel(); ++i) EXPECT_FLOAT_EQ(back.get(i), 2 * x.get(i));  // k copies summed
+  // unpermute is the adjoint (the backward) of permute: <P x, y> = <x, P^T y>.
+  const Tensor y = randn({8, 6}, 23);
+  Tensor pty({4, 6}, DType::F32);
+  unpermute_rows(y, p, pty);
+  EXPECT_NEAR(dot(rows, y), dot(x, pty), 1e-4);
+}
+
+}  // namespace
+}  // namespace epx
