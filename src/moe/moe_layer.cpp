@@ -121,7 +121,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training) {
     throw InputError(fmt::format("MoE layer input has shape {}; expected [S, B, {}] or [T, {}]",
                                  shape_string(x.shape()), spec_.hidden, spec_.hidden));
   ctx.input_shape = x.shape();
-  const std::int64_t seq = x.rank() == 3 ? x.dim(0) : x.dim(0);
+  const std::int64_t seq = x.dim(0);  // S of [S, B, H]; T of [T, H] (one sequence)
   ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
   // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
   if (shared_experts)

@@ -31,7 +31,7 @@ inline double dot(const Tensor& a, const Tensor& b) {
 // reads (after `changed()`, e.g. a refresh of compute copies). Restores p.
 inline void expect_directional_derivative(const std::function<double()>& f, Tensor& p,
                                           const Tensor& grad, std::uint64_t seed, const char* what,
-                                          double eps = 1e-3, double rtol = 2e-3,
+                                          double eps = 1e-3, double rtol = 2e-3, double atol = 1e-3,
                                           const std::function<void()>& changed = [] {}) {
   const Tensor dir = randn(p.shape(), seed);
   const Tensor saved = p.clone();
@@ -44,7 +44,7 @@ inline void expect_directional_derivative(const std::function<double()>& f, Tens
   p.copy_from(saved);
   changed();
   const double analytic = dot(grad, dir);
-  EXPECT_NEAR(fd, analytic, rtol * std::max(1.0, std::abs(analytic)))
+  EXPECT_NEAR(fd, analytic, rtol * std::abs(analytic) + atol)
       << what << ": finite difference " << fd << " vs analytic " << analytic;
 }
 
