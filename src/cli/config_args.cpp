@@ -38,6 +38,8 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("config", positional,
                  "RECIPE (name in recipes/) or FILE (YAML, including a Megatron-Bridge dump), "
                  "then overrides: section.key=value, +key=value, ~key");
+  app.add_option("--config", config_file, "RECIPE or FILE, as an option (then every positional "
+                 "argument is an override)");
   const char* group = "Performance-harness flags (win over dotted overrides)";
   app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp")->group(group);
   app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->group(group);
@@ -75,10 +77,11 @@ void ConfigArgs::add_to(CLI::App& app) {
 
 
 Config ConfigArgs::load() const {
-  if (positional.empty())
+  if (positional.empty() && !config_file)
     throw ConfigError("no config given: name a recipe (see `epx config list`) or a YAML file");
-  Config cfg = load_config_file(resolve_recipe(positional.front()));
-  for (size_t i = 1; i < positional.size(); ++i) apply_override(cfg, positional[i]);
+  const std::size_t first_override = config_file ? 0 : 1;
+  Config cfg = load_config_file(resolve_recipe(config_file ? *config_file : positional.front()));
+  for (size_t i = first_override; i < positional.size(); ++i) apply_override(cfg, positional[i]);
   HarnessFlags f = flags;
   if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
   apply_harness_flags(cfg, f);

@@ -12,7 +12,8 @@
 namespace epx::cli {
 
 struct ConfigArgs {
-  std::vector<std::string> positional;  // RECIPE|FILE then overrides
+  std::vector<std::string> positional;  // RECIPE|FILE then overrides (only overrides with --config)
+  OptString config_file;                // --config C: the recipe or file, named by option
   HarnessFlags flags;
   std::string moe_a2a_overlap;  // as typed; parsed like the harness's str2bool
   OptString torch_version, te_version;

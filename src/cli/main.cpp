@@ -1,11 +1,13 @@
-// `epx`: the command-line front end. Subcommands: check, config.
+// `epx`: the command-line front end. Subcommands: check, config, layer.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/config_args.hpp"
+#include "cli/layer_command.hpp"
 #include "epx/check.hpp"
+#include "epx/error.hpp"
 
 namespace epx::cli {
 namespace {
@@ -56,6 +58,11 @@ int main(int argc, char** argv) {
   show_args.add_to(*show);
   auto* list = config->add_subcommand("list", "list the shipped recipes");
 
+  LayerArgs layer_args;
+  auto* layer = app.add_subcommand(
+      "layer", "run one MoE layer forward (and backward) on safetensors files");
+  layer_args.add_to(*layer);
+
   try {
     auto args = normalize_harness_flags(argc, argv);
     app.parse(args);
@@ -71,11 +78,15 @@ int main(int argc, char** argv) {
   try {
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
+    if (*layer) return run_layer_command(layer_args);
     if (*list) {
       for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
       return 0;
     }
   } catch (const epx::ConfigError& e) {
+    std::cerr << "epx: error: " << e.what() << "\n";
+    return kUnusable;
+  } catch (const epx::InputError& e) {
     std::cerr << "epx: error: " << e.what() << "\n";
     return kUnusable;
   } catch (const std::exception& e) {

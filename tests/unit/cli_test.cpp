@@ -138,3 +138,47 @@ TEST(Cli, BridgeDumpGetsOneNote) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string tmp(const std::string& name) {
+  return "/tmp/epx_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+TEST(CliLayer, InitSeedThenReadingTheFilesBackGivesTheSameResult) {
+  const std::string w = tmp("w.safetensors"), x = tmp("x.safetensors"), g = tmp("g.safetensors");
+  const std::string common = " qwen3_30b_a3b_proxy model.seq_length=32 --weights " + w + " --input " + x +
+                             " --grad-output " + g;
+  const Result first = run("layer" + common + " --init-seed 3 --out " + tmp("o1.safetensors"));
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_TRUE(has(first, "tokens per expert")) << first.out;
+  const Result second = run("layer" + common + " --out " + tmp("o2.safetensors"));
+  ASSERT_EQ(second.code, 0) << second.out;
+  std::ifstream a(tmp("o1.safetensors"), std::ios::binary), b(tmp("o2.safetensors"), std::ios::binary);
+  const std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(sa.empty());
+  EXPECT_EQ(sa, sb);
+  // A file for another shape is refused with the tensor's name; nothing is written.
+  const Result bad = run("layer qwen3_30b_a3b_proxy model.seq_length=16 --weights " + w + " --input " +
+                         x + " --out " + tmp("o3.safetensors"));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_TRUE(has(bad, "tensor 'input' has shape [32, 1, 256]; expected [16, 1, 256]")) << bad.out;
+  EXPECT_FALSE(std::ifstream(tmp("o3.safetensors")).good());
+  const Result wrong = run("layer qwen3_30b_a3b_proxy model.hidden_size=128 --weights " + w +
+                           " --input " + x + " --out " + tmp("o3.safetensors"));
+  EXPECT_EQ(wrong.code, 2) << wrong.out;
+  EXPECT_TRUE(has(wrong, "tensor 'mlp.router.weight' has shape [16, 256]; expected [16, 128]")) << wrong.out;
+  const Result missing = run("layer qwen3_30b_a3b_proxy --weights " + tmp("nope") + " --input " + x +
+                             " --out " + tmp("o3.safetensors"));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_TRUE(has(missing, "cannot open tensor file")) << missing.out;
+  for (const auto& f : {w, x, g, tmp("o1.safetensors"), tmp("o2.safetensors")}) std::remove(f.c_str());
+}
+
+TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
+  const Result r = run("layer --config qwen3_30b_a3b_proxy model.moe_router_topk=40 --weights a --input b --out c");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "model.moe_router_topk=40")) << r.out;
+}
+
+}  // namespace
