@@ -309,3 +309,61 @@ TEST(MoELayer, RejectsInputOfTheWrongShapeOrDtype) {
 
 }  // namespace
 }  // namespace epx
+
+namespace epx {
+namespace {
+
+// An independent forward: per token, loop over its top-k experts and the shared expert, in double.
+std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoESpec& s) {
+  const std::int64_t t_count = x.numel() / s.hidden, h = s.hidden;
+  auto mlp = [&](const Tensor& w1, const Tensor& w2, std::int64_t f, std::int64_t t, double prob,
+                 std::vector<double>& out) {
+    std::vector<double> act(static_cast<std::size_t>(f));
+    for (std::int64_t j = 0; j < f; ++j) {
+      double g = 0, u = 0;
+      for (std::int64_t i = 0; i < h; ++i) {
+        g += static_cast<double>(w1.get(j * h + i)) * x.get(t * h + i);
+        u += static_cast<double>(w1.get((f + j) * h + i)) * x.get(t * h + i);
+      }
+      act[static_cast<std::size_t>(j)] = g / (1 + std::exp(-g)) * u * prob;
+    }
+    for (std::int64_t i = 0; i < h; ++i)
+      for (std::int64_t j = 0; j < f; ++j) out[static_cast<std::size_t>(t * h + i)] += w2.get(i * f + j) * act[static_cast<std::size_t>(j)];
+  };
+  std::vector<double> out(static_cast<std::size_t>(t_count * h), 0.0);
+  const Tensor& router = w.at("mlp.router.weight");
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    std::vector<double> logits(static_cast<std::size_t>(s.num_experts));
+    for (std::int64_t e = 0; e < s.num_experts; ++e)
+      for (std::int64_t i = 0; i < h; ++i) logits[static_cast<std::size_t>(e)] += static_cast<double>(router.get(e * h + i)) * x.get(t * h + i);
+    std::vector<std::int64_t> order(static_cast<std::size_t>(s.num_experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)]; });
+    double z = 0;
+    for (int i = 0; i < s.topk; ++i) z += std::exp(logits[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])]);
+    for (int i = 0; i < s.topk; ++i) {
+      const std::int64_t e = order[static_cast<std::size_t>(i)];
+      mlp(w.at("mlp.experts.linear_fc1.weight" + std::to_string(e)),
+          w.at("mlp.experts.linear_fc2.weight" + std::to_string(e)), s.ffn, t,
+          std::exp(logits[static_cast<std::size_t>(e)]) / z, out);
+    }
+    if (s.shared_ffn)
+      mlp(w.at("mlp.shared_experts.linear_fc1.weight"), w.at("mlp.shared_experts.linear_fc2.weight"),
+          s.shared_ffn, t, 1.0, out);
+  }
+  return out;
+}
+
+TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
+  const MoESpec spec = small_spec();
+  MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
+  layer.init_weights(11);
+  const Tensor x = randn({8, 2, 16}, 12);
+  MoELayer::Context ctx;
+  const Tensor y = layer.forward(x, ctx);
+  const auto want = naive_forward(layer.weight_tensors(), x, spec);
+  for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i;
+}
+
+}  // namespace
+}  // namespace epx
