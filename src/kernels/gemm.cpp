@@ -2,7 +2,9 @@
 // tiles where the CPU has them, AVX-512 BF16 dot products otherwise, FP32 FMA for FP32.
 // Strided memory descriptors express the transposes, so no operand is ever copied.
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <vector>
 #include <stdexcept>
 #include <tuple>
 
@@ -24,13 +26,17 @@ dt to_dnnl(DType d) {
   }
 }
 
+// One engine; a stream per thread, since grouped GEMMs run groups on several threads at once.
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
 };
 Engine& engine() {
   static Engine e;
   return e;
+}
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream s{engine().engine};
+  return s;
 }
 
 // The logical [rows, cols] of op(X) for X stored row-major [r, c].
@@ -88,8 +94,9 @@ void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, 
   dnnl::memory ma(md_a, e.engine, const_cast<void*>(a.data));
   dnnl::memory mb(md_b, e.engine, const_cast<void*>(b.data));
   dnnl::memory mc(md_c, e.engine, c.data);
-  mm.execute(e.stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-  e.stream.wait();
+  dnnl::stream& stream = thread_stream();
+  mm.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  stream.wait();
 }
 
 }  // namespace
@@ -124,7 +131,22 @@ void gemm(MatRef a, Trans ta, MatRef b, Trans tb, MatMut c, bool accumulate) {
 }
 
 void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, bool accumulate) {
-  for (const auto& p : problems) run(p.a, ta, p.b, tb, p.c, accumulate);
+  // Small per-expert GEMMs split poorly across cores, so the groups themselves are spread over
+  // the threads, largest first; inside an OpenMP region oneDNN runs each GEMM on the calling
+  // thread. Every group is still one single-threaded GEMM wherever it runs: deterministic.
+  std::vector<std::size_t> order(problems.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto work = [&](std::size_t i) {
+    const auto& p = problems[i];
+    return static_cast<double>(p.a.rows) * static_cast<double>(p.a.cols) * static_cast<double>(p.b.rows * p.b.cols);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work(a) > work(b); });
+  const auto n = static_cast<std::int64_t>(order.size());
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto& p = problems[order[static_cast<std::size_t>(i)]];
+    run(p.a, ta, p.b, tb, p.c, accumulate);
+  }
 }
 
 std::string gemm_isa() {

@@ -1,0 +1,104 @@
+// Grouped expert GEMM against one dense GEMM of the same FLOPs, and the MoE layer's forward +
+// backward time per token. Figures and commands: bench/RESULTS.md.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "epx/kernels.hpp"
+#include "epx/moe_layer.hpp"
+#include "epx/random.hpp"
+
+namespace epx {
+namespace {
+
+Tensor filled(Shape shape, DType dtype, std::uint64_t seed) {
+  Tensor t(std::move(shape), dtype);
+  const CounterRng rng(seed, 0);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(0.1 * rng.normal(static_cast<std::uint64_t>(i))));
+  return t;
+}
+
+DType dtype_arg(std::int64_t v) { return v ? DType::BF16 : DType::F32; }
+
+// The experts' fc1 GEMM: `tokens` rows spread evenly over `experts`, each [m, H] x [H, 2F].
+// args: experts, tokens, hidden, ffn, bf16
+void BM_GroupedGemm(benchmark::State& state) {
+  const std::int64_t e = state.range(0), t = state.range(1), h = state.range(2), f = state.range(3);
+  const DType dt = dtype_arg(state.range(4));
+  const Tensor x = filled({t, h}, dt, 1), w = filled({e, 2 * f, h}, dt, 2);
+  Tensor y({t, 2 * f}, dt);
+  std::vector<GemmProblem> problems;
+  for (std::int64_t g = 0, r0 = 0; g < e; ++g) {
+    const std::int64_t n = t / e + (g < t % e ? 1 : 0);
+    problems.push_back({mat(x, r0, n), expert_mat(w, g), mat_mut(y, r0, n)});
+    r0 += n;
+  }
+  for (auto _ : state) grouped_gemm(problems, Trans::N, Trans::T);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * t * h * 2 * f * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens/expert"] = static_cast<double>(t) / static_cast<double>(e);
+}
+
+// One dense [tokens, H] x [H, 2F] GEMM: the same FLOPs as the grouped one.
+void BM_DenseGemm(benchmark::State& state) {
+  const std::int64_t t = state.range(1), h = state.range(2), f = state.range(3);
+  const DType dt = dtype_arg(state.range(4));
+  const Tensor x = filled({t, h}, dt, 1), w = filled({2 * f, h}, dt, 2);
+  Tensor y({t, 2 * f}, dt);
+  for (auto _ : state) gemm(mat(x), Trans::N, mat(w), Trans::T, mat_mut(y));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * t * h * 2 * f * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"E", "T", "H", "F", "bf16"});
+  for (std::int64_t bf16 : {0, 1}) {
+    b->Args({8, 1024, 512, 256, bf16});     // 128 tokens per expert
+    b->Args({128, 1024, 512, 256, bf16});   // 8
+    b->Args({32, 4096, 1024, 768, bf16});   // 128
+    b->Args({128, 8192, 1024, 512, bf16});  // 64
+    b->Args({128, 4096, 2048, 1536, bf16}); // 32
+    b->Args({16, 2048, 2048, 1536, bf16});  // 128
+    b->Args({64, 16384, 2048, 1536, bf16}); // 256
+  }
+  b->Unit(benchmark::kMillisecond)->MinTime(0.3);
+}
+BENCHMARK(BM_GroupedGemm)->Apply(gemm_shapes);
+BENCHMARK(BM_DenseGemm)->Apply(gemm_shapes);
+
+// One MoE layer forward + backward (dgrad and wgrad), dropless, with a shared expert.
+// args: tokens, hidden, experts, topk, ffn, bf16
+void BM_MoELayerForwardBackward(benchmark::State& state) {
+  MoESpec s;
+  s.seq_length = state.range(0);
+  s.hidden = state.range(1);
+  s.num_experts = state.range(2);
+  s.topk = static_cast<int>(state.range(3));
+  s.ffn = state.range(4);
+  s.shared_ffn = s.ffn;
+  s.dtype = dtype_arg(state.range(5));
+  s.aux_loss_coeff = 1e-3;
+  MoELayer layer(s, make_local_dispatcher(s.num_experts));
+  layer.init_weights(1);
+  const Tensor x = filled({s.seq_length, 1, s.hidden}, s.dtype, 3), dy = filled(x.shape(), s.dtype, 4);
+  reset_peak_memory();
+  for (auto _ : state) {
+    MoELayer::Context ctx;
+    layer.forward(x, ctx);
+    benchmark::DoNotOptimize(layer.backward(ctx, dy));
+  }
+  const double per_step = static_cast<double>(s.seq_length);
+  state.counters["us/token"] = benchmark::Counter(per_step * 1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["peak_MB"] = static_cast<double>(memory_stats().max_allocated_bytes) / 1e6;
+}
+BENCHMARK(BM_MoELayerForwardBackward)
+    ->ArgNames({"T", "H", "E", "k", "F", "bf16"})
+    ->Args({256, 256, 16, 4, 128, 0})  // the proxy recipes' layer
+    ->Args({256, 256, 16, 4, 128, 1})
+    ->Args({2048, 1024, 32, 4, 512, 0})
+    ->Args({2048, 1024, 32, 4, 512, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+}  // namespace
+}  // namespace epx
+
+BENCHMARK_MAIN();
