@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main-job command. Until the training runtime lands, the main job is the
-# pre-flight check of a shipped recipe and its resolved configuration.
+# pre-flight check of a shipped recipe with its resolved configuration, then one MoE layer of the
+# proxy recipe forward + backward on this machine (files under runs/layer/).
 #   bash scripts/run.sh [RECIPE] [overrides and harness flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +16,10 @@ status=0
 echo
 echo "== epx config show $recipe $*"
 ./build/epx config show "$recipe" "$@"
+echo
+echo "== epx layer qwen3_30b_a3b_proxy: one MoE layer, forward + backward (runs/layer/)"
+mkdir -p runs/layer
+./build/epx layer qwen3_30b_a3b_proxy --init-seed 1234 --weights runs/layer/weights.safetensors \
+  --input runs/layer/input.safetensors --grad-output runs/layer/grad_output.safetensors \
+  --out runs/layer/out.safetensors
 exit "$status"

@@ -36,6 +36,7 @@ MoESpec small_spec() {
 struct Case {
   std::string name;
   std::function<void(MoESpec&)> edit;
+  std::function<void(MoELayer&)> prepare = [](MoELayer&) {};
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -50,6 +51,7 @@ void check_layer_gradients(const Case& c, bool losses_only) {
   layer.init_weights(42);
   if (spec.expert_bias)
     for (std::int64_t j = 0; j < spec.num_experts; ++j) layer.router.expert_bias.set(j, 0.05f * static_cast<float>(j % 3));
+  c.prepare(layer);
   Tensor x = randn({spec.seq_length, spec.micro_batch, spec.hidden}, 1);
   Tensor g = randn(x.shape(), 2);
   if (losses_only) g.zero();
@@ -58,8 +60,15 @@ void check_layer_gradients(const Case& c, bool losses_only) {
   MoELayer::Context ctx;
   layer.forward(x, ctx);
   const auto base_map = ctx.routing.routing_map;
+  const bool expert0_idle = ctx.routing.tokens_per_expert[0] == 0;
   layer.zero_grad();
   const Tensor dx = layer.backward(ctx, g);
+  if (expert0_idle) {  // an expert without tokens: a zero-row group, zero gradients
+    const TensorMap grads = layer.grad_tensors();
+    for (const char* n : {"grad.mlp.experts.linear_fc1.weight0", "grad.mlp.experts.linear_fc2.weight0"})
+      EXPECT_EQ(dot(grads.at(n), grads.at(n)), 0.0) << n;
+  }
+  if (c.name == "expert_with_zero_tokens") EXPECT_TRUE(expert0_idle);
 
   auto loss = [&] {
     MoELayer::Context c;
@@ -98,6 +107,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"seq_aux_loss", [](MoESpec& s) { s.load_balancing = "seq_aux_loss"; }},
         Case{"top1_no_shared", [](MoESpec& s) { s.topk = 1; s.shared_ffn = 0; }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
+        // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
+        Case{"expert_with_zero_tokens",
+             [](MoESpec& s) {
+               s.score_function = "sigmoid";
+               s.expert_bias = true;
+             },
+             [](MoELayer& l) {
+               l.router.expert_bias.set(0, -10.f);
+               l.router.expert_bias.set(1, 10.f);
+             }},
         Case{"capacity_pad_position",
              [](MoESpec& s) {
                s.capacity_factor = 0.75;
