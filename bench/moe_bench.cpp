@@ -6,6 +6,7 @@
 
 #include "epx/kernels.hpp"
 #include "epx/moe_layer.hpp"
+#include "epx/omp_env.hpp"
 #include "epx/random.hpp"
 
 namespace epx {
@@ -59,7 +60,7 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
     b->Args({16, 2048, 2048, 1536, bf16});  // 128
     b->Args({64, 16384, 2048, 1536, bf16}); // 256
   }
-  b->Unit(benchmark::kMillisecond)->MinTime(0.3);
+  b->Unit(benchmark::kMillisecond)->MinTime(0.3)->UseRealTime();
 }
 BENCHMARK(BM_GroupedGemm)->Apply(gemm_shapes);
 BENCHMARK(BM_DenseGemm)->Apply(gemm_shapes);
@@ -96,9 +97,17 @@ BENCHMARK(BM_MoELayerForwardBackward)
     ->Args({2048, 1024, 32, 4, 512, 0})
     ->Args({2048, 1024, 32, 4, 512, 1})
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.5);
+    ->MinTime(0.5)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace epx
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  epx::cap_openmp_spin(argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

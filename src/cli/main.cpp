@@ -8,6 +8,7 @@
 #include "cli/layer_command.hpp"
 #include "epx/check.hpp"
 #include "epx/error.hpp"
+#include "epx/omp_env.hpp"
 
 namespace epx::cli {
 namespace {
@@ -39,6 +40,7 @@ int run_config_show(const ConfigArgs& args) {
 }  // namespace epx::cli
 
 int main(int argc, char** argv) {
+  epx::cap_openmp_spin(argv);
   using namespace epx::cli;
   CLI::App app{"epx: expert-parallel MoE training with communication overlap"};
   app.require_subcommand(1);

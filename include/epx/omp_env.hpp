@@ -1,0 +1,14 @@
+// OpenMP threads that finish a parallel region spin for a while before sleeping (libgomp's
+// default GOMP_SPINCOUNT is 300000 iterations). On this 2-core machine the spinning thread slows
+// the serial code between regions by up to 8x (bench/RESULTS.md), so epx's executables cap the
+// spin unless the user chose OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads its environment
+// when it loads, before main, hence the re-exec.
+#pragma once
+
+namespace epx {
+
+// If neither variable is set: set GOMP_SPINCOUNT=10000 and re-execute this program with the same
+// arguments. Returns (keeps running) when a variable is already set or the exec fails.
+void cap_openmp_spin(char** argv);
+
+}  // namespace epx
