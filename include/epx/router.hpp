@@ -42,9 +42,9 @@ class Router {
   Tensor local_tokens_per_expert;  // [E] F32, counted per training forward for the bias update
 
   // x [T, H] (any float dtype). seq_length is S of Megatron's [S, B] token order (seq_aux_loss).
-  // `rank` and `call` pick the random stream under force load balancing.
+  // `rank` (and the forward count) pick the random stream under force load balancing.
   Routing forward(const Tensor& x, std::int64_t seq_length, bool training, double aux_loss_scale = 1.0,
-                  std::uint64_t rank = 0) ;
+                  std::uint64_t rank = 0);
   // dprobs [T, E] F32: returns dx [T, H] in `dx_dtype`; keeps dlogits for wgrad.
   Tensor backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) const;
   // weight.grad += dlogits^T x.

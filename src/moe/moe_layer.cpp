@@ -24,6 +24,14 @@ std::pair<char*, Shape> slice(const Tensor& t, std::int64_t group) {
   return {base + group * s[0] * s[1] * static_cast<std::int64_t>(dtype_size(t.dtype())), s};
 }
 
+// A copy of matrix `group` of t (or all of t).
+Tensor slice_copy(const Tensor& t, std::int64_t group) {
+  auto [bytes, shape] = slice(t, group);
+  Tensor out(shape, t.dtype());
+  std::memcpy(out.raw(), bytes, out.nbytes());
+  return out;
+}
+
 }  // namespace
 
 MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher)
@@ -78,24 +86,14 @@ void MoELayer::init_weights(std::uint64_t seed) {
 
 TensorMap MoELayer::weight_tensors() const {
   TensorMap out;
-  for (const Entry& e : entries()) {
-    auto [bytes, shape] = slice(e.param->master, e.group);
-    Tensor t(shape, DType::F32);
-    std::memcpy(t.raw(), bytes, t.nbytes());
-    out.emplace(e.name, std::move(t));
-  }
+  for (const Entry& e : entries()) out.emplace(e.name, slice_copy(e.param->master, e.group));
   if (spec_.expert_bias) out.emplace("mlp.router.expert_bias", router.expert_bias.clone());
   return out;
 }
 
 TensorMap MoELayer::grad_tensors() const {
   TensorMap out;
-  for (const Entry& e : entries()) {
-    auto [bytes, shape] = slice(e.param->grad, e.group);
-    Tensor t(shape, DType::F32);
-    std::memcpy(t.raw(), bytes, t.nbytes());
-    out.emplace("grad." + e.name, std::move(t));
-  }
+  for (const Entry& e : entries()) out.emplace("grad." + e.name, slice_copy(e.param->grad, e.group));
   return out;
 }
 
