@@ -2,7 +2,8 @@
 // experts, combine. Forward and backward are split into the phases the schedules launch one by
 // one (ARCHITECTURE.md); forward() and backward() run them in order. Weights live in the layer;
 // everything one micro-batch saves for its backward lives in a Context, so several micro-batches
-// can be in flight at once.
+// can be in flight at once. The Context keeps references to the input and output gradient (as
+// autograd does): do not change them in place before backward_wgrad has run.
 #pragma once
 
 #include <memory>
@@ -27,9 +28,9 @@ class MoELayer {
     Routing routing;
     DispatchState dispatch;
     GroupedMlp::Saved experts, shared;
-    Tensor shared_output, output;
-    Tensor dprobs;        // [T, E] F32
-    Tensor dx_shared;     // the shared expert's input gradient
+    Tensor shared_output;  // until the combine adds it
+    Tensor dprobs;         // [T, E] F32, during backward_route
+    Tensor dx_shared;      // the shared expert's input gradient, until backward_route
   };
 
   // x: [S, B, H] (Megatron's order) or [T, H], in the compute dtype. Returns the output in x's shape.

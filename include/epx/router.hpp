@@ -26,7 +26,6 @@ struct Routing {
 
   // Saved for the backward.
   Tensor input;                          // [T, H] F32 router input
-  Tensor logits;                         // [T, E] F32 (the random ones under force balancing)
   Tensor scores;                         // [T, E] F32 softmax or sigmoid of the logits
   std::vector<std::int32_t> topk;        // [T, k] selected experts, before capacity
   Tensor aux_grad;                       // [T, E] F32 d(aux + z)/d(logits), already scaled

@@ -87,7 +87,7 @@ int run_layer_command(const LayerArgs& args) {
   for (std::int64_t e = 0; e < spec.num_experts; ++e)
     counts.data<std::int64_t>()[e] = ctx.routing.tokens_per_expert[static_cast<std::size_t>(e)];
   result.emplace("routing.tokens_per_expert", counts);
-  const auto routing = ctx.routing;  // backward consumes what it saved
+  const Routing& routing = ctx.routing;
   double bwd_ms = 0;
   if (dy.defined()) {
     layer.zero_grad();

@@ -36,6 +36,9 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             float dloss, Tensor& dlogits) {
   const std::int64_t t = logits.dim(0), v = logits.dim(1);
+  detail::expect_shape("cross_entropy_backward", "targets", targets, {t});
+  detail::expect_shape("cross_entropy_backward", "lse", lse, {t});
+  detail::expect_shape("cross_entropy_backward", "dlogits", dlogits, logits.shape());
   const std::int64_t* tgt = targets.data<std::int64_t>();
   const float* l = lse.data<float>();
   const float scale = t == 0 ? 0.f : dloss / static_cast<float>(t);

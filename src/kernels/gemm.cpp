@@ -2,6 +2,7 @@
 // tiles where the CPU has them, AVX-512 BF16 dot products otherwise, FP32 FMA for FP32.
 // Strided memory descriptors express the transposes, so no operand is ever copied.
 #include <cstring>
+#include <exception>
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -46,7 +47,8 @@ dnnl::memory::desc op_desc(std::int64_t r, std::int64_t c, DType d, Trans t) {
 }
 
 // Primitive creation costs 5-300 us; a per-thread cache keyed by the problem makes a repeated
-// shape (every step of training) cost a map lookup.
+// shape (weights, fixed token counts, drop-and-pad) cost a map lookup. Dropless expert counts
+// vary step to step; those misses fall through to oneDNN's own primitive cache (5-15 us).
 using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, int, bool>;
 constexpr std::size_t kMaxCached = 4096;
 
@@ -105,6 +107,8 @@ MatRef mat(const Tensor& t, std::int64_t row0, std::int64_t n) {
   if (t.rank() != 2) throw std::invalid_argument("mat: expected a 2-D tensor, got " + shape_string(t.shape()));
   const std::int64_t cols = t.dim(1);
   if (row0 < 0) return {t.raw(), t.dtype(), t.dim(0), cols};
+  if (n < 0 || row0 + n > t.dim(0))
+    throw std::invalid_argument(fmt::format("mat: rows [{}, {}) outside {}", row0, row0 + n, shape_string(t.shape())));
   const auto* base = static_cast<const char*>(t.raw());
   return {base + row0 * cols * static_cast<std::int64_t>(dtype_size(t.dtype())), t.dtype(), n, cols};
 }
@@ -115,7 +119,8 @@ MatMut mat_mut(Tensor& t, std::int64_t row0, std::int64_t n) {
 }
 
 MatRef expert_mat(const Tensor& stacked, std::int64_t index) {
-  if (stacked.rank() != 3) throw std::invalid_argument("expert_mat: expected [G, R, C], got " + shape_string(stacked.shape()));
+  if (stacked.rank() != 3 || index < 0 || index >= stacked.dim(0))
+    throw std::invalid_argument(fmt::format("expert_mat: matrix {} of {}", index, shape_string(stacked.shape())));
   const std::int64_t r = stacked.dim(1), c = stacked.dim(2);
   const auto* base = static_cast<const char*>(stacked.raw());
   return {base + index * r * c * static_cast<std::int64_t>(dtype_size(stacked.dtype())), stacked.dtype(), r, c};
@@ -138,15 +143,25 @@ void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, boo
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto work = [&](std::size_t i) {
     const auto& p = problems[i];
-    return static_cast<double>(p.a.rows) * static_cast<double>(p.a.cols) * static_cast<double>(p.b.rows * p.b.cols);
+    // M * K * N = (A's elements) * (the side of B that is not K).
+    const auto k = static_cast<double>(ta == Trans::N ? p.a.cols : p.a.rows);
+    return static_cast<double>(p.a.rows) * static_cast<double>(p.a.cols) *
+           static_cast<double>(p.b.rows) * static_cast<double>(p.b.cols) / std::max(k * k, 1.0);
   };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return work(a) > work(b); });
   const auto n = static_cast<std::int64_t>(order.size());
+  std::exception_ptr error;  // an exception must not leave an OpenMP region: keep the first
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
   for (std::int64_t i = 0; i < n; ++i) {
     const auto& p = problems[order[static_cast<std::size_t>(i)]];
-    run(p.a, ta, p.b, tb, p.c, accumulate);
+    try {
+      run(p.a, ta, p.b, tb, p.c, accumulate);
+    } catch (...) {
+#pragma omp critical(epx_grouped_gemm_error)
+      if (!error) error = std::current_exception();
+    }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 std::string gemm_isa() {

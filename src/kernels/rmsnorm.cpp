@@ -10,6 +10,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y,
   const std::int64_t t = x.dim(0), h = x.dim(1);
   detail::expect_shape("rmsnorm_forward", "gamma", gamma, {h});
   detail::expect_shape("rmsnorm_forward", "rstd", rstd, {t});
+  detail::expect_shape("rmsnorm_forward", "y", y, x.shape());
   const float* g = gamma.data<float>();
   float* rs = rstd.data<float>();
   detail::with_dtype("rmsnorm_forward", [&](auto tag) {
@@ -33,6 +34,10 @@ void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y,
 void rmsnorm_dgrad(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
                    Tensor& dx) {
   const std::int64_t t = x.dim(0), h = x.dim(1);
+  detail::expect_shape("rmsnorm_dgrad", "gamma", gamma, {h});
+  detail::expect_shape("rmsnorm_dgrad", "rstd", rstd, {t});
+  detail::expect_shape("rmsnorm_dgrad", "dy", dy, x.shape());
+  detail::expect_shape("rmsnorm_dgrad", "dx", dx, x.shape());
   const float* g = gamma.data<float>();
   const float* rs = rstd.data<float>();
   detail::with_dtype("rmsnorm_dgrad", [&](auto tag) {
@@ -56,6 +61,9 @@ void rmsnorm_dgrad(const Tensor& x, const Tensor& gamma, const Tensor& rstd, con
 
 void rmsnorm_wgrad(const Tensor& x, const Tensor& rstd, const Tensor& dy, Tensor& dgamma) {
   const std::int64_t t = x.dim(0), h = x.dim(1);
+  detail::expect_shape("rmsnorm_wgrad", "rstd", rstd, {t});
+  detail::expect_shape("rmsnorm_wgrad", "dy", dy, x.shape());
+  detail::expect_shape("rmsnorm_wgrad", "dgamma", dgamma, {h});
   const float* rs = rstd.data<float>();
   float* dg = dgamma.data<float>();
   detail::with_dtype("rmsnorm_wgrad", [&](auto tag) {

@@ -15,6 +15,7 @@ inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 void swiglu_forward(const Tensor& h, const float* probs, Tensor& out) {
   const std::int64_t m = h.dim(0), f = h.dim(1) / 2;
+  detail::expect_shape("swiglu_forward", "h", h, {m, 2 * f});
   detail::expect_shape("swiglu_forward", "out", out, {m, f});
   detail::with_dtype("swiglu_forward", [&](auto tag) {
     using T = decltype(tag);

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -13,8 +12,13 @@
 namespace epx {
 namespace {
 
-// The stream of a named tensor: the same name draws the same values on every rank.
-std::uint64_t stream_of(const std::string& name) { return std::hash<std::string>{}(name); }
+// The stream of a named tensor (FNV-1a, the same with any standard library): the same name draws
+// the same values on every rank.
+std::uint64_t stream_of(const std::string& name) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
 
 // Bytes of matrix `group` (-1: all) of a tensor, and its file shape.
 std::pair<char*, Shape> slice(const Tensor& t, std::int64_t group) {
@@ -142,11 +146,11 @@ Tensor MoELayer::forward_combine(Context& ctx) {
   dispatcher_->token_combine(ctx.dispatch);
   Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
   if (shared_experts) {
-    // Sum in FP32 then round once, whatever the dtype.
+    // Routed + shared summed in FP32, rounded once to the layer's dtype.
     for (std::int64_t i = 0, n = out.numel(); i < n; ++i) out.set(i, out.get(i) + ctx.shared_output.get(i));
+    ctx.shared_output = Tensor();
   }
-  ctx.output = out.reshape(ctx.input_shape);
-  return ctx.output;
+  return out.reshape(ctx.input_shape);
 }
 
 Tensor MoELayer::forward(const Tensor& x, Context& ctx, bool training) {
@@ -190,6 +194,7 @@ Tensor MoELayer::backward_route(Context& ctx) {
     dx.set(i, v);
   }
   ctx.dx_shared = Tensor();
+  ctx.dprobs = Tensor();
   return dx.reshape(ctx.input_shape);
 }
 

@@ -25,7 +25,7 @@ MoESpec moe_spec_from_config(const Config& c) {
   MoESpec s;
   if (!m.num_moe_experts || *m.num_moe_experts < 1)
     bad("model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
-        "an MoE layer needs experts; set model.num_moe_experts to 2 or more");
+        "an MoE layer needs experts; set model.num_moe_experts to 1 or more");
   s.num_experts = *m.num_moe_experts;
   if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
   s.hidden = m.hidden_size;

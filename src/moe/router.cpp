@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
 
 #include "epx/kernels.hpp"
 #include "epx/random.hpp"
@@ -48,12 +49,14 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
                         double aux_loss_scale, std::uint64_t rank) {
   const std::int64_t t_count = x.dim(0), e = spec_.num_experts;
   const int k = spec_.topk;
+  if (seq_length < 1 || t_count % seq_length != 0)
+    throw std::invalid_argument("router: the token count must be a multiple of seq_length");
   Routing r;
   r.num_tokens = t_count;
-  r.input = x.dtype() == DType::F32 ? x : x.to(DType::F32);
-  r.logits = Tensor({t_count, e}, DType::F32);
-  gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(r.logits));
-  float* logits = r.logits.data<float>();
+  r.input = x.to(DType::F32);  // a copy: wgrad must not see later changes to x
+  Tensor logits_t({t_count, e}, DType::F32);
+  gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(logits_t));
+  float* logits = logits_t.data<float>();
   if (spec_.force_load_balancing) {
     // Megatron's RandomSTE: random logits from a per-rank stream, identity backward.
     const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), calls_++);
@@ -64,7 +67,7 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
   const double scale = aux_loss_scale;
 
   // z-loss (ST-MoE): coeff * mean(logsumexp(logits)^2).
-  if (spec_.z_loss_coeff > 0 && t_count > 0) {
+  if (training && spec_.z_loss_coeff > 0 && t_count > 0) {
     std::vector<float> lse(static_cast<std::size_t>(t_count)), sm(static_cast<std::size_t>(e));
     logsumexp_rows(logits, lse.data(), t_count, e);
     double z = 0;

@@ -64,18 +64,18 @@ TensorMap read_safetensors(const std::string& path) {
       dtype = parse_dtype(info.at("dtype").get<std::string>(), name, path);
       shape = info.at("shape").get<Shape>();
       const auto offsets = info.at("data_offsets").get<std::vector<std::uint64_t>>();
-      if (offsets.size() != 2) throw InputError("data_offsets must have two entries");
+      if (offsets.size() != 2)
+        throw InputError(fmt::format("{}: corrupt entry for tensor '{}': data_offsets must have two entries", path, name));
       begin = offsets[0];
       end = offsets[1];
     } catch (const nlohmann::json::exception& e) {
       throw InputError(fmt::format("{}: corrupt entry for tensor '{}': {}", path, name, e.what()));
     }
-    std::uint64_t count = 1;
-    for (auto d : shape) {
-      if (d < 0) throw InputError(fmt::format("{}: tensor '{}' has a negative dimension", path, name));
-      count *= static_cast<std::uint64_t>(d);
-    }
-    const std::uint64_t bytes = count * dtype_size(dtype);
+    std::uint64_t bytes = dtype_size(dtype);
+    for (auto d : shape)
+      if (d < 0 || __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes) || bytes > data_size)
+        throw InputError(fmt::format("{}: corrupt safetensors file: tensor '{}' has shape {}, more than "
+                                     "the file's {} data bytes", path, name, shape_string(shape), data_size));
     if (begin > end || end > data_size || end - begin != bytes)
       throw InputError(fmt::format(
           "{}: corrupt safetensors file: tensor '{}' ({} {}) needs {} bytes but its data_offsets "
@@ -96,6 +96,7 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") throw InputError(fmt::format("{}: '__metadata__' is reserved, not a tensor name", path));
     header[name] = {{"dtype", dtype_name(t.dtype())},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + t.nbytes()}}};
@@ -120,7 +121,12 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
       throw InputError(fmt::format("{}: write failed (disk full?)", tmp));
     }
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp);
+    throw InputError(fmt::format("{}: cannot write ({})", path, ec.message()));
+  }
 }
 
 const Tensor& expect_tensor(const TensorMap& tensors, const std::string& name, const Shape& shape,

@@ -1,5 +1,6 @@
 #include "epx/tensor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -65,12 +66,16 @@ Tensor::Storage::~Storage() {
 }
 
 Tensor::Tensor(Shape shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
+  std::int64_t n = 1;
   for (auto d : shape_)
-    if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_string(shape_));
-  storage_ = std::make_shared<Storage>(nbytes());
+    if (d < 0 || (d > 0 && __builtin_mul_overflow(n, d, &n)))
+      throw std::invalid_argument("invalid shape " + shape_string(shape_));
+  if (std::any_of(shape_.begin(), shape_.end(), [](std::int64_t d) { return d == 0; })) n = 0;
+  storage_ = std::make_shared<Storage>(static_cast<std::size_t>(n) * dtype_size(dtype));
 }
 
 std::int64_t Tensor::numel() const {
+  if (!storage_) return 0;
   std::int64_t n = 1;
   for (auto d : shape_) n *= d;
   return n;

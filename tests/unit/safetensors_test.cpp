@@ -89,6 +89,11 @@ TEST(Safetensors, BadFilesNameTheFileAndTensor) {
     out.write(reinterpret_cast<const char*>(&n), 8);
   }
   EXPECT_NE(error_of(path).find("header length"), std::string::npos) << error_of(path);
+  // A shape whose byte count overflows 64 bits must not pass as a small tensor.
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[3,6148914691236517206],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(error_of(path).find("tensor 'w' has shape"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8);
+  EXPECT_NE(error_of(path).find(path + ": corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2]}})", 8);
   EXPECT_NE(error_of(path).find("corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
   std::filesystem::remove(path);
