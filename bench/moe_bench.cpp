@@ -13,10 +13,7 @@ namespace epx {
 namespace {
 
 Tensor filled(Shape shape, DType dtype, std::uint64_t seed) {
-  Tensor t(std::move(shape), dtype);
-  const CounterRng rng(seed, 0);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(0.1 * rng.normal(static_cast<std::uint64_t>(i))));
-  return t;
+  return random_normal(std::move(shape), dtype, seed, 0, 0.1);
 }
 
 DType dtype_arg(std::int64_t v) { return v ? DType::BF16 : DType::F32; }

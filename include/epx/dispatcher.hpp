@@ -21,7 +21,7 @@ namespace epx {
 // One micro-batch in flight through a dispatcher. `hidden` and `probs` (one per row) are what
 // the current phase hands to the next; `grad` and `grad_probs` the same in the backward.
 struct DispatchState {
-  std::int64_t num_tokens = 0, hidden_size = 0, num_experts = 0;
+  std::int64_t num_tokens = 0, hidden_size = 0;
   Permutation perm;  // permutation 1: this rank's tokens in expert-major order
   Tensor hidden;
   std::vector<float> probs;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "epx/tensor.hpp"
+
 namespace epx {
 
 inline std::uint64_t splitmix64(std::uint64_t x) {
@@ -32,5 +34,15 @@ class CounterRng {
  private:
   std::uint64_t key_;
 };
+
+// A tensor of N(0, std) values from stream (seed, stream), rounded to the dtype.
+inline Tensor random_normal(Shape shape, DType dtype, std::uint64_t seed, std::uint64_t stream,
+                            double std = 1.0) {
+  Tensor t(std::move(shape), dtype);
+  const CounterRng rng(seed, stream);
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.set(i, static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i))));
+  return t;
+}
 
 }  // namespace epx

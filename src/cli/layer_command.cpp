@@ -15,14 +15,6 @@
 namespace epx::cli {
 namespace {
 
-// N(0, 1) values in the layer's dtype, from a named stream of the seed.
-Tensor random_tensor(const Shape& shape, DType dtype, std::uint64_t seed, std::uint64_t stream) {
-  Tensor t(shape, dtype);
-  const CounterRng rng(seed, stream);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(rng.normal(static_cast<std::uint64_t>(i))));
-  return t;
-}
-
 Tensor scalar(double v) {
   Tensor t({}, DType::F32);
   t.set(0, static_cast<float>(v));
@@ -57,10 +49,10 @@ int run_layer_command(const LayerArgs& args) {
   if (args.init_seed) {
     layer.init_weights(*args.init_seed);
     write_safetensors(args.weights, layer.weight_tensors(), {{"format", "epx-moe-layer"}});
-    x = random_tensor(x_shape, spec.dtype, *args.init_seed, 1);
+    x = random_normal(x_shape, spec.dtype, *args.init_seed, 1);
     write_safetensors(args.input, {{"input", x}});
     if (args.grad_output) {
-      dy = random_tensor(x_shape, spec.dtype, *args.init_seed, 2);
+      dy = random_normal(x_shape, spec.dtype, *args.init_seed, 2);
       write_safetensors(*args.grad_output, {{"grad_output", dy}});
     }
     std::cout << fmt::format("wrote initial weights to {} and a random input to {}{} (seed {})\n",

@@ -14,7 +14,6 @@ class LocalDispatcher final : public TokenDispatcher {
   void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) override {
     s.num_tokens = x.dim(0);
     s.hidden_size = x.dim(1);
-    s.num_experts = num_experts_;
     s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);
     s.hidden = Tensor({s.perm.rows(), s.hidden_size}, x.dtype());
     permute_rows(x, s.perm, s.hidden);

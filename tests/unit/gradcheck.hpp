@@ -15,10 +15,7 @@ namespace epx::test {
 
 // A tensor of N(0, scale) values (F32, or rounded to BF16).
 inline Tensor randn(Shape shape, std::uint64_t seed, double scale = 1.0, DType dtype = DType::F32) {
-  Tensor t(std::move(shape), dtype);
-  const CounterRng rng(seed, 17);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<float>(scale * rng.normal(static_cast<std::uint64_t>(i))));
-  return t;
+  return random_normal(std::move(shape), dtype, seed, 17, scale);
 }
 
 inline double dot(const Tensor& a, const Tensor& b) {
