@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "epx/comm_stream.hpp"
 #include "epx/kernels.hpp"
 #include "epx/router.hpp"
 #include "epx/tensor.hpp"
@@ -28,6 +29,12 @@ struct DispatchState {
   std::vector<std::int64_t> tokens_per_local_expert;  // rows per local expert for the experts
   Tensor grad;
   std::vector<float> grad_probs;
+
+  // The exchange plan of a communicating dispatcher, from the counts all-gather: rows sent to and
+  // received from each EP rank, rows held by each ETP rank after the ETP all-gather, and the
+  // received chunk sizes laid out [ETP][EP][local expert] (source-major).
+  std::vector<std::int64_t> send_rows, recv_rows, etp_rows, chunk_rows;
+  CommEvent pending;  // the communication in flight; the next phase waits on it
 };
 
 class TokenDispatcher {
@@ -36,6 +43,9 @@ class TokenDispatcher {
   virtual std::string name() const = 0;
   virtual std::int64_t num_local_experts() const = 0;
   virtual std::int64_t first_local_expert() const = 0;
+  // Expert tensor parallelism: each expert's FFN dimension is split over ETP ranks.
+  virtual int expert_tp_rank() const { return 0; }
+  virtual int expert_tp_size() const { return 1; }
 
   virtual void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) = 0;
   virtual void token_dispatch(DispatchState& s) = 0;
@@ -58,5 +68,11 @@ class TokenDispatcher {
 
 // Every expert on this rank, no communication: the single-rank MoE layer.
 std::unique_ptr<TokenDispatcher> make_local_dispatcher(std::int64_t num_experts);
+
+class ProcessGroups;
+// Megatron-Core's MoEAlltoAllTokenDispatcher over the EP, ETP and ETP x EP groups; communication
+// runs on `stream`. Both must outlive the dispatcher.
+std::unique_ptr<TokenDispatcher> make_alltoall_dispatcher(std::int64_t num_experts,
+                                                          ProcessGroups& groups, CommStream& stream);
 
 }  // namespace epx

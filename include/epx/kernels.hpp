@@ -115,4 +115,13 @@ void unpermute_rows(const Tensor& y, const Permutation& p, Tensor& out);
 void gather_probs(const float* probs, std::int64_t num_experts, const Permutation& p, float* out);
 void scatter_probs(const float* drow, std::int64_t num_experts, const Permutation& p, float* dprobs);
 
+// Megatron's sort_chunks_by_idxs for "permutation 2": rows arrive as chunks laid out [A][B]
+// (chunk (a, b) holds chunk_rows[a * B + b] rows of row_bytes each); out gets them as [B][A].
+// The inverse is the same call with A and B swapped and chunk_rows transposed.
+void transpose_chunks(const void* in, void* out, std::size_t row_bytes,
+                      const std::vector<std::int64_t>& chunk_rows, std::int64_t a, std::int64_t b);
+// chunk_rows of an [A][B] layout, listed in [B][A] order.
+std::vector<std::int64_t> transposed_chunk_rows(const std::vector<std::int64_t>& chunk_rows,
+                                                std::int64_t a, std::int64_t b);
+
 }  // namespace epx

@@ -6,10 +6,12 @@
 // autograd does): do not change them in place before backward_wgrad has run.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "epx/comm.hpp"
 #include "epx/dispatcher.hpp"
 #include "epx/experts.hpp"
 #include "epx/moe_spec.hpp"
@@ -55,11 +57,19 @@ class MoELayer {
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();
   void zero_grad();
-  // Tensors by their file names (README): FP32 masters, or their gradients.
+  // This rank's tensors by their file names (README), in the file's shapes: FP32 masters, or their
+  // gradients ("grad." + name). An expert split over ETP is zero outside this rank's slice.
   TensorMap weight_tensors() const;
   TensorMap grad_tensors() const;
-  // Reads every weight from `tensors` (F32 or BF16), or throws InputError naming the tensor and file.
+  // Reads this rank's weights (its experts, its ETP slice) from `tensors` of the whole layer (F32
+  // or BF16), or throws InputError naming the tensor and file.
   void load_weights(const TensorMap& tensors, const std::string& file);
+  // Every tensor name of the whole layer and its file shape.
+  static std::map<std::string, Shape> file_shapes(const MoESpec& spec);
+
+  // Sums the gradients over the ranks that hold the same weights: router and shared expert over
+  // `dense` (every rank of the stage: TP x CP x DP), the experts over `expert_dp` (EDP).
+  void reduce_gradients(Communicator& dense, Communicator& expert_dp);
 
   const MoESpec& spec() const { return spec_; }
   TokenDispatcher& dispatcher() { return *dispatcher_; }
@@ -72,13 +82,21 @@ class MoELayer {
   std::optional<GroupedMlp> shared_experts;
 
  private:
-  // Every (file name, param, group) of the layer's weights.
+  // Every (file name, param, group) of this rank's weights, and its place in the file tensor.
   struct Entry {
+    enum class Split { none, rows, cols };  // how ETP splits it: fc1 by rows, fc2 by columns
     std::string name;
     const Param* param;
     std::int64_t group;  // -1: the whole tensor
+    Split split = Split::none;
+    int etp_rank = 0, etp_size = 1;
+
+    Shape full_shape() const;
+    template <class Fn> void for_each_run(Fn fn) const;
+    Tensor to_file(const Tensor& t) const;  // t: the param's master or grad
   };
   std::vector<Entry> entries() const;
+  static std::int64_t expert_ffn_shard(const MoESpec& spec, int etp);
 
   MoESpec spec_;
   std::unique_ptr<TokenDispatcher> dispatcher_;

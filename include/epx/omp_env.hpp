@@ -11,4 +11,8 @@ namespace epx {
 // arguments. Returns (keeps running) when a variable is already set or the exec fails.
 void cap_openmp_spin(char** argv);
 
+// Under mpirun, ranks on one machine share its cores: unless OMP_NUM_THREADS is set, each rank
+// computes with max(1, cores / local ranks) OpenMP threads (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
+void share_cores_with_local_ranks();
+
 }  // namespace epx

@@ -1,4 +1,6 @@
-// `epx layer`: one MoE layer forward (and backward) on tensors from safetensors files.
+// `epx layer`: one MoE layer forward (and backward) on tensors from safetensors files; on one
+// process, or under mpirun with the experts sharded by EP (and ETP) and the tokens split over
+// the ranks, reading and writing the same files.
 #pragma once
 
 #include <optional>
@@ -7,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/config_args.hpp"
+#include "epx/mpi.hpp"
 
 namespace epx::cli {
 
@@ -15,10 +18,12 @@ struct LayerArgs {
   std::string weights, input, out;
   std::optional<std::string> grad_output;
   std::optional<std::uint64_t> init_seed;
+  std::optional<double> collective_timeout;  // seconds; else EPX_COLLECTIVE_TIMEOUT, else 300
 
   void add_to(CLI::App& app);
 };
 
-int run_layer_command(const LayerArgs& args);
+// `mpi`: the job's MPI session when launched by mpirun, else null.
+int run_layer_command(const LayerArgs& args, MpiSession* mpi);
 
 }  // namespace epx::cli

@@ -8,12 +8,14 @@
 #include "cli/layer_command.hpp"
 #include "epx/check.hpp"
 #include "epx/error.hpp"
+#include "epx/mpi.hpp"
 #include "epx/omp_env.hpp"
 
 namespace epx::cli {
 namespace {
 
-// Exit codes: 0 fine, 1 the config has errors, 2 unusable input.
+// Exit codes: 0 fine, 1 the config has errors, 2 unusable input, 3 internal error, 4 a collective
+// timed out (epx::kCommTimeoutExitCode).
 constexpr int kUnusable = 2;
 
 int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
@@ -77,23 +79,33 @@ int main(int argc, char** argv) {
     return kUnusable;
   }
 
+  // Under mpirun, `layer` runs on every rank. An error on one rank then ends the whole job with
+  // that rank's message, rather than leaving the others waiting in a collective.
+  std::unique_ptr<epx::MpiSession> mpi;
+  const auto fail = [&](const std::string& message, int code) {
+    if (mpi && mpi->size() > 1) epx::MpiSession::abort_job(message, code);
+    std::cerr << "epx: " << message << "\n";
+    return code;
+  };
   try {
+    if (*layer && epx::launched_by_mpirun()) {
+      epx::share_cores_with_local_ranks();
+      mpi = std::make_unique<epx::MpiSession>(
+          layer_args.collective_timeout.value_or(epx::collective_timeout_from_env()));
+    }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
-    if (*layer) return run_layer_command(layer_args);
+    if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*list) {
       for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
       return 0;
     }
   } catch (const epx::ConfigError& e) {
-    std::cerr << "epx: error: " << e.what() << "\n";
-    return kUnusable;
+    return fail(std::string("error: ") + e.what(), kUnusable);
   } catch (const epx::InputError& e) {
-    std::cerr << "epx: error: " << e.what() << "\n";
-    return kUnusable;
+    return fail(std::string("error: ") + e.what(), kUnusable);
   } catch (const std::exception& e) {
-    std::cerr << "epx: internal error: " << e.what() << "\n";
-    return 3;
+    return fail(std::string("internal error: ") + e.what(), 3);
   }
   return 0;
 }

@@ -104,3 +104,39 @@ void scatter_probs(const float* drow, std::int64_t num_experts, const Permutatio
 }
 
 }  // namespace epx
+
+namespace epx {
+
+std::vector<std::int64_t> transposed_chunk_rows(const std::vector<std::int64_t>& chunk_rows,
+                                                std::int64_t a, std::int64_t b) {
+  if (static_cast<std::int64_t>(chunk_rows.size()) != a * b)
+    throw std::invalid_argument("transpose_chunks: chunk count is not A x B");
+  std::vector<std::int64_t> out(chunk_rows.size());
+  for (std::int64_t i = 0; i < a; ++i)
+    for (std::int64_t j = 0; j < b; ++j)
+      out[static_cast<std::size_t>(j * a + i)] = chunk_rows[static_cast<std::size_t>(i * b + j)];
+  return out;
+}
+
+void transpose_chunks(const void* in, void* out, std::size_t row_bytes,
+                      const std::vector<std::int64_t>& chunk_rows, std::int64_t a, std::int64_t b) {
+  // Start row of every chunk in the input ([A][B]) and the output ([B][A]) layout.
+  const std::vector<std::int64_t> out_rows = transposed_chunk_rows(chunk_rows, a, b);
+  std::vector<std::int64_t> in_start(chunk_rows.size()), out_start(chunk_rows.size());
+  for (std::size_t c = 0, r = 0; c < chunk_rows.size(); r += static_cast<std::size_t>(chunk_rows[c]), ++c)
+    in_start[c] = static_cast<std::int64_t>(r);
+  for (std::size_t c = 0, r = 0; c < out_rows.size(); r += static_cast<std::size_t>(out_rows[c]), ++c)
+    out_start[c] = static_cast<std::int64_t>(r);
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (std::int64_t i = 0; i < a; ++i)
+    for (std::int64_t j = 0; j < b; ++j) {
+      const auto ci = static_cast<std::size_t>(i * b + j), co = static_cast<std::size_t>(j * a + i);
+      if (chunk_rows[ci] > 0)
+        std::memcpy(dst + static_cast<std::size_t>(out_start[co]) * row_bytes,
+                    src + static_cast<std::size_t>(in_start[ci]) * row_bytes,
+                    static_cast<std::size_t>(chunk_rows[ci]) * row_bytes);
+    }
+}
+
+}  // namespace epx

@@ -2,7 +2,11 @@
 
 #include <cstdlib>
 
+#include <omp.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <thread>
 
 namespace epx {
 
@@ -10,6 +14,14 @@ void cap_openmp_spin(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
   ::setenv("GOMP_SPINCOUNT", "10000", 1);
   ::execv("/proc/self/exe", argv);  // only returns on failure: carry on with the defaults
+}
+
+void share_cores_with_local_ranks() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local == nullptr || std::getenv("OMP_NUM_THREADS")) return;
+  const int ranks = std::max(1, std::atoi(local));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(std::max(1, cores / ranks));
 }
 
 }  // namespace epx

@@ -1,0 +1,27 @@
+// This rank's communicators for every group of a ParallelLayout (Megatron's parallel_state).
+#pragma once
+
+#include <map>
+#include <memory>
+
+#include "epx/comm.hpp"
+#include "epx/parallel_layout.hpp"
+
+namespace epx {
+
+class ProcessGroups {
+ public:
+  // Collective over `world`: every rank calls it with the same layout.
+  ProcessGroups(Communicator& world, const ParallelLayout& layout);
+
+  const ParallelLayout& layout() const { return layout_; }
+  Communicator& world() { return world_; }
+  Communicator& get(GroupKind kind) { return *groups_.at(kind); }
+
+ private:
+  Communicator& world_;
+  ParallelLayout layout_;
+  std::map<GroupKind, std::unique_ptr<Communicator>> groups_;
+};
+
+}  // namespace epx

@@ -1,0 +1,97 @@
+#include "epx/comm_stream.hpp"
+
+#include <time.h>
+
+#include <chrono>
+
+namespace epx {
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+void CommEvent::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool CommEvent::ready() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mu);
+  return state_->done;
+}
+
+CommStream::CommStream() : thread_([this] { loop(); }) {}
+
+CommStream::~CommStream() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+CommEvent CommStream::submit(std::function<void()> task) {
+  CommEvent ev;
+  ev.state_ = std::make_shared<CommEvent::State>();
+  {
+    std::lock_guard lock(mu_);
+    queue_.emplace_back(std::move(task), ev.state_);
+  }
+  cv_.notify_one();
+  return ev;
+}
+
+CommStream::Stats CommStream::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void CommStream::reset_stats() {
+  std::lock_guard lock(mu_);
+  stats_ = Stats{};
+}
+
+void CommStream::loop() {
+  for (;;) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and everything submitted has run
+    auto [task, state] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+
+    const auto wall0 = std::chrono::steady_clock::now();
+    const double cpu0 = thread_cpu_seconds();
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const double cpu = thread_cpu_seconds() - cpu0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+
+    lock.lock();
+    stats_.tasks += 1;
+    stats_.busy_s += wall;
+    stats_.cpu_s += cpu;
+    lock.unlock();
+    {
+      std::lock_guard event_lock(state->mu);
+      state->done = true;
+      state->error = error;
+    }
+    state->cv.notify_all();
+  }
+}
+
+}  // namespace epx

@@ -1,0 +1,252 @@
+// The Communicator on Open MPI. Every operation is an MPI non-blocking call; wait() polls it with
+// MPI_Test and sleeps between polls (a short spin, then exponential back-off up to
+// kMaxSleepUs), so a rank waiting on a transfer leaves the core to the compute thread.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <deque>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "epx/config.hpp"
+#include "epx/mpi.hpp"
+
+namespace epx {
+namespace {
+
+constexpr int kSpinPolls = 32;       // back-to-back MPI_Test calls before the first sleep
+constexpr int kMinSleepUs = 5;
+constexpr int kMaxSleepUs = 200;
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw std::runtime_error(fmt::format("{} failed: {}", what, std::string(text, len)));
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// BF16 travels as 16-bit words and is summed in FP32, rounded once per element.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+MPI_Op g_bf16_sum = MPI_OP_NULL;
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::BF16: return MPI_UINT16_T;
+    case DType::I64: return MPI_INT64_T;
+  }
+  throw std::logic_error("unknown dtype");
+}
+MPI_Op sum_op(DType d) { return d == DType::BF16 ? g_bf16_sum : MPI_SUM; }
+
+int to_int(std::int64_t n, const std::string& op) {
+  if (n < 0 || n > INT_MAX)
+    throw std::runtime_error(fmt::format("{}: {} elements do not fit MPI's int count", op, n));
+  return static_cast<int>(n);
+}
+
+// A request that owns the count arrays MPI reads until completion.
+class MpiRequest final : public CommRequest {
+ public:
+  explicit MpiRequest(std::string op) : CommRequest(std::move(op)) {}
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), op.c_str());
+    done_ = flag != 0;
+    return done_;
+  }
+  // Counts and packed displacements for a v-collective.
+  std::pair<const int*, const int*> counts(std::span<const std::int64_t> c) {
+    auto& cnt = arrays_.emplace_back();
+    auto& dsp = arrays_.emplace_back();
+    for (std::int64_t n : c) {
+      dsp.push_back(cnt.empty() ? 0 : dsp.back() + cnt.back());
+      cnt.push_back(to_int(n, op));
+    }
+    (void)to_int(std::accumulate(c.begin(), c.end(), std::int64_t{0}), op);  // displacements fit
+    return {cnt.data(), dsp.data()};
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+
+ private:
+  bool done_ = false;
+  std::deque<std::vector<int>> arrays_;  // a deque: references stay valid as it grows
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s, bool owned)
+      : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s), owned_(owned) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  Request start_alltoallv(const void* send, Counts send_counts, void* recv, Counts recv_counts,
+                          DType dt) override {
+    auto r = std::make_unique<MpiRequest>("alltoallv");
+    expect_size(send_counts, r->op);
+    expect_size(recv_counts, r->op);
+    auto [sc, sd] = r->counts(send_counts);
+    auto [rc, rd] = r->counts(recv_counts);
+    check_mpi(MPI_Ialltoallv(send, sc, sd, mpi_type(dt), recv, rc, rd, mpi_type(dt), comm_, &r->req),
+              "MPI_Ialltoallv");
+    return r;
+  }
+  Request start_allgatherv(const void* send, void* recv, Counts recv_counts, DType dt) override {
+    auto r = std::make_unique<MpiRequest>("allgatherv");
+    expect_size(recv_counts, r->op);
+    auto [rc, rd] = r->counts(recv_counts);
+    check_mpi(MPI_Iallgatherv(send, rc[rank_], mpi_type(dt), recv, rc, rd, mpi_type(dt), comm_, &r->req),
+              "MPI_Iallgatherv");
+    return r;
+  }
+  Request start_reduce_scatterv(const void* send, void* recv, Counts recv_counts, DType dt) override {
+    auto r = std::make_unique<MpiRequest>("reduce_scatterv");
+    expect_size(recv_counts, r->op);
+    auto [rc, rd] = r->counts(recv_counts);
+    (void)rd;
+    check_mpi(MPI_Ireduce_scatter(send, recv, rc, mpi_type(dt), sum_op(dt), comm_, &r->req),
+              "MPI_Ireduce_scatter");
+    return r;
+  }
+  Request start_allreduce(void* data, std::int64_t count, DType dt) override {
+    auto r = std::make_unique<MpiRequest>("allreduce");
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count, r->op), mpi_type(dt), sum_op(dt), comm_,
+                             &r->req),
+              "MPI_Iallreduce");
+    return r;
+  }
+  Request start_barrier() override {
+    auto r = std::make_unique<MpiRequest>("barrier");
+    check_mpi(MPI_Ibarrier(comm_, &r->req), "MPI_Ibarrier");
+    return r;
+  }
+  Request start_send(const void* data, std::int64_t count, DType dt, int peer, int tag) override {
+    auto r = std::make_unique<MpiRequest>(fmt::format("send to {}", peer));
+    check_mpi(MPI_Isend(data, to_int(count, r->op), mpi_type(dt), peer, tag, comm_, &r->req), "MPI_Isend");
+    return r;
+  }
+  Request start_recv(void* data, std::int64_t count, DType dt, int peer, int tag) override {
+    auto r = std::make_unique<MpiRequest>(fmt::format("recv from {}", peer));
+    check_mpi(MPI_Irecv(data, to_int(count, r->op), mpi_type(dt), peer, tag, comm_, &r->req), "MPI_Irecv");
+    return r;
+  }
+
+  void wait(Request& r) override {
+    if (!r) return;
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    int sleep_us = kMinSleepUs;
+    for (int polls = 0; !r->test(); ++polls) {
+      if (polls < kSpinPolls) continue;
+      const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+      if (waited > timeout_s_)
+        MpiSession::abort_job(
+            fmt::format("{} on group {} did not complete within {:g} s (the collective timeout: "
+                        "--collective-timeout or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
+                        "gone. Aborting the job.",
+                        r->op, name_, timeout_s_),
+            kCommTimeoutExitCode);
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      sleep_us = std::min(kMaxSleepUs, sleep_us * 2);
+    }
+    r.reset();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    return std::make_unique<MpiCommunicator>(sub, std::move(name), timeout_s_, true);
+  }
+
+ private:
+  void expect_size(Counts c, const std::string& op) const {
+    if (static_cast<int>(c.size()) != size_)
+      throw std::logic_error(fmt::format("{} on {}: {} counts for {} ranks", op, name_, c.size(), size_));
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  double timeout_s_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+double collective_timeout_from_env(double fallback) {
+  const char* v = std::getenv("EPX_COLLECTIVE_TIMEOUT");
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (*end != '\0' || !(s > 0))
+    throw ConfigError(fmt::format(
+        "EPX_COLLECTIVE_TIMEOUT = '{}': expected a positive number of seconds (default {:g})", v, fallback));
+  return s;
+}
+
+MpiSession::MpiSession(double collective_timeout_s) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) throw std::logic_error("MpiSession: MPI is already initialised");
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  if (provided < MPI_THREAD_MULTIPLE)
+    abort_job("this MPI library does not provide MPI_THREAD_MULTIPLE, which epx's communication "
+              "stream needs; install Debian's openmpi-bin / libopenmpi-dev",
+              2);
+  MPI_Op_create(&bf16_sum, 1, &g_bf16_sum);
+  std::string name = "world [";
+  for (int r = 0; r < size_; ++r) name += (r ? " " : "") + std::to_string(r);
+  world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, name + "]", collective_timeout_s, false);
+}
+
+MpiSession::~MpiSession() {
+  world_.reset();
+  MPI_Op_free(&g_bf16_sum);
+  MPI_Finalize();
+}
+
+void MpiSession::abort_job(const std::string& message, int code) {
+  std::cerr << fmt::format("epx: rank {}: {}\n", world_rank(), message) << std::flush;
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; this is for the compiler
+}
+
+}  // namespace epx

@@ -1,0 +1,257 @@
+// Megatron-Core's MoEAlltoAllTokenDispatcher (reference: megatron-core-design.md §1.2) on MPI.
+//
+//   dispatch_preprocess   permutation 1 (expert-major = EP-rank-major); counts all-gather over
+//                         ETP x EP, the one blocking exchange (Megatron's host sync point)
+//   token_dispatch        all-to-all-v over EP (tokens, then probabilities), all-gather-v over ETP
+//   dispatch_postprocess  permutation 2: chunks [ETP][EP][local expert] -> [local expert][ETP][EP]
+//   combine_preprocess    the inverse of permutation 2
+//   token_combine         reduce-scatter-v over ETP (FP32 sums of the partial FFN outputs),
+//                         all-to-all-v over EP back to the tokens' ranks
+//   combine_postprocess   un-permutation 1: the k copies of a token summed
+// The backward runs the mirror: all-to-all-v in the other direction, all-gather <-> reduce-scatter.
+//
+// Communication phases submit one task to the comm stream and return; the next phase waits on
+// its event. A task refers to the DispatchState, which the MoE layer's Context keeps alive until
+// that wait.
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "epx/config.hpp"
+#include "epx/dispatcher.hpp"
+#include "epx/process_groups.hpp"
+
+namespace epx {
+namespace {
+
+std::int64_t sum(const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); }
+
+std::vector<std::int64_t> times(const std::vector<std::int64_t>& rows, std::int64_t h) {
+  std::vector<std::int64_t> out(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * h;
+  return out;
+}
+
+class AlltoallDispatcher final : public TokenDispatcher {
+ public:
+  AlltoallDispatcher(std::int64_t num_experts, ProcessGroups& groups, CommStream& stream)
+      : num_experts_(num_experts),
+        ep_(groups.get(GroupKind::ep)),
+        etp_(groups.get(GroupKind::etp)),
+        tp_ep_(groups.get(GroupKind::tp_ep)),
+        stream_(stream) {
+    if (num_experts % ep_.size() != 0)
+      throw ConfigError(fmt::format(
+          "model.num_moe_experts = {} is not divisible by model.expert_model_parallel_size = {}: "
+          "every EP rank holds the same number of experts",
+          num_experts, ep_.size()));
+    local_ = num_experts / ep_.size();
+    first_ = ep_.rank() * local_;
+  }
+
+  std::string name() const override { return "alltoall"; }
+  std::int64_t num_local_experts() const override { return local_; }
+  std::int64_t first_local_expert() const override { return first_; }
+  int expert_tp_rank() const override { return etp_.rank(); }
+  int expert_tp_size() const override { return etp_.size(); }
+
+  // ------------------------------------------------------------------------ forward
+
+  void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) override {
+    s.num_tokens = x.dim(0);
+    s.hidden_size = x.dim(1);
+    s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);
+    s.hidden = Tensor({s.perm.rows(), s.hidden_size}, x.dtype());
+    permute_rows(x, s.perm, s.hidden);
+    s.probs.assign(static_cast<std::size_t>(s.perm.rows()), 0.f);
+    gather_probs(r.probs.data<float>(), num_experts_, s.perm, s.probs.data());
+
+    // Counts exchange: every rank's [E] counts, gathered over ETP x EP (group rank = ep * ETP + t).
+    const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
+    std::vector<std::int64_t> all(static_cast<std::size_t>(num_experts_ * ep * etp));
+    const std::vector<std::int64_t> each(static_cast<std::size_t>(ep * etp), num_experts_);
+    stream_.run([&] { tp_ep_.allgatherv(s.perm.tokens_per_expert.data(), all.data(), each, DType::I64); });
+    const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
+      return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
+    };
+
+    s.send_rows.assign(static_cast<std::size_t>(ep), 0);
+    for (std::int64_t e = 0; e < num_experts_; ++e)
+      s.send_rows[static_cast<std::size_t>(e / local_)] += s.perm.tokens_per_expert[static_cast<std::size_t>(e)];
+    s.recv_rows.assign(static_cast<std::size_t>(ep), 0);
+    s.etp_rows.assign(static_cast<std::size_t>(etp), 0);
+    s.chunk_rows.assign(static_cast<std::size_t>(etp * ep * local_), 0);
+    s.tokens_per_local_expert.assign(static_cast<std::size_t>(local_), 0);
+    for (int src_t = 0; src_t < etp; ++src_t)
+      for (int src = 0; src < ep; ++src)
+        for (std::int64_t l = 0; l < local_; ++l) {
+          const std::int64_t n = count(src, src_t, first_ + l);
+          if (src_t == t) s.recv_rows[static_cast<std::size_t>(src)] += n;
+          s.etp_rows[static_cast<std::size_t>(src_t)] += n;
+          s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local_ + l)] = n;
+          s.tokens_per_local_expert[static_cast<std::size_t>(l)] += n;
+        }
+  }
+
+  void token_dispatch(DispatchState& s) override {
+    s.pending = stream_.submit([this, &s] {
+      const std::int64_t h = s.hidden_size;
+      Tensor x({sum(s.recv_rows), h}, s.hidden.dtype());
+      std::vector<float> p(static_cast<std::size_t>(x.dim(0)));
+      Request rx = ep_.start_alltoallv(s.hidden.raw(), times(s.send_rows, h), x.raw(),
+                                       times(s.recv_rows, h), x.dtype());
+      Request rp = ep_.start_alltoallv(s.probs.data(), s.send_rows, p.data(), s.recv_rows, DType::F32);
+      ep_.wait(rx);
+      ep_.wait(rp);
+      if (etp_.size() > 1) {
+        Tensor gx({sum(s.etp_rows), h}, x.dtype());
+        std::vector<float> gp(static_cast<std::size_t>(gx.dim(0)));
+        rx = etp_.start_allgatherv(x.raw(), gx.raw(), times(s.etp_rows, h), x.dtype());
+        rp = etp_.start_allgatherv(p.data(), gp.data(), s.etp_rows, DType::F32);
+        etp_.wait(rx);
+        etp_.wait(rp);
+        x = std::move(gx);
+        p = std::move(gp);
+      }
+      s.hidden = std::move(x);
+      s.probs = std::move(p);
+    });
+  }
+
+  void dispatch_postprocess(DispatchState& s) override {
+    s.pending.wait();
+    if (local_ > 1) {
+      s.hidden = regrouped(s, s.hidden, true);
+      s.probs = regrouped(s, s.probs, true);
+    }
+  }
+
+  void combine_preprocess(DispatchState& s, Tensor expert_output) override {
+    s.hidden = local_ > 1 ? regrouped(s, expert_output, false) : std::move(expert_output);
+  }
+
+  void token_combine(DispatchState& s) override {
+    s.pending = stream_.submit([this, &s] {
+      const std::int64_t h = s.hidden_size;
+      Tensor y = std::move(s.hidden);
+      if (etp_.size() > 1) {
+        // Each ETP rank holds a partial sum of every row (fc2 is split by rows): add them in FP32.
+        const Tensor partial = y.to(DType::F32);
+        Tensor mine({sum(s.recv_rows), h}, DType::F32);
+        etp_.reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
+        y = mine.to(y.dtype());
+      }
+      Tensor out({s.perm.rows(), h}, y.dtype());
+      ep_.alltoallv(y.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), y.dtype());
+      s.hidden = std::move(out);
+    });
+  }
+
+  Tensor combine_postprocess(DispatchState& s) override {
+    s.pending.wait();
+    Tensor out({s.num_tokens, s.hidden_size}, s.hidden.dtype());
+    unpermute_rows(s.hidden, s.perm, out);
+    s.hidden = Tensor();
+    return out;
+  }
+
+  // ----------------------------------------------------------------------- backward
+
+  void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override {
+    s.grad = Tensor({s.perm.rows(), s.hidden_size}, dy.dtype());
+    permute_rows(dy, s.perm, s.grad);
+  }
+
+  void token_combine_backward(DispatchState& s) override {
+    s.pending = stream_.submit([this, &s] {
+      const std::int64_t h = s.hidden_size;
+      Tensor g({sum(s.recv_rows), h}, s.grad.dtype());
+      ep_.alltoallv(s.grad.raw(), times(s.send_rows, h), g.raw(), times(s.recv_rows, h), g.dtype());
+      if (etp_.size() > 1) {  // the backward of the reduce-scatter: every ETP rank needs all rows
+        Tensor all({sum(s.etp_rows), h}, g.dtype());
+        etp_.allgatherv(g.raw(), all.raw(), times(s.etp_rows, h), g.dtype());
+        g = std::move(all);
+      }
+      s.grad = std::move(g);
+    });
+  }
+
+  void combine_preprocess_backward(DispatchState& s) override {
+    s.pending.wait();
+    if (local_ > 1) s.grad = regrouped(s, s.grad, true);
+  }
+
+  void dispatch_postprocess_backward(DispatchState& s, Tensor dx, std::vector<float> dprobs) override {
+    s.grad = local_ > 1 ? regrouped(s, dx, false) : std::move(dx);
+    s.grad_probs = local_ > 1 ? regrouped(s, dprobs, false) : std::move(dprobs);
+  }
+
+  void token_dispatch_backward(DispatchState& s) override {
+    s.pending = stream_.submit([this, &s] {
+      const std::int64_t h = s.hidden_size;
+      Tensor g = std::move(s.grad);
+      std::vector<float> gp = std::move(s.grad_probs);
+      if (etp_.size() > 1) {  // the backward of the all-gather: sum the partial input gradients
+        const Tensor partial = g.to(DType::F32);
+        Tensor mine({sum(s.recv_rows), h}, DType::F32);
+        std::vector<float> mine_p(static_cast<std::size_t>(mine.dim(0)));
+        Request rx = etp_.start_reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
+        Request rp = etp_.start_reduce_scatterv(gp.data(), mine_p.data(), s.etp_rows, DType::F32);
+        etp_.wait(rx);
+        etp_.wait(rp);
+        g = mine.to(g.dtype());
+        gp = std::move(mine_p);
+      }
+      Tensor out({s.perm.rows(), h}, g.dtype());
+      std::vector<float> out_p(static_cast<std::size_t>(s.perm.rows()));
+      Request rx = ep_.start_alltoallv(g.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), g.dtype());
+      Request rp = ep_.start_alltoallv(gp.data(), s.recv_rows, out_p.data(), s.send_rows, DType::F32);
+      ep_.wait(rx);
+      ep_.wait(rp);
+      s.grad = std::move(out);
+      s.grad_probs = std::move(out_p);
+    });
+  }
+
+  Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {
+    s.pending.wait();
+    Tensor dx({s.num_tokens, s.hidden_size}, s.grad.dtype());
+    unpermute_rows(s.grad, s.perm, dx);
+    scatter_probs(s.grad_probs.data(), num_experts_, s.perm, dprobs.data<float>());
+    s.grad = Tensor();
+    return dx;
+  }
+
+ private:
+  // Permutation 2 ([ETP][EP][local expert] -> [local expert][ETP][EP]) and its inverse, on the
+  // rows of a tensor or on one probability per row.
+  void regroup(const DispatchState& s, const void* in, void* out, std::size_t row_bytes,
+               bool to_expert_major) const {
+    const std::int64_t sources = static_cast<std::int64_t>(ep_.size()) * etp_.size();
+    if (to_expert_major) transpose_chunks(in, out, row_bytes, s.chunk_rows, sources, local_);
+    else transpose_chunks(in, out, row_bytes, transposed_chunk_rows(s.chunk_rows, sources, local_), local_, sources);
+  }
+  Tensor regrouped(const DispatchState& s, const Tensor& in, bool to_expert_major) const {
+    Tensor out(in.shape(), in.dtype());
+    regroup(s, in.raw(), out.raw(), static_cast<std::size_t>(in.dim(1)) * dtype_size(in.dtype()), to_expert_major);
+    return out;
+  }
+  std::vector<float> regrouped(const DispatchState& s, const std::vector<float>& in, bool to_expert_major) const {
+    std::vector<float> out(in.size());
+    regroup(s, in.data(), out.data(), sizeof(float), to_expert_major);
+    return out;
+  }
+
+  std::int64_t num_experts_, local_ = 1, first_ = 0;
+  Communicator &ep_, &etp_, &tp_ep_;
+  CommStream& stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenDispatcher> make_alltoall_dispatcher(std::int64_t num_experts,
+                                                          ProcessGroups& groups, CommStream& stream) {
+  return std::make_unique<AlltoallDispatcher>(num_experts, groups, stream);
+}
+
+}  // namespace epx
