@@ -184,3 +184,23 @@ TEST(Permute, ExpertMajorRoundTripAndAdjoint) {
 
 }  // namespace
 }  // namespace epx
+
+namespace epx {
+namespace {
+
+// Permutation 2: chunks [A][B] -> [B][A], and the transposed sizes bring them back.
+TEST(Permute, TransposeChunksRoundTrip) {
+  const std::vector<std::int64_t> rows{2, 0, 1, 3, 1, 0};  // A = 2 sources x B = 3 experts
+  std::vector<float> in;
+  for (std::size_t c = 0; c < rows.size(); ++c)
+    for (std::int64_t r = 0; r < rows[c]; ++r) in.push_back(static_cast<float>(10 * c + r));
+  std::vector<float> out(in.size()), back(in.size());
+  transpose_chunks(in.data(), out.data(), sizeof(float), rows, 2, 3);
+  // Expert-major: (a0,b0) (a1,b0) (a0,b1) (a1,b1) (a0,b2) (a1,b2)
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 30, 31, 32, 40, 20}));
+  transpose_chunks(out.data(), back.data(), sizeof(float), transposed_chunk_rows(rows, 2, 3), 3, 2);
+  EXPECT_EQ(back, in);
+}
+
+}  // namespace
+}  // namespace epx
