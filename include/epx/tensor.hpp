@@ -37,7 +37,10 @@ class Tensor {
  public:
   Tensor() = default;
   // Zero-filled storage of the given shape.
-  Tensor(Shape shape, DType dtype);
+  Tensor(Shape shape, DType dtype) : Tensor(std::move(shape), dtype, true) {}
+  // Storage left as it is, for a buffer that is written whole before it is read (receive
+  // buffers, permutation outputs): it skips the memset.
+  static Tensor uninitialized(Shape shape, DType dtype);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -70,12 +73,14 @@ class Tensor {
  private:
   struct Storage {
     void* data = nullptr;
-    std::size_t bytes = 0;
-    explicit Storage(std::size_t n);
+    std::size_t bytes = 0, capacity = 0;  // requested; held (rounded for reuse)
+    Storage(std::size_t n, bool zeroed);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
   };
+  Tensor(Shape shape, DType dtype, bool zeroed);
+
   std::shared_ptr<Storage> storage_;
   Shape shape_;
   DType dtype_ = DType::F32;

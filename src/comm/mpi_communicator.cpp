@@ -23,9 +23,13 @@
 namespace epx {
 namespace {
 
-constexpr int kSpinPolls = 32;       // back-to-back MPI_Test calls before the first sleep
-constexpr int kMinSleepUs = 5;
-constexpr int kMaxSleepUs = 200;
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+const int kSpinPolls = env_int("EPX_COMM_SPIN_POLLS", 32);  // MPI_Test calls before the first sleep
+const int kMinSleepUs = 5;
+const int kMaxSleepUs = env_int("EPX_COMM_MAX_SLEEP_US", 200);
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;

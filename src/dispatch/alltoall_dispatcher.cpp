@@ -61,7 +61,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
     s.num_tokens = x.dim(0);
     s.hidden_size = x.dim(1);
     s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);
-    s.hidden = Tensor({s.perm.rows(), s.hidden_size}, x.dtype());
+    s.hidden = Tensor::uninitialized({s.perm.rows(), s.hidden_size}, x.dtype());
     permute_rows(x, s.perm, s.hidden);
     s.probs.assign(static_cast<std::size_t>(s.perm.rows()), 0.f);
     gather_probs(r.probs.data<float>(), num_experts_, s.perm, s.probs.data());
@@ -96,7 +96,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
   void token_dispatch(DispatchState& s) override {
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
-      Tensor x({sum(s.recv_rows), h}, s.hidden.dtype());
+      auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
       std::vector<float> p(static_cast<std::size_t>(x.dim(0)));
       Request rx = ep_.start_alltoallv(s.hidden.raw(), times(s.send_rows, h), x.raw(),
                                        times(s.recv_rows, h), x.dtype());
@@ -104,7 +104,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       ep_.wait(rx);
       ep_.wait(rp);
       if (etp_.size() > 1) {
-        Tensor gx({sum(s.etp_rows), h}, x.dtype());
+        auto gx = Tensor::uninitialized({sum(s.etp_rows), h}, x.dtype());
         std::vector<float> gp(static_cast<std::size_t>(gx.dim(0)));
         rx = etp_.start_allgatherv(x.raw(), gx.raw(), times(s.etp_rows, h), x.dtype());
         rp = etp_.start_allgatherv(p.data(), gp.data(), s.etp_rows, DType::F32);
@@ -137,11 +137,11 @@ class AlltoallDispatcher final : public TokenDispatcher {
       if (etp_.size() > 1) {
         // Each ETP rank holds a partial sum of every row (fc2 is split by rows): add them in FP32.
         const Tensor partial = y.to(DType::F32);
-        Tensor mine({sum(s.recv_rows), h}, DType::F32);
+        auto mine = Tensor::uninitialized({sum(s.recv_rows), h}, DType::F32);
         etp_.reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
         y = mine.to(y.dtype());
       }
-      Tensor out({s.perm.rows(), h}, y.dtype());
+      auto out = Tensor::uninitialized({s.perm.rows(), h}, y.dtype());
       ep_.alltoallv(y.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), y.dtype());
       s.hidden = std::move(out);
     });
@@ -149,7 +149,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   Tensor combine_postprocess(DispatchState& s) override {
     s.pending.wait();
-    Tensor out({s.num_tokens, s.hidden_size}, s.hidden.dtype());
+    auto out = Tensor::uninitialized({s.num_tokens, s.hidden_size}, s.hidden.dtype());
     unpermute_rows(s.hidden, s.perm, out);
     s.hidden = Tensor();
     return out;
@@ -158,17 +158,17 @@ class AlltoallDispatcher final : public TokenDispatcher {
   // ----------------------------------------------------------------------- backward
 
   void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override {
-    s.grad = Tensor({s.perm.rows(), s.hidden_size}, dy.dtype());
+    s.grad = Tensor::uninitialized({s.perm.rows(), s.hidden_size}, dy.dtype());
     permute_rows(dy, s.perm, s.grad);
   }
 
   void token_combine_backward(DispatchState& s) override {
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
-      Tensor g({sum(s.recv_rows), h}, s.grad.dtype());
+      auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
       ep_.alltoallv(s.grad.raw(), times(s.send_rows, h), g.raw(), times(s.recv_rows, h), g.dtype());
       if (etp_.size() > 1) {  // the backward of the reduce-scatter: every ETP rank needs all rows
-        Tensor all({sum(s.etp_rows), h}, g.dtype());
+        auto all = Tensor::uninitialized({sum(s.etp_rows), h}, g.dtype());
         etp_.allgatherv(g.raw(), all.raw(), times(s.etp_rows, h), g.dtype());
         g = std::move(all);
       }
@@ -193,7 +193,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       std::vector<float> gp = std::move(s.grad_probs);
       if (etp_.size() > 1) {  // the backward of the all-gather: sum the partial input gradients
         const Tensor partial = g.to(DType::F32);
-        Tensor mine({sum(s.recv_rows), h}, DType::F32);
+        auto mine = Tensor::uninitialized({sum(s.recv_rows), h}, DType::F32);
         std::vector<float> mine_p(static_cast<std::size_t>(mine.dim(0)));
         Request rx = etp_.start_reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
         Request rp = etp_.start_reduce_scatterv(gp.data(), mine_p.data(), s.etp_rows, DType::F32);
@@ -202,7 +202,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         g = mine.to(g.dtype());
         gp = std::move(mine_p);
       }
-      Tensor out({s.perm.rows(), h}, g.dtype());
+      auto out = Tensor::uninitialized({s.perm.rows(), h}, g.dtype());
       std::vector<float> out_p(static_cast<std::size_t>(s.perm.rows()));
       Request rx = ep_.start_alltoallv(g.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), g.dtype());
       Request rp = ep_.start_alltoallv(gp.data(), s.recv_rows, out_p.data(), s.send_rows, DType::F32);
@@ -215,7 +215,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {
     s.pending.wait();
-    Tensor dx({s.num_tokens, s.hidden_size}, s.grad.dtype());
+    auto dx = Tensor::uninitialized({s.num_tokens, s.hidden_size}, s.grad.dtype());
     unpermute_rows(s.grad, s.perm, dx);
     scatter_probs(s.grad_probs.data(), num_experts_, s.perm, dprobs.data<float>());
     s.grad = Tensor();
@@ -232,7 +232,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
     else transpose_chunks(in, out, row_bytes, transposed_chunk_rows(s.chunk_rows, sources, local_), local_, sources);
   }
   Tensor regrouped(const DispatchState& s, const Tensor& in, bool to_expert_major) const {
-    Tensor out(in.shape(), in.dtype());
+    auto out = Tensor::uninitialized(in.shape(), in.dtype());
     regroup(s, in.raw(), out.raw(), static_cast<std::size_t>(in.dim(1)) * dtype_size(in.dtype()), to_expert_major);
     return out;
   }

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 
@@ -23,6 +25,55 @@ void account(std::int64_t delta) {
   std::int64_t peak = g_max_allocated.load();
   while (now > peak && !g_max_allocated.compare_exchange_weak(peak, now)) {
   }
+}
+
+// Large blocks are kept for reuse when freed, as PyTorch's caching allocator does: glibc maps
+// blocks above 32 MB afresh and unmaps them on free, so each large activation or communication
+// buffer page-faulted anew every step, which cost the dispatcher more than its copies
+// (bench/RESULTS.md). Sizes are rounded to 2 MiB so a step's buffers match the last step's.
+class BlockCache {
+ public:
+  static constexpr std::size_t kMinBytes = 1 << 20, kRound = 2 << 20;
+  static constexpr std::size_t kMaxCachedBytes = std::size_t{4} << 30;
+
+  static std::size_t capacity_for(std::size_t bytes) {
+    if (bytes < kMinBytes) return std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    return (bytes + kRound - 1) / kRound * kRound;
+  }
+  void* get(std::size_t capacity) {
+    if (capacity >= kMinBytes) {
+      std::lock_guard lock(mu_);
+      if (auto it = free_.find(capacity); it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= capacity;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(kAlignment, capacity);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  void put(void* p, std::size_t capacity) {
+    if (capacity >= kMinBytes) {
+      std::lock_guard lock(mu_);
+      if (cached_ + capacity <= kMaxCachedBytes) {
+        free_.emplace(capacity, p);
+        cached_ += capacity;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t cached_ = 0;
+};
+BlockCache& block_cache() {
+  static auto* cache = new BlockCache;  // never destroyed: tensors may outlive static destructors
+  return *cache;
 }
 
 template <class T> constexpr DType dtype_of();
@@ -52,26 +103,26 @@ std::string_view dtype_name(DType d) {
 
 std::string shape_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-Tensor::Storage::Storage(std::size_t n) : bytes(n) {
-  const std::size_t rounded = (n + kAlignment - 1) / kAlignment * kAlignment;
-  data = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
-  if (data == nullptr) throw std::bad_alloc();
-  std::memset(data, 0, rounded == 0 ? kAlignment : rounded);
+Tensor::Storage::Storage(std::size_t n, bool zeroed) : bytes(n), capacity(BlockCache::capacity_for(n)) {
+  data = block_cache().get(capacity);
+  if (zeroed) std::memset(data, 0, capacity);
   account(static_cast<std::int64_t>(bytes));
 }
 
 Tensor::Storage::~Storage() {
-  std::free(data);
+  block_cache().put(data, capacity);
   account(-static_cast<std::int64_t>(bytes));
 }
 
-Tensor::Tensor(Shape shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype) {
+Tensor Tensor::uninitialized(Shape shape, DType dtype) { return Tensor(std::move(shape), dtype, false); }
+
+Tensor::Tensor(Shape shape, DType dtype, bool zeroed) : shape_(std::move(shape)), dtype_(dtype) {
   std::int64_t n = 1;
   for (auto d : shape_)
     if (d < 0 || (d > 0 && __builtin_mul_overflow(n, d, &n)))
       throw std::invalid_argument("invalid shape " + shape_string(shape_));
   if (std::any_of(shape_.begin(), shape_.end(), [](std::int64_t d) { return d == 0; })) n = 0;
-  storage_ = std::make_shared<Storage>(static_cast<std::size_t>(n) * dtype_size(dtype));
+  storage_ = std::make_shared<Storage>(static_cast<std::size_t>(n) * dtype_size(dtype), zeroed);
 }
 
 std::int64_t Tensor::numel() const {
@@ -122,14 +173,14 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 Tensor Tensor::clone() const {
-  Tensor t(shape_, dtype_);
+  Tensor t = uninitialized(shape_, dtype_);
   std::memcpy(t.raw(), raw(), nbytes());
   return t;
 }
 
 Tensor Tensor::to(DType d) const {
   if (d == dtype_) return clone();
-  Tensor t(shape_, d);
+  Tensor t = uninitialized(shape_, d);
   t.copy_from(*this);
   return t;
 }
