@@ -29,7 +29,7 @@ int env_int(const char* name, int fallback) {
 }
 const int kSpinPolls = env_int("EPX_COMM_SPIN_POLLS", 32);  // MPI_Test calls before the first sleep
 const int kMinSleepUs = 5;
-const int kMaxSleepUs = env_int("EPX_COMM_MAX_SLEEP_US", 200);
+const int kMaxSleepUs = env_int("EPX_COMM_MAX_SLEEP_US", 500);
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
