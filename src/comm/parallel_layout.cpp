@@ -75,18 +75,21 @@ ParallelLayout ParallelLayout::make(int world, int tp, int cp, int pp, int ep, i
   positive("expert_model_parallel_size", ep);
   positive("expert_tensor_parallel_size", etp);
   if (world < 1) throw ConfigError(fmt::format("world size {}: need at least one rank", world));
-  if (world % (tp * cp * pp) != 0)
+  // Each grid's product must divide the world: name the sizes and the fields that set them.
+  const auto must_divide = [world](const char* dims, const char* fields, int a, int b, int c) {
+    if (world % (a * b * c) == 0) return;
     throw ConfigError(fmt::format(
-        "world size {} is not divisible by TP x CP x PP = {} x {} x {} = {} "
-        "(model.tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size): "
-        "launch a multiple of {} ranks or change those sizes",
-        world, tp, cp, pp, tp * cp * pp, tp * cp * pp));
-  if (world % (etp * ep * pp) != 0)
-    throw ConfigError(fmt::format(
-        "world size {} is not divisible by ETP x EP x PP = {} x {} x {} = {} "
-        "(model.expert_tensor_parallel_size, expert_model_parallel_size, "
-        "pipeline_model_parallel_size): launch a multiple of {} ranks or change those sizes",
-        world, etp, ep, pp, etp * ep * pp, etp * ep * pp));
+        "world size {} is not divisible by {} = {} x {} x {} = {} ({}): launch a multiple of {} "
+        "ranks or change those sizes",
+        world, dims, a, b, c, a * b * c, fields, a * b * c));
+  };
+  must_divide("TP x CP x PP",
+              "model.tensor_model_parallel_size, context_parallel_size, pipeline_model_parallel_size",
+              tp, cp, pp);
+  must_divide("ETP x EP x PP",
+              "model.expert_tensor_parallel_size, expert_model_parallel_size, "
+              "pipeline_model_parallel_size",
+              etp, ep, pp);
   ParallelLayout l;
   l.world = world;
   l.tp = tp, l.cp = cp, l.pp = pp, l.dp = world / (tp * cp * pp);

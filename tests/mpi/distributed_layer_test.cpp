@@ -16,6 +16,7 @@
 #include "epx/process_groups.hpp"
 #include "epx/random.hpp"
 #include "mpi_test_support.hpp"
+#include "unit/tensor_compare.hpp"
 
 namespace epx {
 namespace {
@@ -58,19 +59,9 @@ Tensor sequence_slice(const Tensor& t, int rank, int size) {
   return out;
 }
 
-double rel_error(const Tensor& want, const Tensor& got) {
-  double num = 0, den = 0;
-  for (std::int64_t i = 0; i < want.numel(); ++i) {
-    const double d = static_cast<double>(want.get(i)) - got.get(i);
-    num += d * d;
-    den += static_cast<double>(want.get(i)) * want.get(i);
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
   ASSERT_EQ(want.shape(), got.shape()) << what;
-  EXPECT_LE(rel_error(want, got), tol) << what << " on rank " << mpi().rank();
+  EXPECT_LE(test::rel_l2(got, want), tol) << what << " on rank " << mpi().rank();
 }
 
 struct Global {
@@ -146,8 +137,9 @@ void run_case(const Case& c) {
     for (std::int64_t i = 0; i < w.numel(); ++i) want.set(i, w.get(i) != 0 ? want_full.get(i) : 0.f);
     expect_close(want, grads.at("grad." + name), c.dtype == DType::F32 ? 1e-5 : 2e-2, "grad." + name);
   }
-  if (c.skewed)  // the skew really left experts and ranks without tokens
+  if (c.skewed) {  // the skew really left experts and ranks without tokens
     EXPECT_EQ(ctx.routing.tokens_per_expert[1], 0);
+  }
 }
 
 TEST(DistributedLayer, EpAllRanksTop1) { run_case({.ep = 0, .topk = 1}); }

@@ -10,6 +10,7 @@
 #include "epx/error.hpp"
 #include "epx/moe_layer.hpp"
 #include "gradcheck.hpp"
+#include "tensor_compare.hpp"
 
 namespace epx {
 namespace {
@@ -68,7 +69,9 @@ void check_layer_gradients(const Case& c, bool losses_only) {
     for (const char* n : {"grad.mlp.experts.linear_fc1.weight0", "grad.mlp.experts.linear_fc2.weight0"})
       EXPECT_EQ(dot(grads.at(n), grads.at(n)), 0.0) << n;
   }
-  if (c.name == "expert_with_zero_tokens") EXPECT_TRUE(expert0_idle);
+  if (c.name == "expert_with_zero_tokens") {
+    EXPECT_TRUE(expert0_idle);
+  }
 
   bool routing_changed = false;
   auto loss = [&] {
@@ -248,8 +251,12 @@ TEST(Router, ExpertBiasMovesTowardsBalance) {
   const double mean = 64.0 * 2 / 6;
   for (int e = 0; e < 6; ++e) {
     const float b = layer.router.expert_bias.get(e);
-    if (static_cast<double>(counts[static_cast<std::size_t>(e)]) > mean) EXPECT_FLOAT_EQ(b, -1e-3f);
-    if (static_cast<double>(counts[static_cast<std::size_t>(e)]) < mean) EXPECT_FLOAT_EQ(b, 1e-3f);
+    if (static_cast<double>(counts[static_cast<std::size_t>(e)]) > mean) {
+      EXPECT_FLOAT_EQ(b, -1e-3f);
+    }
+    if (static_cast<double>(counts[static_cast<std::size_t>(e)]) < mean) {
+      EXPECT_FLOAT_EQ(b, 1e-3f);
+    }
     EXPECT_EQ(layer.router.local_tokens_per_expert.get(e), 0.f);
   }
 }
@@ -293,15 +300,7 @@ TEST(MoELayer, SameSeedAndInputsGiveBitwiseTheSameResults) {
   }
 }
 
-double rel_l2(const Tensor& got, const Tensor& want) {
-  double num = 0, den = 0;
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const double d = static_cast<double>(got.get(i)) - want.get(i);
-    num += d * d;
-    den += static_cast<double>(want.get(i)) * want.get(i);
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using test::rel_l2;
 
 // The documented BF16 tolerance (README): relative L2 error against FP32 on the same weights and
 // inputs, when the routing decisions agree.
