@@ -35,6 +35,17 @@ struct DispatchState {
   // received chunk sizes laid out [ETP][EP][local expert] (source-major).
   std::vector<std::int64_t> send_rows, recv_rows, etp_rows, chunk_rows;
   CommEvent pending;  // the communication in flight; the next phase waits on it
+
+  DispatchState() = default;
+  DispatchState(const DispatchState&) = delete;  // a task in flight refers to this object
+  DispatchState& operator=(const DispatchState&) = delete;
+  // A task still in flight (an exception unwound past its wait) must not outlive the state.
+  ~DispatchState() {
+    try {
+      pending.wait();
+    } catch (...) {
+    }
+  }
 };
 
 class TokenDispatcher {

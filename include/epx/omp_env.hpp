@@ -12,7 +12,8 @@ namespace epx {
 void cap_openmp_spin(char** argv);
 
 // Under mpirun, ranks on one machine share its cores: unless OMP_NUM_THREADS is set, each rank
-// computes with max(1, cores / local ranks) OpenMP threads (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
+// computes with the cores it is bound to, or, when unbound, max(1, cores / local ranks) OpenMP
+// threads (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
 void share_cores_with_local_ranks();
 
 }  // namespace epx

@@ -9,8 +9,9 @@
 
 namespace epx {
 
-// Every process group kind epx builds. Attention side: tp, cp, dp, pp, tp_cp (aux-loss token
-// counts), dp_cp (dense gradient reduction), tp_cp_dp (every rank of a pipeline stage).
+// Every process group kind epx builds (Megatron's uses in brackets). Attention side: tp, cp, dp,
+// pp, tp_cp (Megatron: aux-loss token counts), dp_cp (dense gradient reduction), tp_cp_dp (every
+// rank of a pipeline stage: epx's router and shared-expert gradient sum).
 // Expert side: etp, ep, edp, tp_ep (ETP x EP: the dispatchers' counts all-gather).
 enum class GroupKind { tp, cp, dp, pp, tp_cp, dp_cp, tp_cp_dp, etp, ep, edp, tp_ep };
 const char* group_kind_name(GroupKind k);

@@ -38,6 +38,13 @@ struct Distributed {
       throw ConfigError(fmt::format("model.pipeline_model_parallel_size = {}: `epx layer` runs one "
                                     "layer, so set it to 1",
                                     m.pipeline_model_parallel_size));
+    if (m.tensor_model_parallel_size * m.context_parallel_size != 1)
+      throw ConfigError(fmt::format(
+          "model.tensor_model_parallel_size = {}, context_parallel_size = {}: `epx layer` runs the "
+          "MoE layer alone, with the tokens split over data-parallel ranks, and computes the aux "
+          "loss per rank; Megatron reduces its token counts over TP x CP, which it does not yet. "
+          "Set both to 1 (expert_tensor_parallel_size still splits the experts)",
+          m.tensor_model_parallel_size, m.context_parallel_size));
     return ParallelLayout::make(world, static_cast<int>(m.tensor_model_parallel_size),
                                 static_cast<int>(m.context_parallel_size), 1,
                                 static_cast<int>(m.expert_model_parallel_size),
@@ -152,7 +159,7 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
     bwd_ms = ms_since(t0);
   }
   const MemoryStats mem = memory_stats();
-  const std::optional<CommStream::Stats> comm = dist ? std::optional(dist->stream.stats()) : std::nullopt;
+  const CommStream::Stats comm = dist ? dist->stream.stats() : CommStream::Stats{};
 
   // Everything in the file layout of the whole layer: slices gathered, losses and counts summed
   // over the ranks, each gradient from the ranks that own it.
@@ -211,10 +218,10 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   std::cout << fmt::format("aux loss {:.6g} | z loss {:.6g} | forward {:.2f} ms{} | mem-max-allocated {:.1f} MB{}\n",
                            aux, z, fwd_ms, dy.defined() ? fmt::format(" | backward {:.2f} ms", bwd_ms) : "",
                            static_cast<double>(mem.max_allocated_bytes) / 1e6, world > 1 ? " (rank 0)" : "");
-  if (comm)
+  if (dist)
     std::cout << fmt::format("comm stream (rank 0): {} tasks, {:.2f} ms in flight, {:.2f} ms CPU ({:.0f}%)\n",
-                             comm->tasks, comm->busy_s * 1e3, comm->cpu_s * 1e3,
-                             comm->busy_s > 0 ? 100 * comm->cpu_s / comm->busy_s : 0.0);
+                             comm.tasks, comm.busy_s * 1e3, comm.cpu_s * 1e3,
+                             comm.busy_s > 0 ? 100 * comm.cpu_s / comm.busy_s : 0.0);
   std::cout << fmt::format("wrote {} tensors to {}\n", result.size(), args.out);
   return 0;
 }

@@ -1,6 +1,6 @@
 // The Communicator on Open MPI. Every operation is an MPI non-blocking call; wait() polls it with
 // MPI_Test and sleeps between polls (a short spin, then exponential back-off up to
-// kMaxSleepUs), so a rank waiting on a transfer leaves the core to the compute thread.
+// EPX_COMM_MAX_SLEEP_US), so a rank waiting on a transfer leaves the core to the compute thread.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -10,7 +10,6 @@
 #include <deque>
 #include <cstring>
 #include <iostream>
-#include <numeric>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -23,13 +22,23 @@
 namespace epx {
 namespace {
 
-int env_int(const char* name, int fallback) {
+// How wait() polls: MPI_Test calls back to back before the first sleep, then sleeps from
+// kMinSleepUs doubling to the cap. Read once by MpiSession from EPX_COMM_SPIN_POLLS and
+// EPX_COMM_MAX_SLEEP_US.
+constexpr int kMinSleepUs = 5;
+int g_spin_polls = 32;
+int g_max_sleep_us = 500;
+
+int env_int(const char* name, int fallback, int lowest) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < lowest || n > 1000000)
+    throw ConfigError(fmt::format("{} = '{}': expected a whole number from {} to 1000000 (default {})",
+                                  name, v, lowest, fallback));
+  return static_cast<int>(n);
 }
-const int kSpinPolls = env_int("EPX_COMM_SPIN_POLLS", 32);  // MPI_Test calls before the first sleep
-const int kMinSleepUs = 5;
-const int kMaxSleepUs = env_int("EPX_COMM_MAX_SLEEP_US", 500);
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -45,7 +54,8 @@ int world_rank() {
   return r;
 }
 
-// BF16 travels as 16-bit words and is summed in FP32, rounded once per element.
+// BF16 travels as 16-bit words. Each pairwise step of MPI's reduction adds in FP32 and rounds to
+// BF16, so with more than two ranks the result is rounded more than once, in MPI's order.
 void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
@@ -73,6 +83,12 @@ int to_int(std::int64_t n, const std::string& op) {
 class MpiRequest final : public CommRequest {
  public:
   explicit MpiRequest(std::string op) : CommRequest(std::move(op)) {}
+  // MPI would go on writing into buffers their owners are about to free: never drop a request
+  // in flight (an exception between start and wait); end the job instead.
+  ~MpiRequest() override {
+    if (!done_ && req != MPI_REQUEST_NULL)
+      MpiSession::abort_job(fmt::format("internal error: {} was dropped while in flight", op), 3);
+  }
   bool test() override {
     if (done_) return true;
     int flag = 0;
@@ -84,11 +100,12 @@ class MpiRequest final : public CommRequest {
   std::pair<const int*, const int*> counts(std::span<const std::int64_t> c) {
     auto& cnt = arrays_.emplace_back();
     auto& dsp = arrays_.emplace_back();
+    std::int64_t offset = 0;
     for (std::int64_t n : c) {
-      dsp.push_back(cnt.empty() ? 0 : dsp.back() + cnt.back());
+      dsp.push_back(to_int(offset, op));
       cnt.push_back(to_int(n, op));
+      offset += n;
     }
-    (void)to_int(std::accumulate(c.begin(), c.end(), std::int64_t{0}), op);  // displacements fit
     return {cnt.data(), dsp.data()};
   }
   MPI_Request req = MPI_REQUEST_NULL;
@@ -172,7 +189,7 @@ class MpiCommunicator final : public Communicator {
     const auto t0 = clock::now();
     int sleep_us = kMinSleepUs;
     for (int polls = 0; !r->test(); ++polls) {
-      if (polls < kSpinPolls) continue;
+      if (polls < g_spin_polls) continue;
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
       if (waited > timeout_s_)
         MpiSession::abort_job(
@@ -182,7 +199,7 @@ class MpiCommunicator final : public Communicator {
                         r->op, name_, timeout_s_),
             kCommTimeoutExitCode);
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min(kMaxSleepUs, sleep_us * 2);
+      sleep_us = std::min(g_max_sleep_us, sleep_us * 2);
     }
     r.reset();
   }
@@ -224,11 +241,16 @@ double collective_timeout_from_env(double fallback) {
 }
 
 MpiSession::MpiSession(double collective_timeout_s) {
+  g_spin_polls = env_int("EPX_COMM_SPIN_POLLS", g_spin_polls, 0);
+  g_max_sleep_us = env_int("EPX_COMM_MAX_SLEEP_US", g_max_sleep_us, kMinSleepUs);
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) throw std::logic_error("MpiSession: MPI is already initialised");
   int provided = 0;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  // Errors come back as codes (check_mpi throws, and the CLI takes the job down with the message)
+  // rather than Open MPI's own abort; split communicators inherit the handler.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   if (provided < MPI_THREAD_MULTIPLE)

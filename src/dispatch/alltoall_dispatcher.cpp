@@ -135,7 +135,8 @@ class AlltoallDispatcher final : public TokenDispatcher {
       const std::int64_t h = s.hidden_size;
       Tensor y = std::move(s.hidden);
       if (etp_.size() > 1) {
-        // Each ETP rank holds a partial sum of every row (fc2 is split by rows): add them in FP32.
+        // Each ETP rank holds a partial sum of every row (fc2 [H, F] is split by its F columns, a
+        // row-parallel linear): add them in FP32.
         const Tensor partial = y.to(DType::F32);
         auto mine = Tensor::uninitialized({sum(s.recv_rows), h}, DType::F32);
         etp_.reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +22,11 @@ void share_cores_with_local_ranks() {
   if (local == nullptr || std::getenv("OMP_NUM_THREADS")) return;
   const int ranks = std::max(1, std::atoi(local));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  omp_set_num_threads(std::max(1, cores / ranks));
+  // mpirun may bind each rank to its own cores: then use those, else share the machine's.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : cores;
+  omp_set_num_threads(allowed < cores ? std::max(1, allowed) : std::max(1, cores / ranks));
 }
 
 }  // namespace epx

@@ -30,23 +30,25 @@ void account(std::int64_t delta) {
 // Large blocks are kept for reuse when freed, as PyTorch's caching allocator does: glibc maps
 // blocks above 32 MB afresh and unmaps them on free, so each large activation or communication
 // buffer page-faulted anew every step, which cost the dispatcher more than its copies
-// (bench/RESULTS.md). Sizes are rounded to 2 MiB so a step's buffers match the last step's.
+// (bench/RESULTS.md). A request takes the smallest cached block that fits with at most 25%
+// to spare; when the cache is full, the smallest blocks are freed to make room.
 class BlockCache {
  public:
   static constexpr std::size_t kMinBytes = 1 << 20, kRound = 2 << 20;
   static constexpr std::size_t kMaxCachedBytes = std::size_t{4} << 30;
 
-  static std::size_t capacity_for(std::size_t bytes) {
-    if (bytes < kMinBytes) return std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-    return (bytes + kRound - 1) / kRound * kRound;
-  }
-  void* get(std::size_t capacity) {
-    if (capacity >= kMinBytes) {
+  // A block of at least `bytes`; `capacity` receives its real size, for put().
+  void* get(std::size_t bytes, std::size_t& capacity) {
+    if (bytes < kMinBytes) {
+      capacity = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    } else {
+      capacity = (bytes + kRound - 1) / kRound * kRound;
       std::lock_guard lock(mu_);
-      if (auto it = free_.find(capacity); it != free_.end()) {
+      if (auto it = free_.lower_bound(capacity); it != free_.end() && it->first <= capacity + capacity / 4) {
         void* p = it->second;
-        free_.erase(it);
+        capacity = it->first;
         cached_ -= capacity;
+        free_.erase(it);
         return p;
       }
     }
@@ -55,15 +57,15 @@ class BlockCache {
     return p;
   }
   void put(void* p, std::size_t capacity) {
-    if (capacity >= kMinBytes) {
-      std::lock_guard lock(mu_);
-      if (cached_ + capacity <= kMaxCachedBytes) {
-        free_.emplace(capacity, p);
-        cached_ += capacity;
-        return;
-      }
+    if (capacity < kMinBytes || capacity > kMaxCachedBytes) return std::free(p);
+    std::lock_guard lock(mu_);
+    while (cached_ + capacity > kMaxCachedBytes) {
+      std::free(free_.begin()->second);
+      cached_ -= free_.begin()->first;
+      free_.erase(free_.begin());
     }
-    std::free(p);
+    free_.emplace(capacity, p);
+    cached_ += capacity;
   }
 
  private:
@@ -103,9 +105,9 @@ std::string_view dtype_name(DType d) {
 
 std::string shape_string(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-Tensor::Storage::Storage(std::size_t n, bool zeroed) : bytes(n), capacity(BlockCache::capacity_for(n)) {
-  data = block_cache().get(capacity);
-  if (zeroed) std::memset(data, 0, capacity);
+Tensor::Storage::Storage(std::size_t n, bool zeroed) : bytes(n) {
+  data = block_cache().get(n, capacity);
+  if (zeroed) std::memset(data, 0, n);
   account(static_cast<std::int64_t>(bytes));
 }
 
