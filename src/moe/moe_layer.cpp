@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "epx/error.hpp"
 #include "epx/config.hpp"
+#include "epx/error.hpp"
 #include "epx/random.hpp"
 
 namespace epx {
@@ -21,7 +21,7 @@ std::uint64_t stream_of(const std::string& name) {
   return h;
 }
 
-// Bytes of matrix `group` (-1: all) of a tensor, and its shape.
+// The FP32 elements of matrix `group` (-1: all) of a master or grad tensor, and its shape.
 std::pair<float*, Shape> slice(const Tensor& t, std::int64_t group) {
   auto* base = static_cast<float*>(const_cast<void*>(t.raw()));
   if (group < 0) return {base, t.shape()};
