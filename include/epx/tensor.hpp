@@ -63,6 +63,8 @@ class Tensor {
   // Same storage, new shape of the same element count.
   Tensor reshape(Shape shape) const;
   Tensor clone() const;
+  // A copy of slice `index` of `parts` equal slices along dim 0 (a rank's share of the sequence).
+  Tensor chunk(std::int64_t index, std::int64_t parts) const;
   // A copy in another dtype (F32 <-> BF16); a clone when the dtype is already right.
   Tensor to(DType d) const;
   void fill(float v);

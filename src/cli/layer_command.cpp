@@ -1,7 +1,6 @@
 #include "cli/layer_command.hpp"
 
 #include <chrono>
-#include <cstring>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -53,16 +52,6 @@ struct Distributed {
   ProcessGroups groups;
   CommStream stream;
 };
-
-// Rows [rank * n / size, (rank + 1) * n / size) of dim 0 (the sequence).
-Tensor sequence_slice(const Tensor& t, int rank, int size) {
-  Shape s = t.shape();
-  s[0] /= size;
-  Tensor out(s, t.dtype());
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + out.nbytes() * static_cast<std::size_t>(rank),
-              out.nbytes());
-  return out;
-}
 
 // The ranks' sequence slices, concatenated on every rank (F32).
 Tensor gather_sequence(Communicator& world, const Tensor& local) {
@@ -136,8 +125,8 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
     dy = expect_tensor(read_safetensors(*args.grad_output), "grad_output", x_shape, *args.grad_output)
              .to(spec.dtype);
   if (world > 1) {
-    x = sequence_slice(x, rank, world);
-    if (dy.defined()) dy = sequence_slice(dy, rank, world);
+    x = x.chunk(rank, world);
+    if (dy.defined()) dy = dy.chunk(rank, world);
   }
 
   reset_peak_memory();

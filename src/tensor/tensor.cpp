@@ -180,6 +180,16 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::chunk(std::int64_t index, std::int64_t parts) const {
+  if (rank() == 0 || parts < 1 || dim(0) % parts != 0 || index < 0 || index >= parts)
+    throw std::invalid_argument(fmt::format("chunk {} of {} along dim 0 of {}", index, parts, shape_string(shape_)));
+  Shape s = shape_;
+  s[0] /= parts;
+  Tensor t = uninitialized(s, dtype_);
+  std::memcpy(t.raw(), static_cast<const char*>(raw()) + t.nbytes() * static_cast<std::size_t>(index), t.nbytes());
+  return t;
+}
+
 Tensor Tensor::to(DType d) const {
   if (d == dtype_) return clone();
   Tensor t = uninitialized(shape_, d);

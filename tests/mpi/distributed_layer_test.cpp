@@ -51,14 +51,6 @@ MoESpec spec_for(const Case& c) {
   return s;
 }
 
-Tensor sequence_slice(const Tensor& t, int rank, int size) {
-  Shape s = t.shape();
-  s[0] /= size;
-  Tensor out(s, t.dtype());
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + out.nbytes() * static_cast<std::size_t>(rank), out.nbytes());
-  return out;
-}
-
 void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
   ASSERT_EQ(want.shape(), got.shape()) << what;
   EXPECT_LE(test::rel_l2(got, want), tol) << what << " on rank " << mpi().rank();
@@ -103,8 +95,8 @@ void run_case(const Case& c) {
   for (int r = 0; r < world; ++r) {
     MoELayer::Context ctx;
     g.layer.rank = static_cast<std::uint64_t>(r);
-    Tensor y = g.layer.forward(sequence_slice(g.x, r, world), ctx);
-    Tensor dx = g.layer.backward(ctx, sequence_slice(g.dy, r, world));
+    Tensor y = g.layer.forward(g.x.chunk(r, world), ctx);
+    Tensor dx = g.layer.backward(ctx, g.dy.chunk(r, world));
     if (r == rank) {
       ref_y = y;
       ref_dx = dx;
@@ -121,8 +113,8 @@ void run_case(const Case& c) {
   layer.rank = static_cast<std::uint64_t>(rank);
   layer.zero_grad();
   MoELayer::Context ctx;
-  const Tensor y = layer.forward(sequence_slice(g.x, rank, world), ctx);
-  const Tensor dx = layer.backward(ctx, sequence_slice(g.dy, rank, world));
+  const Tensor y = layer.forward(g.x.chunk(rank, world), ctx);
+  const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
   layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
 
   expect_close(ref_y, y, tol, "output");
@@ -166,8 +158,8 @@ TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
   Global g = make_global(spec, c, 7);
   g.layer.zero_grad();
   MoELayer::Context ref_ctx;
-  const Tensor ref_y = sequence_slice(g.layer.forward(g.x, ref_ctx), rank, world);
-  const Tensor ref_dx = sequence_slice(g.layer.backward(ref_ctx, g.dy), rank, world);
+  const Tensor ref_y = g.layer.forward(g.x, ref_ctx).chunk(rank, world);
+  const Tensor ref_dx = g.layer.backward(ref_ctx, g.dy).chunk(rank, world);
   const TensorMap ref_grads = g.layer.grad_tensors();
 
   ProcessGroups groups(mpi().world(), ParallelLayout::make(world, 1, 1, 1, world, 1));
@@ -176,8 +168,8 @@ TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
   layer.load_weights(g.layer.weight_tensors(), "global");
   layer.zero_grad();
   MoELayer::Context ctx;
-  const Tensor y = layer.forward(sequence_slice(g.x, rank, world), ctx);
-  const Tensor dx = layer.backward(ctx, sequence_slice(g.dy, rank, world));
+  const Tensor y = layer.forward(g.x.chunk(rank, world), ctx);
+  const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
   layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
 
   EXPECT_EQ(std::memcmp(ref_y.raw(), y.raw(), y.nbytes()), 0) << "output";
