@@ -7,10 +7,12 @@
 // message naming the rank, the group and the operation.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "epx/tensor.hpp"
 
@@ -24,6 +26,17 @@ class CommRequest {
   const std::string op;     // "alltoallv", ... for messages
 };
 using Request = std::unique_ptr<CommRequest>;
+
+// Memory every rank of a communicator addresses directly (MPI-3 shared windows): each rank owns
+// one segment, and any rank may read or write any segment between fences.
+class SharedWindow {
+ public:
+  virtual ~SharedWindow() = default;  // collective: every rank destroys its window together
+  virtual std::byte* segment(int rank) = 0;
+  virtual std::int64_t segment_bytes(int rank) const = 0;
+  // Collective: every rank's writes before fence() are visible to every rank after it.
+  virtual void fence() = 0;
+};
 
 class Communicator {
  public:
@@ -51,6 +64,10 @@ class Communicator {
 
   // A sub-communicator of the ranks that pass the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
+  // The ranks of this group that share this rank's memory, in rank order (one node).
+  virtual std::unique_ptr<Communicator> split_shared(std::string name) = 0;
+  // Collective: `bytes` on this rank in a window every rank maps. All ranks must share memory.
+  virtual std::unique_ptr<SharedWindow> allocate_shared(std::int64_t bytes) = 0;
 
   // Blocking forms.
   void alltoallv(const void* send, Counts send_counts, void* recv, Counts recv_counts, DType dt) {
@@ -74,5 +91,9 @@ class Communicator {
  private:
   void finish(Request r) { wait(r); }
 };
+
+// The node of every rank of `c`: ranks that share memory get the same id, the lowest rank of `c`
+// on that node. Collective.
+std::vector<int> node_of_each_rank(Communicator& c);
 
 }  // namespace epx

@@ -19,6 +19,12 @@
 
 namespace epx {
 
+// What a dispatcher keeps about one micro-batch's exchange for the combine and the backward (the
+// flex dispatchers' "handle").
+struct DispatchHandle {
+  virtual ~DispatchHandle() = default;
+};
+
 // One micro-batch in flight through a dispatcher. `hidden` and `probs` (one per row) are what
 // the current phase hands to the next; `grad` and `grad_probs` the same in the backward.
 struct DispatchState {
@@ -34,6 +40,7 @@ struct DispatchState {
   // received from each EP rank, rows held by each ETP rank after the ETP all-gather, and the
   // received chunk sizes laid out [ETP][EP][local expert] (source-major).
   std::vector<std::int64_t> send_rows, recv_rows, etp_rows, chunk_rows;
+  std::unique_ptr<DispatchHandle> handle;
   CommEvent pending;  // the communication in flight; the next phase waits on it
 
   DispatchState() = default;
@@ -48,6 +55,13 @@ struct DispatchState {
   }
 };
 
+// Bytes this rank has sent to other ranks since the dispatcher was made: to ranks on its own node
+// and to ranks on other nodes, of which `inter_metadata` is routing metadata (expert ids,
+// probabilities, counts) rather than token rows.
+struct TrafficBytes {
+  std::int64_t intra = 0, inter = 0, inter_metadata = 0;
+};
+
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
@@ -57,6 +71,7 @@ class TokenDispatcher {
   // Expert tensor parallelism: each expert's FFN dimension is split over ETP ranks.
   virtual int expert_tp_rank() const { return 0; }
   virtual int expert_tp_size() const { return 1; }
+  virtual TrafficBytes traffic() const { return {}; }
 
   virtual void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) = 0;
   virtual void token_dispatch(DispatchState& s) = 0;
@@ -85,5 +100,35 @@ class ProcessGroups;
 // runs on `stream`. Both must outlive the dispatcher.
 std::unique_ptr<TokenDispatcher> make_alltoall_dispatcher(std::int64_t num_experts,
                                                           ProcessGroups& groups, CommStream& stream);
+
+// Megatron-Core's MoEFlexTokenDispatcher over the ETP x EP group, with epx's CPU versions of its
+// two backends (docs/ARCHITECTURE.md, "Flex dispatchers"). Both send one copy of a token per
+// destination rank, and across domains (nodes) one copy per destination domain, forwarded
+// inside the domain; the combine sums inside the domain before crossing back.
+struct FlexOptions {
+  std::string backend = "deepep";  // deepep | hybridep
+  // deepep: moe_flex_dispatcher_num_sms. DeepEP pairs its SMs into channels; here the token range
+  // is cut into num_sms / 2 channels, each exchanged as its own message and forwarded inside the
+  // node as soon as it lands.
+  int num_sms = 20;
+  // hybridep: NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN (0: the ranks that share a node); it must
+  // divide the ETP x EP size, and a domain's ranks must share memory.
+  int ranks_per_domain = 0;
+  // hybridep: NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API, the tokens per pipelined chunk.
+  int tokens_per_chunk = 64;
+};
+
+// The options from the config (model.moe_flex_dispatcher_backend, model.moe_flex_dispatcher_num_sms
+// or its deprecated per-backend forms) and the HybridEP environment variables (the process's,
+// else the recipe's env_vars). Throws EnvironmentError for a backend this build does not have.
+struct Config;
+FlexOptions flex_options_from_config(const Config& cfg);
+
+std::unique_ptr<TokenDispatcher> make_flex_dispatcher(std::int64_t num_experts, ProcessGroups& groups,
+                                                      CommStream& stream, const FlexOptions& options);
+
+// The dispatcher model.moe_token_dispatcher_type names (alltoall or flex) over `groups`.
+std::unique_ptr<TokenDispatcher> make_dispatcher(const Config& cfg, std::int64_t num_experts,
+                                                 ProcessGroups& groups, CommStream& stream);
 
 }  // namespace epx

@@ -12,4 +12,11 @@ class InputError : public std::runtime_error {
   explicit InputError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The environment cannot run what the config asks for: a backend this build does not include,
+// ranks that do not share memory where a shared window needs them. The CLI exits 5.
+class EnvironmentError : public std::runtime_error {
+ public:
+  explicit EnvironmentError(const std::string& what) : std::runtime_error(what) {}
+};
+
 }  // namespace epx

@@ -98,7 +98,7 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
                                   spec.seq_length, world, spec.seq_length));
   std::optional<Distributed> dist;
   if (mpi) dist.emplace(*mpi, cfg);
-  MoELayer layer(spec, dist ? make_alltoall_dispatcher(spec.num_experts, dist->groups, dist->stream)
+  MoELayer layer(spec, dist ? make_dispatcher(cfg, spec.num_experts, dist->groups, dist->stream)
                             : make_local_dispatcher(spec.num_experts));
   layer.rank = static_cast<std::uint64_t>(rank);
   const Shape x_shape{spec.seq_length, spec.micro_batch, spec.hidden};

@@ -15,8 +15,9 @@ namespace epx::cli {
 namespace {
 
 // Exit codes: 0 fine, 1 the config has errors, 2 unusable input, 3 internal error, 4 a collective
-// timed out (epx::kCommTimeoutExitCode).
+// timed out (epx::kCommTimeoutExitCode), 5 the environment cannot run it (a backend not built).
 constexpr int kUnusable = 2;
+constexpr int kEnvironment = 5;
 
 int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   if (list_rules) {
@@ -104,6 +105,8 @@ int main(int argc, char** argv) {
     return fail(std::string("error: ") + e.what(), kUnusable);
   } catch (const epx::InputError& e) {
     return fail(std::string("error: ") + e.what(), kUnusable);
+  } catch (const epx::EnvironmentError& e) {
+    return fail(std::string("environment error: ") + e.what(), kEnvironment);
   } catch (const std::exception& e) {
     return fail(std::string("internal error: ") + e.what(), 3);
   }

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -115,6 +116,52 @@ class MpiRequest final : public CommRequest {
   std::deque<std::vector<int>> arrays_;  // a deque: references stay valid as it grows
 };
 
+// MPI_Win_allocate_shared, kept in a passive-target epoch for its whole life; fence() is
+// MPI_Win_sync, a barrier (under the collective timeout), MPI_Win_sync.
+class MpiSharedWindow final : public SharedWindow {
+ public:
+  MpiSharedWindow(Communicator& comm, MPI_Comm mpi_comm, std::int64_t bytes) : comm_(comm) {
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each segment on its owner's pages
+    void* base = nullptr;
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(std::max<std::int64_t>(bytes, 8)), 1, info,
+                                           mpi_comm, &base, &win_);
+    MPI_Info_free(&info);
+    check_mpi(rc, "MPI_Win_allocate_shared");
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, win_);
+    const int n = comm.size();
+    for (int r = 0; r < n; ++r) {
+      MPI_Aint size = 0;
+      int disp = 0;
+      void* ptr = nullptr;
+      check_mpi(MPI_Win_shared_query(win_, r, &size, &disp, &ptr), "MPI_Win_shared_query");
+      segments_.push_back(static_cast<std::byte*>(ptr));
+      bytes_.push_back(static_cast<std::int64_t>(size));
+    }
+  }
+  ~MpiSharedWindow() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+  std::byte* segment(int rank) override { return segments_.at(static_cast<std::size_t>(rank)); }
+  std::int64_t segment_bytes(int rank) const override { return bytes_.at(static_cast<std::size_t>(rank)); }
+  void fence() override {
+    MPI_Win_sync(win_);
+    comm_.barrier();
+    MPI_Win_sync(win_);
+  }
+
+ private:
+  Communicator& comm_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  std::vector<std::byte*> segments_;
+  std::vector<std::int64_t> bytes_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s, bool owned)
@@ -209,6 +256,15 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
     return std::make_unique<MpiCommunicator>(sub, std::move(name), timeout_s_, true);
   }
+  std::unique_ptr<Communicator> split_shared(std::string name) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &sub),
+              "MPI_Comm_split_type");
+    return std::make_unique<MpiCommunicator>(sub, std::move(name), timeout_s_, true);
+  }
+  std::unique_ptr<SharedWindow> allocate_shared(std::int64_t bytes) override {
+    return std::make_unique<MpiSharedWindow>(*this, comm_, bytes);
+  }
 
  private:
   void expect_size(Counts c, const std::string& op) const {
@@ -224,6 +280,19 @@ class MpiCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::vector<int> node_of_each_rank(Communicator& c) {
+  const auto node = c.split_shared(c.name() + " node");
+  // The lowest rank of `c` on this node names it; node ranks are ordered by their rank in `c`.
+  std::int64_t me = c.rank(), first = 0;
+  const std::vector<std::int64_t> one_each(static_cast<std::size_t>(node->size()), 1);
+  std::vector<std::int64_t> node_ranks(one_each.size());
+  node->allgatherv(&me, node_ranks.data(), one_each, DType::I64);
+  first = node_ranks.front();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(c.size()));
+  c.allgatherv(&first, all.data(), std::vector<std::int64_t>(all.size(), 1), DType::I64);
+  return {all.begin(), all.end()};
+}
 
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
