@@ -10,6 +10,7 @@ packages=(
   libdnnl-dev                       # oneDNN: BF16/FP32 GEMM with AMX where present
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2 util-linux hostname      # the emulated cluster: ip, tc, unshare (scripts/cluster.sh)
 )
 
 missing=()

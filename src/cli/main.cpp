@@ -1,10 +1,11 @@
-// `epx`: the command-line front end. Subcommands: check, config, layer.
+// `epx`: the command-line front end. Subcommands: check, config, layer, launch, bench.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/config_args.hpp"
+#include "cli/launch_command.hpp"
 #include "cli/layer_command.hpp"
 #include "epx/check.hpp"
 #include "epx/error.hpp"
@@ -68,6 +69,12 @@ int main(int argc, char** argv) {
       "layer", "run one MoE layer forward (and backward) on safetensors files");
   layer_args.add_to(*layer);
 
+  LaunchArgs launch_args;
+  auto* launch = app.add_subcommand(
+      "launch", "run a command on several ranks: mpirun with the options this machine or the "
+                "emulated cluster (--cluster) needs; e.g. epx launch --cluster -- epx layer ...");
+  launch_args.add_to(*launch);
+
   try {
     auto args = normalize_harness_flags(argc, argv);
     app.parse(args);
@@ -97,6 +104,7 @@ int main(int argc, char** argv) {
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
+    if (*launch) return run_launch_command(launch_args);
     if (*list) {
       for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
       return 0;

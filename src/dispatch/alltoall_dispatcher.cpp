@@ -20,6 +20,7 @@
 #include "epx/config.hpp"
 #include "epx/dispatcher.hpp"
 #include "epx/process_groups.hpp"
+#include "dispatch/traffic_counter.hpp"
 
 namespace epx {
 namespace {
@@ -39,7 +40,8 @@ class AlltoallDispatcher final : public TokenDispatcher {
         ep_(groups.get(GroupKind::ep)),
         etp_(groups.get(GroupKind::etp)),
         tp_ep_(groups.get(GroupKind::tp_ep)),
-        stream_(stream) {
+        stream_(stream),
+        traffic_(node_of_each_rank(tp_ep_), tp_ep_.rank()) {
     if (num_experts % ep_.size() != 0)
       throw ConfigError(fmt::format(
           "model.num_moe_experts = {} is not divisible by model.expert_model_parallel_size = {}: "
@@ -54,6 +56,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
   std::int64_t first_local_expert() const override { return first_; }
   int expert_tp_rank() const override { return etp_.rank(); }
   int expert_tp_size() const override { return etp_.size(); }
+  TrafficBytes traffic() const override { return traffic_.total(); }
 
   // ------------------------------------------------------------------------ forward
 
@@ -71,6 +74,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
     std::vector<std::int64_t> all(static_cast<std::size_t>(num_experts_ * ep * etp));
     const std::vector<std::int64_t> each(static_cast<std::size_t>(ep * etp), num_experts_);
     stream_.run([&] { tp_ep_.allgatherv(s.perm.tokens_per_expert.data(), all.data(), each, DType::I64); });
+    traffic_.add_to_all(0, num_experts_ * 8);
     const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
       return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
     };
@@ -101,9 +105,11 @@ class AlltoallDispatcher final : public TokenDispatcher {
       Request rx = ep_.start_alltoallv(s.hidden.raw(), times(s.send_rows, h), x.raw(),
                                        times(s.recv_rows, h), x.dtype());
       Request rp = ep_.start_alltoallv(s.probs.data(), s.send_rows, p.data(), s.recv_rows, DType::F32);
+      count_ep(s.send_rows, h * dtype_size(x.dtype()), 4);
       ep_.wait(rx);
       ep_.wait(rp);
       if (etp_.size() > 1) {
+        count_etp_all(x.dim(0) * h * dtype_size(x.dtype()), x.dim(0) * 4);
         auto gx = Tensor::uninitialized({sum(s.etp_rows), h}, x.dtype());
         std::vector<float> gp(static_cast<std::size_t>(gx.dim(0)));
         rx = etp_.start_allgatherv(x.raw(), gx.raw(), times(s.etp_rows, h), x.dtype());
@@ -140,8 +146,10 @@ class AlltoallDispatcher final : public TokenDispatcher {
         const Tensor partial = y.to(DType::F32);
         auto mine = Tensor::uninitialized({sum(s.recv_rows), h}, DType::F32);
         etp_.reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
+        count_etp(s.etp_rows, h * 4, 0);
         y = mine.to(y.dtype());
       }
+      count_ep(s.recv_rows, h * dtype_size(y.dtype()), 0);
       auto out = Tensor::uninitialized({s.perm.rows(), h}, y.dtype());
       ep_.alltoallv(y.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), y.dtype());
       s.hidden = std::move(out);
@@ -168,7 +176,9 @@ class AlltoallDispatcher final : public TokenDispatcher {
       const std::int64_t h = s.hidden_size;
       auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
       ep_.alltoallv(s.grad.raw(), times(s.send_rows, h), g.raw(), times(s.recv_rows, h), g.dtype());
+      count_ep(s.send_rows, h * dtype_size(g.dtype()), 0);
       if (etp_.size() > 1) {  // the backward of the reduce-scatter: every ETP rank needs all rows
+        count_etp_all(g.dim(0) * h * dtype_size(g.dtype()), 0);
         auto all = Tensor::uninitialized({sum(s.etp_rows), h}, g.dtype());
         etp_.allgatherv(g.raw(), all.raw(), times(s.etp_rows, h), g.dtype());
         g = std::move(all);
@@ -198,6 +208,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         std::vector<float> mine_p(static_cast<std::size_t>(mine.dim(0)));
         Request rx = etp_.start_reduce_scatterv(partial.raw(), mine.raw(), times(s.etp_rows, h), DType::F32);
         Request rp = etp_.start_reduce_scatterv(gp.data(), mine_p.data(), s.etp_rows, DType::F32);
+        count_etp(s.etp_rows, h * 4, 4);
         etp_.wait(rx);
         etp_.wait(rp);
         g = mine.to(g.dtype());
@@ -207,6 +218,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       std::vector<float> out_p(static_cast<std::size_t>(s.perm.rows()));
       Request rx = ep_.start_alltoallv(g.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), g.dtype());
       Request rp = ep_.start_alltoallv(gp.data(), s.recv_rows, out_p.data(), s.send_rows, DType::F32);
+      count_ep(s.recv_rows, h * dtype_size(g.dtype()), 4);
       ep_.wait(rx);
       ep_.wait(rp);
       s.grad = std::move(out);
@@ -224,6 +236,22 @@ class AlltoallDispatcher final : public TokenDispatcher {
   }
 
  private:
+  // Traffic: `rows[p]` rows to EP rank p, or to ETP rank t, of row_bytes payload and meta_bytes
+  // metadata each (group rank in ETP x EP: ep * ETP + etp).
+  void count_ep(const std::vector<std::int64_t>& rows, std::int64_t row_bytes, std::int64_t meta_bytes) {
+    for (int p = 0; p < ep_.size(); ++p)
+      traffic_.add(p * etp_.size() + etp_.rank(), rows[static_cast<std::size_t>(p)] * row_bytes,
+                   rows[static_cast<std::size_t>(p)] * meta_bytes);
+  }
+  void count_etp(const std::vector<std::int64_t>& rows, std::int64_t row_bytes, std::int64_t meta_bytes) {
+    for (int t = 0; t < etp_.size(); ++t)
+      traffic_.add(ep_.rank() * etp_.size() + t, rows[static_cast<std::size_t>(t)] * row_bytes,
+                   rows[static_cast<std::size_t>(t)] * meta_bytes);
+  }
+  void count_etp_all(std::int64_t payload, std::int64_t metadata) {  // the same block to every ETP rank
+    count_etp(std::vector<std::int64_t>(static_cast<std::size_t>(etp_.size()), 1), payload, metadata);
+  }
+
   // Permutation 2 ([ETP][EP][local expert] -> [local expert][ETP][EP]) and its inverse, on the
   // rows of a tensor or on one probability per row.
   void regroup(const DispatchState& s, const void* in, void* out, std::size_t row_bytes,
@@ -246,6 +274,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
   std::int64_t num_experts_, local_ = 1, first_ = 0;
   Communicator &ep_, &etp_, &tp_ep_;
   CommStream& stream_;
+  TrafficCounter traffic_;
 };
 
 }  // namespace

@@ -21,7 +21,6 @@
 // The backward of dispatch is a combine (carrying the probability gradients in the record
 // slots), the backward of combine a dispatch over the cached layout.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <span>
@@ -32,6 +31,7 @@
 #include "epx/dispatcher.hpp"
 #include "epx/error.hpp"
 #include "epx/process_groups.hpp"
+#include "dispatch/traffic_counter.hpp"
 
 namespace epx {
 namespace {
@@ -112,7 +112,9 @@ class FlexDispatcher final : public TokenDispatcher {
         group_(groups.get(GroupKind::tp_ep)),
         ep_(groups.get(GroupKind::ep)),
         etp_(groups.get(GroupKind::etp)),
-        stream_(stream) {
+        stream_(stream),
+        node_of_(node_of_each_rank(group_)),
+        traffic_(node_of_, group_.rank()) {
     if (opt_.backend != "deepep" && opt_.backend != "hybridep")
       throw EnvironmentError(fmt::format(
           "model.moe_flex_dispatcher_backend = {}: this epx build has no {} backend (it has deepep "
@@ -128,7 +130,6 @@ class FlexDispatcher final : public TokenDispatcher {
     first_ = ep_.rank() * local_;
     n_ = group_.size();
     q_ = group_.rank();
-    node_of_ = node_of_each_rank(group_);
     domain_ = domain_size();
     domains_ = n_ / domain_;
     b_ = q_ / domain_;
@@ -143,7 +144,7 @@ class FlexDispatcher final : public TokenDispatcher {
   std::int64_t first_local_expert() const override { return first_; }
   int expert_tp_rank() const override { return etp_.rank(); }
   int expert_tp_size() const override { return etp_.size(); }
-  TrafficBytes traffic() const override { return {intra_bytes_, inter_bytes_, inter_metadata_bytes_}; }
+  TrafficBytes traffic() const override { return traffic_.total(); }
 
   // ------------------------------------------------------------------------ forward
 
@@ -210,7 +211,7 @@ class FlexDispatcher final : public TokenDispatcher {
     }
     std::vector<std::int64_t> all(static_cast<std::size_t>(V * n_));
     stream_.run([&] { group_.allgatherv(mine.data(), all.data(), std::vector<std::int64_t>(n_, V), DType::I64); });
-    count_metadata_to_all(V * 8 + 16);
+    traffic_.add_to_all(0, V * 8 + 16);
     const auto per_expert = [&](std::int64_t src, std::int64_t e) { return all[static_cast<std::size_t>(src * V + e)]; };
     const auto per_rank = [&](std::int64_t src, std::int64_t c, std::int64_t o) {
       return all[static_cast<std::size_t>(src * V + E + c * n_ + o)];
@@ -422,19 +423,7 @@ class FlexDispatcher final : public TokenDispatcher {
     return d;
   }
 
-  // Traffic accounting: payload and metadata bytes sent to group rank `peer`.
-  void count(int peer, std::int64_t payload, std::int64_t metadata) {
-    if (peer == q_) return;
-    if (node_of_[static_cast<std::size_t>(peer)] == node_of_[static_cast<std::size_t>(q_)]) {
-      intra_bytes_ += payload + metadata;
-    } else {
-      inter_bytes_ += payload + metadata;
-      inter_metadata_bytes_ += metadata;
-    }
-  }
-  void count_metadata_to_all(std::int64_t bytes) {
-    for (int o = 0; o < n_; ++o) count(o, 0, bytes);
-  }
+  void count(int peer, std::int64_t payload, std::int64_t metadata) { traffic_.add(peer, payload, metadata); }
 
   // Rows of a packed buffer (stride bytes apart) in a permutation's order.
   static Tensor gather_rows(const std::byte* in, std::int64_t stride, const Permutation& p, std::int64_t h, DType dt) {
@@ -709,13 +698,12 @@ class FlexDispatcher final : public TokenDispatcher {
   FlexOptions opt_;
   Communicator &group_, &ep_, &etp_;
   CommStream& stream_;
+  std::vector<int> node_of_;  // of each group rank
+  TrafficCounter traffic_;
   int n_ = 1, q_ = 0, domain_ = 1, domains_ = 1, b_ = 0, g_ = 0;
-  std::vector<int> node_of_;
   std::unique_ptr<Communicator> rail_, dom_;
   std::vector<int> owners_;  // [EP][ETP] group ranks
   std::unique_ptr<SharedWindow> window_;
-  // Added by the compute thread (the counts exchange) and the comm thread (the exchanges).
-  std::atomic<std::int64_t> intra_bytes_{0}, inter_bytes_{0}, inter_metadata_bytes_{0};
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // main() of the MPI test binary, run by ctest under `mpirun -np N --oversubscribe`: one
 // MpiSession for all tests; only rank 0 prints gtest's progress (every rank still fails the job
-// on its own failures, since mpirun returns nonzero when any rank does).
+// on its own failures, since mpirun returns nonzero when any rank does); the other ranks print
+// only their failed assertions.
 #include <gtest/gtest.h>
 
 #include "mpi_test_support.hpp"
@@ -10,6 +11,14 @@ namespace {
 MpiSession* g_session = nullptr;
 }
 MpiSession& mpi() { return *g_session; }
+
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "rank %d: %s:%d: failure\n%s\n", g_session->rank(), r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.message());
+  }
+};
 }  // namespace epx::test
 
 int main(int argc, char** argv) {
@@ -19,6 +28,7 @@ int main(int argc, char** argv) {
   if (session.rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new epx::test::FailurePrinter);
   }
   const int rc = RUN_ALL_TESTS();
   if (rc != 0)

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# An emulated multi-node cluster on one machine (../shared/TESTBED.md): each node is a network
+# namespace with a veth link to a bridge in the root namespace, shaped by tbf in both directions,
+# named in /etc/hosts, with a hostfile and an mpirun launch agent.
+#
+#   scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B]   (again: rebuilds it)
+#   scripts/cluster.sh down
+#   scripts/cluster.sh status
+#
+# Then `epx launch --cluster -- epx layer ...` runs on it. State lives in $EPX_CLUSTER_DIR
+# (default /run/epx-cluster). Addresses: $EPX_CLUSTER_SUBNET.0/24 (default 10.231.7), used by
+# nothing else; node i is epxnode<i> at .(11+i), the bridge (mpirun's side) at .1.
+set -euo pipefail
+
+STATE=${EPX_CLUSTER_DIR:-/run/epx-cluster}
+SUBNET=${EPX_CLUSTER_SUBNET:-10.231.7}
+BRIDGE=epxbr0
+MTU=9000          # jumbo frames, as on RoCE/IB fabrics: headers stay under 1% of the bytes
+HOSTS_TAG="# epx-cluster"
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+preflight() {
+  [ "$(id -u)" = 0 ] || die "needs root to create network namespaces and shape links (run as root or with sudo); nothing was changed"
+  local tool
+  for tool in ip tc unshare hostname; do
+    command -v "$tool" >/dev/null || die "'$tool' is missing (Debian: apt-get install iproute2 util-linux hostname); nothing was changed"
+  done
+  ip netns list >/dev/null 2>&1 || die "'ip netns' does not work here (no network-namespace support); nothing was changed"
+}
+
+node_names() { local n=$1 i; for ((i = 0; i < n; i++)); do echo "epxnode$i"; done; }
+
+down() {
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^epxnode' || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+    ip netns del "$ns"
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+  if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null; then
+    # /etc/hosts may be a bind mount (containers): rewrite it in place rather than replace it.
+    local kept
+    kept=$(grep -v "$HOSTS_TAG" /etc/hosts)
+    printf '%s\n' "$kept" > /etc/hosts
+  fi
+  rm -rf "$STATE"
+}
+
+up() {
+  local nodes=2 rpn=2 gbit=1
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) nodes=$2; shift 2 ;;
+      --ranks-per-node) rpn=$2; shift 2 ;;
+      --link-gbit) gbit=$2; shift 2 ;;
+      *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B)" ;;
+    esac
+  done
+  [[ $nodes =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) || die "--nodes = '$nodes': expected a whole number from 1 to 64"
+  [[ $rpn =~ ^[0-9]+$ ]] && ((rpn >= 1 && rpn <= 64)) || die "--ranks-per-node = '$rpn': expected a whole number from 1 to 64"
+  [[ $gbit =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v b="$gbit" 'BEGIN { exit !(b > 0 && b <= 100) }' ||
+    die "--link-gbit = '$gbit': expected a rate in Gbit/s above 0 and at most 100 (e.g. 1 or 0.5)"
+  if ip -4 addr show | grep -v "$BRIDGE" | grep -q "inet $SUBNET\."; then
+    die "the subnet $SUBNET.0/24 is already used on this machine; set EPX_CLUSTER_SUBNET to a free one (e.g. 10.231.8)"
+  fi
+  down  # `up` again rebuilds from scratch
+
+  # tbf: rate in kbit; the bucket holds 4 ms of traffic (at least 64 KB) so the rate holds on
+  # short transfers without letting bursts run far ahead of it.
+  local kbit burst
+  kbit=$(awk -v b="$gbit" 'BEGIN { printf "%d", b * 1000000 }')
+  burst=$(awk -v k="$kbit" 'BEGIN { b = k * 1000 / 8 * 0.004; if (b < 65536) b = 65536; printf "%d", b }')
+
+  ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" mtu $MTU
+  ip addr add "$SUBNET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  local i ns host_if
+  for ((i = 0; i < nodes; i++)); do
+    ns=epxnode$i
+    host_if=epxv$i
+    ip netns add "$ns"
+    ip link add "$host_if" mtu $MTU type veth peer name eth0 mtu $MTU netns "$ns"
+    ip link set "$host_if" master "$BRIDGE" up
+    ip -n "$ns" addr add "$SUBNET.$((11 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    tc qdisc replace dev "$host_if" root tbf rate "${kbit}kbit" burst "$burst" latency 50ms
+    ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$burst" latency 50ms
+    echo "$SUBNET.$((11 + i)) $ns $HOSTS_TAG" >> /etc/hosts
+  done
+
+  mkdir -p "$STATE"
+  # mpirun's launch agent: `AGENT HOST CMD...` runs CMD in that node's namespace with its own
+  # hostname (Open MPI's shared-memory transport keys its segments by hostname).
+  cat > "$STATE/agent" <<'AGENT'
+#!/usr/bin/env bash
+host=$1; shift
+exec ip netns exec "$host" unshare --uts bash -c "hostname $host; $*"
+AGENT
+  chmod +x "$STATE/agent"
+  node_names "$nodes" | sed "s/\$/ slots=$rpn/" > "$STATE/hostfile"
+  cat > "$STATE/cluster.env" <<EOF
+nodes=$nodes
+ranks_per_node=$rpn
+link_gbit=$gbit
+subnet=$SUBNET.0/24
+agent=$STATE/agent
+hostfile=$STATE/hostfile
+EOF
+  echo "cluster up: $nodes nodes x $rpn ranks, links shaped to $gbit Gbit/s each way, MTU $MTU"
+  status
+}
+
+status() {
+  if [ ! -f "$STATE/cluster.env" ]; then
+    echo "no emulated cluster (run: scripts/cluster.sh up --nodes N --ranks-per-node G --link-gbit B)"
+    return 0
+  fi
+  sed 's/^/  /' "$STATE/cluster.env"
+  local ns
+  for ns in $(ip netns list | awk '{print $1}' | grep '^epxnode' | sort -V); do
+    printf '  %-9s %s  %s\n' "$ns" "$(ip -n "$ns" -4 -o addr show dev eth0 | awk '{print $4}')" \
+      "$(ip netns exec "$ns" tc qdisc show dev eth0 | grep -o 'rate [^ ]*' || echo 'not shaped')"
+  done
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] && shift
+case $cmd in
+  up) preflight; up "$@" ;;
+  down) preflight; down; echo "cluster down" ;;
+  status) status ;;
+  *) die "usage: scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B] | down | status" ;;
+esac

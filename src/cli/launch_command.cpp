@@ -1,0 +1,114 @@
+#include "cli/launch_command.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "epx/config.hpp"
+#include "epx/error.hpp"
+
+extern char** environ;
+
+namespace epx::cli {
+namespace {
+
+std::string cluster_dir() {
+  const char* d = std::getenv("EPX_CLUSTER_DIR");
+  return d && *d ? d : "/run/epx-cluster";
+}
+
+// scripts/cluster.sh's cluster.env: key=value lines.
+std::map<std::string, std::string> read_cluster_env() {
+  const std::string path = cluster_dir() + "/cluster.env";
+  std::ifstream in(path);
+  if (!in)
+    throw ConfigError(fmt::format("--cluster: no emulated cluster is up ({} not found); bring one up "
+                                  "with: scripts/cluster.sh up --nodes 2 --ranks-per-node 2 --link-gbit 1",
+                                  path));
+  std::map<std::string, std::string> kv;
+  for (std::string line; std::getline(in, line);)
+    if (auto eq = line.find('='); eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
+  for (const char* key : {"nodes", "ranks_per_node", "subnet", "agent"})
+    if (!kv.count(key)) throw ConfigError(fmt::format("{}: no '{}' line; run scripts/cluster.sh up again", path, key));
+  return kv;
+}
+
+// Variables epx and its tests read, passed on to every rank (mpirun starts remote ranks with a
+// fresh environment).
+bool forwarded(const std::string& name) {
+  for (const char* prefix : {"EPX_", "NUM_OF_", "OMP_", "ASAN_", "UBSAN_", "GTEST_"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+void LaunchArgs::add_to(CLI::App& app) {
+  app.add_flag("--cluster", cluster, "run on the emulated cluster of scripts/cluster.sh");
+  app.add_option("--nodes", nodes, "with --cluster: use the first N nodes (default: all)")->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "with --cluster: ranks on each node (default: the cluster's)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("-n,--np", np, "without --cluster: the number of ranks (default 2)")->check(CLI::PositiveNumber);
+  app.add_flag("--dry-run", dry_run, "print the mpirun command line instead of running it");
+  app.add_option("command", command, "the command every rank runs, after --; 'epx' means this epx")
+      ->required();
+}
+
+std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::string& self_exe) {
+  std::vector<std::string> argv = {"mpirun"};
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  argv.push_back("--oversubscribe");
+  if (args.cluster) {
+    const auto kv = read_cluster_env();
+    const int have_nodes = std::stoi(kv.at("nodes")), have_rpn = std::stoi(kv.at("ranks_per_node"));
+    const int nodes = args.nodes.value_or(have_nodes), rpn = args.ranks_per_node.value_or(have_rpn);
+    if (nodes > have_nodes)
+      throw ConfigError(fmt::format("--nodes = {}: the emulated cluster has {} nodes; bring up a bigger "
+                                    "one with scripts/cluster.sh up --nodes {}",
+                                    nodes, have_nodes, nodes));
+    if (args.np) throw ConfigError("--np is for local runs; on the cluster use --nodes and --ranks-per-node");
+    std::string hosts;
+    for (int i = 0; i < nodes; ++i) hosts += fmt::format("{}epxnode{}:{}", i ? "," : "", i, rpn);
+    const std::string subnet = kv.at("subnet");
+    argv.insert(argv.end(), {"--mca", "plm_rsh_agent", kv.at("agent"), "--mca", "oob_tcp_if_include", subnet,
+                             "--mca", "btl_tcp_if_include", subnet, "--mca", "btl", "self,vader,tcp",
+                             "--map-by", "slot", "-H", hosts, "-np", std::to_string(nodes * rpn)});
+  } else {
+    if (args.nodes || args.ranks_per_node) throw ConfigError("--nodes and --ranks-per-node need --cluster");
+    argv.insert(argv.end(), {"-np", std::to_string(args.np.value_or(2))});
+  }
+  for (char** e = environ; *e; ++e) {
+    const std::string var = *e;
+    const std::string name = var.substr(0, var.find('='));
+    if (forwarded(name)) argv.insert(argv.end(), {"-x", name});
+  }
+  for (std::size_t i = 0; i < args.command.size(); ++i)
+    argv.push_back(i == 0 && args.command[0] == "epx" ? self_exe : args.command[i]);
+  return argv;
+}
+
+int run_launch_command(const LaunchArgs& args) {
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::vector<std::string> line = launch_command_line(args, self);
+  if (args.dry_run) {
+    for (std::size_t i = 0; i < line.size(); ++i) std::cout << (i ? " " : "") << line[i];
+    std::cout << "\n";
+    return 0;
+  }
+  std::vector<char*> argv;
+  for (const auto& a : line) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  throw EnvironmentError(fmt::format("could not start mpirun: {} (Debian: apt-get install openmpi-bin)",
+                                     std::strerror(errno)));
+}
+
+}  // namespace epx::cli

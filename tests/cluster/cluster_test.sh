@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# ctest cluster.2x2: bring up 2 nodes x 2 ranks at 1 Gbit/s, check placement and the link with
+# the probe, run the flex-vs-alltoall MPI tests across the nodes, and tear the cluster down, also
+# when a step fails. Exit 77 (skipped) without root or network namespaces.
+#   cluster_test.sh CLUSTER_SH EPX PROBE MPI_TESTS
+set -uo pipefail
+cluster=$1 epx=$2 probe=$3 mpi_tests=$4
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  echo "skipped: the emulated cluster needs root, ip and tc"
+  exit 77
+fi
+trap '"$cluster" down >/dev/null 2>&1' EXIT
+set -e
+"$cluster" up --nodes 2 --ranks-per-node 2 --link-gbit 1
+"$epx" launch --cluster -- "$probe" 2 2 1
+# Flex against alltoall with real nodes as the deepep domains, and the alltoall layer itself.
+"$epx" launch --cluster -- "$mpi_tests" --gtest_brief=1 \
+  --gtest_filter='FlexDispatcher.*:DistributedLayer.EpAllRanksTop2*:DistributedLayer.Etp2Ep2Top4'
+echo "cluster.2x2: passed"
