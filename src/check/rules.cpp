@@ -578,6 +578,21 @@ std::vector<Rule> build_rules() {
                                 *m.moe_flex_dispatcher_backend));
       });
 
+  add("flex.cpu_backend", E, {"model.moe_flex_dispatcher_backend", "target.gpu"},
+      "epx runtime (src/dispatch/flex_dispatcher.cpp)",
+      "on the cpu target the flex backend must be one epx's runtime has (deepep, hybridep)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (c.cuda() || m.moe_token_dispatcher_type != "flex" || !m.moe_flex_dispatcher_backend) return pass();
+        const std::string& b = *m.moe_flex_dispatcher_backend;
+        return fail_if(b != "deepep" && b != "hybridep",
+                       fmt::format("moe_flex_dispatcher_backend={} is not built into epx's CPU runtime "
+                                   "(it has deepep and hybridep); the run would fail when the "
+                                   "dispatcher is made",
+                                   b),
+                       "model.moe_flex_dispatcher_backend=deepep");
+      });
+
   // ---- HybridEP topology --------------------------------------------------------------------
   add("hybridep.topology", E, {"model.expert_model_parallel_size", "target.gpu"}, kBridgeTopology,
       "HybridEP has an NVLink-domain layout for this GPU and EP size (epx also maps h200 and "

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/config_args.hpp"
+#include "cli/bench_command.hpp"
 #include "cli/launch_command.hpp"
 #include "cli/layer_command.hpp"
 #include "epx/check.hpp"
@@ -75,6 +76,13 @@ int main(int argc, char** argv) {
                 "emulated cluster (--cluster) needs; e.g. epx launch --cluster -- epx layer ...");
   launch_args.add_to(*launch);
 
+  auto* bench = app.add_subcommand("bench", "benchmarks that print tables (run under epx launch)");
+  bench->require_subcommand(1);
+  BenchDispatchArgs bench_dispatch_args;
+  auto* bench_dispatch = bench->add_subcommand(
+      "dispatch", "dispatch + combine time and bytes inside / across nodes for each dispatcher");
+  bench_dispatch_args.add_to(*bench_dispatch);
+
   try {
     auto args = normalize_harness_flags(argc, argv);
     app.parse(args);
@@ -96,15 +104,16 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    if (*layer && epx::launched_by_mpirun()) {
+    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch) {
       epx::share_cores_with_local_ranks();
       mpi = std::make_unique<epx::MpiSession>(
-          layer_args.collective_timeout.value_or(epx::collective_timeout_from_env()));
+          (*layer ? layer_args.collective_timeout : std::nullopt).value_or(epx::collective_timeout_from_env()));
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*launch) return run_launch_command(launch_args);
+    if (*bench_dispatch) return run_bench_dispatch(bench_dispatch_args, *mpi);
     if (*list) {
       for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
       return 0;

@@ -148,6 +148,8 @@ const std::vector<Case>& cases() {
       {"flex.hybridep_gpu", HYBRIDEP + Overrides{"target.gpu=v100"}, HYBRIDEP + H100},
       {"flex.backend_without_flex", {"model.moe_flex_dispatcher_backend=hybridep"}, {}},
       {"flex.runtime_package", DEEPEP + H100, DEEPEP},
+      {"flex.cpu_backend", {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep"},
+       DEEPEP},
       {"hybridep.topology",
        HYBRIDEP + GB200_EP + Overrides{"model.expert_model_parallel_size=128", "target.num_gpus=128"},
        HYBRIDEP + GB200_EP + Overrides{"model.expert_model_parallel_size=64", "target.num_gpus=64"}},

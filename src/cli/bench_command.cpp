@@ -1,0 +1,186 @@
+#include "cli/bench_command.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "epx/comm_stream.hpp"
+#include "epx/dispatcher.hpp"
+#include "epx/error.hpp"
+#include "epx/process_groups.hpp"
+#include "epx/random.hpp"
+
+namespace epx::cli {
+namespace {
+
+// Uniform random top-k routing of `tokens` tokens over `experts` (distinct experts per token).
+Routing random_routing(std::int64_t tokens, std::int64_t experts, int topk, std::uint64_t seed) {
+  Routing r;
+  r.num_tokens = tokens;
+  r.probs = Tensor({tokens, experts}, DType::F32);
+  r.routing_map.assign(static_cast<std::size_t>(tokens * experts), 0);
+  const CounterRng rng(seed, 99);
+  std::uint64_t draw = 0;
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (int chosen = 0; chosen < topk;) {
+      const auto e = static_cast<std::int64_t>(rng.uniform(draw++) * static_cast<double>(experts));
+      auto& m = r.routing_map[static_cast<std::size_t>(t * experts + e)];
+      if (m) continue;
+      m = 1;
+      r.probs.data<float>()[t * experts + e] = 1.0f / static_cast<float>(topk);
+      ++chosen;
+    }
+  return r;
+}
+
+// The link rate of the emulated cluster this job runs on (scripts/cluster.sh), in bytes/s; 0 if
+// none.
+double cluster_link_bytes_per_s() {
+  const char* dir = std::getenv("EPX_CLUSTER_DIR");
+  std::ifstream in(std::string(dir && *dir ? dir : "/run/epx-cluster") + "/cluster.env");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("link_gbit=", 0) == 0) return std::stod(line.substr(10)) * 1e9 / 8;
+  return 0;
+}
+
+// Bytes this node's interface has sent (inside an emulated node: its veth), or -1.
+std::int64_t node_tx_bytes() {
+  std::ifstream in("/sys/class/net/eth0/statistics/tx_bytes");
+  std::int64_t n = -1;
+  in >> n;
+  return n;
+}
+
+std::vector<std::int64_t> gather_all(Communicator& world, std::int64_t v) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
+  world.allgatherv(&v, all.data(), std::vector<std::int64_t>(all.size(), 1), DType::I64);
+  return all;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s + ",") {
+    if (c != ',') {
+      cur += c;
+    } else if (!cur.empty()) {
+      out.push_back(cur);
+      cur.clear();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void BenchDispatchArgs::add_to(CLI::App& app) {
+  app.add_option("--tokens", tokens, "tokens per rank (default 1024)")->check(CLI::PositiveNumber);
+  app.add_option("--experts", experts, "routed experts, spread over the ranks (default 32)")->check(CLI::PositiveNumber);
+  app.add_option("--topk", topk, "top-k values (default 2,4,8)");
+  app.add_option("--hidden", hidden, "hidden sizes (default 1024,2048,4096)");
+  app.add_option("--dispatchers", dispatchers, "alltoall,deepep,hybridep (default all three)");
+  app.add_option("--iters", iters, "timed iterations per case (default 3, after 1 warm-up)")->check(CLI::PositiveNumber);
+  app.add_option("--num-sms", num_sms, "deepep: moe_flex_dispatcher_num_sms (default 20)")->check(CLI::PositiveNumber);
+  app.add_option("--chunk", chunk, "hybridep: tokens per chunk (default 64)")->check(CLI::PositiveNumber);
+}
+
+int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
+  Communicator& world = mpi.world();
+  const int n = world.size();
+  if (args.experts % n != 0)
+    throw ConfigError(fmt::format("--experts = {} is not divisible by the {} ranks (EP = all ranks)", args.experts, n));
+  ProcessGroups groups(world, ParallelLayout::make(n, 1, 1, 1, n, 1));
+  CommStream stream;
+  const std::vector<int> node_of = node_of_each_rank(world);
+  const int nodes = static_cast<int>(std::set<int>(node_of.begin(), node_of.end()).size());
+  const double link = nodes > 1 ? cluster_link_bytes_per_s() : 0;
+  const bool node_leader = std::find(node_of.begin(), node_of.end(), node_of[world.rank()]) - node_of.begin() == world.rank();
+  const bool root = world.rank() == 0;
+  const std::int64_t local = args.experts / n;
+
+  if (root)
+    std::cout << fmt::format(
+        "epx bench dispatch: {} ranks on {} node(s), EP {}, {} experts, {} tokens per rank, BF16, "
+        "dispatch + combine (no expert compute), median of {} after 1 warm-up{}\n"
+        "MB are per iteration, all ranks together; ideal = one copy per (token, remote node) each way; "
+        "link = inter-node MB per node per second / link rate\n\n",
+        n, nodes, n, args.experts, args.tokens, args.iters,
+        link > 0 ? fmt::format(", link {:.0f} MB/s each way", link / 1e6) : "");
+  const std::string header = fmt::format("{:>5} {:>6} {:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>8}\n", "top-k",
+                                         "hidden", "dispatcher", "time ms", "intra MB", "inter MB", "meta MB",
+                                         "ideal MB", "wire MB", "link%", "speedup");
+  if (root) std::cout << header << std::string(header.size() - 1, '-') << "\n";
+
+  for (const std::string& ks : split_list(args.topk))
+    for (const std::string& hs : split_list(args.hidden)) {
+      const int topk = std::stoi(ks);
+      const std::int64_t hidden = std::stoll(hs);
+      if (topk > args.experts) throw ConfigError(fmt::format("--topk {} exceeds --experts {}", topk, args.experts));
+      const Routing routing = random_routing(args.tokens, args.experts, topk, 1000 + static_cast<std::uint64_t>(world.rank()));
+      const Tensor x = random_normal({args.tokens, hidden}, DType::BF16, 5, static_cast<std::uint64_t>(world.rank()));
+      // The ideal inter-node payload: each token once per remote node it has experts on, each way.
+      std::int64_t ideal = 0;
+      for (std::int64_t t = 0; t < args.tokens; ++t) {
+        std::set<int> remote;
+        for (std::int64_t e = 0; e < args.experts; ++e)
+          if (routing.routing_map[static_cast<std::size_t>(t * args.experts + e)] && node_of[e / local] != node_of[world.rank()])
+            remote.insert(node_of[e / local]);
+        ideal += 2 * static_cast<std::int64_t>(remote.size()) * hidden * 2;
+      }
+      double alltoall_ms = 0;
+      for (const std::string& name : split_list(args.dispatchers)) {
+        std::unique_ptr<TokenDispatcher> d;
+        if (name == "alltoall") d = make_alltoall_dispatcher(args.experts, groups, stream);
+        else if (name == "deepep" || name == "hybridep")
+          d = make_flex_dispatcher(args.experts, groups, stream,
+                                   {.backend = name, .num_sms = args.num_sms, .tokens_per_chunk = args.chunk});
+        else throw ConfigError(fmt::format("--dispatchers: unknown '{}' (alltoall, deepep, hybridep)", name));
+        std::vector<double> times;
+        TrafficBytes before{};
+        std::int64_t tx_before = 0;
+        for (int it = 0; it <= args.iters; ++it) {
+          if (it == 1) {
+            before = d->traffic();
+            tx_before = node_leader ? node_tx_bytes() : 0;
+          }
+          world.barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          DispatchState s;
+          d->dispatch_preprocess(s, x, routing);
+          d->token_dispatch(s);
+          d->dispatch_postprocess(s);
+          d->combine_preprocess(s, std::move(s.hidden));  // identity experts
+          d->token_combine(s);
+          const Tensor y = d->combine_postprocess(s);
+          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          const auto all = gather_all(world, static_cast<std::int64_t>(ms * 1000));
+          if (it > 0) times.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())) / 1000);
+        }
+        std::sort(times.begin(), times.end());
+        const double ms = times[times.size() / 2];
+        const TrafficBytes after = d->traffic();
+        const auto sum = [&](std::int64_t v) {
+          const auto all = gather_all(world, v);
+          return static_cast<double>(std::accumulate(all.begin(), all.end(), std::int64_t{0})) / args.iters / 1e6;
+        };
+        const double intra = sum(after.intra - before.intra), inter = sum(after.inter - before.inter),
+                     meta = sum(after.inter_metadata - before.inter_metadata), ideal_mb = sum(ideal * args.iters);
+        const std::int64_t tx = node_leader && tx_before >= 0 ? node_tx_bytes() - tx_before : 0;
+        const double wire = nodes > 1 ? sum(tx) : 0;
+        if (name == "alltoall") alltoall_ms = ms;
+        if (root)
+          std::cout << fmt::format("{:>5} {:>6} {:<14} {:>9.1f} {:>9.2f} {:>9.2f} {:>9.3f} {:>9.2f} {:>7.2f} {:>6} {:>8}\n", topk,
+                                   hidden, d->name(), ms, intra, inter, meta, ideal_mb, wire,
+                                   link > 0 ? fmt::format("{:.0f}", 100 * inter / nodes / (ms / 1e3) / (link / 1e6)) : "-",
+                                   alltoall_ms > 0 ? fmt::format("{:.2f}x", alltoall_ms / ms) : "-");
+      }
+    }
+  return 0;
+}
+
+}  // namespace epx::cli
