@@ -32,7 +32,12 @@ preflight() {
 node_names() { local n=$1 i; for ((i = 0; i < n; i++)); do echo "epxnode$i"; done; }
 
 down() {
-  local ns
+  local ns link
+  # Delete the veths first: both ends go at once, whereas a namespace's own end is destroyed
+  # asynchronously after `ip netns del`, which would collide with an immediate `up`.
+  for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep '^epxv' | cut -d@ -f1 || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^epxnode' || true); do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
     ip netns del "$ns"
