@@ -35,26 +35,6 @@ namespace {
 using clk = std::chrono::steady_clock;
 double since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
 
-// Top-k distinct experts per token, uniformly at random (what force load balancing gives).
-epx::Routing random_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed) {
-  epx::Routing r;
-  r.num_tokens = tokens;
-  r.probs = epx::Tensor({tokens, experts}, epx::DType::F32);
-  r.routing_map.assign(static_cast<std::size_t>(tokens * experts), 0);
-  const epx::CounterRng rng(seed, 99);
-  std::uint64_t draw = 0;
-  for (std::int64_t t = 0; t < tokens; ++t)
-    for (int chosen = 0; chosen < k;) {
-      const auto e = static_cast<std::int64_t>(rng.uniform(draw++) * static_cast<double>(experts)) % experts;
-      auto& m = r.routing_map[static_cast<std::size_t>(t * experts + e)];
-      if (m) continue;
-      m = 1;
-      r.probs.data<float>()[t * experts + e] = 1.0f / static_cast<float>(k);
-      ++chosen;
-    }
-  return r;
-}
-
 double max_over_ranks(double v) {
   double m = 0;
   MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -97,7 +77,7 @@ int main(int argc, char** argv) {
   for (std::int64_t tokens : {1024, 4096})
     for (std::int64_t hidden : {1024, 2048})
       for (int k : {2, 8}) {
-        const epx::Routing routing = random_routing(tokens, experts, k, 1000 + static_cast<std::uint64_t>(rank));
+        const epx::Routing routing = epx::random_topk_routing(tokens, experts, k, 1000 + static_cast<std::uint64_t>(rank));
         const epx::Tensor x = epx::random_normal({tokens, hidden}, epx::DType::BF16, 5, static_cast<std::uint64_t>(rank));
         Times t;
         double sent_bytes = 0;

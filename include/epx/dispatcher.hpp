@@ -92,6 +92,9 @@ class TokenDispatcher {
   virtual Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) = 0;
 };
 
+// E / EP, the experts every EP rank holds; throws ConfigError when EP does not divide E.
+std::int64_t experts_per_ep_rank(std::int64_t num_experts, int ep_size);
+
 // Every expert on this rank, no communication: the single-rank MoE layer.
 std::unique_ptr<TokenDispatcher> make_local_dispatcher(std::int64_t num_experts);
 
@@ -118,9 +121,9 @@ struct FlexOptions {
   int tokens_per_chunk = 64;
 };
 
-// The options from the config (model.moe_flex_dispatcher_backend, model.moe_flex_dispatcher_num_sms
-// or its deprecated per-backend forms) and the HybridEP environment variables (the process's,
-// else the recipe's env_vars). Throws EnvironmentError for a backend this build does not have.
+// The options from a resolved config (model.moe_flex_dispatcher_backend and
+// model.moe_flex_dispatcher_num_sms, into which resolving folds the deprecated per-backend knobs)
+// and the HybridEP environment variables (the process's, else the recipe's env_vars).
 struct Config;
 FlexOptions flex_options_from_config(const Config& cfg);
 

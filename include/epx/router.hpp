@@ -32,6 +32,10 @@ struct Routing {
   Tensor dlogits;                        // [T, E] F32, set by backward_dgrad for wgrad
 };
 
+// Top-k distinct experts per token, uniformly at random, probability 1/k each (what force load
+// balancing gives): routing for the dispatch benchmarks, without a router.
+Routing random_topk_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed);
+
 class Router {
  public:
   explicit Router(const MoESpec& spec);

@@ -18,26 +18,6 @@
 namespace epx::cli {
 namespace {
 
-// Uniform random top-k routing of `tokens` tokens over `experts` (distinct experts per token).
-Routing random_routing(std::int64_t tokens, std::int64_t experts, int topk, std::uint64_t seed) {
-  Routing r;
-  r.num_tokens = tokens;
-  r.probs = Tensor({tokens, experts}, DType::F32);
-  r.routing_map.assign(static_cast<std::size_t>(tokens * experts), 0);
-  const CounterRng rng(seed, 99);
-  std::uint64_t draw = 0;
-  for (std::int64_t t = 0; t < tokens; ++t)
-    for (int chosen = 0; chosen < topk;) {
-      const auto e = static_cast<std::int64_t>(rng.uniform(draw++) * static_cast<double>(experts));
-      auto& m = r.routing_map[static_cast<std::size_t>(t * experts + e)];
-      if (m) continue;
-      m = 1;
-      r.probs.data<float>()[t * experts + e] = 1.0f / static_cast<float>(topk);
-      ++chosen;
-    }
-  return r;
-}
-
 // The link rate of the emulated cluster this job runs on (scripts/cluster.sh), in bytes/s; 0 if
 // none.
 double cluster_link_bytes_per_s() {
@@ -121,7 +101,7 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
       const int topk = std::stoi(ks);
       const std::int64_t hidden = std::stoll(hs);
       if (topk > args.experts) throw ConfigError(fmt::format("--topk {} exceeds --experts {}", topk, args.experts));
-      const Routing routing = random_routing(args.tokens, args.experts, topk, 1000 + static_cast<std::uint64_t>(world.rank()));
+      const Routing routing = random_topk_routing(args.tokens, args.experts, topk, 1000 + static_cast<std::uint64_t>(world.rank()));
       const Tensor x = random_normal({args.tokens, hidden}, DType::BF16, 5, static_cast<std::uint64_t>(world.rank()));
       // The ideal inter-node payload: each token once per remote node it has experts on, each way.
       std::int64_t ideal = 0;

@@ -42,12 +42,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         tp_ep_(groups.get(GroupKind::tp_ep)),
         stream_(stream),
         traffic_(node_of_each_rank(tp_ep_), tp_ep_.rank()) {
-    if (num_experts % ep_.size() != 0)
-      throw ConfigError(fmt::format(
-          "model.num_moe_experts = {} is not divisible by model.expert_model_parallel_size = {}: "
-          "every EP rank holds the same number of experts",
-          num_experts, ep_.size()));
-    local_ = num_experts / ep_.size();
+    local_ = experts_per_ep_rank(num_experts, ep_.size());
     first_ = ep_.rank() * local_;
   }
 

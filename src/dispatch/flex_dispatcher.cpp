@@ -121,12 +121,7 @@ class FlexDispatcher final : public TokenDispatcher {
           "and hybridep); set model.moe_flex_dispatcher_backend=deepep or hybridep, or "
           "model.moe_token_dispatcher_type=alltoall",
           opt_.backend, opt_.backend));
-    if (num_experts % ep_.size() != 0)
-      throw ConfigError(fmt::format(
-          "model.num_moe_experts = {} is not divisible by model.expert_model_parallel_size = {}: "
-          "every EP rank holds the same number of experts",
-          num_experts, ep_.size()));
-    local_ = num_experts / ep_.size();
+    local_ = experts_per_ep_rank(num_experts, ep_.size());
     first_ = ep_.rank() * local_;
     n_ = group_.size();
     q_ = group_.rank();

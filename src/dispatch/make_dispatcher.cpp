@@ -1,4 +1,4 @@
-// Choosing a dispatcher from the config: model.moe_token_dispatcher_type, and for flex the
+// Choosing a dispatcher from the (resolved) config: model.moe_token_dispatcher_type, and for flex the
 // backend, its SM-count knob and HybridEP's environment variables.
 #include <cstdlib>
 
@@ -31,14 +31,20 @@ int env_count(const Config& cfg, const char* name, int fallback) {
 
 }  // namespace
 
+std::int64_t experts_per_ep_rank(std::int64_t num_experts, int ep_size) {
+  if (num_experts % ep_size != 0)
+    throw ConfigError(fmt::format(
+        "model.num_moe_experts = {} is not divisible by model.expert_model_parallel_size = {}: "
+        "every EP rank holds the same number of experts",
+        num_experts, ep_size));
+  return num_experts / ep_size;
+}
+
 FlexOptions flex_options_from_config(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   FlexOptions o;
   o.backend = m.moe_flex_dispatcher_backend.value_or("deepep");
-  const OptInt sms = m.moe_flex_dispatcher_num_sms  ? m.moe_flex_dispatcher_num_sms
-                     : m.moe_deepep_num_sms        ? m.moe_deepep_num_sms
-                                                   : m.moe_hybridep_num_sms;
-  if (sms) {
+  if (const OptInt& sms = m.moe_flex_dispatcher_num_sms) {
     if (*sms < 1)
       throw ConfigError(fmt::format("model.moe_flex_dispatcher_num_sms = {}: expected a positive number (default 20)", *sms));
     o.num_sms = static_cast<int>(*sms);

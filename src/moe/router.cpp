@@ -281,4 +281,23 @@ void Router::update_expert_bias() {
   }
 }
 
+Routing random_topk_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed) {
+  Routing r;
+  r.num_tokens = tokens;
+  r.probs = Tensor({tokens, experts}, DType::F32);
+  r.routing_map.assign(static_cast<std::size_t>(tokens * experts), 0);
+  const CounterRng rng(seed, 99);
+  std::uint64_t draw = 0;
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (int chosen = 0; chosen < k;) {
+      const auto e = static_cast<std::int64_t>(rng.uniform(draw++) * static_cast<double>(experts)) % experts;
+      auto& m = r.routing_map[static_cast<std::size_t>(t * experts + e)];
+      if (m) continue;
+      m = 1;
+      r.probs.data<float>()[t * experts + e] = 1.0f / static_cast<float>(k);
+      ++chosen;
+    }
+  return r;
+}
+
 }  // namespace epx

@@ -107,7 +107,9 @@ void run_case(const Case& c) {
                              want.traffic.inter - want.traffic.inter_metadata};
   mpi().world().allreduce(payload, 2, DType::I64);
   EXPECT_LE(payload[0], payload[1]);
-  if (c.topk >= 4 && payload[1] > 0) EXPECT_LT(payload[0], payload[1]) << "top-4 across nodes: flex sends fewer copies";
+  if (c.topk >= 4 && payload[1] > 0) {
+    EXPECT_LT(payload[0], payload[1]) << "top-4 across nodes: flex sends fewer copies";
+  }
 }
 
 FlexOptions deepep(int num_sms = 20) { return {.backend = "deepep", .num_sms = num_sms}; }
