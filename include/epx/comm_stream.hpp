@@ -44,10 +44,11 @@ class CommStream {
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
 
-  CommEvent submit(std::function<void()> task);
+  // `name` labels the task on the trace's communication track (epx/trace.hpp).
+  CommEvent submit(std::function<void()> task, const char* name = "comm");
   // Runs `task` on the stream and waits for it: an ordered, blocking communication.
-  void run(std::function<void()> task) { submit(std::move(task)).wait(); }
-  void synchronize() { run([] {}); }
+  void run(std::function<void()> task, const char* name = "comm") { submit(std::move(task), name).wait(); }
+  void synchronize() { run([] {}, "synchronize"); }
 
   struct Stats {
     std::int64_t tasks = 0;
@@ -62,7 +63,12 @@ class CommStream {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<CommEvent::State>>> queue_;
+  struct Task {
+    std::function<void()> fn;
+    const char* name;
+    std::shared_ptr<CommEvent::State> state;
+  };
+  std::deque<Task> queue_;
   bool stopping_ = false;
   Stats stats_;
   std::thread thread_;

@@ -30,6 +30,12 @@ class GroupedMlp {
     Tensor dy, dh;                    // kept by dgrad for wgrad
   };
 
+  // Activation recompute (Megatron's recompute_modules): keep fc1's output and the activation
+  // (none), drop the activation and recompute it from fc1's output (activation: "moe_act"), or
+  // keep only the input and recompute both in the backward (all: "mlp", "shared_experts").
+  enum class Recompute { none, activation, all };
+  Recompute recompute = Recompute::none;
+
   // x [M, H] in the compute dtype, rows grouped by `counts`. Returns y [M, H].
   Tensor forward(const Tensor& x, std::vector<std::int64_t> counts, std::vector<float> probs,
                  Saved& s) const;
@@ -45,6 +51,9 @@ class GroupedMlp {
   Param fc1, fc2;
 
  private:
+  // fc1's output and the activation, where they are not held (first forward, or a recompute).
+  void recompute_activations(Saved& s) const;
+
   std::int64_t groups_, hidden_, ffn_;
   DType dtype_;
   bool grouped_;

@@ -73,6 +73,13 @@ void topk_rows(const float* x, std::int64_t rows, std::int64_t cols, int k, std:
 // log(sum(exp(x))) per row.
 void logsumexp_rows(const float* x, float* out, std::int64_t rows, std::int64_t cols);
 
+// ------------------------------------------------ elementwise (src/kernels/elementwise.cpp)
+
+// out = a + b (+ c), summed in FP32 and rounded once to out's dtype; out may be a, b or c. The
+// residual adds, and the MoE layer's routed + shared sums.
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+
 // ------------------------------------------------------- RMSNorm (src/kernels/rmsnorm.cpp)
 
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); x, y [T, H]; gamma [H] F32; rstd [T].

@@ -41,7 +41,9 @@ class MoELayer {
   Tensor backward(Context& ctx, const Tensor& dy);
 
   // The phases. Forward:
-  void forward_route(Context& ctx, const Tensor& x, bool training);  // shared expert, router, permute
+  // shared expert, router, permute; `replay_draw`: a recompute (Router::forward)
+  void forward_route(Context& ctx, const Tensor& x, bool training,
+                     std::optional<std::uint64_t> replay_draw = std::nullopt);
   void forward_dispatch(Context& ctx);  // communication
   void forward_experts(Context& ctx);   // regroup, experts, prepare combine
   Tensor forward_combine(Context& ctx); // communication, unpermute, + shared output
@@ -52,6 +54,12 @@ class MoELayer {
   Tensor backward_route(Context& ctx);                    // permute^T, router + shared dgrad -> dx
   // Weight gradients of the experts, shared expert and router, accumulated into Param::grad.
   void backward_wgrad(Context& ctx);
+
+  // Recompute of the norm before the layer ("layernorm" in recompute_modules): drop every
+  // reference the context holds to the input after the forward, and give it back (recomputed)
+  // before the backward.
+  void release_input(Context& ctx);
+  void restore_input(Context& ctx, const Tensor& x);
 
   // Megatron's initialisation from a seed; the same weights on any rank layout.
   void init_weights(std::uint64_t seed);

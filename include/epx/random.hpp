@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 
 #include "epx/tensor.hpp"
 
@@ -15,6 +16,14 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// The stream of a named tensor (FNV-1a, the same with any standard library): the same name draws
+// the same values on every rank.
+inline std::uint64_t stream_of(std::string_view name) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
 class CounterRng {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "epx/moe_spec.hpp"
@@ -23,6 +24,7 @@ struct Routing {
   std::int64_t dropped = 0;              // (token, expert) pairs removed by capacity
   double aux_loss = 0.0;                 // includes moe_aux_loss_coeff (what is differentiated)
   double z_loss = 0.0;                   // includes moe_z_loss_coeff
+  std::uint64_t draw = 0;                // which random logits force load balancing drew
 
   // Saved for the backward.
   Tensor input;                          // [T, H] F32 router input
@@ -46,8 +48,10 @@ class Router {
 
   // x [T, H] (any float dtype). seq_length is S of Megatron's [S, B] token order (seq_aux_loss).
   // `rank` (and the forward count) pick the random stream under force load balancing.
+  // `replay_draw`: a recompute of an earlier forward (activation recompute) that drew this: the
+  // same random logits, and the tokens are not counted again for the expert-bias update.
   Routing forward(const Tensor& x, std::int64_t seq_length, bool training, double aux_loss_scale = 1.0,
-                  std::uint64_t rank = 0);
+                  std::uint64_t rank = 0, std::optional<std::uint64_t> replay_draw = std::nullopt);
   // dprobs [T, E] F32: returns dx [T, H] in `dx_dtype`; keeps dlogits for wgrad.
   Tensor backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) const;
   // weight.grad += dlogits^T x.

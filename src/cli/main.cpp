@@ -1,4 +1,4 @@
-// `epx`: the command-line front end. Subcommands: check, config, layer, launch, bench.
+// `epx`: the command-line front end. Subcommands: check, config, layer, run, launch, bench.
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -8,6 +8,7 @@
 #include "cli/bench_command.hpp"
 #include "cli/launch_command.hpp"
 #include "cli/layer_command.hpp"
+#include "cli/run_command.hpp"
 #include "epx/check.hpp"
 #include "epx/error.hpp"
 #include "epx/mpi.hpp"
@@ -70,6 +71,12 @@ int main(int argc, char** argv) {
       "layer", "run one MoE layer forward (and backward) on safetensors files");
   layer_args.add_to(*layer);
 
+  RunArgs run_args;
+  auto* run = app.add_subcommand(
+      "run", "mock pretraining of the recipe's model on this job's ranks (under mpirun or epx launch), "
+             "after epx check passes: Megatron's log lines, a summary, --results JSON, --trace");
+  run_args.add_to(*run);
+
   LaunchArgs launch_args;
   auto* launch = app.add_subcommand(
       "launch", "run a command on several ranks: mpirun with the options this machine or the "
@@ -104,14 +111,15 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch) {
+    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *run) {
       epx::share_cores_with_local_ranks();
-      mpi = std::make_unique<epx::MpiSession>(
-          (*layer ? layer_args.collective_timeout : std::nullopt).value_or(epx::collective_timeout_from_env()));
+      const auto timeout = *layer ? layer_args.collective_timeout : *run ? run_args.collective_timeout : std::nullopt;
+      mpi = std::make_unique<epx::MpiSession>(timeout.value_or(epx::collective_timeout_from_env()));
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
+    if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);
     if (*bench_dispatch) return run_bench_dispatch(bench_dispatch_args, *mpi);
     if (*list) {

@@ -1,5 +1,7 @@
 #include "epx/comm_stream.hpp"
 
+#include "epx/trace.hpp"
+
 #include <time.h>
 
 #include <chrono>
@@ -39,12 +41,12 @@ CommStream::~CommStream() {
   thread_.join();
 }
 
-CommEvent CommStream::submit(std::function<void()> task) {
+CommEvent CommStream::submit(std::function<void()> task, const char* name) {
   CommEvent ev;
   ev.state_ = std::make_shared<CommEvent::State>();
   {
     std::lock_guard lock(mu_);
-    queue_.emplace_back(std::move(task), ev.state_);
+    queue_.push_back({std::move(task), name, ev.state_});
   }
   cv_.notify_one();
   return ev;
@@ -65,7 +67,7 @@ void CommStream::loop() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and everything submitted has run
-    auto [task, state] = std::move(queue_.front());
+    auto [task, name, state] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
 
@@ -78,7 +80,9 @@ void CommStream::loop() {
       error = std::current_exception();
     }
     const double cpu = thread_cpu_seconds() - cpu0;
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    const auto wall1 = std::chrono::steady_clock::now();
+    const double wall = std::chrono::duration<double>(wall1 - wall0).count();
+    trace::record(trace::Track::comm, name, wall0, wall1);
 
     lock.lock();
     stats_.tasks += 1;

@@ -68,7 +68,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
     const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
     std::vector<std::int64_t> all(static_cast<std::size_t>(num_experts_ * ep * etp));
     const std::vector<std::int64_t> each(static_cast<std::size_t>(ep * etp), num_experts_);
-    stream_.run([&] { tp_ep_.allgatherv(s.perm.tokens_per_expert.data(), all.data(), each, DType::I64); });
+    stream_.run([&] { tp_ep_.allgatherv(s.perm.tokens_per_expert.data(), all.data(), each, DType::I64); }, "dispatch counts");
     traffic_.add_to_all(0, num_experts_ * 8);
     const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
       return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
@@ -116,7 +116,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       }
       s.hidden = std::move(x);
       s.probs = std::move(p);
-    });
+    }, "dispatch");
   }
 
   void dispatch_postprocess(DispatchState& s) override {
@@ -148,7 +148,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       auto out = Tensor::uninitialized({s.perm.rows(), h}, y.dtype());
       ep_.alltoallv(y.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), y.dtype());
       s.hidden = std::move(out);
-    });
+    }, "combine");
   }
 
   Tensor combine_postprocess(DispatchState& s) override {
@@ -179,7 +179,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         g = std::move(all);
       }
       s.grad = std::move(g);
-    });
+    }, "combine backward");
   }
 
   void combine_preprocess_backward(DispatchState& s) override {
@@ -218,7 +218,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       ep_.wait(rp);
       s.grad = std::move(out);
       s.grad_probs = std::move(out_p);
-    });
+    }, "dispatch backward");
   }
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {

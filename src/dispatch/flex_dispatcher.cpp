@@ -158,7 +158,7 @@ class FlexDispatcher final : public TokenDispatcher {
       k_local = std::max<std::int64_t>(k_local, std::count(r.routing_map.begin() + t * E, r.routing_map.begin() + (t + 1) * E, 1));
     const std::int64_t header[2] = {T, k_local};
     std::vector<std::int64_t> headers(static_cast<std::size_t>(2 * n_));
-    stream_.run([&] { group_.allgatherv(header, headers.data(), std::vector<std::int64_t>(n_, 2), DType::I64); });
+    stream_.run([&] { group_.allgatherv(header, headers.data(), std::vector<std::int64_t>(n_, 2), DType::I64); }, "dispatch counts");
     std::int64_t t_max = 0, k = 1;
     for (int i = 0; i < n_; ++i) {
       t_max = std::max(t_max, headers[2 * i]);
@@ -205,7 +205,7 @@ class FlexDispatcher final : public TokenDispatcher {
         }
     }
     std::vector<std::int64_t> all(static_cast<std::size_t>(V * n_));
-    stream_.run([&] { group_.allgatherv(mine.data(), all.data(), std::vector<std::int64_t>(n_, V), DType::I64); });
+    stream_.run([&] { group_.allgatherv(mine.data(), all.data(), std::vector<std::int64_t>(n_, V), DType::I64); }, "dispatch counts");
     traffic_.add_to_all(0, V * 8 + 16);
     const auto per_expert = [&](std::int64_t src, std::int64_t e) { return all[static_cast<std::size_t>(src * V + e)]; };
     const auto per_rank = [&](std::int64_t src, std::int64_t c, std::int64_t o) {
@@ -252,7 +252,7 @@ class FlexDispatcher final : public TokenDispatcher {
       FlexHandle& h = handle(s);
       const Tensor x = std::move(s.hidden);
       scatter(h, x, true, s.hidden, &s.probs);
-    });
+    }, "dispatch");
   }
 
   void dispatch_postprocess(DispatchState& s) override {
@@ -303,7 +303,7 @@ class FlexDispatcher final : public TokenDispatcher {
     s.pending = stream_.submit([this, &s] {
       const Tensor rows = std::move(s.hidden);
       s.hidden = gather(handle(s), rows, nullptr, s.num_tokens, nullptr);
-    });
+    }, "combine");
   }
 
   Tensor combine_postprocess(DispatchState& s) override {
@@ -319,7 +319,7 @@ class FlexDispatcher final : public TokenDispatcher {
     s.pending = stream_.submit([this, &s] {
       const Tensor dy = std::move(s.grad);
       scatter(handle(s), dy, false, s.grad, nullptr);
-    });
+    }, "combine backward");
   }
 
   void combine_preprocess_backward(DispatchState& s) override {
@@ -351,7 +351,7 @@ class FlexDispatcher final : public TokenDispatcher {
       const Tensor rows = std::move(s.grad);
       const std::vector<float> row_grads = std::move(s.grad_probs);
       s.grad = gather(handle(s), rows, &row_grads, s.num_tokens, &s.grad_probs);
-    });
+    }, "dispatch backward");
   }
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {

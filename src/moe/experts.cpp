@@ -38,23 +38,40 @@ Tensor GroupedMlp::forward(const Tensor& x, std::vector<std::int64_t> counts,
                                             dtype_name(x.dtype()), hidden_, dtype_name(dtype_)));
   if (static_cast<std::int64_t>(counts.size()) != groups_)
     throw std::invalid_argument("experts: one count per group expected");
-  const auto off = offsets(counts, m);
+  offsets(counts, m);
   s.x = x;
   s.counts = std::move(counts);
   s.probs = std::move(probs);
-  s.h = Tensor({m, 2 * ffn_}, dtype_);
-  s.act = Tensor({m, ffn_}, dtype_);
+  recompute_activations(s);
   Tensor y({m, hidden_}, dtype_);
-  std::vector<GemmProblem> p1, p2;
+  const auto off = offsets(s.counts, m);
+  std::vector<GemmProblem> p2;
   for (std::int64_t g = 0; g < groups_; ++g) {
     const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
-    p1.push_back({mat(x, r0, n), expert_mat(fc1.compute, g), mat_mut(s.h, r0, n)});
     p2.push_back({mat(s.act, r0, n), expert_mat(fc2.compute, g), mat_mut(y, r0, n)});
   }
-  grouped_gemm(p1, Trans::N, Trans::T);
-  swiglu_forward(s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
   grouped_gemm(p2, Trans::N, Trans::T);
+  if (recompute == Recompute::all) s.h = Tensor();
+  if (recompute != Recompute::none) s.act = Tensor();
   return y;
+}
+
+void GroupedMlp::recompute_activations(Saved& s) const {
+  const std::int64_t m = s.x.dim(0);
+  if (!s.h.defined()) {
+    const auto off = offsets(s.counts, m);
+    s.h = Tensor::uninitialized({m, 2 * ffn_}, dtype_);
+    std::vector<GemmProblem> p1;
+    for (std::int64_t g = 0; g < groups_; ++g) {
+      const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
+      p1.push_back({mat(s.x, r0, n), expert_mat(fc1.compute, g), mat_mut(s.h, r0, n)});
+    }
+    grouped_gemm(p1, Trans::N, Trans::T);
+  }
+  if (!s.act.defined()) {
+    s.act = Tensor::uninitialized({m, ffn_}, dtype_);
+    swiglu_forward(s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
+  }
 }
 
 Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>* dprobs) const {
@@ -62,6 +79,7 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
   if (dy.shape() != Shape{m, hidden_} || dy.dtype() != dtype_)
     throw std::invalid_argument("experts: output gradient shape or dtype mismatch");
   const auto off = offsets(s.counts, m);
+  recompute_activations(s);  // what the forward dropped (recompute_modules)
   s.dy = dy;
   Tensor dact({m, ffn_}, dtype_);
   s.dh = Tensor({m, 2 * ffn_}, dtype_);

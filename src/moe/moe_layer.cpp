@@ -8,18 +8,11 @@
 
 #include "epx/config.hpp"
 #include "epx/error.hpp"
+#include "epx/kernels.hpp"
 #include "epx/random.hpp"
 
 namespace epx {
 namespace {
-
-// The stream of a named tensor (FNV-1a, the same with any standard library): the same name draws
-// the same values on every rank.
-std::uint64_t stream_of(const std::string& name) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 // The FP32 elements of matrix `group` (-1: all) of a master or grad tensor, and its shape.
 std::pair<float*, Shape> slice(const Tensor& t, std::int64_t group) {
@@ -183,7 +176,8 @@ void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
 
 // ------------------------------------------------------------------------------- forward
 
-void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training) {
+void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
+                             std::optional<std::uint64_t> replay_draw) {
   if (x.dtype() != spec_.dtype)
     throw InputError(fmt::format("MoE layer input is {}, the layer computes in {} (model.bf16)",
                                  dtype_name(x.dtype()), dtype_name(spec_.dtype)));
@@ -196,7 +190,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training) {
   // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
   if (shared_experts)
     ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
-  ctx.routing = router.forward(ctx.x, seq, training, aux_loss_scale, rank);
+  ctx.routing = router.forward(ctx.x, seq, training, aux_loss_scale, rank, replay_draw);
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, ctx.routing);
 }
 
@@ -215,7 +209,7 @@ Tensor MoELayer::forward_combine(Context& ctx) {
   Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
   if (shared_experts) {
     // Routed + shared summed in FP32, rounded once to the layer's dtype.
-    for (std::int64_t i = 0, n = out.numel(); i < n; ++i) out.set(i, out.get(i) + ctx.shared_output.get(i));
+    add(out, ctx.shared_output, out);
     ctx.shared_output = Tensor();
   }
   return out.reshape(ctx.input_shape);
@@ -226,6 +220,16 @@ Tensor MoELayer::forward(const Tensor& x, Context& ctx, bool training) {
   forward_dispatch(ctx);
   forward_experts(ctx);
   return forward_combine(ctx);
+}
+
+void MoELayer::release_input(Context& ctx) {
+  ctx.x = Tensor();
+  ctx.shared.x = Tensor();
+}
+
+void MoELayer::restore_input(Context& ctx, const Tensor& x) {
+  ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
+  if (shared_experts) ctx.shared.x = ctx.x;
 }
 
 // ------------------------------------------------------------------------------ backward

@@ -46,7 +46,7 @@ Router::Router(const MoESpec& spec)
       spec_(spec) {}
 
 Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
-                        double aux_loss_scale, std::uint64_t rank) {
+                        double aux_loss_scale, std::uint64_t rank, std::optional<std::uint64_t> replay_draw) {
   const std::int64_t t_count = x.dim(0), e = spec_.num_experts;
   const int k = spec_.topk;
   if (seq_length < 1 || t_count % seq_length != 0)
@@ -59,7 +59,8 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
   float* logits = logits_t.data<float>();
   if (spec_.force_load_balancing) {
     // Megatron's RandomSTE: random logits from a per-rank stream, identity backward.
-    const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), calls_++);
+    r.draw = replay_draw ? *replay_draw : calls_++;
+    const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), r.draw);
     for (std::int64_t i = 0; i < t_count * e; ++i) logits[i] = static_cast<float>(rng.normal(static_cast<std::uint64_t>(i)));
   }
   r.aux_grad = Tensor({t_count, e}, DType::F32);
@@ -155,7 +156,7 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
   for (std::int64_t t = 0; t < t_count; ++t)
     for (std::int64_t j = 0; j < e; ++j)
       r.tokens_per_expert[static_cast<std::size_t>(j)] += r.routing_map[static_cast<std::size_t>(t * e + j)];
-  if (training && spec_.expert_bias)
+  if (training && spec_.expert_bias && !replay_draw)
     for (std::int64_t j = 0; j < e; ++j)
       local_tokens_per_expert.data<float>()[j] += static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
 

@@ -1,0 +1,52 @@
+// A timeline of what each rank computed and communicated, written as a Chrome / Perfetto trace
+// (`epx run --trace FILE.json`): one process per rank, a compute track and a communication track.
+// Recording is off until enable(); then a Scope costs two clock reads and a locked push.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace epx {
+class Communicator;
+}
+
+namespace epx::trace {
+
+enum class Track { compute = 0, comm = 1 };
+using Clock = std::chrono::steady_clock;
+
+void enable(bool on);
+bool enabled();
+// One interval; `index` >= 0 is appended to the name ("layer forward 3").
+void record(Track track, std::string name, Clock::time_point begin, Clock::time_point end, int index = -1);
+
+class Scope {
+ public:
+  Scope(Track track, const char* name, int index = -1)
+      : track_(track), name_(name), index_(index), begin_(enabled() ? Clock::now() : Clock::time_point{}) {}
+  ~Scope() {
+    if (begin_ != Clock::time_point{}) record(track_, name_, begin_, Clock::now(), index_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Track track_;
+  const char* name_;
+  int index_;
+  Clock::time_point begin_;
+};
+
+// Summed lengths of this rank's recorded intervals since `since`: communication, and the part of
+// it no compute interval covers (the exposed communication).
+struct Summary {
+  double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+};
+Summary summarize(Clock::time_point since);
+
+// Collective over `world`: rank 0 writes every rank's events to `path` (times relative to
+// `origin`). Clears the recorded events.
+void write(Communicator& world, const std::string& path, Clock::time_point origin);
+
+}  // namespace epx::trace

@@ -1,0 +1,109 @@
+#include "cli/run_command.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "epx/check.hpp"
+#include "epx/error.hpp"
+#include "epx/trainer.hpp"
+
+namespace epx::cli {
+namespace {
+
+// The resolved config as JSON (from its YAML dump: numbers, booleans and nulls typed).
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& e : n) a.push_back(yaml_to_json(e));
+    return a;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string s = n.Scalar();
+  if (n.Tag() != "!") {  // unquoted: try the YAML types
+    if (s == "true" || s == "false") return s == "true";
+    if (s == "null" || s == "~") return nullptr;
+    try {
+      std::size_t used = 0;
+      const long long i = std::stoll(s, &used);
+      if (used == s.size()) return i;
+      const double d = std::stod(s, &used);
+      if (used == s.size()) return d;
+    } catch (const std::exception&) {
+    }
+  }
+  return s;
+}
+
+// Written whole or not at all: to a temporary beside the target, then renamed.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) throw InputError("cannot write " + path);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace
+
+void RunArgs::add_to(CLI::App& app) {
+  config.add_to(app);
+  app.add_option("--mock-data", mock_data,
+                 "random: uniform tokens (NullTokenizer mock data); pattern: a learnable cycle, the loss falls towards 0")
+      ->check(CLI::IsMember({"random", "pattern"}));
+  app.add_option("--steady-from", steady_first, "first iteration of the summary's mean step time (default 3, as the seeds)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steady-to", steady_last, "last iteration of the mean (default: the last)")->check(CLI::PositiveNumber);
+  app.add_option("--results", results, "write the per-iteration figures, the summary and the resolved config as JSON");
+  app.add_option("--trace", trace, "write a Chrome / Perfetto trace: compute and communication tracks per rank");
+  app.add_option("--collective-timeout", collective_timeout,
+                 "abort the job when a collective waits longer than this many seconds (default: "
+                 "EPX_COLLECTIVE_TIMEOUT, else 300)")
+      ->check(CLI::PositiveNumber);
+}
+
+int run_run_command(const RunArgs& args, MpiSession& mpi) {
+  Config loaded = args.config.load();
+  // The job's ranks are the target unless -ng says otherwise (then they must agree).
+  if (!args.config.flags.num_gpus) loaded.target.num_gpus = mpi.size();
+  const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
+  const std::string text = format_report(report);
+  if (!report.ok()) {
+    if (mpi.rank() == 0) std::cout << text << "epx run: the check found errors; not starting\n" << std::flush;
+    return 1;
+  }
+  if (mpi.rank() == 0) {
+    const auto verdict = text.rfind("verdict:");
+    std::cout << "epx check: " << text.substr(verdict == std::string::npos ? 0 : verdict) << std::flush;
+  }
+  TrainOptions options;
+  options.data = MockData::parse_mode(args.mock_data);
+  options.steady_first = args.steady_first;
+  options.steady_last = args.steady_last;
+  options.trace_path = args.trace;
+  options.progress_bar = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+  const TrainResult result = train(report.resolved, mpi.world(), options, std::cout);
+  if (args.results && mpi.rank() == 0) {
+    nlohmann::json j = result.to_json();
+    j["config"] = yaml_to_json(YAML::Load(dump_yaml(report.resolved)));
+    j["ranks"] = mpi.size();
+    j["mock_data"] = args.mock_data;
+    write_atomically(*args.results, j.dump(2) + "\n");
+    std::cout << "wrote the results to " << *args.results << "\n";
+  }
+  return 0;
+}
+
+}  // namespace epx::cli

@@ -1,0 +1,239 @@
+#include "epx/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "epx/kernels.hpp"
+
+namespace epx {
+namespace {
+
+MatRef f32_mat(const float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
+MatMut f32_mut(float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
+
+// Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb): for i < d/2 and angle
+// a = pos * base^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
+// `inverse` applies the transpose (the backward).
+void rotate(const float* in, float* out, std::int64_t d, std::int64_t pos, double base, bool inverse) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
+    const float x0 = in[i], x1 = in[i + half];
+    out[i] = x0 * c - x1 * s;
+    out[i + half] = x1 * c + x0 * s;
+  }
+}
+
+}  // namespace
+
+SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spec)
+    : linear_qkv(prefix + ".linear_qkv.weight", {(spec.heads + 2 * spec.groups) * spec.head_dim, spec.hidden}, spec.dtype),
+      linear_proj(prefix + ".linear_proj.weight", {spec.hidden, spec.heads * spec.head_dim}, spec.dtype),
+      q_layernorm(prefix + ".q_layernorm.weight", {spec.head_dim}, DType::F32),
+      k_layernorm(prefix + ".k_layernorm.weight", {spec.head_dim}, DType::F32),
+      spec_(spec) {
+  if (spec.heads % spec.groups != 0)
+    throw std::invalid_argument(fmt::format("attention: {} heads do not divide into {} query groups", spec.heads, spec.groups));
+  if (spec.rope && spec.head_dim % 2 != 0)
+    throw std::invalid_argument(fmt::format("attention: rotary embeddings need an even head_dim, got {}", spec.head_dim));
+  q_layernorm.master.fill(1.f);
+  k_layernorm.master.fill(1.f);
+}
+
+std::vector<Param*> SelfAttention::params() {
+  std::vector<Param*> out{&linear_qkv, &linear_proj};
+  if (spec_.qk_norm) {
+    out.push_back(&q_layernorm);
+    out.push_back(&k_layernorm);
+  }
+  return out;
+}
+
+void SelfAttention::core_probs(Context& ctx) const {
+  const std::int64_t S = ctx.seq, B = ctx.batch, nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  ctx.probs = Tensor::uninitialized({B, nh, S, S}, DType::F32);
+  float* probs = ctx.probs.data<float>();
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const std::int64_t g = h / (nh / ng);
+      float* p = probs + (b * nh + h) * S * S;
+      gemm(f32_mat(ctx.q.data<float>() + (b * nh + h) * S * d, S, d), Trans::N,
+           f32_mat(ctx.k.data<float>() + (b * ng + g) * S * d, S, d), Trans::T, f32_mut(p, S, S));
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < S; ++i) {
+        float* row = p + i * S;
+        for (std::int64_t j = 0; j <= i; ++j) row[j] *= scale;
+        softmax_rows(row, row, 1, i + 1);
+        for (std::int64_t j = i + 1; j < S; ++j) row[j] = 0.f;  // causal mask
+      }
+    }
+}
+
+Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx, bool recompute_core_attn) const {
+  const std::int64_t T = x.dim(0), nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
+  if (x.rank() != 2 || x.dim(1) != spec_.hidden || x.dtype() != spec_.dtype || seq < 1 || T % seq != 0)
+    throw std::invalid_argument(fmt::format("attention: input {} {} is not [S * B, {}] {}", shape_string(x.shape()),
+                                            dtype_name(x.dtype()), spec_.hidden, dtype_name(spec_.dtype)));
+  const std::int64_t S = seq, B = T / seq, width = (nh + 2 * ng) * d;
+  ctx.seq = S;
+  ctx.batch = B;
+  ctx.x = x;
+  Tensor qkv = Tensor::uninitialized({T, width}, DType::F32);
+  gemm(mat(x), Trans::N, mat(linear_qkv.compute), Trans::T, mat_mut(qkv));
+
+  // Split per head, QK-norm, then RoPE into the [B, head, S, d] layout of the core attention.
+  ctx.q_raw = Tensor::uninitialized({T * nh, d}, DType::F32);
+  ctx.k_raw = Tensor::uninitialized({T * ng, d}, DType::F32);
+  ctx.q = Tensor::uninitialized({B, nh, S, d}, DType::F32);
+  ctx.k = Tensor::uninitialized({B, ng, S, d}, DType::F32);
+  ctx.v = Tensor::uninitialized({B, ng, S, d}, DType::F32);
+  const float* src = qkv.data<float>();
+  float *qr = ctx.q_raw.data<float>(), *kr = ctx.k_raw.data<float>(), *v = ctx.v.data<float>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t s = t / B, b = t % B;
+    std::copy_n(src + t * width, nh * d, qr + t * nh * d);
+    std::copy_n(src + t * width + nh * d, ng * d, kr + t * ng * d);
+    for (std::int64_t g = 0; g < ng; ++g)
+      std::copy_n(src + t * width + (nh + ng + g) * d, d, v + ((b * ng + g) * S + s) * d);
+  }
+  Tensor qn = ctx.q_raw, kn = ctx.k_raw;
+  if (spec_.qk_norm) {
+    qn = Tensor::uninitialized(ctx.q_raw.shape(), DType::F32);
+    kn = Tensor::uninitialized(ctx.k_raw.shape(), DType::F32);
+    ctx.q_rstd = Tensor::uninitialized({T * nh}, DType::F32);
+    ctx.k_rstd = Tensor::uninitialized({T * ng}, DType::F32);
+    rmsnorm_forward(ctx.q_raw, q_layernorm.master, spec_.eps, qn, ctx.q_rstd);
+    rmsnorm_forward(ctx.k_raw, k_layernorm.master, spec_.eps, kn, ctx.k_rstd);
+  }
+  const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
+    const float* f = from.data<float>();
+    float* o = to.data<float>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t s = t / B, b = t % B;
+        float* dst = o + ((b * heads + h) * S + s) * d;
+        if (spec_.rope) rotate(f + (t * heads + h) * d, dst, d, s, spec_.rope_base, false);
+        else std::copy_n(f + (t * heads + h) * d, d, dst);
+      }
+  };
+  place(qn, ctx.q, nh);
+  place(kn, ctx.k, ng);
+  if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only QK-norm's backward reads them
+
+  core_probs(ctx);
+  Tensor o32 = Tensor::uninitialized({T, nh * d}, DType::F32);
+  std::vector<float> tmp(static_cast<std::size_t>(S * d));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const std::int64_t g = h / (nh / ng);
+      gemm(f32_mat(ctx.probs.data<float>() + (b * nh + h) * S * S, S, S), Trans::N,
+           f32_mat(ctx.v.data<float>() + (b * ng + g) * S * d, S, d), Trans::N, f32_mut(tmp.data(), S, d));
+      for (std::int64_t s = 0; s < S; ++s)
+        std::copy_n(tmp.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
+    }
+  if (recompute_core_attn) ctx.probs = Tensor();
+  ctx.o = o32.to(spec_.dtype);
+  Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
+  gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
+  return y;
+}
+
+Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
+  const std::int64_t S = ctx.seq, B = ctx.batch, T = S * B, nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
+  if (dy.shape() != Shape{T, spec_.hidden} || dy.dtype() != spec_.dtype)
+    throw std::invalid_argument("attention: output gradient shape or dtype mismatch");
+  ctx.dy = dy;
+  Tensor d_o = Tensor::uninitialized({T, nh * d}, DType::F32);
+  gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
+  if (!ctx.probs.defined()) core_probs(ctx);  // recompute_modules: core_attn
+
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  Tensor dq({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
+  std::vector<float> dob(static_cast<std::size_t>(S * d)), dp(static_cast<std::size_t>(S * S));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const std::int64_t g = h / (nh / ng);
+      const float* p = ctx.probs.data<float>() + (b * nh + h) * S * S;
+      const float* qb = ctx.q.data<float>() + (b * nh + h) * S * d;
+      const float* kb = ctx.k.data<float>() + (b * ng + g) * S * d;
+      const float* vb = ctx.v.data<float>() + (b * ng + g) * S * d;
+      for (std::int64_t s = 0; s < S; ++s)
+        std::copy_n(d_o.data<float>() + (s * B + b) * nh * d + h * d, d, dob.data() + s * d);
+      // dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P)) / sqrt(d).
+      gemm(f32_mat(p, S, S), Trans::T, f32_mat(dob.data(), S, d), Trans::N,
+           f32_mut(dv.data<float>() + (b * ng + g) * S * d, S, d), true);
+      gemm(f32_mat(dob.data(), S, d), Trans::N, f32_mat(vb, S, d), Trans::T, f32_mut(dp.data(), S, S));
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < S; ++i) {
+        float* row = dp.data() + i * S;
+        double dot = 0;
+        for (std::int64_t j = 0; j <= i; ++j) dot += static_cast<double>(row[j]) * p[i * S + j];
+        for (std::int64_t j = 0; j < S; ++j)
+          row[j] = j <= i ? p[i * S + j] * (row[j] - static_cast<float>(dot)) * scale : 0.f;
+      }
+      // dQ = dS K;  dK += dS^T Q.
+      gemm(f32_mat(dp.data(), S, S), Trans::N, f32_mat(kb, S, d), Trans::N,
+           f32_mut(dq.data<float>() + (b * nh + h) * S * d, S, d));
+      gemm(f32_mat(dp.data(), S, S), Trans::T, f32_mat(qb, S, d), Trans::N,
+           f32_mut(dk.data<float>() + (b * ng + g) * S * d, S, d), true);
+    }
+  ctx.probs = ctx.q = ctx.k = ctx.v = Tensor();
+
+  // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
+  const std::int64_t width = (nh + 2 * ng) * d;
+  const auto unplace = [&](const Tensor& from, std::int64_t heads) {
+    Tensor out = Tensor::uninitialized({T * heads, d}, DType::F32);
+    const float* f = from.data<float>();
+    float* o = out.data<float>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        const std::int64_t s = t / B, b = t % B;
+        const float* g = f + ((b * heads + h) * S + s) * d;
+        if (spec_.rope) rotate(g, o + (t * heads + h) * d, d, s, spec_.rope_base, true);
+        else std::copy_n(g, d, o + (t * heads + h) * d);
+      }
+    return out;
+  };
+  Tensor dqn = unplace(dq, nh), dkn = unplace(dk, ng);
+  if (spec_.qk_norm) {
+    Tensor dqr = Tensor::uninitialized(dqn.shape(), DType::F32), dkr = Tensor::uninitialized(dkn.shape(), DType::F32);
+    rmsnorm_dgrad(ctx.q_raw, q_layernorm.master, ctx.q_rstd, dqn, dqr);
+    rmsnorm_dgrad(ctx.k_raw, k_layernorm.master, ctx.k_rstd, dkn, dkr);
+    rmsnorm_wgrad(ctx.q_raw, ctx.q_rstd, dqn, q_layernorm.grad);
+    rmsnorm_wgrad(ctx.k_raw, ctx.k_rstd, dkn, k_layernorm.grad);
+    dqn = dqr;
+    dkn = dkr;
+  }
+  ctx.q_raw = ctx.k_raw = ctx.q_rstd = ctx.k_rstd = Tensor();
+  Tensor dqkv32 = Tensor::uninitialized({T, width}, DType::F32);
+  float* out = dqkv32.data<float>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t s = t / B, b = t % B;
+    std::copy_n(dqn.data<float>() + t * nh * d, nh * d, out + t * width);
+    std::copy_n(dkn.data<float>() + t * ng * d, ng * d, out + t * width + nh * d);
+    for (std::int64_t g = 0; g < ng; ++g)
+      std::copy_n(dv.data<float>() + ((b * ng + g) * S + s) * d, d, out + t * width + (nh + ng + g) * d);
+  }
+  ctx.dqkv = dqkv32.to(spec_.dtype);
+  Tensor dx = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
+  gemm(mat(ctx.dqkv), Trans::N, mat(linear_qkv.compute), Trans::N, mat_mut(dx));
+  return dx;
+}
+
+void SelfAttention::backward_wgrad(Context& ctx) {
+  if (!ctx.dy.defined()) throw std::logic_error("attention: wgrad before dgrad");
+  gemm(mat(ctx.dy), Trans::T, mat(ctx.o), Trans::N, mat_mut(linear_proj.grad), true);
+  gemm(mat(ctx.dqkv), Trans::T, mat(ctx.x), Trans::N, mat_mut(linear_qkv.grad), true);
+  ctx = Context{};
+}
+
+}  // namespace epx

@@ -1,0 +1,180 @@
+#include "epx/gpt_model.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "epx/kernels.hpp"
+#include "epx/random.hpp"
+#include "epx/trace.hpp"
+
+namespace epx {
+
+GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher)
+    : embedding("embedding.word_embeddings.weight", {spec.vocab, spec.hidden}, spec.dtype),
+      final_layernorm("decoder.final_layernorm.weight", {spec.hidden}, DType::F32),
+      output_layer("output_layer.weight", {spec.tie_embeddings ? 0 : spec.vocab, spec.hidden}, spec.dtype),
+      spec_(spec),
+      checkpoint_end_(static_cast<std::size_t>(spec.num_layers), -1) {
+  for (int i = 0; i < spec.num_layers; ++i)
+    layers.push_back(std::make_unique<TransformerLayer>(i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr));
+  for (const auto& [first, last] : spec.recompute.checkpoints(spec.num_layers))
+    checkpoint_end_[static_cast<std::size_t>(first)] = last;
+}
+
+std::vector<Param*> GPTModel::params() {
+  std::vector<Param*> out{&embedding};
+  for (auto& l : layers)
+    for (Param* p : l->params()) out.push_back(p);
+  out.push_back(&final_layernorm);
+  if (!spec_.tie_embeddings) out.push_back(&output_layer);
+  return out;
+}
+
+std::vector<Param*> GPTModel::expert_params() {
+  std::vector<Param*> out;
+  for (auto& l : layers)
+    for (Param* p : l->expert_params()) out.push_back(p);
+  return out;
+}
+
+std::vector<MoELayer*> GPTModel::moe_layers() {
+  std::vector<MoELayer*> out;
+  for (auto& l : layers)
+    if (l->moe) out.push_back(l->moe.get());
+  return out;
+}
+
+void GPTModel::zero_grad() {
+  for (Param* p : params()) p->grad.zero();
+}
+
+void GPTModel::init_weights(std::uint64_t seed) {
+  for (Param* p : {&embedding, &output_layer}) {
+    const CounterRng rng(seed, stream_of(p->name));
+    float* w = p->master.data<float>();
+    for (std::int64_t i = 0; i < p->master.numel(); ++i)
+      w[i] = static_cast<float>(spec_.init_std * rng.normal(static_cast<std::uint64_t>(i)));
+    p->refresh();
+  }
+  final_layernorm.master.fill(1.f);
+  for (auto& l : layers) l->init_weights(seed);
+}
+
+Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
+  auto c = std::make_unique<TransformerLayer::Context>();
+  const auto u = static_cast<std::size_t>(i);
+  Tensor y;
+  {
+    trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", i);
+    y = layers[u]->forward(x, *c, recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
+  }
+  if (!recompute) {
+    ctx.aux_loss += c->aux_loss;
+    ctx.z_loss += c->z_loss;
+    ctx.router_draw[u] = c->router_draw;
+  }
+  ctx.layers[u] = std::move(c);
+  return y;
+}
+
+double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+  const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
+  if (T != spec_.seq_length * spec_.micro_batch || targets.numel() != T)
+    throw std::invalid_argument(fmt::format("model: {} tokens, expected seq_length x micro_batch = {}", T,
+                                            spec_.seq_length * spec_.micro_batch));
+  const auto L = static_cast<std::size_t>(spec_.num_layers);
+  ctx.tokens = tokens;
+  ctx.targets = targets;
+  ctx.layers.clear();
+  ctx.layers.resize(L);
+  ctx.checkpoint_input.assign(L, Tensor());
+  ctx.router_draw.assign(L, 0);
+  ctx.aux_loss = ctx.z_loss = 0;
+
+  Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
+  {
+    trace::Scope scope(trace::Track::compute, "embedding forward");
+    const std::int64_t* tok = tokens.data<std::int64_t>();
+    const auto* table = static_cast<const std::byte*>(embedding.compute.raw());
+    const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (tok[t] < 0 || tok[t] >= V)
+        throw std::invalid_argument(fmt::format("model: token {} is outside the vocabulary [0, {})", tok[t], V));
+      std::copy_n(table + static_cast<std::size_t>(tok[t]) * row, row, static_cast<std::byte*>(x.raw()) + static_cast<std::size_t>(t) * row);
+    }
+  }
+  for (int i = 0; i < spec_.num_layers;) {
+    const int end = checkpoint_end_[static_cast<std::size_t>(i)];
+    if (end < 0) {
+      x = run_layer(i, x, ctx, false);
+      ++i;
+      continue;
+    }
+    ctx.checkpoint_input[static_cast<std::size_t>(i)] = x;  // all a full-recompute run keeps
+    for (; i < end; ++i) {
+      x = run_layer(i, x, ctx, false);
+      ctx.layers[static_cast<std::size_t>(i)].reset();
+    }
+  }
+
+  trace::Scope scope(trace::Track::compute, "lm head + loss forward");
+  ctx.final_in = x;
+  ctx.final_out = Tensor::uninitialized(x.shape(), x.dtype());
+  ctx.final_rstd = Tensor::uninitialized({T}, DType::F32);
+  rmsnorm_forward(x, final_layernorm.master, spec_.eps, ctx.final_out, ctx.final_rstd);
+  ctx.logits = Tensor::uninitialized({T, V}, DType::F32);
+  gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
+  ctx.lse = Tensor::uninitialized({T}, DType::F32);
+  ctx.loss = cross_entropy_forward(ctx.logits, targets, ctx.lse);
+  return ctx.loss;
+}
+
+void GPTModel::backward(Context& ctx, float dloss) {
+  const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
+  Tensor dx;
+  {
+    trace::Scope scope(trace::Track::compute, "lm head + loss backward");
+    Tensor dlogits32 = Tensor::uninitialized(ctx.logits.shape(), DType::F32);
+    cross_entropy_backward(ctx.logits, ctx.targets, ctx.lse, dloss, dlogits32);
+    ctx.logits = ctx.lse = Tensor();
+    const Tensor dlogits = dlogits32.to(spec_.dtype);
+    dlogits32 = Tensor();
+    Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
+    gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
+    gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
+    dx = Tensor::uninitialized({T, H}, spec_.dtype);
+    rmsnorm_dgrad(ctx.final_in, final_layernorm.master, ctx.final_rstd, dn, dx);
+    rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
+    ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
+  }
+
+  // Layers last to first; a checkpointed run is recomputed from its input first.
+  std::vector<int> start_of(static_cast<std::size_t>(spec_.num_layers), -1);
+  for (int i = 0; i < spec_.num_layers; ++i)
+    if (checkpoint_end_[static_cast<std::size_t>(i)] >= 0) start_of[static_cast<std::size_t>(checkpoint_end_[static_cast<std::size_t>(i)] - 1)] = i;
+  for (int i = spec_.num_layers - 1; i >= 0; --i) {
+    const int first = start_of[static_cast<std::size_t>(i)];
+    if (first >= 0) {
+      Tensor x = ctx.checkpoint_input[static_cast<std::size_t>(first)];
+      ctx.checkpoint_input[static_cast<std::size_t>(first)] = Tensor();
+      for (int j = first; j <= i; ++j) x = run_layer(j, x, ctx, true);
+    }
+    auto& c = ctx.layers[static_cast<std::size_t>(i)];
+    trace::Scope scope(trace::Track::compute, "layer backward", i);
+    dx = layers[static_cast<std::size_t>(i)]->backward_dgrad(*c, dx);
+    layers[static_cast<std::size_t>(i)]->backward_wgrad(*c);
+    c.reset();
+  }
+
+  trace::Scope scope(trace::Track::compute, "embedding backward");
+  const std::int64_t* tok = ctx.tokens.data<std::int64_t>();
+  float* g = embedding.grad.data<float>();
+  const Tensor dx32 = dx.to(DType::F32);
+  const float* d = dx32.data<float>();
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
+}
+
+}  // namespace epx

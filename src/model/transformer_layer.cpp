@@ -1,0 +1,156 @@
+#include "epx/transformer_layer.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "epx/kernels.hpp"
+#include "epx/random.hpp"
+
+namespace epx {
+
+TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher)
+    : prefix(fmt::format("decoder.layers.{}", index)),
+      input_layernorm(prefix + ".input_layernorm.weight", {spec.hidden}, DType::F32),
+      pre_mlp_layernorm(prefix + ".pre_mlp_layernorm.weight", {spec.hidden}, DType::F32),
+      attention(prefix + ".self_attention", spec.attention),
+      spec_(spec) {
+  if (dispatcher) {
+    moe = std::make_unique<MoELayer>(*spec.moe, std::move(dispatcher));
+    if (spec.recompute.moe_act) moe->experts.recompute = GroupedMlp::Recompute::activation;
+    if (spec.recompute.shared_experts && moe->shared_experts)
+      moe->shared_experts->recompute = GroupedMlp::Recompute::all;
+  } else {
+    mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, false);
+    if (spec.recompute.mlp) mlp->recompute = GroupedMlp::Recompute::all;
+  }
+}
+
+std::vector<Param*> TransformerLayer::params() {
+  std::vector<Param*> out{&input_layernorm, &pre_mlp_layernorm};
+  for (Param* p : attention.params()) out.push_back(p);
+  if (moe)
+    for (Param* p : moe->params()) out.push_back(p);
+  if (mlp) {
+    out.push_back(&mlp->fc1);
+    out.push_back(&mlp->fc2);
+  }
+  return out;
+}
+
+std::vector<Param*> TransformerLayer::expert_params() {
+  if (!moe) return {};
+  return {&moe->experts.fc1, &moe->experts.fc2};
+}
+
+void TransformerLayer::init_weights(std::uint64_t seed) {
+  // Megatron: norms 1, linears N(0, std), the projections into the residual stream (linear_proj,
+  // fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor name: the same on every rank.
+  const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
+  const auto draw = [&](Param& p, double std) {
+    const CounterRng rng(seed, stream_of(p.name));
+    float* w = p.master.data<float>();
+    for (std::int64_t i = 0; i < p.master.numel(); ++i) w[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i)));
+    p.refresh();
+  };
+  for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {
+    p->master.fill(1.f);
+    p->refresh();
+  }
+  draw(attention.linear_qkv, spec_.init_std);
+  draw(attention.linear_proj, out_std);
+  if (mlp) {
+    draw(mlp->fc1, spec_.init_std);
+    draw(mlp->fc2, out_std);
+  }
+  if (moe) moe->init_weights(splitmix64(seed ^ stream_of(prefix)));
+}
+
+Tensor TransformerLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd) const {
+  Tensor y = Tensor::uninitialized(x.shape(), x.dtype());
+  rstd = Tensor::uninitialized({x.dim(0)}, DType::F32);
+  rmsnorm_forward(x, gamma.master, spec_.eps, y, rstd);
+  return y;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
+  const std::int64_t S = spec_.seq_length, T = x.dim(0), H = spec_.hidden;
+  ctx.x = x;
+  const Tensor n1 = norm(x, input_layernorm, ctx.rstd1);
+  const Tensor a = attention.forward(n1, S, ctx.attn, spec_.recompute.core_attn);
+  ctx.h = Tensor::uninitialized(x.shape(), x.dtype());
+  add(x, a, ctx.h);
+  const Tensor n2 = norm(ctx.h, pre_mlp_layernorm, ctx.rstd2);
+  Tensor m;
+  if (moe) {
+    ctx.moe = std::make_unique<MoELayer::Context>();
+    MoELayer::Context& c = *ctx.moe;
+    moe->forward_route(c, n2.reshape({S, T / S, H}), true, replay_draw);
+    moe->forward_dispatch(c);
+    moe->forward_experts(c);
+    m = moe->forward_combine(c).reshape({T, H});
+    ctx.aux_loss = c.routing.aux_loss;
+    ctx.z_loss = c.routing.z_loss;
+    ctx.router_draw = c.routing.draw;
+  } else {
+    m = mlp->forward(n2, {T}, {}, ctx.mlp);
+  }
+  Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
+  add(ctx.h, m, out);
+  if (spec_.recompute.layernorm) {  // keep only the norms' inputs (x and h, saved anyway)
+    ctx.attn.x = Tensor();
+    if (moe) moe->release_input(*ctx.moe);
+    else ctx.mlp.x = Tensor();
+  }
+  return out;
+}
+
+Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
+  const std::int64_t S = spec_.seq_length, T = dy.dim(0), H = spec_.hidden;
+  if (spec_.recompute.layernorm) {
+    Tensor rstd;
+    const Tensor n2 = norm(ctx.h, pre_mlp_layernorm, rstd);
+    if (moe) moe->restore_input(*ctx.moe, n2);
+    else ctx.mlp.x = n2;
+  }
+  Tensor dn2;
+  if (moe) {
+    MoELayer::Context& c = *ctx.moe;
+    moe->backward_combine(c, dy.reshape({S, T / S, H}));
+    moe->backward_experts(c);
+    moe->backward_dispatch(c);
+    dn2 = moe->backward_route(c).reshape({T, H});
+  } else {
+    dn2 = mlp->backward_dgrad(ctx.mlp, dy, nullptr);
+  }
+  // dh = dy + RMSNorm'(h)^T dn2.
+  Tensor tmp = Tensor::uninitialized(dy.shape(), dy.dtype());
+  rmsnorm_dgrad(ctx.h, pre_mlp_layernorm.master, ctx.rstd2, dn2, tmp);
+  rmsnorm_wgrad(ctx.h, ctx.rstd2, dn2, pre_mlp_layernorm.grad);
+  Tensor dh = Tensor::uninitialized(dy.shape(), dy.dtype());
+  add(dy, tmp, dh);
+
+  if (spec_.recompute.layernorm) {
+    Tensor rstd;
+    ctx.attn.x = norm(ctx.x, input_layernorm, rstd);
+  }
+  const Tensor dn1 = attention.backward_dgrad(ctx.attn, dh);
+  rmsnorm_dgrad(ctx.x, input_layernorm.master, ctx.rstd1, dn1, tmp);
+  rmsnorm_wgrad(ctx.x, ctx.rstd1, dn1, input_layernorm.grad);
+  Tensor dx = Tensor::uninitialized(dy.shape(), dy.dtype());
+  add(dh, tmp, dx);
+  ctx.x = ctx.h = ctx.rstd1 = ctx.rstd2 = Tensor();
+  return dx;
+}
+
+void TransformerLayer::backward_wgrad(Context& ctx) {
+  attention.backward_wgrad(ctx.attn);
+  if (moe) {
+    moe->backward_wgrad(*ctx.moe);
+    ctx.moe.reset();
+  } else {
+    mlp->backward_wgrad(ctx.mlp);
+  }
+}
+
+}  // namespace epx

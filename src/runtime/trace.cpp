@@ -1,0 +1,107 @@
+#include "epx/trace.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "epx/comm.hpp"
+#include "epx/error.hpp"
+
+namespace epx::trace {
+namespace {
+
+struct Event {
+  Track track;
+  std::string name;
+  Clock::time_point begin, end;
+};
+
+std::atomic<bool> g_enabled{false};
+std::mutex g_mu;
+std::vector<Event> g_events;
+
+double us(Clock::time_point t, Clock::time_point origin) {
+  return std::chrono::duration<double, std::micro>(t - origin).count();
+}
+
+}  // namespace
+
+void enable(bool on) { g_enabled = on; }
+bool enabled() { return g_enabled; }
+
+void record(Track track, std::string name, Clock::time_point begin, Clock::time_point end, int index) {
+  if (!g_enabled) return;
+  if (index >= 0) name += " " + std::to_string(index);
+  std::lock_guard lock(g_mu);
+  g_events.push_back({track, std::move(name), begin, end});
+}
+
+Summary summarize(Clock::time_point since) {
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> compute, comm;
+  {
+    std::lock_guard lock(g_mu);
+    for (const Event& e : g_events)
+      if (e.begin >= since) (e.track == Track::compute ? compute : comm).emplace_back(e.begin, e.end);
+  }
+  // Merge the compute intervals, then subtract them from each communication interval.
+  std::sort(compute.begin(), compute.end());
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> merged;
+  for (const auto& c : compute)
+    if (!merged.empty() && c.first <= merged.back().second) merged.back().second = std::max(merged.back().second, c.second);
+    else merged.push_back(c);
+  Summary s;
+  const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  for (const auto& m : merged) s.compute_s += sec(m.second - m.first);
+  for (const auto& [b, e] : comm) {
+    s.comm_s += sec(e - b);
+    Clock::duration covered{};
+    for (const auto& [mb, me] : merged)
+      if (mb < e && me > b) covered += std::min(e, me) - std::max(b, mb);
+    s.exposed_comm_s += sec((e - b) - covered);
+  }
+  return s;
+}
+
+void write(Communicator& world, const std::string& path, Clock::time_point origin) {
+  nlohmann::json events = nlohmann::json::array();
+  const int rank = world.rank();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  for (int tid : {0, 1})
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+                      {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
+  {
+    std::lock_guard lock(g_mu);
+    for (const Event& e : g_events)
+      events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : "comm"}, {"ph", "X"},
+                        {"pid", rank}, {"tid", static_cast<int>(e.track)}, {"ts", us(e.begin, origin)},
+                        {"dur", us(e.end, e.begin)}});
+    g_events.clear();
+  }
+  // Gather every rank's events (as text, in 8-byte words) on every rank; rank 0 writes them.
+  std::string mine = events.dump();
+  mine.resize((mine.size() + 7) / 8 * 8, ' ');
+  std::vector<std::int64_t> words(static_cast<std::size_t>(world.size()));
+  words[static_cast<std::size_t>(rank)] = static_cast<std::int64_t>(mine.size() / 8);
+  world.allreduce(words.data(), static_cast<std::int64_t>(words.size()), DType::I64);
+  std::int64_t total = 0;
+  for (auto w : words) total += w;
+  std::string all(static_cast<std::size_t>(total * 8), ' ');
+  world.allgatherv(mine.data(), all.data(), words, DType::I64);
+  if (rank != 0) return;
+  nlohmann::json merged = nlohmann::json::array();
+  std::size_t at = 0;
+  for (auto w : words) {
+    for (auto& e : nlohmann::json::parse(all.substr(at, static_cast<std::size_t>(w * 8)))) merged.push_back(std::move(e));
+    at += static_cast<std::size_t>(w * 8);
+  }
+  std::ofstream out(path);
+  out << nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!out) throw InputError("cannot write the trace to " + path);
+}
+
+}  // namespace epx::trace

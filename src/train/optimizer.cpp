@@ -1,0 +1,76 @@
+#include "epx/optimizer.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+namespace epx {
+
+double LrSchedule::at(std::int64_t step) const {
+  if (warmup_steps > 0 && step <= warmup_steps)
+    return warmup_init + (max_lr - warmup_init) * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  if (style == "constant") return max_lr;
+  if (step > decay_steps) return min_lr;
+  const double ratio = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps - warmup_steps);
+  const double coeff = style == "cosine" ? 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0) : 1.0 - ratio;
+  return min_lr + coeff * (max_lr - min_lr);
+}
+
+LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
+  LrSchedule s;
+  if (!c.optimizer.lr || *c.optimizer.lr < 0)
+    throw ConfigError(fmt::format("optimizer.lr={}: training needs a learning rate; set optimizer.lr (e.g. 3e-4)",
+                                  c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None"));
+  s.max_lr = *c.optimizer.lr;
+  s.min_lr = c.optimizer.min_lr.value_or(0.0);
+  if (s.min_lr > s.max_lr)
+    throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
+  s.warmup_init = c.scheduler.lr_warmup_init;
+  s.warmup_steps = c.scheduler.lr_warmup_iters;
+  s.decay_steps = c.scheduler.lr_decay_iters.value_or(train_iters);
+  s.style = c.scheduler.lr_decay_style;
+  if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
+    throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
+  if (s.warmup_steps < 0 || (s.style != "constant" && s.decay_steps <= s.warmup_steps))
+    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}: must be below the decay iterations ({}, "
+                                  "scheduler.lr_decay_iters or train.train_iters)",
+                                  s.warmup_steps, s.decay_steps));
+  return s;
+}
+
+Adam::Adam(std::vector<Param*> params, const OptimizerConfig& config) : config_(config) {
+  if (config.optimizer != "adam")
+    throw ConfigError(fmt::format("optimizer.optimizer={}: epx implements adam; set optimizer.optimizer=adam", config.optimizer));
+  for (Param* p : params)
+    states_.push_back({p, Tensor(p->master.shape(), DType::F32), Tensor(p->master.shape(), DType::F32), p->master.rank() > 1});
+}
+
+void Adam::step(double lr) {
+  ++steps_;
+  const double b1 = config_.adam_beta1, b2 = config_.adam_beta2, eps = config_.adam_eps;
+  const double c1 = 1.0 - std::pow(b1, static_cast<double>(steps_)), c2 = 1.0 - std::pow(b2, static_cast<double>(steps_));
+  for (State& s : states_) {
+    float* w = s.param->master.data<float>();
+    const float* g = s.param->grad.data<float>();
+    float *m = s.m.data<float>(), *v = s.v.data<float>();
+    const double wd = s.decay ? config_.weight_decay : 0.0;
+    const std::int64_t n = s.param->master.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
+      v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * static_cast<double>(g[i]) * g[i]);
+      const double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
+      w[i] = static_cast<float>(w[i] - lr * update);
+    }
+    s.param->refresh();
+  }
+}
+
+std::int64_t Adam::state_bytes() const {
+  std::int64_t n = 0;
+  for (const State& s : states_) n += static_cast<std::int64_t>(s.m.nbytes() + s.v.nbytes());
+  return n;
+}
+
+}  // namespace epx
