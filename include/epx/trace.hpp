@@ -13,7 +13,9 @@ class Communicator;
 
 namespace epx::trace {
 
-enum class Track { compute = 0, comm = 1 };
+// compute and wait share the compute thread's track: a wait is the compute thread blocked on
+// communication, so it does not count as compute covering it.
+enum class Track { compute = 0, comm = 1, wait = 2 };
 using Clock = std::chrono::steady_clock;
 
 void enable(bool on);
@@ -38,8 +40,9 @@ class Scope {
   Clock::time_point begin_;
 };
 
-// Summed lengths of this rank's recorded intervals since `since`: communication, and the part of
-// it no compute interval covers (the exposed communication).
+// Summed lengths of this rank's recorded intervals since `since`: compute (less its waits),
+// communication, and the part of it during which the compute thread was not computing (the
+// exposed communication).
 struct Summary {
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
 };

@@ -20,7 +20,11 @@ double thread_cpu_seconds() {
 void CommEvent::wait() const {
   if (!state_) return;
   std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  if (!state_->done) {
+    const auto begin = std::chrono::steady_clock::now();
+    state_->cv.wait(lock, [&] { return state_->done; });
+    trace::record(trace::Track::wait, "wait for communication", begin, std::chrono::steady_clock::now());
+  }
   if (state_->error) std::rethrow_exception(state_->error);
 }
 

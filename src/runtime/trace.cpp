@@ -28,6 +28,31 @@ double us(Clock::time_point t, Clock::time_point origin) {
   return std::chrono::duration<double, std::micro>(t - origin).count();
 }
 
+using Intervals = std::vector<std::pair<Clock::time_point, Clock::time_point>>;
+
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& c : v)
+    if (!out.empty() && c.first <= out.back().second) out.back().second = std::max(out.back().second, c.second);
+    else out.push_back(c);
+  return out;
+}
+
+// a \ b, both merged.
+Intervals minus(const Intervals& a, const Intervals& b) {
+  Intervals out;
+  for (auto [begin, end] : a) {
+    for (const auto& [bb, be] : b) {
+      if (be <= begin || bb >= end) continue;
+      if (bb > begin) out.emplace_back(begin, bb);
+      begin = std::max(begin, be);
+    }
+    if (begin < end) out.emplace_back(begin, end);
+  }
+  return out;
+}
+
 }  // namespace
 
 void enable(bool on) { g_enabled = on; }
@@ -41,27 +66,20 @@ void record(Track track, std::string name, Clock::time_point begin, Clock::time_
 }
 
 Summary summarize(Clock::time_point since) {
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> compute, comm;
+  Intervals compute, comm, wait;
   {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events)
-      if (e.begin >= since) (e.track == Track::compute ? compute : comm).emplace_back(e.begin, e.end);
+      if (e.begin >= since)
+        (e.track == Track::compute ? compute : e.track == Track::comm ? comm : wait).emplace_back(e.begin, e.end);
   }
-  // Merge the compute intervals, then subtract them from each communication interval.
-  std::sort(compute.begin(), compute.end());
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> merged;
-  for (const auto& c : compute)
-    if (!merged.empty() && c.first <= merged.back().second) merged.back().second = std::max(merged.back().second, c.second);
-    else merged.push_back(c);
+  const Intervals busy = minus(merged(compute), merged(wait));
   Summary s;
   const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  for (const auto& m : merged) s.compute_s += sec(m.second - m.first);
+  for (const auto& [b, e] : busy) s.compute_s += sec(e - b);
   for (const auto& [b, e] : comm) {
     s.comm_s += sec(e - b);
-    Clock::duration covered{};
-    for (const auto& [mb, me] : merged)
-      if (mb < e && me > b) covered += std::min(e, me) - std::max(b, mb);
-    s.exposed_comm_s += sec((e - b) - covered);
+    for (const auto& [xb, xe] : minus({{b, e}}, busy)) s.exposed_comm_s += sec(xe - xb);
   }
   return s;
 }
@@ -77,8 +95,8 @@ void write(Communicator& world, const std::string& path, Clock::time_point origi
   {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events)
-      events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : "comm"}, {"ph", "X"},
-                        {"pid", rank}, {"tid", static_cast<int>(e.track)}, {"ts", us(e.begin, origin)},
+      events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : e.track == Track::comm ? "comm" : "wait"},
+                        {"ph", "X"}, {"pid", rank}, {"tid", e.track == Track::comm ? 1 : 0}, {"ts", us(e.begin, origin)},
                         {"dur", us(e.end, e.begin)}});
     g_events.clear();
   }

@@ -4,6 +4,7 @@
 // only their failed assertions.
 #include <gtest/gtest.h>
 
+#include "epx/omp_env.hpp"
 #include "mpi_test_support.hpp"
 
 namespace epx::test {
@@ -22,6 +23,9 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace epx::test
 
 int main(int argc, char** argv) {
+  // As epx's own executables: oversubscribed ranks must not spin OpenMP threads on shared cores.
+  epx::cap_openmp_spin(argv);
+  epx::share_cores_with_local_ranks();
   ::testing::InitGoogleTest(&argc, argv);
   epx::MpiSession session(epx::collective_timeout_from_env(60));
   epx::test::g_session = &session;

@@ -1,0 +1,21 @@
+#!/bin/bash
+# `epx run` end to end on 2 ranks: the log lines, the summary, the results JSON and the trace.
+# Usage: run_writes_results.sh MPIRUN EPX
+set -euo pipefail
+mpirun=$1 epx=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+log=$("$mpirun" --oversubscribe -np 2 "$epx" run qwen3_30b_a3b_proxy --max_steps 3 model.num_layers=1 \
+  model.seq_length=64 --results "$dir/r.json" --trace "$dir/t.json" 2>&1) || { echo "$log"; exit 1; }
+echo "$log"
+expect() { grep -qE "$2" "$1" || { echo "missing in $1: $2"; exit 1; }; }
+echo "$log" > "$dir/log"
+expect "$dir/log" 'iteration +3/ +3 \| consumed samples: +24 \| elapsed time per iteration \(ms\): [0-9.]+ \|.* lm loss: [0-9.E+-]+ \|.* grad norm: [0-9.]+ \|'
+expect "$dir/log" 'Step Time : [0-9.]+s GPU utilization: [0-9.]+MODEL_TFLOP/s/GPU'
+expect "$dir/log" 'mem-max-allocated-gigabytes: [0-9.]+'
+expect "$dir/log" 'steady-state step time: [0-9.]+ s \(mean of iterations 3..3\)'
+expect "$dir/r.json" '"mean_step_time_s"'
+expect "$dir/r.json" '"expert_model_parallel_size": 2'
+expect "$dir/r.json" '"lm_loss"'
+expect "$dir/t.json" '"name":"dispatch"'
+expect "$dir/t.json" '"pid":1'
