@@ -60,7 +60,7 @@ bool enabled() { return g_enabled; }
 
 void record(Track track, std::string name, Clock::time_point begin, Clock::time_point end, int index) {
   if (!g_enabled) return;
-  if (index >= 0) name += " " + std::to_string(index);
+  if (index >= 0) name.append(" ").append(std::to_string(index));
   std::lock_guard lock(g_mu);
   g_events.push_back({track, std::move(name), begin, end});
 }
