@@ -52,10 +52,7 @@ void GPTModel::zero_grad() {
 
 void GPTModel::init_weights(std::uint64_t seed) {
   for (Param* p : {&embedding, &output_layer}) {
-    const CounterRng rng(seed, stream_of(p->name));
-    float* w = p->master.data<float>();
-    for (std::int64_t i = 0; i < p->master.numel(); ++i)
-      w[i] = static_cast<float>(spec_.init_std * rng.normal(static_cast<std::uint64_t>(i)));
+    p->master.copy_from(random_normal(p->master.shape(), DType::F32, seed, stream_of(p->name), spec_.init_std));
     p->refresh();
   }
   final_layernorm.master.fill(1.f);

@@ -48,9 +48,7 @@ void TransformerLayer::init_weights(std::uint64_t seed) {
   // fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor name: the same on every rank.
   const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
   const auto draw = [&](Param& p, double std) {
-    const CounterRng rng(seed, stream_of(p.name));
-    float* w = p.master.data<float>();
-    for (std::int64_t i = 0; i < p.master.numel(); ++i) w[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i)));
+    p.master.copy_from(random_normal(p.master.shape(), DType::F32, seed, stream_of(p.name), std));
     p.refresh();
   };
   for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {

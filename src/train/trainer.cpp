@@ -142,7 +142,7 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
   Adam adam(params, cfg.optimizer);
   const MockData data(options.data, spec.vocab, spec.seq_length, spec.seed);
   const double flops_per_iteration = spec.flops_per_token() * static_cast<double>(spec.seq_length * gbs);
-  const int dp_rank = layout.rank_in(GroupKind::dp, layout.world == 1 ? 0 : rank);
+  const int dp_rank = layout.rank_in(GroupKind::dp, rank);
   Communicator& dp_group = groups.get(GroupKind::dp_cp);
   Communicator& edp_group = groups.get(GroupKind::edp);
   Communicator& expert_mp = groups.get(GroupKind::tp_ep);
