@@ -32,6 +32,18 @@ class GPTModel {
   // Backward of `dloss` times this micro-batch's loss; accumulates into every Param::grad.
   void backward(Context& ctx, float dloss);
 
+  // The pieces around the layers, for schedules that run the layers node by node (Megatron's
+  // pre_process and post_process): embed starts a micro-batch's context and returns layer 0's
+  // input; layer_output finishes layer i's forward (TransformerLayer::forward_output) and records
+  // its router losses; head_forward returns the loss; head_backward the gradient of the last
+  // layer's output; embed_backward takes layer 0's input gradient.
+  Tensor embed(const Tensor& tokens, const Tensor& targets, Context& ctx);
+  Tensor layer_output(int i, Context& ctx);
+  double head_forward(const Tensor& x, Context& ctx);
+  Tensor head_backward(Context& ctx, float dloss);
+  void embed_backward(Context& ctx, const Tensor& dx);
+  bool has_full_recompute() const;
+
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();         // every weight of this rank, each once
   std::vector<Param*> expert_params();  // the routed experts' (reduced over EDP)

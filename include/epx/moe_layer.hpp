@@ -32,6 +32,7 @@ class MoELayer {
     GroupedMlp::Saved experts, shared;
     Tensor shared_output;  // until the combine adds it
     Tensor dprobs;         // [T, E] F32, during backward_route
+    Tensor dy;             // the output gradient, until the shared expert's dgrad
     Tensor dx_shared;      // the shared expert's input gradient, until backward_route
   };
 
@@ -40,21 +41,29 @@ class MoELayer {
   // dy in the output's shape. Runs the dgrad phases, then wgrad. Returns dx.
   Tensor backward(Context& ctx, const Tensor& dy);
 
-  // The phases. Forward:
-  // shared expert, router, permute; `replay_draw`: a recompute (Router::forward)
+  // The phases. Communication phases only start the exchange; the phase after waits for it, so
+  // a schedule can compute something else in between (ARCHITECTURE.md, "Merged schedule").
+  // Forward:
+  // (shared expert), router, permute; `replay_draw`: a recompute (Router::forward)
   void forward_route(Context& ctx, const Tensor& x, bool training,
                      std::optional<std::uint64_t> replay_draw = std::nullopt);
-  void forward_dispatch(Context& ctx);  // communication
-  void forward_experts(Context& ctx);   // regroup, experts, prepare combine
-  Tensor forward_combine(Context& ctx); // communication, unpermute, + shared output
+  void forward_dispatch(Context& ctx);   // starts the dispatch
+  void forward_experts(Context& ctx);    // (shared expert), regroup, experts, prepare combine
+  void forward_combine(Context& ctx);    // starts the combine
+  Tensor forward_output(Context& ctx);   // unpermute, + shared output
   // Backward (dgrad), in reverse:
-  void backward_combine(Context& ctx, const Tensor& dy);  // unpermute^T, communication
+  void backward_combine(Context& ctx, const Tensor& dy);  // unpermute^T, starts the exchange
   void backward_experts(Context& ctx);                    // expert dgrad
-  void backward_dispatch(Context& ctx);                   // communication
+  void backward_dispatch(Context& ctx);                   // starts the exchange
   Tensor backward_route(Context& ctx);                    // permute^T, router + shared dgrad -> dx
-  // Weight gradients of the experts, shared expert and router, accumulated into Param::grad.
-  void backward_wgrad(Context& ctx);
-
+  // Weight gradients, accumulated into Param::grad: the routed experts' (the filler of the
+  // dispatch-backward with delay_wgrad_compute), and the shared expert's and router's.
+  void backward_expert_wgrad(Context& ctx);
+  void backward_dense_wgrad(Context& ctx);
+  void backward_wgrad(Context& ctx) {
+    backward_expert_wgrad(ctx);
+    backward_dense_wgrad(ctx);
+  }
   // Recompute of the norm before the layer ("layernorm" in recompute_modules): drop every
   // reference the context holds to the input after the forward, and give it back (recomputed)
   // before the backward.
@@ -90,6 +99,8 @@ class MoELayer {
   std::optional<GroupedMlp> shared_experts;
 
  private:
+  void forward_shared(Context& ctx);
+  void backward_shared(Context& ctx);
   // Every (file name, param, group) of this rank's weights, and its place in the file tensor.
   struct Entry {
     enum class Split { none, rows, cols };  // how ETP splits it: fc1 by rows, fc2 by columns

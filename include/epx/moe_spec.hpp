@@ -17,6 +17,9 @@ struct MoESpec {
   int topk = 2;
   std::int64_t ffn = 0;         // moe_ffn_hidden_size
   std::int64_t shared_ffn = 0;  // moe_shared_expert_intermediate_size; 0 = no shared expert
+  // moe_shared_expert_overlap: the shared expert's forward runs while the dispatch is in flight,
+  // its dgrad while the combine-backward is (otherwise both run with the router, Megatron's order).
+  bool shared_expert_overlap = false;
   DType dtype = DType::F32;     // activations and compute weights: BF16 when model.bf16
 
   // Router (math in FP32).

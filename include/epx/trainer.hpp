@@ -44,7 +44,7 @@ struct TrainResult {
   double final_loss = 0;
   double comm_in_flight_s = 0;           // this rank's communication stream, steady state
   std::optional<double> exposed_comm_s;  // with a trace: communication no compute covered
-  std::string layout, dispatcher, recompute;
+  std::string layout, dispatcher, schedule, recompute;
   nlohmann::json to_json() const;
 };
 

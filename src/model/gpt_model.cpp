@@ -59,24 +59,35 @@ void GPTModel::init_weights(std::uint64_t seed) {
   for (auto& l : layers) l->init_weights(seed);
 }
 
-Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
-  auto c = std::make_unique<TransformerLayer::Context>();
+bool GPTModel::has_full_recompute() const {
+  return std::any_of(checkpoint_end_.begin(), checkpoint_end_.end(), [](int e) { return e >= 0; });
+}
+
+Tensor GPTModel::layer_output(int i, Context& ctx) {
   const auto u = static_cast<std::size_t>(i);
-  Tensor y;
-  {
-    trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", i);
-    y = layers[u]->forward(x, *c, recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
-  }
-  if (!recompute) {
-    ctx.aux_loss += c->aux_loss;
-    ctx.z_loss += c->z_loss;
-    ctx.router_draw[u] = c->router_draw;
-  }
-  ctx.layers[u] = std::move(c);
+  TransformerLayer::Context& c = *ctx.layers[u];
+  Tensor y = layers[u]->forward_output(c);
+  ctx.aux_loss += c.aux_loss;
+  ctx.z_loss += c.z_loss;
+  ctx.router_draw[u] = c.router_draw;
   return y;
 }
 
-double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
+  const auto u = static_cast<std::size_t>(i);
+  ctx.layers[u] = std::make_unique<TransformerLayer::Context>();
+  TransformerLayer& l = *layers[u];
+  TransformerLayer::Context& c = *ctx.layers[u];
+  trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", i);
+  if (recompute) return l.forward(x, c, ctx.router_draw[u]);
+  l.forward_pre_dispatch(x, c);
+  l.forward_dispatch_start(c);
+  l.forward_mlp(c);
+  l.forward_combine_start(c);
+  return layer_output(i, ctx);
+}
+
+Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
   const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
   if (T != spec_.seq_length * spec_.micro_batch || targets.numel() != T)
     throw std::invalid_argument(fmt::format("model: {} tokens, expected seq_length x micro_batch = {}", T,
@@ -90,18 +101,21 @@ double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& c
   ctx.router_draw.assign(L, 0);
   ctx.aux_loss = ctx.z_loss = 0;
 
+  trace::Scope scope(trace::Track::compute, "embedding forward");
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
-  {
-    trace::Scope scope(trace::Track::compute, "embedding forward");
-    const std::int64_t* tok = tokens.data<std::int64_t>();
-    const auto* table = static_cast<const std::byte*>(embedding.compute.raw());
-    const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
-    for (std::int64_t t = 0; t < T; ++t) {
-      if (tok[t] < 0 || tok[t] >= V)
-        throw std::invalid_argument(fmt::format("model: token {} is outside the vocabulary [0, {})", tok[t], V));
-      std::copy_n(table + static_cast<std::size_t>(tok[t]) * row, row, static_cast<std::byte*>(x.raw()) + static_cast<std::size_t>(t) * row);
-    }
+  const std::int64_t* tok = tokens.data<std::int64_t>();
+  const auto* table = static_cast<const std::byte*>(embedding.compute.raw());
+  const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
+  for (std::int64_t t = 0; t < T; ++t) {
+    if (tok[t] < 0 || tok[t] >= V)
+      throw std::invalid_argument(fmt::format("model: token {} is outside the vocabulary [0, {})", tok[t], V));
+    std::copy_n(table + static_cast<std::size_t>(tok[t]) * row, row, static_cast<std::byte*>(x.raw()) + static_cast<std::size_t>(t) * row);
   }
+  return x;
+}
+
+double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+  Tensor x = embed(tokens, targets, ctx);
   for (int i = 0; i < spec_.num_layers;) {
     const int end = checkpoint_end_[static_cast<std::size_t>(i)];
     if (end < 0) {
@@ -115,8 +129,12 @@ double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& c
       ctx.layers[static_cast<std::size_t>(i)].reset();
     }
   }
+  return head_forward(x, ctx);
+}
 
+double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   trace::Scope scope(trace::Track::compute, "lm head + loss forward");
+  const std::int64_t T = x.dim(0), V = spec_.vocab;
   ctx.final_in = x;
   ctx.final_out = Tensor::uninitialized(x.shape(), x.dtype());
   ctx.final_rstd = Tensor::uninitialized({T}, DType::F32);
@@ -124,29 +142,30 @@ double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& c
   ctx.logits = Tensor::uninitialized({T, V}, DType::F32);
   gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
   ctx.lse = Tensor::uninitialized({T}, DType::F32);
-  ctx.loss = cross_entropy_forward(ctx.logits, targets, ctx.lse);
+  ctx.loss = cross_entropy_forward(ctx.logits, ctx.targets, ctx.lse);
   return ctx.loss;
 }
 
-void GPTModel::backward(Context& ctx, float dloss) {
+Tensor GPTModel::head_backward(Context& ctx, float dloss) {
+  trace::Scope scope(trace::Track::compute, "lm head + loss backward");
   const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
-  Tensor dx;
-  {
-    trace::Scope scope(trace::Track::compute, "lm head + loss backward");
-    Tensor dlogits32 = Tensor::uninitialized(ctx.logits.shape(), DType::F32);
-    cross_entropy_backward(ctx.logits, ctx.targets, ctx.lse, dloss, dlogits32);
-    ctx.logits = ctx.lse = Tensor();
-    const Tensor dlogits = dlogits32.to(spec_.dtype);
-    dlogits32 = Tensor();
-    Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
-    gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
-    gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
-    dx = Tensor::uninitialized({T, H}, spec_.dtype);
-    rmsnorm_dgrad(ctx.final_in, final_layernorm.master, ctx.final_rstd, dn, dx);
-    rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
-    ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
-  }
+  Tensor dlogits32 = Tensor::uninitialized(ctx.logits.shape(), DType::F32);
+  cross_entropy_backward(ctx.logits, ctx.targets, ctx.lse, dloss, dlogits32);
+  ctx.logits = ctx.lse = Tensor();
+  const Tensor dlogits = dlogits32.to(spec_.dtype);
+  dlogits32 = Tensor();
+  Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
+  gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
+  gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
+  Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
+  rmsnorm_dgrad(ctx.final_in, final_layernorm.master, ctx.final_rstd, dn, dx);
+  rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
+  ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
+  return dx;
+}
 
+void GPTModel::backward(Context& ctx, float dloss) {
+  Tensor dx = head_backward(ctx, dloss);
   // Layers last to first; a checkpointed run is recomputed from its input first.
   std::vector<int> start_of(static_cast<std::size_t>(spec_.num_layers), -1);
   for (int i = 0; i < spec_.num_layers; ++i)
@@ -164,8 +183,12 @@ void GPTModel::backward(Context& ctx, float dloss) {
     layers[static_cast<std::size_t>(i)]->backward_wgrad(*c);
     c.reset();
   }
+  embed_backward(ctx, dx);
+}
 
+void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   trace::Scope scope(trace::Track::compute, "embedding backward");
+  const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
   const std::int64_t* tok = ctx.tokens.data<std::int64_t>();
   float* g = embedding.grad.data<float>();
   const Tensor dx32 = dx.to(DType::F32);

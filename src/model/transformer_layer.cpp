@@ -72,28 +72,68 @@ Tensor TransformerLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd)
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
+  forward_pre_dispatch(x, ctx, replay_draw);
+  forward_dispatch_start(ctx);
+  forward_mlp(ctx);
+  forward_combine_start(ctx);
+  return forward_output(ctx);
+}
+
+Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
+  backward_combine_start(ctx, dy);
+  backward_mlp(ctx, false);
+  backward_dispatch_start(ctx);
+  return backward_pre_dispatch(ctx, false);
+}
+
+void TransformerLayer::backward_wgrad(Context& ctx) {
+  backward_mlp_wgrad(ctx);
+  backward_pre_dispatch_wgrad(ctx);
+}
+
+// ----------------------------------------------------------------------------- forward nodes
+
+void TransformerLayer::forward_pre_dispatch(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
   const std::int64_t S = spec_.seq_length, T = x.dim(0), H = spec_.hidden;
   ctx.x = x;
   const Tensor n1 = norm(x, input_layernorm, ctx.rstd1);
   const Tensor a = attention.forward(n1, S, ctx.attn, spec_.recompute.core_attn);
   ctx.h = Tensor::uninitialized(x.shape(), x.dtype());
   add(x, a, ctx.h);
-  const Tensor n2 = norm(ctx.h, pre_mlp_layernorm, ctx.rstd2);
-  Tensor m;
+  Tensor n2 = norm(ctx.h, pre_mlp_layernorm, ctx.rstd2);
   if (moe) {
     ctx.moe = std::make_unique<MoELayer::Context>();
+    moe->forward_route(*ctx.moe, n2.reshape({S, T / S, H}), true, replay_draw);
+  } else {
+    ctx.mlp_io = std::move(n2);
+  }
+}
+
+void TransformerLayer::forward_dispatch_start(Context& ctx) {
+  if (moe) moe->forward_dispatch(*ctx.moe);
+}
+
+void TransformerLayer::forward_mlp(Context& ctx) {
+  if (moe) moe->forward_experts(*ctx.moe);
+  else ctx.mlp_io = mlp->forward(ctx.mlp_io, {ctx.mlp_io.dim(0)}, {}, ctx.mlp);
+}
+
+void TransformerLayer::forward_combine_start(Context& ctx) {
+  if (moe) moe->forward_combine(*ctx.moe);
+}
+
+Tensor TransformerLayer::forward_output(Context& ctx) {
+  Tensor m;
+  if (moe) {
     MoELayer::Context& c = *ctx.moe;
-    moe->forward_route(c, n2.reshape({S, T / S, H}), true, replay_draw);
-    moe->forward_dispatch(c);
-    moe->forward_experts(c);
-    m = moe->forward_combine(c).reshape({T, H});
+    m = moe->forward_output(c).reshape(ctx.h.shape());
     ctx.aux_loss = c.routing.aux_loss;
     ctx.z_loss = c.routing.z_loss;
     ctx.router_draw = c.routing.draw;
   } else {
-    m = mlp->forward(n2, {T}, {}, ctx.mlp);
+    m = std::move(ctx.mlp_io);
   }
-  Tensor out = Tensor::uninitialized(x.shape(), x.dtype());
+  Tensor out = Tensor::uninitialized(ctx.h.shape(), ctx.h.dtype());
   add(ctx.h, m, out);
   if (spec_.recompute.layernorm) {  // keep only the norms' inputs (x and h, saved anyway)
     ctx.attn.x = Tensor();
@@ -103,7 +143,9 @@ Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<st
   return out;
 }
 
-Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
+// ---------------------------------------------------------------------------- backward nodes
+
+void TransformerLayer::backward_combine_start(Context& ctx, const Tensor& dy) {
   const std::int64_t S = spec_.seq_length, T = dy.dim(0), H = spec_.hidden;
   if (spec_.recompute.layernorm) {
     Tensor rstd;
@@ -111,16 +153,23 @@ Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
     if (moe) moe->restore_input(*ctx.moe, n2);
     else ctx.mlp.x = n2;
   }
-  Tensor dn2;
-  if (moe) {
-    MoELayer::Context& c = *ctx.moe;
-    moe->backward_combine(c, dy.reshape({S, T / S, H}));
-    moe->backward_experts(c);
-    moe->backward_dispatch(c);
-    dn2 = moe->backward_route(c).reshape({T, H});
-  } else {
-    dn2 = mlp->backward_dgrad(ctx.mlp, dy, nullptr);
-  }
+  ctx.dy = dy;
+  if (moe) moe->backward_combine(*ctx.moe, dy.reshape({S, T / S, H}));
+}
+
+void TransformerLayer::backward_mlp(Context& ctx, bool with_wgrad) {
+  if (moe) moe->backward_experts(*ctx.moe);
+  else ctx.dn2 = mlp->backward_dgrad(ctx.mlp, ctx.dy, nullptr);
+  if (with_wgrad) backward_mlp_wgrad(ctx);
+}
+
+void TransformerLayer::backward_dispatch_start(Context& ctx) {
+  if (moe) moe->backward_dispatch(*ctx.moe);
+}
+
+Tensor TransformerLayer::backward_pre_dispatch(Context& ctx, bool with_wgrad) {
+  const Tensor dy = std::move(ctx.dy);
+  const Tensor dn2 = moe ? moe->backward_route(*ctx.moe).reshape(dy.shape()) : std::move(ctx.dn2);
   // dh = dy + RMSNorm'(h)^T dn2.
   Tensor tmp = Tensor::uninitialized(dy.shape(), dy.dtype());
   rmsnorm_dgrad(ctx.h, pre_mlp_layernorm.master, ctx.rstd2, dn2, tmp);
@@ -138,16 +187,20 @@ Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
   Tensor dx = Tensor::uninitialized(dy.shape(), dy.dtype());
   add(dh, tmp, dx);
   ctx.x = ctx.h = ctx.rstd1 = ctx.rstd2 = Tensor();
+  if (with_wgrad) backward_pre_dispatch_wgrad(ctx);
   return dx;
 }
 
-void TransformerLayer::backward_wgrad(Context& ctx) {
+void TransformerLayer::backward_mlp_wgrad(Context& ctx) {
+  if (moe) moe->backward_expert_wgrad(*ctx.moe);
+  else mlp->backward_wgrad(ctx.mlp);
+}
+
+void TransformerLayer::backward_pre_dispatch_wgrad(Context& ctx) {
   attention.backward_wgrad(ctx.attn);
   if (moe) {
-    moe->backward_wgrad(*ctx.moe);
+    moe->backward_dense_wgrad(*ctx.moe);
     ctx.moe.reset();
-  } else {
-    mlp->backward_wgrad(ctx.mlp);
   }
 }
 

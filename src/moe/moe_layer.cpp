@@ -188,15 +188,19 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
   const std::int64_t seq = x.dim(0);  // S of [S, B, H]; T of [T, H] (one sequence)
   ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
   // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
-  if (shared_experts)
-    ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
+  if (shared_experts && !spec_.shared_expert_overlap) forward_shared(ctx);
   ctx.routing = router.forward(ctx.x, seq, training, aux_loss_scale, rank, replay_draw);
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, ctx.routing);
+}
+
+void MoELayer::forward_shared(Context& ctx) {
+  ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
 }
 
 void MoELayer::forward_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
 
 void MoELayer::forward_experts(Context& ctx) {
+  if (shared_experts && spec_.shared_expert_overlap) forward_shared(ctx);  // while the dispatch flies
   DispatchState& d = ctx.dispatch;
   dispatcher_->dispatch_postprocess(d);
   Tensor y = experts.forward(d.hidden, d.tokens_per_local_expert, std::move(d.probs), ctx.experts);
@@ -204,8 +208,9 @@ void MoELayer::forward_experts(Context& ctx) {
   dispatcher_->combine_preprocess(d, std::move(y));
 }
 
-Tensor MoELayer::forward_combine(Context& ctx) {
-  dispatcher_->token_combine(ctx.dispatch);
+void MoELayer::forward_combine(Context& ctx) { dispatcher_->token_combine(ctx.dispatch); }
+
+Tensor MoELayer::forward_output(Context& ctx) {
   Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
   if (shared_experts) {
     // Routed + shared summed in FP32, rounded once to the layer's dtype.
@@ -219,7 +224,8 @@ Tensor MoELayer::forward(const Tensor& x, Context& ctx, bool training) {
   forward_route(ctx, x, training);
   forward_dispatch(ctx);
   forward_experts(ctx);
-  return forward_combine(ctx);
+  forward_combine(ctx);
+  return forward_output(ctx);
 }
 
 void MoELayer::release_input(Context& ctx) {
@@ -239,9 +245,17 @@ void MoELayer::backward_combine(Context& ctx, const Tensor& dy) {
     throw InputError(fmt::format("output gradient has shape {}; the output is {}",
                                  shape_string(dy.shape()), shape_string(ctx.input_shape)));
   const Tensor g = (dy.dtype() == spec_.dtype ? dy : dy.to(spec_.dtype)).reshape(ctx.x.shape());
-  if (shared_experts) ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, g, nullptr);
   dispatcher_->combine_postprocess_backward(ctx.dispatch, g);
   dispatcher_->token_combine_backward(ctx.dispatch);
+  if (shared_experts) {
+    ctx.dy = g;
+    if (spec_.shared_expert_overlap) backward_shared(ctx);  // while the combine-backward flies
+  }
+}
+
+void MoELayer::backward_shared(Context& ctx) {
+  ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, ctx.dy, nullptr);
+  ctx.dy = Tensor();
 }
 
 void MoELayer::backward_experts(Context& ctx) {
@@ -258,6 +272,8 @@ void MoELayer::backward_dispatch(Context& ctx) { dispatcher_->token_dispatch_bac
 Tensor MoELayer::backward_route(Context& ctx) {
   ctx.dprobs = Tensor({ctx.x.dim(0), spec_.num_experts}, DType::F32);
   Tensor dx = dispatcher_->dispatch_preprocess_backward(ctx.dispatch, ctx.dprobs);
+  // Not overlapped, Megatron's autograd reaches the shared expert after the routed path.
+  if (shared_experts && !spec_.shared_expert_overlap) backward_shared(ctx);
   const Tensor dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
   // dx = dispatch path + router path (+ shared expert), summed in FP32, rounded once.
   for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) {
@@ -270,8 +286,9 @@ Tensor MoELayer::backward_route(Context& ctx) {
   return dx.reshape(ctx.input_shape);
 }
 
-void MoELayer::backward_wgrad(Context& ctx) {
-  experts.backward_wgrad(ctx.experts);
+void MoELayer::backward_expert_wgrad(Context& ctx) { experts.backward_wgrad(ctx.experts); }
+
+void MoELayer::backward_dense_wgrad(Context& ctx) {
   if (shared_experts) shared_experts->backward_wgrad(ctx.shared);
   router.backward_wgrad(ctx.routing);
 }

@@ -39,6 +39,7 @@ MoESpec moe_spec_from_config(const Config& c) {
         "set the experts' FFN width (model.moe_ffn_hidden_size)");
   s.ffn = *ffn;
   s.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
+  s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
   if (s.shared_ffn < 0)
     bad("model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");
   if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");

@@ -15,6 +15,7 @@
 #include "epx/gpt_model.hpp"
 #include "epx/optimizer.hpp"
 #include "epx/process_groups.hpp"
+#include "epx/schedule.hpp"
 #include "epx/trace.hpp"
 
 namespace epx {
@@ -103,6 +104,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"comm_in_flight_s", comm_in_flight_s},
                          {"layout", layout},
                          {"dispatcher", dispatcher},
+                         {"schedule", schedule},
                          {"recompute", recompute}};
   if (exposed_comm_s) summary["exposed_comm_s"] = *exposed_comm_s;
   return {{"summary", summary}, {"iterations", its}};
@@ -125,6 +127,7 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
         gbs, mbs, dp, mbs * dp, std::max<std::int64_t>(1, gbs / (mbs * dp)) * mbs * dp));
   const std::int64_t micro_batches = gbs / (mbs * dp);
   const LrSchedule schedule = lr_schedule_from_config(cfg, iters);
+  const ScheduleOptions schedule_options = schedule_options_from_config(cfg);
   const int rank = world.rank(), last = world.size() - 1;
 
   ProcessGroups groups(world, layout);
@@ -151,15 +154,18 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
   result.layout = layout.describe();
   result.dispatcher = model.moe_layers().empty() ? "none" : model.moe_layers().front()->dispatcher().name();
   result.recompute = spec.recompute.describe();
+  result.schedule = schedule_options.ep_overlap
+                        ? (schedule_options.delay_wgrad ? "EP overlap (merged 1F1B) + delayed wgrad" : "EP overlap (merged 1F1B)")
+                        : spec.moe && spec.moe->shared_expert_overlap ? "shared-expert overlap" : "no overlap";
   result.flops_per_iteration = flops_per_iteration;
   result.steady_first = std::min<int>(options.steady_first, static_cast<int>(iters));
   result.steady_last = options.steady_last > 0 ? std::min<int>(options.steady_last, static_cast<int>(iters)) : static_cast<int>(iters);
   if (result.steady_first > result.steady_last) result.steady_first = 1;
   if (options.log && rank == 0)
-    out << fmt::format("epx run: {} | {} | dispatcher {} | {} micro-batches of {} x {} tokens per rank per "
+    out << fmt::format("epx run: {} | {} | dispatcher {} | {} | {} micro-batches of {} x {} tokens per rank per "
                        "iteration | recompute {} | {} parameters on rank 0\n",
-                       cfg.source, result.layout, result.dispatcher, micro_batches, mbs, spec.seq_length,
-                       result.recompute, [&] {
+                       cfg.source, result.layout, result.dispatcher, result.schedule, micro_batches, mbs,
+                       spec.seq_length, result.recompute, [&] {
                          std::int64_t n = 0;
                          for (const Param* p : params) n += p->master.numel();
                          return n;
@@ -179,14 +185,12 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
     const Clock::time_point t0 = Clock::now();
     model.zero_grad();
     double sums[2] = {0, 0};  // lm loss, load-balancing loss (summed over micro-batches)
-    for (std::int64_t j = 0; j < micro_batches; ++j) {
-      const std::int64_t first = (it - 1) * gbs + dp_rank * micro_batches * mbs + j * mbs;
-      Tensor tokens, targets;
-      data.micro_batch(first, mbs, tokens, targets);
-      GPTModel::Context ctx;
-      sums[0] += model.forward(tokens, targets, ctx);
-      sums[1] += ctx.aux_loss / std::max(1, spec.num_moe_layers());
-      model.backward(ctx, static_cast<float>(1.0 / static_cast<double>(micro_batches)));
+    const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
+      data.micro_batch((it - 1) * gbs + dp_rank * micro_batches * mbs + j * mbs, mbs, tokens, targets);
+    };
+    for (const MicroBatchLosses& l : forward_backward(model, static_cast<int>(micro_batches), micro_batch, schedule_options)) {
+      sums[0] += l.lm_loss;
+      sums[1] += l.aux_loss;
     }
 
     // Finalize the gradients (Megatron's finalize_model_grads), clip, step.
