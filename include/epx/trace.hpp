@@ -42,9 +42,11 @@ class Scope {
 
 // Summed lengths of this rank's recorded intervals since `since`: compute (less its waits),
 // communication, and the part of it during which the compute thread was not computing (the
-// exposed communication).
+// exposed communication); the same for the MoE token exchanges alone (the dispatchers' tasks
+// "dispatch", "combine" and their backward), the communication EP overlap can hide.
 struct Summary {
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  double token_exchange_s = 0, exposed_token_exchange_s = 0;
 };
 Summary summarize(Clock::time_point since);
 

@@ -17,6 +17,7 @@
 #include "epx/comm.hpp"
 #include "epx/config.hpp"
 #include "epx/mock_data.hpp"
+#include "epx/trace.hpp"
 
 namespace epx {
 
@@ -43,7 +44,7 @@ struct TrainResult {
   std::int64_t peak_memory_bytes = 0;    // max over ranks of mem-max-allocated
   double final_loss = 0;
   double comm_in_flight_s = 0;           // this rank's communication stream, steady state
-  std::optional<double> exposed_comm_s;  // with a trace: communication no compute covered
+  std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::string layout, dispatcher, schedule, recompute;
   nlohmann::json to_json() const;
 };

@@ -20,6 +20,7 @@
 #include "epx/config.hpp"
 #include "epx/dispatcher.hpp"
 #include "epx/process_groups.hpp"
+#include "dispatch/counts_exchange.hpp"
 #include "dispatch/traffic_counter.hpp"
 
 namespace epx {
@@ -41,6 +42,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         etp_(groups.get(GroupKind::etp)),
         tp_ep_(groups.get(GroupKind::tp_ep)),
         stream_(stream),
+        counts_(counts_communicator(tp_ep_)),
         traffic_(node_of_each_rank(tp_ep_), tp_ep_.rank()) {
     local_ = experts_per_ep_rank(num_experts, ep_.size());
     first_ = ep_.rank() * local_;
@@ -66,9 +68,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
     // Counts exchange: every rank's [E] counts, gathered over ETP x EP (group rank = ep * ETP + t).
     const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
-    std::vector<std::int64_t> all(static_cast<std::size_t>(num_experts_ * ep * etp));
-    const std::vector<std::int64_t> each(static_cast<std::size_t>(ep * etp), num_experts_);
-    stream_.run([&] { tp_ep_.allgatherv(s.perm.tokens_per_expert.data(), all.data(), each, DType::I64); }, "dispatch counts");
+    const std::vector<std::int64_t> all = allgather_counts(*counts_, s.perm.tokens_per_expert.data(), num_experts_);
     traffic_.add_to_all(0, num_experts_ * 8);
     const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
       return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
@@ -269,6 +269,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
   std::int64_t num_experts_, local_ = 1, first_ = 0;
   Communicator &ep_, &etp_, &tp_ep_;
   CommStream& stream_;
+  std::unique_ptr<Communicator> counts_;  // the counts all-gather's own (counts_exchange.hpp)
   TrafficCounter traffic_;
 };
 

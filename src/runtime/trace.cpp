@@ -53,6 +53,11 @@ Intervals minus(const Intervals& a, const Intervals& b) {
   return out;
 }
 
+// The dispatchers' token exchanges (their comm-stream task names).
+bool is_token_exchange(const std::string& name) {
+  return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward";
+}
+
 }  // namespace
 
 void enable(bool on) { g_enabled = on; }
@@ -66,21 +71,27 @@ void record(Track track, std::string name, Clock::time_point begin, Clock::time_
 }
 
 Summary summarize(Clock::time_point since) {
-  Intervals compute, comm, wait;
+  Intervals compute, comm, wait, exchange;
   {
     std::lock_guard lock(g_mu);
-    for (const Event& e : g_events)
-      if (e.begin >= since)
-        (e.track == Track::compute ? compute : e.track == Track::comm ? comm : wait).emplace_back(e.begin, e.end);
+    for (const Event& e : g_events) {
+      if (e.begin < since) continue;
+      (e.track == Track::compute ? compute : e.track == Track::comm ? comm : wait).emplace_back(e.begin, e.end);
+      if (e.track == Track::comm && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
+    }
   }
   const Intervals busy = minus(merged(compute), merged(wait));
   Summary s;
   const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (const auto& [b, e] : busy) s.compute_s += sec(e - b);
-  for (const auto& [b, e] : comm) {
-    s.comm_s += sec(e - b);
-    for (const auto& [xb, xe] : minus({{b, e}}, busy)) s.exposed_comm_s += sec(xe - xb);
-  }
+  const auto add = [&](const Intervals& v, double& total, double& exposed) {
+    for (const auto& [b, e] : v) {
+      total += sec(e - b);
+      for (const auto& [xb, xe] : minus({{b, e}}, busy)) exposed += sec(xe - xb);
+    }
+  };
+  add(comm, s.comm_s, s.exposed_comm_s);
+  add(exchange, s.token_exchange_s, s.exposed_token_exchange_s);
   return s;
 }
 

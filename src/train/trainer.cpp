@@ -106,7 +106,12 @@ nlohmann::json TrainResult::to_json() const {
                          {"dispatcher", dispatcher},
                          {"schedule", schedule},
                          {"recompute", recompute}};
-  if (exposed_comm_s) summary["exposed_comm_s"] = *exposed_comm_s;
+  if (traced) {
+    summary["exposed_comm_s"] = traced->exposed_comm_s;
+    summary["traced_comm_s"] = traced->comm_s;
+    summary["token_exchange_s"] = traced->token_exchange_s;
+    summary["exposed_token_exchange_s"] = traced->exposed_token_exchange_s;
+  }
   return {{"summary", summary}, {"iterations", its}};
 }
 
@@ -272,7 +277,7 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
   result.final_loss = result.iterations.back().lm_loss;
   result.comm_in_flight_s = stream.stats().busy_s;
   if (options.trace_path) {
-    result.exposed_comm_s = trace::summarize(steady_begin).exposed_comm_s;
+    result.traced = trace::summarize(steady_begin);
     trace::enable(false);
     trace::write(world, *options.trace_path, origin);
   }
@@ -283,11 +288,17 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
         "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
         "  peak memory: {:.4f} GB (mem-max-allocated, max over ranks)\n"
         "  final lm loss: {:.6f} (iteration {})\n"
-        "  communication stream (rank 0): {:.3f} s in flight over the steady state{}\n",
+        "  communication stream (rank 0): {:.3f} s in flight over the steady state{}\n{}",
         world.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
         result.tflops_per_rank, flops_per_iteration, static_cast<double>(result.peak_memory_bytes) / 1e9,
         result.final_loss, iters, result.comm_in_flight_s,
-        result.exposed_comm_s ? fmt::format(", {:.3f} s of it exposed", *result.exposed_comm_s) : "");
+        result.traced ? fmt::format(", {:.3f} s of it exposed", result.traced->exposed_comm_s) : "",
+        result.traced && result.traced->token_exchange_s > 0
+            ? fmt::format("  token exchanges (dispatch, combine and their backward; rank 0): {:.3f} s in flight, "
+                          "{:.3f} s exposed ({:.0f}% hidden)\n",
+                          result.traced->token_exchange_s, result.traced->exposed_token_exchange_s,
+                          100 * (1 - result.traced->exposed_token_exchange_s / result.traced->token_exchange_s))
+            : "");
     if (options.trace_path) out << "wrote the trace to " << *options.trace_path << "\n";
   }
   return result;

@@ -13,7 +13,8 @@ trap '"$cluster" down >/dev/null 2>&1' EXIT
 set -e
 "$cluster" up --nodes 2 --ranks-per-node 2 --link-gbit 1
 "$epx" launch --cluster -- "$probe" 2 2 1
-# Flex against alltoall with real nodes as the deepep domains, and the alltoall layer itself.
+# Flex against alltoall with real nodes as the deepep domains, the alltoall layer itself, and
+# the EP-overlap schedule against the plain one.
 "$epx" launch --cluster -- "$mpi_tests" --gtest_brief=1 \
-  --gtest_filter='FlexDispatcher.*:DistributedLayer.EpAllRanksTop2*:DistributedLayer.Etp2Ep2Top4'
+  --gtest_filter='FlexDispatcher.*:DistributedLayer.EpAllRanksTop2*:DistributedLayer.Etp2Ep2Top4:EpOverlap.*:SharedExpertOverlap.*'
 echo "cluster.2x2: passed"

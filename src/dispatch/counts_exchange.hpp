@@ -1,0 +1,30 @@
+// The dispatchers' counts all-gather (Megatron's host sync point in dispatch_preprocess). It runs
+// on the compute thread over a communicator of the dispatcher's own, not on the comm stream: a
+// merged schedule has another micro-batch's token exchange in flight there, and the counts must
+// not queue behind it (on a GPU they travel on the compute stream). The trace shows it as a wait.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "epx/comm.hpp"
+#include "epx/trace.hpp"
+
+namespace epx {
+
+// A duplicate of `group` for the counts; collective over `group`.
+inline std::unique_ptr<Communicator> counts_communicator(Communicator& group) {
+  return group.split(0, group.rank(), fmt::format("{} counts", group.name()));
+}
+
+// Every rank's `n` counts, in rank order.
+inline std::vector<std::int64_t> allgather_counts(Communicator& counts, const std::int64_t* mine, std::int64_t n) {
+  trace::Scope wait(trace::Track::wait, "dispatch counts");
+  std::vector<std::int64_t> all(static_cast<std::size_t>(n * counts.size()));
+  counts.allgatherv(mine, all.data(), std::vector<std::int64_t>(static_cast<std::size_t>(counts.size()), n), DType::I64);
+  return all;
+}
+
+}  // namespace epx
