@@ -44,6 +44,7 @@ struct TrainResult {
   std::int64_t peak_memory_bytes = 0;    // max over ranks of mem-max-allocated
   double final_loss = 0;
   double comm_in_flight_s = 0;           // this rank's communication stream, steady state
+  double comm_thread_cpu_s = 0;          // the CPU time its thread used meanwhile
   std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::string layout, dispatcher, schedule, recompute;
   nlohmann::json to_json() const;

@@ -102,6 +102,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"peak_memory_bytes", peak_memory_bytes},
                          {"final_lm_loss", final_loss},
                          {"comm_in_flight_s", comm_in_flight_s},
+                         {"comm_thread_cpu_s", comm_thread_cpu_s},
                          {"layout", layout},
                          {"dispatcher", dispatcher},
                          {"schedule", schedule},
@@ -276,6 +277,7 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
   result.peak_memory_bytes = max_over(world, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
   result.comm_in_flight_s = stream.stats().busy_s;
+  result.comm_thread_cpu_s = stream.stats().cpu_s;
   if (options.trace_path) {
     result.traced = trace::summarize(steady_begin);
     trace::enable(false);
@@ -288,10 +290,10 @@ TrainResult train(const Config& cfg, Communicator& world, const TrainOptions& op
         "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
         "  peak memory: {:.4f} GB (mem-max-allocated, max over ranks)\n"
         "  final lm loss: {:.6f} (iteration {})\n"
-        "  communication stream (rank 0): {:.3f} s in flight over the steady state{}\n{}",
+        "  communication stream (rank 0): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}",
         world.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
         result.tflops_per_rank, flops_per_iteration, static_cast<double>(result.peak_memory_bytes) / 1e9,
-        result.final_loss, iters, result.comm_in_flight_s,
+        result.final_loss, iters, result.comm_in_flight_s, result.comm_thread_cpu_s,
         result.traced ? fmt::format(", {:.3f} s of it exposed", result.traced->exposed_comm_s) : "",
         result.traced && result.traced->token_exchange_s > 0
             ? fmt::format("  token exchanges (dispatch, combine and their backward; rank 0): {:.3f} s in flight, "

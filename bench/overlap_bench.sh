@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The seeds' controlled A/B of EP communication overlap, one knob at a time, with `epx run` on
+# 2 emulated nodes (scripts/cluster.sh, 1 rank per node, one core's thread each): no overlap;
+# EP overlap (the merged 1F1B schedule); EP overlap + delay_wgrad_compute; for the alltoall
+# dispatcher and both flex backends. Then the same on 2 ranks inside one node (no shaped link),
+# and shared-expert overlap on the proxy that has a shared expert.
+#
+# Reports the steady-state mean step time (iterations 3..STEPS), its cut against no overlap, and
+# from the trace (rank 0, steady state, per iteration): the token exchanges (dispatch, combine
+# and their backward) in flight, the part of them no compute covered (exposed) and the share
+# hidden, and all communication exposed (with the DP gradient all-reduce, which EP overlap does
+# not touch).
+#   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT]   (after scripts/setup.sh; needs root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-8}
+link=${2:-0.15}
+epx=./build/epx
+recipe=qwen3_30b_a3b_proxy
+# The proxy shape: the recipe with a smaller vocabulary (so the LM head and the DP gradient
+# all-reduce, which no EP overlap hides, do not dominate) and 16 micro-batches per rank.
+shape=(model.vocab_size=1024 train.global_batch_size=32)
+export OMP_NUM_THREADS=1  # one compute thread per rank: 2 ranks on the 2 cores
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+[ "$(id -u)" = 0 ] || { echo "overlap_bench.sh: the emulated cluster needs root"; exit 1; }
+
+field() { grep -oE "\"$2\": [0-9.eE+-]+" "$1" | tail -1 | awk '{print $2}'; }  # the summary comes last
+base=""
+row() {  # row LABEL LAUNCH... -- RUN ARGS...; the first row of a table is its baseline
+  local label=$1; shift
+  "$@" --max_steps "$steps" --results "$out/r.json" --trace "$out/t.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+  local r=$out/r.json n=$((steps - 2))
+  local t; t=$(field "$r" mean_step_time_s)
+  [ -n "$base" ] || base=$t
+  awk -v l="$label" -v t="$t" -v b="$base" -v x="$(field "$r" token_exchange_s)" -v xe="$(field "$r" exposed_token_exchange_s)" \
+      -v ce="$(field "$r" exposed_comm_s)" -v loss="$(field "$r" final_lm_loss)" -v n="$n" 'BEGIN {
+    printf "| %s | %.3f | %+.1f%% | %.3f | %.3f | %.0f%% | %.3f | %.6f |\n", l, t, 100 * (t / b - 1), x / n, xe / n,
+      (x > 0 ? 100 * (1 - xe / x) : 0), ce / n, loss }'
+}
+header() {
+  base=""
+  echo
+  echo "$1"
+  echo
+  echo "| run | step time (s) | vs first row | token exchanges in flight (s/iter) | exposed (s/iter) | hidden | all comm exposed (s/iter) | final loss |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+}
+ab() {  # ab LABEL LAUNCH... -- RUN ARGS...: the three rows
+  local label=$1; shift
+  row "$label, no overlap" "$@" --moe_a2a_overlap false
+  row "$label, EP overlap" "$@" comm_overlap.overlap_moe_expert_parallel_comm=true comm_overlap.delay_wgrad_compute=false
+  row "$label, EP overlap + delay_wgrad" "$@" --moe_a2a_overlap true
+}
+
+bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit "$link" >/dev/null
+trap 'bash scripts/cluster.sh down >/dev/null 2>&1; rm -rf "$out"' EXIT
+echo "$recipe ${shape[*]}: 2 nodes x 1 rank, $link Gbit/s, EP 2, $steps iterations (mean of 3..$steps)"
+header "alltoall"
+ab "alltoall" $epx launch --cluster -- epx run $recipe "${shape[@]}"
+# HybridEP's domain is the ranks that share memory: 1 per node here.
+for backend in deepep hybridep; do
+  header "flex $backend"
+  NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=1 \
+    ab "flex $backend" $epx launch --cluster -- epx run $recipe "${shape[@]}" --moe_flex_dispatcher_backend $backend
+done
+header "shared-expert overlap (deepseek_v3_proxy ${shape[*]}, alltoall, no EP overlap)"
+row "moe_shared_expert_overlap=false" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}"
+row "moe_shared_expert_overlap=true" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}" model.moe_shared_expert_overlap=true
+bash scripts/cluster.sh down >/dev/null
+
+header "EP 2 inside one node (2 local ranks, shared memory, no shaped link)"
+ab "alltoall, one node" $epx launch -n 2 -- epx run $recipe "${shape[@]}"
