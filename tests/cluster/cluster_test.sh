@@ -14,7 +14,7 @@ set -e
 "$cluster" up --nodes 2 --ranks-per-node 2 --link-gbit 1
 "$epx" launch --cluster -- "$probe" 2 2 1
 # Flex against alltoall with real nodes as the deepep domains, the alltoall layer itself, and
-# the EP-overlap schedule against the plain one.
-"$epx" launch --cluster -- "$mpi_tests" --gtest_brief=1 \
+# the EP-overlap schedule against the plain one (HybridEP's domain: the 2 ranks of a node).
+NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=2 "$epx" launch --cluster -- "$mpi_tests" --gtest_brief=1 \
   --gtest_filter='FlexDispatcher.*:DistributedLayer.EpAllRanksTop2*:DistributedLayer.Etp2Ep2Top4:EpOverlap.*:SharedExpertOverlap.*'
 echo "cluster.2x2: passed"
