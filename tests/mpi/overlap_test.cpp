@@ -33,7 +33,8 @@ StepResult one_step(const std::vector<std::string>& overrides, const ScheduleOpt
   for (const auto& o : overrides) apply_override(c, o);
   const Config r = resolve_config(c, std::nullopt);
   const ModelSpec spec = model_spec_from_config(r);
-  ProcessGroups groups(world, ParallelLayout::make(world.size(), 1, 1, 1, world.size(), 1));
+  ProcessGroups groups(world, ParallelLayout::make(world.size(), 1, 1, 1, static_cast<int>(r.model.expert_model_parallel_size),
+                                                   static_cast<int>(effective_etp(r.model))));
   CommStream stream;
   GPTModel model(spec, [&] { return make_dispatcher(r, spec.moe->num_experts, groups, stream); });
   model.init_weights(spec.seed);
@@ -92,6 +93,14 @@ TEST(EpOverlap, OneToEightMicroBatchesFinishWithTheSameGradients) {
     for (int n = 1; n <= 8; ++n)
       expect_bitwise_equal(one_step(dispatcher, {}, n), one_step(dispatcher, {.ep_overlap = true, .delay_wgrad = true}, n),
                            fmt::format("{}, {} micro-batches", name, n));
+}
+
+TEST(EpOverlap, WithExpertTensorParallelism) {
+  if (mpi().world().size() != 4) GTEST_SKIP() << "needs 4 ranks (EP 2 x ETP 2)";
+  for (const auto& [name, dispatcher] : kDispatchers) {
+    std::vector<std::string> o = with(with(dispatcher, "model.expert_model_parallel_size=2"), "model.expert_tensor_parallel_size=2");
+    expect_bitwise_equal(one_step(o, {}, 3), one_step(o, {.ep_overlap = true, .delay_wgrad = true}, 3), name + ", EP 2 x ETP 2");
+  }
 }
 
 TEST(SharedExpertOverlap, GradientsAreBitwiseThoseWithoutIt) {
