@@ -59,6 +59,7 @@ class GPTModel {
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
+  void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
 
   ModelSpec spec_;
   std::vector<int> checkpoint_end_;  // per layer: the end of the checkpoint starting there, or -1

@@ -42,7 +42,7 @@ class MoELayer {
   Tensor backward(Context& ctx, const Tensor& dy);
 
   // The phases. Communication phases only start the exchange; the phase after waits for it, so
-  // a schedule can compute something else in between (ARCHITECTURE.md, "Merged schedule").
+  // a schedule can compute something else in between (ARCHITECTURE.md, src/schedule/).
   // Forward:
   // (shared expert), router, permute; `replay_draw`: a recompute (Router::forward)
   void forward_route(Context& ctx, const Tensor& x, bool training,

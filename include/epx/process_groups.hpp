@@ -17,11 +17,16 @@ class ProcessGroups {
   const ParallelLayout& layout() const { return layout_; }
   Communicator& world() { return world_; }
   Communicator& get(GroupKind kind) { return *groups_.at(kind); }
+  // A duplicate of the ETP x EP group for the dispatchers' counts all-gathers, which run on the
+  // compute thread while the comm stream may be exchanging tokens over the group itself
+  // (src/dispatch/counts_exchange.hpp).
+  Communicator& dispatch_counts() { return *dispatch_counts_; }
 
  private:
   Communicator& world_;
   ParallelLayout layout_;
   std::map<GroupKind, std::unique_ptr<Communicator>> groups_;
+  std::unique_ptr<Communicator> dispatch_counts_;
 };
 
 }  // namespace epx

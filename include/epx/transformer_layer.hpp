@@ -58,8 +58,6 @@ class TransformerLayer {
   void backward_mlp_wgrad(Context& ctx);
   void backward_pre_dispatch_wgrad(Context& ctx);  // frees the context's last tensors
 
-  bool is_moe() const { return moe != nullptr; }
-
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();
   std::vector<Param*> expert_params();  // reduced over EDP; the rest over DP

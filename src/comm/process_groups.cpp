@@ -22,6 +22,8 @@ ProcessGroups::ProcessGroups(Communicator& world, const ParallelLayout& layout)
       }
     }
   }
+  Communicator& tp_ep = get(GroupKind::tp_ep);
+  dispatch_counts_ = tp_ep.split(0, tp_ep.rank(), tp_ep.name() + " counts");
 }
 
 }  // namespace epx

@@ -42,7 +42,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         etp_(groups.get(GroupKind::etp)),
         tp_ep_(groups.get(GroupKind::tp_ep)),
         stream_(stream),
-        counts_(counts_communicator(tp_ep_)),
+        counts_(groups.dispatch_counts()),
         traffic_(node_of_each_rank(tp_ep_), tp_ep_.rank()) {
     local_ = experts_per_ep_rank(num_experts, ep_.size());
     first_ = ep_.rank() * local_;
@@ -68,7 +68,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
     // Counts exchange: every rank's [E] counts, gathered over ETP x EP (group rank = ep * ETP + t).
     const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
-    const std::vector<std::int64_t> all = allgather_counts(*counts_, s.perm.tokens_per_expert.data(), num_experts_);
+    const std::vector<std::int64_t> all = allgather_counts(counts_, s.perm.tokens_per_expert.data(), num_experts_);
     traffic_.add_to_all(0, num_experts_ * 8);
     const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
       return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
@@ -269,7 +269,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
   std::int64_t num_experts_, local_ = 1, first_ = 0;
   Communicator &ep_, &etp_, &tp_ep_;
   CommStream& stream_;
-  std::unique_ptr<Communicator> counts_;  // the counts all-gather's own (counts_exchange.hpp)
+  Communicator& counts_;  // for the counts all-gather (counts_exchange.hpp)
   TrafficCounter traffic_;
 };
 

@@ -1,23 +1,16 @@
 // The dispatchers' counts all-gather (Megatron's host sync point in dispatch_preprocess). It runs
-// on the compute thread over a communicator of the dispatcher's own, not on the comm stream: a
-// merged schedule has another micro-batch's token exchange in flight there, and the counts must
-// not queue behind it (on a GPU they travel on the compute stream). The trace shows it as a wait.
+// on the compute thread over ProcessGroups::dispatch_counts(), not on the comm stream: a merged
+// schedule has another micro-batch's token exchange in flight there, and the counts must not
+// queue behind it (on a GPU they travel on the compute stream). Every rank calls it in program
+// order, so one communicator serves every layer. The trace shows it as a wait.
 #pragma once
 
-#include <memory>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "epx/comm.hpp"
 #include "epx/trace.hpp"
 
 namespace epx {
-
-// A duplicate of `group` for the counts; collective over `group`.
-inline std::unique_ptr<Communicator> counts_communicator(Communicator& group) {
-  return group.split(0, group.rank(), fmt::format("{} counts", group.name()));
-}
 
 // Every rank's `n` counts, in rank order.
 inline std::vector<std::int64_t> allgather_counts(Communicator& counts, const std::int64_t* mine, std::int64_t n) {

@@ -114,7 +114,7 @@ class FlexDispatcher final : public TokenDispatcher {
         ep_(groups.get(GroupKind::ep)),
         etp_(groups.get(GroupKind::etp)),
         stream_(stream),
-        counts_(counts_communicator(group_)),
+        counts_(groups.dispatch_counts()),
         node_of_(node_of_each_rank(group_)),
         traffic_(node_of_, group_.rank()) {
     if (opt_.backend != "deepep" && opt_.backend != "hybridep")
@@ -159,7 +159,7 @@ class FlexDispatcher final : public TokenDispatcher {
     for (std::int64_t t = 0; t < T; ++t)
       k_local = std::max<std::int64_t>(k_local, std::count(r.routing_map.begin() + t * E, r.routing_map.begin() + (t + 1) * E, 1));
     const std::int64_t header[2] = {T, k_local};
-    const std::vector<std::int64_t> headers = allgather_counts(*counts_, header, 2);
+    const std::vector<std::int64_t> headers = allgather_counts(counts_, header, 2);
     std::int64_t t_max = 0, k = 1;
     for (int i = 0; i < n_; ++i) {
       t_max = std::max(t_max, headers[2 * i]);
@@ -205,7 +205,7 @@ class FlexDispatcher final : public TokenDispatcher {
           h.send_tokens[static_cast<std::size_t>(c * N + b)].push_back(static_cast<std::int32_t>(t));
         }
     }
-    const std::vector<std::int64_t> all = allgather_counts(*counts_, mine.data(), V);
+    const std::vector<std::int64_t> all = allgather_counts(counts_, mine.data(), V);
     traffic_.add_to_all(0, V * 8 + 16);
     const auto per_expert = [&](std::int64_t src, std::int64_t e) { return all[static_cast<std::size_t>(src * V + e)]; };
     const auto per_rank = [&](std::int64_t src, std::int64_t c, std::int64_t o) {
@@ -693,7 +693,7 @@ class FlexDispatcher final : public TokenDispatcher {
   FlexOptions opt_;
   Communicator &group_, &ep_, &etp_;
   CommStream& stream_;
-  std::unique_ptr<Communicator> counts_;  // the counts all-gathers' own (counts_exchange.hpp)
+  Communicator& counts_;  // for the counts all-gathers (counts_exchange.hpp)
   std::vector<int> node_of_;  // of each group rank
   TrafficCounter traffic_;
   int n_ = 1, q_ = 0, domain_ = 1, domains_ = 1, b_ = 0, g_ = 0;

@@ -63,28 +63,27 @@ bool GPTModel::has_full_recompute() const {
   return std::any_of(checkpoint_end_.begin(), checkpoint_end_.end(), [](int e) { return e >= 0; });
 }
 
-Tensor GPTModel::layer_output(int i, Context& ctx) {
+void GPTModel::record_router(int i, Context& ctx) {
   const auto u = static_cast<std::size_t>(i);
-  TransformerLayer::Context& c = *ctx.layers[u];
-  Tensor y = layers[u]->forward_output(c);
+  const TransformerLayer::Context& c = *ctx.layers[u];
   ctx.aux_loss += c.aux_loss;
   ctx.z_loss += c.z_loss;
   ctx.router_draw[u] = c.router_draw;
+}
+
+Tensor GPTModel::layer_output(int i, Context& ctx) {
+  Tensor y = layers[static_cast<std::size_t>(i)]->forward_output(*ctx.layers[static_cast<std::size_t>(i)]);
+  record_router(i, ctx);
   return y;
 }
 
 Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
   const auto u = static_cast<std::size_t>(i);
   ctx.layers[u] = std::make_unique<TransformerLayer::Context>();
-  TransformerLayer& l = *layers[u];
-  TransformerLayer::Context& c = *ctx.layers[u];
   trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", i);
-  if (recompute) return l.forward(x, c, ctx.router_draw[u]);
-  l.forward_pre_dispatch(x, c);
-  l.forward_dispatch_start(c);
-  l.forward_mlp(c);
-  l.forward_combine_start(c);
-  return layer_output(i, ctx);
+  Tensor y = layers[u]->forward(x, *ctx.layers[u], recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
+  if (!recompute) record_router(i, ctx);  // a recompute neither counts its losses nor draws anew
+  return y;
 }
 
 Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {

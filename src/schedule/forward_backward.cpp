@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <optional>
 
-#include <fmt/format.h>
-
 #include "epx/error.hpp"
 #include "epx/trace.hpp"
 
@@ -49,30 +47,36 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
       fc = f->ctx.layers[static_cast<std::size_t>(i)].get();
     }
 
-    if (bl) bl->backward_combine_start(*bc, b->x);  // ‖ the forward's attention
+    if (bl) {
+      Scope s(Track::compute, "unpermute backward", L - 1 - i);
+      bl->backward_combine_start(*bc, b->x);  // ‖ the forward's attention
+    }
     run_deferred_dw();  // after the combine-backward started
     if (fl) {
-      if (i > 0) f->x = model.layer_output(i - 1, f->ctx);  // the previous layer's combine
+      if (i > 0) {
+        Scope s(Track::compute, "unpermute + residual", i - 1);
+        f->x = model.layer_output(i - 1, f->ctx);  // the previous layer's combine
+      }
       {
-        Scope s(Track::compute, "attention + router forward", i);
+        Scope s(Track::compute, fl->moe ? "attention + router forward" : "attention forward", i);
         fl->forward_pre_dispatch(f->x, *fc);
       }
       fl->forward_dispatch_start(*fc);  // ‖ the backward's expert dgrad
     }
     if (bl) {
       {
-        Scope s(Track::compute, delay_wgrad ? "expert dgrad" : "expert dgrad + wgrad", L - 1 - i);
+        Scope s(Track::compute, bl->moe ? (delay_wgrad ? "expert dgrad" : "expert dgrad + wgrad") : "mlp backward", L - 1 - i);
         bl->backward_mlp(*bc, !delay_wgrad);
       }
       bl->backward_dispatch_start(*bc);  // ‖ expert wgrad (delayed), then the forward's experts
       if (delay_wgrad) {
-        Scope s(Track::compute, "expert wgrad", L - 1 - i);
+        Scope s(Track::compute, bl->moe ? "expert wgrad" : "mlp wgrad", L - 1 - i);
         bl->backward_mlp_wgrad(*bc);
       }
     }
     if (fl) {
       {
-        Scope s(Track::compute, "experts forward", i);
+        Scope s(Track::compute, fl->moe ? "experts forward" : "mlp forward", i);
         fl->forward_mlp(*fc);
       }
       fl->forward_combine_start(*fc);  // ‖ the backward's attention dgrad
@@ -85,7 +89,14 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
     }
   }
   run_deferred_dw();
-  if (f) f->loss = model.head_forward(model.layer_output(L - 1, f->ctx), f->ctx);
+  if (f) {
+    Tensor y;
+    {
+      Scope s(Track::compute, "unpermute + residual", L - 1);
+      y = model.layer_output(L - 1, f->ctx);
+    }
+    f->loss = model.head_forward(y, f->ctx);
+  }
   if (b) model.embed_backward(b->ctx, b->x);
 }
 

@@ -3,15 +3,20 @@
 // with and without delayed wgrad, and with shared-expert overlap, are bitwise those of the plain
 // schedule, for each dispatcher in FP32 and BF16, and for 1 to 8 micro-batches (a schedule that
 // deadlocked would hit the collective timeout and abort the job).
+#include <filesystem>
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "epx/check.hpp"
 #include "epx/dispatcher.hpp"
 #include "epx/mock_data.hpp"
 #include "epx/process_groups.hpp"
 #include "epx/schedule.hpp"
+#include "epx/trace.hpp"
 #include "mpi_test_support.hpp"
 #include "small_gpt.hpp"
 
@@ -93,6 +98,62 @@ TEST(EpOverlap, OneToEightMicroBatchesFinishWithTheSameGradients) {
     for (int n = 1; n <= 8; ++n)
       expect_bitwise_equal(one_step(dispatcher, {}, n), one_step(dispatcher, {.ep_overlap = true, .delay_wgrad = true}, n),
                            fmt::format("{}, {} micro-batches", name, n));
+}
+
+TEST(EpOverlap, EveryLayerMoeAndSelectiveRecompute) {
+  // Both sides of every merged layer pair are MoE layers, so two micro-batches' exchanges share
+  // the comm stream, and with 3 layers one dispatcher serves the forward and the backward of
+  // the same pair.
+  const std::vector<std::vector<std::string>> variants = {
+      {"model.moe_layer_freq=[1,1]"},
+      {"model.num_layers=3", "model.moe_layer_freq=[1,1,1]"},
+      {"model.moe_layer_freq=[1,1]", "model.recompute_granularity=selective",
+       "model.recompute_modules=[layernorm,core_attn,moe_act,shared_experts]"}};
+  for (const auto& [name, dispatcher] : kDispatchers)
+    for (const auto& v : variants) {
+      std::vector<std::string> o = dispatcher;
+      o.insert(o.end(), v.begin(), v.end());
+      expect_bitwise_equal(one_step(o, {}, 3), one_step(o, {.ep_overlap = true, .delay_wgrad = true}, 3),
+                           fmt::format("{}, {}", name, fmt::join(v, " ")));
+    }
+}
+
+// The comm stream runs tasks in the order they were started, so its trace shows the schedule:
+// in every merged layer pair the backward's combine-backward, then the forward's dispatch, the
+// backward's dispatch-backward and the forward's combine, where the plain schedule runs each
+// micro-batch's dispatch and combine, then its backward's.
+TEST(EpOverlap, MergedStepsInterleaveTheExchangesOfTwoMicroBatches) {
+  Communicator& world = mpi().world();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("epx_overlap_order_np{}.json", world.size())).string();
+  const auto comm_order = [&](const ScheduleOptions& schedule) {
+    const auto origin = trace::Clock::now();
+    trace::enable(true);
+    one_step({"model.moe_layer_freq=[1,1]"}, schedule, 4);
+    trace::enable(false);
+    trace::write(world, path, origin);
+    std::string order;
+    if (world.rank() == 0) {
+      std::vector<std::pair<double, std::string>> tasks;
+      const nlohmann::json trace = nlohmann::json::parse(std::ifstream(path));
+      for (const auto& e : trace["traceEvents"])
+        if (e.value("cat", std::string()) == "comm" && e["pid"] == 0) tasks.emplace_back(e["ts"].get<double>(), e["name"]);
+      std::sort(tasks.begin(), tasks.end());
+      for (const auto& t : tasks) order += t.second + ", ";
+      std::filesystem::remove(path);
+    }
+    return order;
+  };
+  const std::string pair = "combine backward, dispatch, dispatch backward, combine, ";
+  const std::string fwd = "dispatch, combine, ", bwd = "combine backward, dispatch backward, ";
+  const std::string plain = comm_order({}), merged = comm_order({.ep_overlap = true, .delay_wgrad = true});
+  if (world.rank() != 0) return;
+  std::string expect_plain, expect_merged = fwd + fwd;  // F(0) alone
+  for (int mb = 0; mb < 4; ++mb) expect_plain += fwd + fwd + bwd + bwd;
+  for (int mb = 1; mb < 4; ++mb) expect_merged += pair + pair;
+  expect_merged += bwd + bwd;  // B(3) alone
+  EXPECT_EQ(plain, expect_plain);
+  EXPECT_EQ(merged, expect_merged);
 }
 
 TEST(EpOverlap, WithExpertTensorParallelism) {
