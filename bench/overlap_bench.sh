@@ -10,11 +10,17 @@
 # and their backward) in flight, the part of them no compute covered (exposed) and the share
 # hidden, and all communication exposed (with the DP gradient all-reduce, which EP overlap does
 # not touch), and the peak memory (max over ranks; the merged schedule holds two micro-batches).
-#   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT]   (after scripts/setup.sh; needs root)
+# Step times on this 2-core machine vary by about 10% from run to run: REPEATS > 1 runs each row
+# that many times and reports the run with the median step time.
+#   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT] [REPEATS] [SECTIONS]
+#     SECTIONS: comma list of alltoall, flex, shared, local (default: all)
+#   (after scripts/setup.sh; needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
 link=${2:-0.15}
+repeats=${3:-1}
+sections=,${4:-alltoall,flex,shared,local},
 epx=./build/epx
 recipe=qwen3_30b_a3b_proxy
 # The proxy shape: the recipe with a smaller vocabulary (so the LM head and the DP gradient
@@ -29,8 +35,12 @@ field() { grep -oE "\"$2\": [0-9.eE+-]+" "$1" | tail -1 | awk '{print $2}'; }  #
 base=""
 row() {  # row LABEL LAUNCH... -- RUN ARGS...; the first row of a table is its baseline
   local label=$1; shift
-  "$@" --max_steps "$steps" --results "$out/r.json" --trace "$out/t.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
-  local r=$out/r.json n=$((steps - 2))
+  local i
+  for ((i = 0; i < repeats; i++)); do
+    "$@" --max_steps "$steps" --results "$out/r$i.json" --trace "$out/t.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+    echo "$(field "$out/r$i.json" mean_step_time_s) $i"
+  done | sort -n >"$out/times"
+  local r=$out/r$(awk -v m=$(((repeats + 1) / 2)) 'NR == m {print $2}' "$out/times").json n=$((steps - 2))
   local t; t=$(field "$r" mean_step_time_s)
   [ -n "$base" ] || base=$t
   awk -v l="$label" -v t="$t" -v b="$base" -v x="$(field "$r" token_exchange_s)" -v xe="$(field "$r" exposed_token_exchange_s)" \
@@ -54,21 +64,32 @@ ab() {  # ab LABEL LAUNCH... -- RUN ARGS...: the three rows
   row "$label, EP overlap + delay_wgrad" "$@" --moe_a2a_overlap true
 }
 
+want() { [[ $sections == *",$1,"* ]]; }
+
 bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit "$link" >/dev/null
 trap 'bash scripts/cluster.sh down >/dev/null 2>&1; rm -rf "$out"' EXIT
-echo "$recipe ${shape[*]}: 2 nodes x 1 rank, $link Gbit/s, EP 2, $steps iterations (mean of 3..$steps)"
-header "alltoall"
-ab "alltoall" $epx launch --cluster -- epx run $recipe "${shape[@]}"
-# HybridEP's domain is the ranks that share memory: 1 per node here.
-for backend in deepep hybridep; do
-  header "flex $backend"
-  NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=1 \
-    ab "flex $backend" $epx launch --cluster -- epx run $recipe "${shape[@]}" --moe_flex_dispatcher_backend $backend
-done
-header "shared-expert overlap (deepseek_v3_proxy ${shape[*]}, alltoall, no EP overlap)"
-row "moe_shared_expert_overlap=false" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}"
-row "moe_shared_expert_overlap=true" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}" model.moe_shared_expert_overlap=true
+echo "$recipe ${shape[*]}: 2 nodes x 1 rank, $link Gbit/s, EP 2, $steps iterations (mean of 3..$steps)," \
+  "median of $repeats run(s)"
+if want alltoall; then
+  header "alltoall"
+  ab "alltoall" $epx launch --cluster -- epx run $recipe "${shape[@]}"
+fi
+if want flex; then
+  # HybridEP's domain is the ranks that share memory: 1 per node here.
+  for backend in deepep hybridep; do
+    header "flex $backend"
+    NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=1 \
+      ab "flex $backend" $epx launch --cluster -- epx run $recipe "${shape[@]}" --moe_flex_dispatcher_backend $backend
+  done
+fi
+if want shared; then
+  header "shared-expert overlap (deepseek_v3_proxy ${shape[*]}, alltoall, no EP overlap)"
+  row "moe_shared_expert_overlap=false" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}"
+  row "moe_shared_expert_overlap=true" $epx launch --cluster -- epx run deepseek_v3_proxy "${shape[@]}" model.moe_shared_expert_overlap=true
+fi
 bash scripts/cluster.sh down >/dev/null
 
-header "EP 2 inside one node (2 local ranks, shared memory, no shaped link)"
-ab "alltoall, one node" $epx launch -n 2 -- epx run $recipe "${shape[@]}"
+if want local; then
+  header "EP 2 inside one node (2 local ranks, shared memory, no shaped link)"
+  ab "alltoall, one node" $epx launch -n 2 -- epx run $recipe "${shape[@]}"
+fi
