@@ -2,7 +2,9 @@
 
 #include "epx/trace.hpp"
 
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -67,6 +69,10 @@ void CommStream::reset_stats() {
 }
 
 void CommStream::loop() {
+  // Megatron's high_priority_a2a_comm_stream: when compute threads fill every core, the comm
+  // thread should not wait a scheduler slice to start or progress an exchange. It sleeps while
+  // it waits on MPI, so the priority costs compute little. Best effort: needs CAP_SYS_NICE.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), -10);
   for (;;) {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
