@@ -10,6 +10,7 @@
 #include "epx/mock_data.hpp"
 #include "epx/optimizer.hpp"
 #include "gradcheck.hpp"
+#include "small_gpt.hpp"
 
 namespace epx {
 namespace {
@@ -17,36 +18,13 @@ namespace {
 using test::expect_directional_derivative;
 using test::randn;
 
-const char* kTinyModel = R"(
-model:
-  num_layers: 2
-  hidden_size: 32
-  ffn_hidden_size: 48
-  num_attention_heads: 4
-  num_query_groups: 2
-  kv_channels: 8
-  qk_layernorm: true
-  normalization: RMSNorm
-  layernorm_epsilon: 1.0e-6
-  gated_linear_unit: true
-  add_bias_linear: false
-  seq_length: 12
-  vocab_size: 40
-  share_embeddings_and_output_weights: false
-  position_embedding_type: rope
-  num_moe_experts: 8
-  moe_ffn_hidden_size: 16
-  moe_shared_expert_intermediate_size: 16
-  moe_router_topk: 2
-  moe_layer_freq: [0, 1]
-  moe_token_dispatcher_type: alltoall
-  init_method_std: 0.1
-train:
-  micro_batch_size: 2
-)";
 
 Config tiny(const std::vector<std::string>& overrides = {}) {
-  Config c = load_config_text(kTinyModel, "tiny");
+  // The shared small GPT at a shorter sequence, a smaller vocabulary, larger weights and no aux loss.
+  Config c = load_config_text(test::kSmallGpt, "tiny");
+  for (const char* o : {"model.layernorm_epsilon=1.0e-6", "model.seq_length=12", "model.vocab_size=40",
+                        "model.init_method_std=0.1", "model.moe_aux_loss_coeff=0", "train.micro_batch_size=2"})
+    apply_override(c, o);
   for (const auto& o : overrides) apply_override(c, o);
   return c;
 }

@@ -1,5 +1,6 @@
-// The small GPT config the MPI training tests share: 2 layers (dense, then MoE with 8 experts,
-// top-2 and a shared expert), 16 tokens per micro-batch, 8 micro-batch samples per iteration.
+// The small GPT config the tests share: 2 layers (dense, then MoE with 8 experts, top-2 and a
+// shared expert), 16 tokens per micro-batch, 8 samples per iteration. The unit tests override
+// a few fields (model_test.cpp).
 #pragma once
 
 namespace epx::test {
