@@ -328,7 +328,10 @@ MpiSession::MpiSession(double collective_timeout_s) {
               2);
   MPI_Op_create(&bf16_sum, 1, &g_bf16_sum);
   std::string name = "world [";
-  for (int r = 0; r < size_; ++r) name += (r ? " " : "") + std::to_string(r);
+  for (int r = 0; r < size_; ++r) {  // appended piece by piece: GCC 12 -Wrestrict false positive
+    if (r > 0) name += ' ';
+    name += std::to_string(r);
+  }
   world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, name + "]", collective_timeout_s, false);
 }
 
