@@ -10,7 +10,7 @@
 # and their backward) in flight, the part of them no compute covered (exposed) and the share
 # hidden, and all communication exposed (with the DP gradient all-reduce, which EP overlap does
 # not touch), and the peak memory (max over ranks; the merged schedule holds two micro-batches).
-# Step times on this 2-core machine vary by about 10% from run to run: REPEATS > 1 runs each row
+# Step times on this 2-core machine vary by 10-20% from run to run: REPEATS > 1 runs each row
 # that many times and reports the run with the median step time.
 #   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT] [REPEATS] [SECTIONS]
 #     SECTIONS: comma list of alltoall, flex, shared, local (default: all)
