@@ -19,9 +19,9 @@ namespace epx {
 // ---- Environment facts ----------------------------------------------------------------------
 
 struct GpuInfo {
-  std::string name;         // the -g/--gpu spelling: "h100"
+  std::string name;         // the -g/--gpu spelling: "h100" (empty: a GPU not named)
   std::string device_name;  // what torch.cuda.get_device_properties(0).name reports
-  int major = 0;            // compute capability major (0: no CUDA device)
+  int major = 0;            // compute capability major (0: no CUDA device; -1: not named)
   int gpus_per_node = 8;
   int nvlink_domain = 8;    // GPUs in one NVLink domain
 };
@@ -29,14 +29,20 @@ struct GpuInfo {
 const std::vector<GpuInfo>& gpu_catalog();
 const GpuInfo* find_gpu(std::string_view name);
 
+// The GPU a config targets: target.gpu (ConfigError, citing the file and line, for a name not
+// in the catalog); when it is not given, a CUDA GPU of unknown kind if the config describes a
+// GPU container (a torch or TE version, or a Megatron-Bridge dump), else `cpu`, epx's runtime.
+const GpuInfo& target_gpu(const Config& cfg);
+
 // PEP 440-style comparison, as torch and TE version checks use: pre-releases (2.6.0a0, rc1,
 // dev) sort before the release, a local part (+git1234) is ignored. Throws ConfigError for text
 // that is not a version.
 bool version_at_least(const std::string& version, const std::string& minimum);
 
-// GPUs per node for the target (the -gn flag, else the GPU kind's; cpu: all ranks on one node).
-Int gpus_per_node(const Config& cfg);
-Int num_nodes(const Config& cfg);
+// GPUs per node for the target (the -gn flag, else the GPU kind's; cpu: all ranks on one node)
+// and the node count; none when they depend on a world size that is not given.
+OptInt gpus_per_node(const Config& cfg);
+OptInt num_nodes(const Config& cfg);
 
 // ---- Rules ----------------------------------------------------------------------------------
 
@@ -44,7 +50,9 @@ struct CheckContext {
   const Config& user;  // as loaded, with overrides and flags, before finalize
   const Config& cfg;   // resolved (finalized, flex backend applied)
   const GpuInfo& gpu;
-  bool cuda() const { return gpu.major > 0; }
+  bool cuda() const { return gpu.major != 0; }      // a GPU target, named or not
+  bool gpu_named() const { return gpu.major >= 0; }  // cpu or a GPU from the catalog
+  const OptInt& world() const { return cfg.target.num_gpus; }
 };
 
 struct Outcome {

@@ -209,9 +209,13 @@ struct RngConfig {
 
 // epx's own section: the environment a config targets (the performance harness's -g/-ng/-gn
 // and the checker's --gpu/--torch-version/--te-version).
+// Unset fields are facts the user did not give: `epx check` lists the rules that need them as
+// unchecked rather than guessing (a Megatron-Bridge dump names neither: Bridge takes the world
+// from the launcher and the GPU from the machine). `epx run` and `epx layer` fill them from the
+// job: its rank count, and `cpu`.
 struct TargetConfig {
-  std::string gpu = "cpu";     // h100 h200 b200 b300 gb200 gb300 a100 v100 cpu
-  Int num_gpus = 1;            // world size (ranks)
+  OptString gpu;               // h100 h200 b200 b300 gb200 gb300 a100 v100 cpu
+  OptInt num_gpus;             // world size (ranks)
   OptInt gpus_per_node;        // None: from the GPU kind (8, or 4 on GB200/GB300)
   OptString torch_version;     // None: unknown, rules that need it are reported unchecked
   OptString te_version;
@@ -255,7 +259,17 @@ struct Config {
   // to left at Megatron's default. Some pitfalls depend on what the user asked for.
   enum class Origin { file, override_arg, flag };
   std::map<std::string, Origin> explicit_keys;
+  std::map<std::string, std::string> file_locations;  // key -> "file:line:col" it was read at
   std::string source;  // where the config came from (file path or recipe name)
+
+  // "file:line:col: key" for a key read from a file, else the key: the prefix of a message about
+  // a value that turns out to be wrong after loading (an unknown GPU, an unreadable version).
+  std::string cite(const std::string& key) const {
+    auto it = file_locations.find(key);
+    return it == file_locations.end() ? key : it->second + ": " + key;
+  }
+  // Whether the config is a Megatron-Bridge dump (its sections carry `_target_` tags).
+  bool is_bridge_dump() const;
 
   bool set_on_command_line(const std::string& key) const {
     auto it = explicit_keys.find(key);
@@ -325,7 +339,8 @@ struct FinalizeOptions {
 std::vector<Finding> finalize(Config& cfg, const FinalizeOptions& options = {});
 
 // Helpers used by finalize and the checker.
-Int data_parallel_size(const Config& cfg);  // world // (TP*PP*CP), 0 if it does not divide
+Int data_parallel_size(const Config& cfg);  // world // (TP*PP*CP); 0 if it does not divide or
+                                            // the world size is not given
 Int effective_etp(const ModelConfig& m);    // ETP with Megatron's default applied
 
 }  // namespace epx

@@ -10,17 +10,6 @@
 namespace epx {
 namespace {
 
-const GpuInfo& target_gpu(const Config& cfg) {
-  const GpuInfo* gpu = find_gpu(cfg.target.gpu);
-  if (!gpu) {
-    std::vector<std::string> names;
-    for (const auto& g : gpu_catalog()) names.push_back(g.name);
-    throw ConfigError(fmt::format("target.gpu: unknown GPU '{}'; known: {}", cfg.target.gpu,
-                                  fmt::join(names, ", ")));
-  }
-  return *gpu;
-}
-
 void check_versions(const Config& cfg) {
   // Reject unreadable versions up front, naming the field (unusable input).
   for (const auto& [key, value] : {std::pair{"target.torch_version", cfg.target.torch_version},
@@ -29,7 +18,7 @@ void check_versions(const Config& cfg) {
     try {
       version_at_least(*value, "0");
     } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("{}: {}", key, e.what()));
+      throw ConfigError(fmt::format("{}: {}", cfg.cite(key), e.what()));
     }
   }
 }
@@ -43,6 +32,20 @@ std::string value_text(const Config& cfg, const std::string& key) {
 }
 
 int severity_rank(Severity s) { return static_cast<int>(s); }
+
+// "16 x h100", or what was assumed where the user gave no world size or GPU.
+std::string target_text(const Config& cfg) {
+  const auto& t = cfg.target;
+  const GpuInfo& gpu = target_gpu(cfg);
+  const std::string world = t.num_gpus ? std::to_string(*t.num_gpus) : "?";
+  std::string text = fmt::format("{} x {}", world, gpu.major < 0 ? "GPU" : gpu.name);
+  std::vector<std::string> assumed;
+  if (!t.num_gpus) assumed.push_back("world size: not given");
+  if (gpu.major < 0) assumed.push_back("GPU: not given");
+  if (!t.gpu && gpu.major == 0) assumed.push_back("GPU: not given, cpu assumed");
+  if (!assumed.empty()) text += fmt::format(" ({})", fmt::join(assumed, "; "));
+  return text;
+}
 
 }  // namespace
 
@@ -73,7 +76,7 @@ Config resolve_config(const Config& loaded, const OptString& flex_backend_flag,
   if (flex_backend_flag && *flex_backend_flag != "None")
     apply_flex_dispatcher_backend(cfg, *flex_backend_flag, gpu, out);
   FinalizeOptions options;
-  options.have_te = gpu.major > 0 && cfg.target.te_version.value_or("") != "none";
+  options.have_te = gpu.major != 0 && cfg.target.te_version.value_or("") != "none";
   for (auto& f : finalize(cfg, options)) out.push_back(std::move(f));
   validate_flex_dispatcher_backend(cfg, out);
   apply_hybridep_topology_env(cfg, gpu);
@@ -123,11 +126,11 @@ std::string format_report(const CheckReport& r) {
   for (const auto& u : r.unchecked) out += fmt::format("unchecked {}\n", u);
   const int errors = r.count(Severity::error), warnings = r.count(Severity::warning),
             advice = r.count(Severity::advice);
-  out += fmt::format("verdict: {} ({} error{}, {} warning{}, {} advice{}) for {} on {} x {}\n",
+  out += fmt::format("verdict: {} ({} error{}, {} warning{}, {} advice{}) for {} on {}\n",
                      r.ok() ? "PASS" : "FAIL", errors, errors == 1 ? "" : "s", warnings,
                      warnings == 1 ? "" : "s", advice,
                      r.unchecked.empty() ? "" : fmt::format(", {} unchecked", r.unchecked.size()),
-                     r.user.source, r.resolved.target.num_gpus, r.resolved.target.gpu);
+                     r.user.source, target_text(r.resolved));
   return out;
 }
 
@@ -144,11 +147,15 @@ nlohmann::json report_json(const CheckReport& r) {
                         {"fix", f.fix},
                         {"source", rule ? rule->source : ""}});
   }
+  const auto& t = r.resolved.target;
+  const GpuInfo& gpu = target_gpu(r.resolved);
+  const auto or_null = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
   return {{"config", r.user.source},
           {"target",
-           {{"gpu", r.resolved.target.gpu},
-            {"num_gpus", r.resolved.target.num_gpus},
-            {"nodes", num_nodes(r.resolved)}}},
+           {{"gpu", gpu.major < 0 ? nlohmann::json() : nlohmann::json(gpu.name)},
+            {"gpu_given", t.gpu.has_value()},
+            {"num_gpus", or_null(t.num_gpus)},
+            {"nodes", or_null(num_nodes(r.resolved))}}},
           {"findings", findings},
           {"unchecked", r.unchecked},
           {"ignored", r.ignored_note},

@@ -26,6 +26,11 @@ const std::vector<GpuInfo>& gpu_catalog() {
   return gpus;
 }
 
+const GpuInfo& unnamed_gpu() {
+  static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 8, 8};
+  return gpu;
+}
+
 const GpuInfo* find_gpu(std::string_view name) {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(),
@@ -35,16 +40,30 @@ const GpuInfo* find_gpu(std::string_view name) {
   return nullptr;
 }
 
-Int gpus_per_node(const Config& cfg) {
-  if (cfg.target.gpus_per_node) return *cfg.target.gpus_per_node;
-  const GpuInfo* gpu = find_gpu(cfg.target.gpu);
-  if (!gpu || gpu->gpus_per_node == 0) return std::max<Int>(cfg.target.num_gpus, 1);
-  return gpu->gpus_per_node;
+const GpuInfo& target_gpu(const Config& cfg) {
+  if (cfg.target.gpu) {
+    if (const GpuInfo* gpu = find_gpu(*cfg.target.gpu)) return *gpu;
+    std::vector<std::string> names;
+    for (const auto& g : gpu_catalog()) names.push_back(g.name);
+    throw ConfigError(fmt::format("{}: unknown GPU '{}'; known: {}", cfg.cite("target.gpu"),
+                                  *cfg.target.gpu, fmt::join(names, ", ")));
+  }
+  const bool describes_gpu_container =
+      cfg.target.torch_version || cfg.target.te_version || cfg.is_bridge_dump();
+  return describes_gpu_container ? unnamed_gpu() : *find_gpu("cpu");
 }
 
-Int num_nodes(const Config& cfg) {
-  const Int per_node = std::max<Int>(gpus_per_node(cfg), 1);
-  return (cfg.target.num_gpus + per_node - 1) / per_node;
+OptInt gpus_per_node(const Config& cfg) {
+  if (cfg.target.gpus_per_node) return *cfg.target.gpus_per_node;
+  const GpuInfo& gpu = target_gpu(cfg);
+  if (gpu.gpus_per_node == 0) return cfg.target.num_gpus;  // cpu: the whole job on one node
+  return gpu.gpus_per_node;
+}
+
+OptInt num_nodes(const Config& cfg) {
+  const OptInt per_node = gpus_per_node(cfg);
+  if (!cfg.target.num_gpus || !per_node) return std::nullopt;
+  return (*cfg.target.num_gpus + std::max<Int>(*per_node, 1) - 1) / std::max<Int>(*per_node, 1);
 }
 
 namespace {
@@ -59,17 +78,29 @@ struct Version {
 Version parse_version(const std::string& text) {
   static const std::regex re(R"(^\s*v?(\d+(?:\.\d+)*)(?:[.-]?(a|b|rc|dev|alpha|beta)(\d*))?(?:\+.*)?\s*$)",
                              std::regex::icase);
+  // libstdc++'s regex recurses per character: bound the text before matching it.
+  if (text.size() > 64)
+    throw ConfigError(fmt::format("a {}-character text is not a version number (expected "
+                                  "something like 2.6.0 or 2.7.0a0+git1234)",
+                                  text.size()));
   std::smatch m;
   if (!std::regex_match(text, m, re))
     throw ConfigError(fmt::format("'{}' is not a version number (expected something like 2.6.0 "
                                   "or 2.7.0a0+git1234)",
                                   text));
+  // Digits only, by the pattern; more than nine would not fit an int (and no version has them).
+  auto number = [&text](const std::string& digits) {
+    if (digits.size() > 9)
+      throw ConfigError(fmt::format("'{}' is not a version number: the component {} is too large",
+                                    text, digits));
+    return std::stoi(digits);
+  };
   Version v;
   std::string rel = m[1];
   for (size_t start = 0; start <= rel.size();) {
     size_t dot = rel.find('.', start);
     if (dot == std::string::npos) dot = rel.size();
-    v.release.push_back(std::stoi(rel.substr(start, dot - start)));
+    v.release.push_back(number(rel.substr(start, dot - start)));
     start = dot + 1;
   }
   while (v.release.size() > 1 && v.release.back() == 0) v.release.pop_back();
@@ -79,7 +110,7 @@ Version parse_version(const std::string& text) {
     v.pre_rank = tag == "dev" ? 0 : (tag == "a" || tag == "alpha") ? 1
                                   : (tag == "b" || tag == "beta")  ? 2
                                                                    : 3;
-    v.pre_number = m[3].length() ? std::stoi(m[3]) : 0;
+    v.pre_number = m[3].length() ? number(m[3]) : 0;
   }
   return v;
 }

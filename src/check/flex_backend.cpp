@@ -37,8 +37,9 @@ void apply_flex_dispatcher_backend(Config& cfg, const std::string& backend, cons
                    ""});
     return;
   }
-  // No CUDA device (epx's own runtime): select the backend without a GPU check.
-  bool supported = gpu.major == 0;
+  // No CUDA device (epx's own runtime), or a GPU not named: select the backend without a GPU
+  // check (for an unnamed GPU the flex.*_gpu rules are reported unchecked).
+  bool supported = gpu.major <= 0;
   if (!supported) supported = backend == "deepep" ? deepep_supported(gpu) : hybridep_supported(gpu);
   if (!supported) {
     const std::string message =
@@ -77,9 +78,12 @@ HybridEpTopology hybridep_topology(const Config& cfg, const GpuInfo& gpu) {
   const Int ep = cfg.model.expert_model_parallel_size;
   if (ep <= 0) {
     t.error = "HybridEP expert parallel size must be positive.";
+  } else if (gpu.major < 0) {
+    t.error = "the NVLink domain depends on the GPU, which is not given (pass -g GPU)";
   } else if (gpu.major == 0) {
-    // epx's runtime: the ranks that share a node form one shared-memory domain.
-    const Int per_node = gpus_per_node(cfg);
+    // epx's runtime: the ranks that share a node form one shared-memory domain (all the EP
+    // ranks when the world size is not given).
+    const Int per_node = gpus_per_node(cfg).value_or(ep);
     t = {std::min(ep, per_node), per_node, 0, ""};
   } else if (gpu.nvlink_domain == 72) {
     if (ep > 72)

@@ -2,6 +2,7 @@
 // Megatron-Core's extra ones after), delay_wgrad, TP overlap, flex backends, HybridEP topology,
 // then the seeds' pitfalls and advice. Messages quote Megatron where Megatron has a message.
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -73,6 +74,43 @@ Outcome te_at_least(const CheckContext& c, const char* minimum, std::string mess
 // The smallest multiple of `step` that is >= value (for fixes that must divide).
 Int round_up(Int value, Int step) { return step <= 0 ? value : ((value + step - 1) / step) * step; }
 
+// World sizes on which the layout folds (a multiple of TP*PP*CP and of ETP*EP*PP) and, when the
+// batch is set, the batch divides: the first `count`, smallest first.
+std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4) {
+  const auto& m = cfg.model;
+  const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size *
+                 m.context_parallel_size;
+  const Int emp = effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size;
+  std::vector<Int> sizes;
+  if (mp <= 0 || emp <= 0) return sizes;
+  const Int step = std::lcm(mp, emp);
+  const auto& t = cfg.train;
+  const bool batch_set = t.global_batch_size && t.micro_batch_size && *t.micro_batch_size > 0;
+  for (Int world = step; world <= (Int{1} << 20) && sizes.size() < count; world += step) {
+    const Int dp = world / mp;
+    if (batch_set && *t.micro_batch_size * dp > *t.global_batch_size) break;  // DP only grows
+    if (!batch_set || *t.global_batch_size % (*t.micro_batch_size * dp) == 0)
+      sizes.push_back(world);
+  }
+  return sizes;
+}
+
+// A rule that needs the world size when the user did not give it (a Megatron-Bridge dump has
+// none: Bridge takes it from the launcher).
+Outcome world_not_given(const CheckContext& c) {
+  const std::vector<Int> sizes = fitting_world_sizes(c.cfg);
+  if (sizes.empty())
+    return unknown("world size not given (pass -ng N or set target.num_gpus); no world size "
+                   "fits both the layout and the batch");
+  return unknown(fmt::format("world size not given (pass -ng N or set target.num_gpus); fits {}, "
+                             "... GPUs",
+                             fmt::join(sizes, ", ")));
+}
+
+Outcome gpu_not_given() {
+  return unknown("GPU not given (pass -g GPU: h100, b200, gb200, ...)");
+}
+
 Int microbatches(const Config& cfg) {
   const Int dp = data_parallel_size(cfg);
   if (!cfg.train.global_batch_size || !cfg.train.micro_batch_size || dp <= 0) return 0;
@@ -94,27 +132,29 @@ std::vector<Rule> build_rules() {
        "model.context_parallel_size"},
       kBridgeConfig, "world size divisible by TP*PP*CP (data-parallel size)",
       [](const CheckContext& c) {
+        if (!c.world()) return world_not_given(c);
         const auto& m = c.cfg.model;
         const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size *
                        m.context_parallel_size;
         return fail_if(data_parallel_size(c.cfg) == 0,
-                       fmt::format("world size {} is not divisible by TP*PP*CP = {}",
-                                   c.cfg.target.num_gpus, mp),
-                       fmt::format("target.num_gpus={}", round_up(c.cfg.target.num_gpus, mp)));
+                       fmt::format("world size {} is not divisible by TP*PP*CP = {}", *c.world(),
+                                   mp),
+                       fmt::format("target.num_gpus={}", round_up(*c.world(), mp)));
       });
   add("parallel.expert_world_divisible", E,
       {"target.num_gpus", "model.expert_tensor_parallel_size", "model.expert_model_parallel_size",
        "model.pipeline_model_parallel_size"},
       kMcore, "world size divisible by ETP*EP*PP (expert data-parallel size)",
       [](const CheckContext& c) {
+        if (!c.world()) return world_not_given(c);
         const auto& m = c.cfg.model;
         const Int emp = effective_etp(m) * m.expert_model_parallel_size *
                         m.pipeline_model_parallel_size;
-        return fail_if(emp <= 0 || c.cfg.target.num_gpus % emp != 0,
+        return fail_if(emp <= 0 || *c.world() % emp != 0,
                        fmt::format("world size {} is not divisible by ETP*EP*PP = {}: the expert "
                                    "side cannot be folded onto the ranks",
-                                   c.cfg.target.num_gpus, emp),
-                       fmt::format("target.num_gpus={}", round_up(c.cfg.target.num_gpus, emp)));
+                                   *c.world(), emp),
+                       fmt::format("target.num_gpus={}", round_up(*c.world(), emp)));
       });
   add("parallel.ep_needs_experts", E,
       {"model.expert_model_parallel_size", "model.num_moe_experts"}, kMcore,
@@ -187,6 +227,18 @@ std::vector<Rule> build_rules() {
       {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size"},
       kBridgeConfig, "global batch = micro batch x DP x micro-batches", [](const CheckContext& c) {
         const auto& t = c.cfg.train;
+        if (!c.world() && t.global_batch_size && t.micro_batch_size) {
+          // Whatever the world, DP >= 1: a batch the micro-batch does not divide never fits.
+          if (*t.micro_batch_size <= 0 || *t.global_batch_size % *t.micro_batch_size != 0)
+            return fail(fmt::format("global_batch_size ({}) is not divisible by "
+                                    "micro_batch_size ({}), so by no micro_batch_size x "
+                                    "data_parallel_size",
+                                    *t.global_batch_size, *t.micro_batch_size),
+                        fmt::format("train.global_batch_size={}",
+                                    round_up(*t.global_batch_size,
+                                             std::max<Int>(*t.micro_batch_size, 1))));
+          return world_not_given(c);
+        }
         const Int dp = data_parallel_size(c.cfg);
         if (!t.global_batch_size || !t.micro_batch_size || dp == 0) return pass();
         const Int step = *t.micro_batch_size * dp;
@@ -537,6 +589,7 @@ std::vector<Rule> build_rules() {
   add("flex.deepep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
       "DeepEP needs Ampere, Hopper, B200 or B300", [](const CheckContext& c) {
         if (!c.cuda() || !uses_flex(c.cfg.model, "deepep")) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
         return fail_if(!deepep_supported(c.gpu),
                        fmt::format("DeepEP is supported for Ampere, Hopper, and Blackwell "
                                    "(B200/B300) GPUs. Current GPU: {}",
@@ -546,6 +599,7 @@ std::vector<Rule> build_rules() {
   add("flex.hybridep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
       "HybridEP needs compute capability 8, 9 or 10", [](const CheckContext& c) {
         if (!c.cuda() || !uses_flex(c.cfg.model, "hybridep")) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
         return fail_if(!hybridep_supported(c.gpu),
                        "HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, "
                        "B200 and B300 GPUs",
@@ -598,6 +652,7 @@ std::vector<Rule> build_rules() {
       "HybridEP has an NVLink-domain layout for this GPU and EP size (epx also maps h200 and "
       "a100 like h100, and cpu to the ranks of one node)", [](const CheckContext& c) {
         if (!uses_flex(c.cfg.model, "hybridep")) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
         const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
         return fail_if(!t.error.empty(), t.error, "model.moe_token_dispatcher_type=alltoall");
       });
@@ -613,11 +668,14 @@ std::vector<Rule> build_rules() {
         } catch (...) {
         }
         const Int ep = c.cfg.model.expert_model_parallel_size;
+        const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
         return fail_if(ranks <= 0 || ep % ranks != 0,
                        fmt::format("{}={} must be a positive divisor of the EP size {}",
                                    kRanksPerDomainVar, it->second, ep),
-                       fmt::format("env_vars.{}={}", kRanksPerDomainVar,
-                                   hybridep_topology(c.cfg, c.gpu).ranks_per_domain));
+                       t.error.empty()
+                           ? fmt::format("env_vars.{}={}", kRanksPerDomainVar, t.ranks_per_domain)
+                           : fmt::format("env_vars.{}=<the EP ranks in one NVLink domain>",
+                                         kRanksPerDomainVar));
       });
   add("hybridep.domain_mismatch", W,
       {"env_vars." + std::string(kRanksPerDomainVar), "model.expert_model_parallel_size",
@@ -625,9 +683,11 @@ std::vector<Rule> build_rules() {
       kSeedDispatcher, "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN matches the topology",
       [](const CheckContext& c) {
         if (!uses_flex(c.cfg.model, "hybridep")) return pass();
-        const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
         auto it = c.cfg.env_vars.find(kRanksPerDomainVar);
-        if (!t.error.empty() || it == c.cfg.env_vars.end()) return pass();
+        if (it == c.cfg.env_vars.end()) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
+        const HybridEpTopology t = hybridep_topology(c.cfg, c.gpu);
+        if (!t.error.empty()) return pass();
         return fail_if(it->second != std::to_string(t.ranks_per_domain),
                        fmt::format("{}={} does not match the NVLink domain of {} x EP{} (expected "
                                    "{}): performance and sometimes correctness will suffer",
@@ -653,18 +713,23 @@ std::vector<Rule> build_rules() {
       kDocs, "EP overlap at EP <= 4 on alltoall within <= 2 nodes is often flat or slower",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(ep_overlap(c) && m.moe_token_dispatcher_type == "alltoall" &&
-                           m.expert_model_parallel_size <= 4 && num_nodes(c.cfg) <= 2,
+        if (!ep_overlap(c) || m.moe_token_dispatcher_type != "alltoall" ||
+            m.expert_model_parallel_size > 4)
+          return pass();
+        const OptInt nodes = num_nodes(c.cfg);
+        if (!nodes) return world_not_given(c);
+        return fail_if(*nodes <= 2,
                        fmt::format("EP overlap with alltoall at EP {} on {} node(s) can be correct "
                                    "but flat or slower; measure it against overlap off before "
                                    "making it the default",
-                                   m.expert_model_parallel_size, num_nodes(c.cfg)),
+                                   m.expert_model_parallel_size, *nodes),
                        "--moe_a2a_overlap false");
       });
   add("advice.few_microbatches", A,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "train.global_batch_size",
        "train.micro_batch_size"},
       kDocs, "EP overlap needs several micro-batches to interleave", [](const CheckContext& c) {
+        if (ep_overlap(c) && !c.world() && c.cfg.train.global_batch_size) return world_not_given(c);
         const Int n = microbatches(c.cfg);
         return fail_if(ep_overlap(c) && n > 0 && n < 2,
                        fmt::format("{} micro-batch per step: the merged forward/backward schedule "

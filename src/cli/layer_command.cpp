@@ -89,7 +89,9 @@ void LayerArgs::add_to(CLI::App& app) {
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
-  const Config cfg = resolve_config(args.config.load(), args.config.flags.moe_flex_dispatcher_backend);
+  Config loaded = args.config.load();
+  if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
+  const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const MoESpec spec = moe_spec_from_config(cfg);
   const int rank = mpi ? mpi->rank() : 0, world = mpi ? mpi->size() : 1;
   if (spec.seq_length % world != 0)

@@ -76,8 +76,10 @@ void RunArgs::add_to(CLI::App& app) {
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {
   Config loaded = args.config.load();
-  // The job's ranks are the target unless -ng says otherwise (then they must agree).
+  // The job's ranks are the target unless -ng says otherwise (then they must agree), on epx's
+  // own CPU runtime whatever GPU the config names for `epx check`.
   if (!args.config.flags.num_gpus) loaded.target.num_gpus = mpi.size();
+  if (!loaded.target.gpu) loaded.target.gpu = "cpu";
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const std::string text = format_report(report);
   if (!report.ok()) {

@@ -150,9 +150,9 @@ Int data_parallel_size(const Config& c) {
   const ModelConfig& m = c.model;
   const Int model_parallel =
       m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size;
-  if (model_parallel <= 0 || c.target.num_gpus <= 0 || c.target.num_gpus % model_parallel != 0)
-    return 0;
-  return c.target.num_gpus / model_parallel;
+  const Int world = c.target.num_gpus.value_or(0);
+  if (model_parallel <= 0 || world <= 0 || world % model_parallel != 0) return 0;
+  return world / model_parallel;
 }
 
 Int effective_etp(const ModelConfig& m) {

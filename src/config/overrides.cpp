@@ -13,15 +13,18 @@ std::string did_you_mean(const std::string& key) {
   return fmt::format(" (did you mean {}?)", fmt::join(options, " or "));
 }
 
+constexpr std::size_t kMaxOverrideBytes = 64 << 10;
+
 // The value side of `key=value`, read as YAML so lists, quotes and null work as in Hydra.
 YAML::Node parse_value(const std::string& key, const std::string& text) {
+  YAML::Node node;
   try {
-    return YAML::Load(text);
+    node = YAML::Load(text);
   } catch (const YAML::Exception&) {
     return YAML::Node(text);  // not YAML on its own: take the text literally
-  } catch (...) {
-    throw ConfigError(fmt::format("{}: cannot read the value '{}'", key, text));
   }
+  check_yaml_bounds(node, "the value of " + key);
+  return node;
 }
 
 // Keys outside the schema: env_vars.NAME and fields of kept Bridge sections.
@@ -62,6 +65,10 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
 }  // namespace
 
 void apply_override(Config& cfg, const std::string& text, Config::Origin origin) {
+  if (text.size() > kMaxOverrideBytes)
+    throw ConfigError(fmt::format("override '{}' is {} bytes long; an override is key=value and "
+                                  "at most {} KiB",
+                                  shorten(text), text.size(), kMaxOverrideBytes >> 10));
   std::string body = text;
   bool adding = false, deleting = false;
   if (body.starts_with("++")) {
@@ -106,10 +113,12 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
     if (deleting) {
       f->reset(cfg);
       cfg.explicit_keys.erase(f->key());
+      cfg.file_locations.erase(f->key());
       return;
     }
     f->set(cfg, parse_value(f->key(), value));
     cfg.explicit_keys[f->key()] = origin;
+    cfg.file_locations.erase(f->key());
     return;
   }
   if (apply_free_key(cfg, key, section, name, adding, deleting, value)) return;

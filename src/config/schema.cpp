@@ -16,7 +16,7 @@ namespace {
 
 [[noreturn]] void type_error(const std::string& key, const std::string& expected,
                              const YAML::Node& n) {
-  throw ConfigError(fmt::format("{} expects {}, got {}", key, expected, yaml_text(n)));
+  throw ConfigError(fmt::format("{} expects {}, got {}", key, expected, shorten(yaml_text(n))));
 }
 
 std::string lower(std::string s) {
@@ -42,7 +42,8 @@ const std::string& scalar(const YAML::Node& n, const std::string& key, const std
 void check_choice(const std::string& key, const std::string& v,
                   const std::vector<std::string>& choices) {
   if (choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end()) return;
-  throw ConfigError(fmt::format("{} must be one of {}, got '{}'", key, fmt::join(choices, "|"), v));
+  throw ConfigError(fmt::format("{} must be one of {}, got '{}'", key, fmt::join(choices, "|"),
+                                shorten(v)));
 }
 
 std::optional<Int> parse_int(std::string_view s) {
@@ -535,6 +536,7 @@ const FieldInfo* find_field(std::string_view key) {
 }
 
 std::vector<std::string> suggest_keys(std::string_view key) {
+  if (key.size() > 128) return {};  // no key is this long; the edit distances would cost seconds
   // Score by edit distance on whole keys and on field names alone (so a field put in the wrong
   // section, "train.num_moe_experts", finds its real one), and count a name whose words all
   // appear in a field ("moe_topk" in "moe_router_topk") as close.
@@ -570,6 +572,11 @@ std::vector<std::string> suggest_keys(std::string_view key) {
   for (const auto& s : scored)
     if (s.score <= limit && out.size() < 3) out.push_back(s.key);
   return out;
+}
+
+std::string shorten(std::string_view text, std::size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return fmt::format("{}... ({} bytes)", text.substr(0, max), text.size());
 }
 
 std::string yaml_text(const YAML::Node& node) {

@@ -42,6 +42,13 @@ const std::vector<std::pair<std::string, std::string>>& field_aliases();
 // Up to three known keys closest to `key` (edit distance), for "did you mean" hints.
 std::vector<std::string> suggest_keys(std::string_view key);
 
+// Refuses (ConfigError, naming `source` and the line) a YAML document nested deeper or holding
+// more values, aliases expanded, than a config can: bounds the work a bad file can cause.
+void check_yaml_bounds(const YAML::Node& root, const std::string& source);
+
+// `text` cut to `max` characters (with how long it was), for quoting input in a message.
+std::string shorten(std::string_view text, std::size_t max = 80);
+
 // A node's value as YAML flow text, for messages and findings ("null", "true", "[a, b]").
 std::string yaml_text(const YAML::Node& node);
 

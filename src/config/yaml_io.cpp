@@ -1,7 +1,6 @@
 // YAML in and out: epx recipes, `epx config show` dumps and Megatron-Bridge config dumps.
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -16,6 +15,13 @@ const std::vector<std::string> kBridgeOnlySections = {
     "dataset", "logger", "tokenizer", "checkpoint", "dist", "profiling", "peft",
     "mixed_precision", "inprocess_restart", "ft", "straggler", "nvrx_straggler",
     "rerun_state_machine", "tensor_inspect", "mixed_precision_config"};
+
+// Bounds on what a config may be, so that a hostile or broken file is refused quickly with a
+// message rather than parsed for minutes: a Megatron-Bridge dump is a few tens of kilobytes,
+// a few thousand values, nested four or five levels.
+constexpr std::size_t kMaxConfigBytes = 2 << 20;
+constexpr int kMaxDepth = 32;
+constexpr std::size_t kMaxValues = 200000;  // counted with aliases expanded (copies expand them)
 
 std::string location(const std::string& source, const YAML::Node& n) {
   const YAML::Mark m = n.Mark();
@@ -76,6 +82,7 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
       throw ConfigError(fmt::format("{}: {}", location(c.source, kv.second), e.what()));
     }
     c.explicit_keys[f->key()] = Config::Origin::file;
+    c.file_locations[f->key()] = location(c.source, kv.second);
   }
 }
 
@@ -93,6 +100,10 @@ Config load_config_text(const std::string& text, const std::string& source_name)
 namespace {
 
 Config load_config_yaml(const std::string& text, const std::string& source_name) {
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError(fmt::format("{}: {} bytes is more than a config may have ({} MiB); a "
+                                  "Megatron-Bridge dump is a few tens of kilobytes",
+                                  source_name, text.size(), kMaxConfigBytes >> 20));
   Config c;
   c.source = source_name;
   YAML::Node root;
@@ -102,6 +113,7 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
     throw ConfigError(fmt::format("{}:{}:{}: malformed YAML: {}", source_name, e.mark.line + 1,
                                   e.mark.column + 1, e.msg));
   }
+  check_yaml_bounds(root, source_name);
   if (root.IsNull())
     throw ConfigError(fmt::format("{}: the file is empty; a config needs at least a model: "
                                   "section (see recipes/)",
@@ -140,25 +152,63 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
                                     fmt::join(kBridgeOnlySections, ", ")));
     }
   }
-  // A Bridge dump has no epx target section but records its data-parallel size: the world it
-  // was dumped for is DP x TP x PP x CP.
-  if (!c.explicit_keys.count("target.num_gpus") && c.comm_overlap &&
-      c.comm_overlap->data_parallel_size) {
+  // A Bridge dump has no epx target section but may record its data-parallel size (Bridge
+  // derives it at start-up): the world it was dumped for is then DP x TP x PP x CP.
+  if (!c.target.num_gpus && c.comm_overlap && c.comm_overlap->data_parallel_size) {
     const ModelConfig& m = c.model;
     c.target.num_gpus = *c.comm_overlap->data_parallel_size * m.tensor_model_parallel_size *
                         m.pipeline_model_parallel_size * m.context_parallel_size;
+    if (auto it = c.file_locations.find("comm_overlap.data_parallel_size");
+        it != c.file_locations.end())
+      c.file_locations["target.num_gpus"] = it->second;
   }
   return c;
 }
 
+// Walks the document as a copy would (aliases expanded), stopping at the bounds.
+void walk_within_bounds(const YAML::Node& node, const std::string& source, int depth,
+                       std::size_t& values) {
+  if (depth > kMaxDepth)
+    throw ConfigError(fmt::format("{}: nested more than {} levels deep; a config is sections of "
+                                  "fields with scalar or list values",
+                                  location(source, node), kMaxDepth));
+  if (++values > kMaxValues)
+    throw ConfigError(fmt::format("{}: more than {} values (aliases counted as the copies they "
+                                  "make); a config has a few thousand",
+                                  location(source, node), kMaxValues));
+  if (node.IsMap() || node.IsSequence())
+    for (const auto& item : node) {
+      if (node.IsMap()) {
+        walk_within_bounds(item.first, source, depth + 1, values);
+        walk_within_bounds(item.second, source, depth + 1, values);
+      } else {
+        walk_within_bounds(item, source, depth + 1, values);
+      }
+    }
+}
+
 }  // namespace
 
+void check_yaml_bounds(const YAML::Node& root, const std::string& source) {
+  std::size_t values = 0;
+  walk_within_bounds(root, source, 0, values);
+}
+
+bool Config::is_bridge_dump() const {
+  if (static_cast<const YAML::Node&>(extra_sections.node)["_target_"].IsDefined()) return true;
+  for (const auto& sec : extra_fields.node)
+    if (sec.second.IsMap() && sec.second["_target_"].IsDefined()) return true;
+  return false;
+}
+
 Config load_config_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the file", path.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  return load_config_text(text.str(), path.string());
+  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more than allowed: too long is seen
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the file", path.string()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  return load_config_text(text, path.string());
 }
 
 std::string dump_yaml(const Config& cfg) {

@@ -37,7 +37,7 @@ ParallelLayout layout_for(const Config& c, int world) {
         m.tensor_model_parallel_size, m.context_parallel_size));
   if (c.target.num_gpus != world)
     throw ConfigError(fmt::format("target.num_gpus={}: the job has {} ranks; launch {} ranks or set -ng {}",
-                                  c.target.num_gpus, world, c.target.num_gpus, world));
+                                  c.target.num_gpus.value_or(0), world, c.target.num_gpus.value_or(0), world));
   return ParallelLayout::make(world, 1, 1, 1, static_cast<int>(m.expert_model_parallel_size),
                               static_cast<int>(effective_etp(m)));
 }
