@@ -224,7 +224,8 @@ std::vector<Rule> build_rules() {
                        "model.sequence_parallel=true");
       });
   add("train.batch_divisible", E,
-      {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size"},
+      {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size",
+       "target.num_gpus"},
       kBridgeConfig, "global batch = micro batch x DP x micro-batches", [](const CheckContext& c) {
         const auto& t = c.cfg.train;
         if (!c.world() && t.global_batch_size && t.micro_batch_size) {
@@ -727,7 +728,7 @@ std::vector<Rule> build_rules() {
       });
   add("advice.few_microbatches", A,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "train.global_batch_size",
-       "train.micro_batch_size"},
+       "train.micro_batch_size", "target.num_gpus"},
       kDocs, "EP overlap needs several micro-batches to interleave", [](const CheckContext& c) {
         if (ep_overlap(c) && !c.world() && c.cfg.train.global_batch_size) return world_not_given(c);
         const Int n = microbatches(c.cfg);

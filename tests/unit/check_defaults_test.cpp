@@ -1,0 +1,140 @@
+// What the checker assumes when the user gives no world size, GPU or versions: a Megatron-Bridge
+// dump checked as a new user would, with and without -ng / -g / --torch-version / --te-version.
+// For every error rule that reads target.* the findings are exactly those Bridge (or
+// Megatron-Core) would raise on that environment, and nothing is guessed where a fact is missing.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "epx/check.hpp"
+
+namespace epx {
+namespace {
+
+using Ids = std::set<std::string>;
+
+const std::string kDump = std::string(EPX_TEST_DATA) + "/bridge_dump_comm_overlap.yaml";
+
+CheckReport check_dump(const std::vector<std::string>& overrides) {
+  Config c = load_config_file(kDump);
+  for (const auto& o : overrides) apply_override(c, o, Config::Origin::flag);
+  return run_check(c);
+}
+
+bool reads_target(const std::string& rule_id) {
+  const Rule* rule = find_rule(rule_id);
+  for (const auto& f : rule->fields)
+    if (f.starts_with("target.")) return true;
+  return false;
+}
+
+// Errors from rules that read the world size, the GPU or a version.
+Ids environment_errors(const CheckReport& r) {
+  Ids ids;
+  for (const auto& f : r.findings)
+    if (f.severity == Severity::error && reads_target(f.rule_id)) ids.insert(f.rule_id);
+  return ids;
+}
+
+Ids unchecked(const CheckReport& r) {
+  Ids ids;
+  for (const auto& u : r.unchecked) ids.insert(u.substr(0, u.find(':')));
+  return ids;
+}
+
+const Ids kWorldRules = {"parallel.world_divisible", "parallel.expert_world_divisible",
+                         "train.batch_divisible", "advice.few_microbatches"};
+const Ids kVersionRules = {"ep_overlap.torch_version", "delay_wgrad.te_overlap_grad_reduce",
+                           "delay_wgrad.te_grad_accum_fusion", "delay_wgrad.cuda_graph_te",
+                           "delay_wgrad.te_partial_cuda_graph"};
+
+Ids operator+(Ids a, const Ids& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+TEST(CheckDefaults, BridgeDumpAloneGuessesNothing) {
+  const CheckReport r = check_dump({});
+  EXPECT_EQ(environment_errors(r), Ids{});
+  EXPECT_EQ(unchecked(r), kWorldRules + kVersionRules + Ids{"flex.deepep_gpu"});
+  EXPECT_TRUE(r.ok());
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("world size: not given"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPU: not given"), std::string::npos) << text;
+  // EP 4 x PP 2 folds on multiples of 8; GBS 64 at MBS 1 divides over DP 4, 8, 16, 32.
+  EXPECT_NE(text.find("unchecked parallel.expert_world_divisible: world size not given (pass -ng N "
+                      "or set target.num_gpus); fits 8, 16, 32, 64, ... GPUs"),
+            std::string::npos)
+      << text;
+  const auto json = report_json(r);
+  EXPECT_TRUE(json["target"]["num_gpus"].is_null());
+  EXPECT_TRUE(json["target"]["gpu"].is_null());
+}
+
+TEST(CheckDefaults, VersionsApplyWithoutANamedGpu) {
+  // A torch / TE version describes a GPU container: every rule that reads it applies, as Bridge
+  // and Megatron-Core assert on that container; the GPU-architecture rule waits for -g.
+  const CheckReport old = check_dump({"target.torch_version=2.5.1", "target.te_version=2.6.0"});
+  EXPECT_EQ(environment_errors(old), kVersionRules);
+  EXPECT_EQ(unchecked(old), kWorldRules + Ids{"flex.deepep_gpu"});
+  const CheckReport fresh = check_dump({"target.torch_version=2.6.0", "target.te_version=2.12.0"});
+  EXPECT_EQ(environment_errors(fresh), Ids{});
+  EXPECT_EQ(unchecked(fresh), kWorldRules + Ids{"flex.deepep_gpu"});
+  // Between the two: TE 2.7 meets the grad-reduce and fusion asserts, not the CUDA-graph ones.
+  const CheckReport mid = check_dump({"target.torch_version=2.6.0", "target.te_version=2.7.0"});
+  EXPECT_EQ(environment_errors(mid),
+            (Ids{"delay_wgrad.cuda_graph_te", "delay_wgrad.te_partial_cuda_graph"}));
+}
+
+TEST(CheckDefaults, WorldSizeWhenGiven) {
+  const Ids errors = environment_errors(check_dump({"target.num_gpus=12"}));
+  // 12 is not a multiple of ETP x EP x PP = 8; DP 6 does not divide GBS 64.
+  EXPECT_EQ(errors, (Ids{"parallel.expert_world_divisible", "train.batch_divisible"}));
+  EXPECT_EQ(environment_errors(check_dump({"target.num_gpus=16"})), Ids{});
+  EXPECT_EQ(unchecked(check_dump({"target.num_gpus=16"})).count("parallel.world_divisible"), 0u);
+}
+
+TEST(CheckDefaults, BatchThatNoWorldDividesIsAnErrorWithoutTheWorld) {
+  const CheckReport r = check_dump({"train.micro_batch_size=3"});
+  EXPECT_EQ(environment_errors(r), Ids{"train.batch_divisible"});
+}
+
+TEST(CheckDefaults, GpuRulesWhenTheGpuIsNamed) {
+  EXPECT_EQ(environment_errors(check_dump({"target.gpu=gb200"})), Ids{"flex.deepep_gpu"});
+  const CheckReport h100 = check_dump({"target.gpu=h100"});
+  EXPECT_EQ(environment_errors(h100), Ids{});
+  EXPECT_EQ(unchecked(h100).count("flex.deepep_gpu"), 0u);
+  // A named GPU without versions: the version rules stay unchecked, not passed.
+  EXPECT_EQ(unchecked(h100), kWorldRules + kVersionRules);
+}
+
+TEST(CheckDefaults, AnEpxRecipeWithoutTargetIsACpuJob) {
+  Config c = load_config_text("model: {num_moe_experts: 4, expert_model_parallel_size: 2, "
+                              "moe_token_dispatcher_type: alltoall, bf16: true}\n",
+                              "plain.yaml");
+  const CheckReport r = run_check(c);
+  EXPECT_EQ(unchecked(r), (Ids{"parallel.world_divisible", "parallel.expert_world_divisible"}));
+  EXPECT_NE(format_report(r).find("GPU: not given, cpu assumed"), std::string::npos);
+}
+
+TEST(CheckDefaults, UnknownGpuFromAFileNamesTheFileAndLine) {
+  const Config c = load_config_text("model: {num_moe_experts: 4}\ntarget:\n  gpu: h900\n", "t.yaml");
+  try {
+    run_check(c);
+    FAIL() << "an unknown GPU must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("t.yaml:3:8: target.gpu: unknown GPU 'h900'", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(CheckDefaults, VersionWithHugeComponentsIsBadInput) {
+  Config c = load_config_file(kDump);
+  apply_override(c, "target.torch_version='99999999999999999999.0'");
+  EXPECT_THROW(run_check(c), ConfigError);
+  apply_override(c, "target.torch_version='" + std::string(5000, '1') + "'");
+  EXPECT_THROW(run_check(c), ConfigError);
+}
+
+}  // namespace
+}  // namespace epx
