@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/check.hpp"
+#include "epx/output_file.hpp"
 #include "epx/comm_stream.hpp"
 #include "epx/kernels.hpp"
 #include "epx/moe_layer.hpp"
@@ -89,6 +90,7 @@ void LayerArgs::add_to(CLI::App& app) {
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
+  if (!mpi || mpi->rank() == 0) check_output_path(args.out, "--out");  // before any work
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);

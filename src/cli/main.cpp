@@ -13,6 +13,7 @@
 #include "epx/error.hpp"
 #include "epx/mpi.hpp"
 #include "epx/omp_env.hpp"
+#include "epx/output_file.hpp"
 
 namespace epx::cli {
 namespace {
@@ -24,11 +25,11 @@ constexpr int kEnvironment = 5;
 
 int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   if (list_rules) {
-    std::cout << (json ? rule_table_json().dump(2) + "\n" : format_rule_table());
+    std::cout << (json ? json_text(rule_table_json(), 2) + "\n" : format_rule_table());
     return 0;
   }
   const CheckReport report = run_check(args.load(), args.flags.moe_flex_dispatcher_backend);
-  std::cout << (json ? report_json(report).dump(2) + "\n" : format_report(report));
+  std::cout << (json ? json_text(report_json(report), 2) + "\n" : format_report(report));
   return report.ok() ? 0 : 1;
 }
 

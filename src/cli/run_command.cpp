@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -11,6 +9,7 @@
 
 #include "epx/check.hpp"
 #include "epx/error.hpp"
+#include "epx/output_file.hpp"
 #include "epx/trainer.hpp"
 
 namespace epx::cli {
@@ -45,17 +44,6 @@ nlohmann::json yaml_to_json(const YAML::Node& n) {
   return s;
 }
 
-// Written whole or not at all: to a temporary beside the target, then renamed.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) throw InputError("cannot write " + path);
-  }
-  std::filesystem::rename(tmp, path);
-}
-
 }  // namespace
 
 void RunArgs::add_to(CLI::App& app) {
@@ -75,6 +63,12 @@ void RunArgs::add_to(CLI::App& app) {
 }
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {
+  // Outputs first, so a path that cannot be written is refused before any rank computes (rank 0
+  // writes both; its error takes the whole job down).
+  if (mpi.rank() == 0) {
+    if (args.results) check_output_path(*args.results, "--results");
+    if (args.trace) check_output_path(*args.trace, "--trace");
+  }
   Config loaded = args.config.load();
   // The job's ranks are the target unless -ng says otherwise (then they must agree), on epx's
   // own CPU runtime whatever GPU the config names for `epx check`.
@@ -102,7 +96,7 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     j["config"] = yaml_to_json(YAML::Load(dump_yaml(report.resolved)));
     j["ranks"] = mpi.size();
     j["mock_data"] = args.mock_data;
-    write_atomically(*args.results, j.dump(2) + "\n");
+    write_file_atomically(*args.results, [&](std::ostream& out) { out << json_text(j, 2) << "\n"; });
     std::cout << "wrote the results to " << *args.results << "\n";
   }
   return 0;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "config/schema.hpp"
 #include "epx/config.hpp"
 
 namespace epx {
@@ -42,20 +43,33 @@ std::vector<std::string> list_recipes() {
 }
 
 fs::path resolve_recipe(const std::string& name_or_path) {
+  // Status errors (a name over the file-system limit, a path through a file) mean "not found";
+  // the message quotes at most the start of a long name.
+  const auto is_file = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec);
+  };
   const fs::path as_path(name_or_path);
+  if (name_or_path.empty()) throw ConfigError("the config name is empty: name a recipe or a file");
   if (name_or_path.find('/') != std::string::npos || as_path.extension() == ".yaml" ||
       as_path.extension() == ".yml") {
-    if (!fs::exists(as_path))
-      throw ConfigError(fmt::format("{}: no such file", name_or_path));
+    std::error_code ec;
+    if (fs::is_directory(as_path, ec))
+      throw ConfigError(fmt::format("{}: is a directory, not a config file", name_or_path));
+    if (!is_file(as_path)) {
+      (void)fs::status(as_path, ec);  // why it is not there, when the system says
+      throw ConfigError(fmt::format("{}: no such file{}", shorten(name_or_path, 200),
+                                    ec ? " (" + ec.message() + ")" : ""));
+    }
     return as_path;
   }
   for (const auto& dir : recipe_dirs()) {
     const fs::path candidate = dir / (name_or_path + ".yaml");
-    if (fs::exists(candidate)) return fs::weakly_canonical(candidate);
+    if (is_file(candidate)) return fs::weakly_canonical(candidate);
   }
   throw ConfigError(fmt::format("no recipe named '{}'; shipped recipes: {} (or give a path to "
                                 "a YAML file)",
-                                name_or_path, fmt::join(list_recipes(), ", ")));
+                                shorten(name_or_path, 200), fmt::join(list_recipes(), ", ")));
 }
 
 }  // namespace epx

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <mutex>
 #include <vector>
 
@@ -10,6 +9,7 @@
 
 #include "epx/comm.hpp"
 #include "epx/error.hpp"
+#include "epx/output_file.hpp"
 
 namespace epx::trace {
 namespace {
@@ -112,7 +112,7 @@ void write(Communicator& world, const std::string& path, Clock::time_point origi
     g_events.clear();
   }
   // Gather every rank's events (as text, in 8-byte words) on every rank; rank 0 writes them.
-  std::string mine = events.dump();
+  std::string mine = json_text(events);
   mine.resize((mine.size() + 7) / 8 * 8, ' ');
   std::vector<std::int64_t> words(static_cast<std::size_t>(world.size()));
   words[static_cast<std::size_t>(rank)] = static_cast<std::int64_t>(mine.size() / 8);
@@ -128,9 +128,8 @@ void write(Communicator& world, const std::string& path, Clock::time_point origi
     for (auto& e : nlohmann::json::parse(all.substr(at, static_cast<std::size_t>(w * 8)))) merged.push_back(std::move(e));
     at += static_cast<std::size_t>(w * 8);
   }
-  std::ofstream out(path);
-  out << nlohmann::json{{"traceEvents", merged}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) throw InputError("cannot write the trace to " + path);
+  const std::string text = json_text({{"traceEvents", merged}, {"displayTimeUnit", "ms"}});
+  write_file_atomically(path, [&](std::ostream& out) { out << text << "\n"; });
 }
 
 }  // namespace epx::trace

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "epx/error.hpp"
+#include "epx/output_file.hpp"
 
 namespace epx {
 namespace {
@@ -102,12 +103,9 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
                     {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
-  std::string text = header.dump();
+  std::string text = json_text(header);
   text.append((8 - text.size() % 8) % 8, ' ');  // the format pads the header to 8 bytes
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw InputError(fmt::format("{}: cannot open for writing", tmp));
+  write_file_atomically(path, [&](std::ostream& out) {
     unsigned char len_bytes[8];
     std::uint64_t len = text.size();
     for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
@@ -115,18 +113,7 @@ void write_safetensors(const std::string& path, const TensorMap& tensors,
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
     for (const auto& [name, t] : tensors)
       out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw InputError(fmt::format("{}: write failed (disk full?)", tmp));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw InputError(fmt::format("{}: cannot write ({})", path, ec.message()));
-  }
+  });
 }
 
 const Tensor& expect_tensor(const TensorMap& tensors, const std::string& name, const Shape& shape,
