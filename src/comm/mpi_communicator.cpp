@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/startup_watchdog.hpp"
 #include "epx/config.hpp"
 #include "epx/mpi.hpp"
 
@@ -315,8 +316,10 @@ MpiSession::MpiSession(double collective_timeout_s) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) throw std::logic_error("MpiSession: MPI is already initialised");
+  StartupWatchdog watchdog(collective_timeout_s);
   int provided = 0;
   check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  watchdog.initialized();
   // Errors come back as codes (check_mpi throws, and the CLI takes the job down with the message)
   // rather than Open MPI's own abort; split communicators inherit the handler.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -333,6 +336,9 @@ MpiSession::MpiSession(double collective_timeout_s) {
     name += std::to_string(r);
   }
   world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, name + "]", collective_timeout_s, false);
+  // The whole world has met only once every rank is here (MPI_Init alone does not promise it).
+  check_mpi(MPI_Barrier(MPI_COMM_WORLD), "the start-up barrier");
+  watchdog.done();
 }
 
 MpiSession::~MpiSession() {
