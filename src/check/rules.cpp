@@ -113,7 +113,9 @@ Outcome gpu_not_given() {
 
 Int microbatches(const Config& cfg) {
   const Int dp = data_parallel_size(cfg);
-  if (!cfg.train.global_batch_size || !cfg.train.micro_batch_size || dp <= 0) return 0;
+  if (!cfg.train.global_batch_size || !cfg.train.micro_batch_size || dp <= 0 ||
+      *cfg.train.micro_batch_size <= 0)
+    return 0;
   return *cfg.train.global_batch_size / (*cfg.train.micro_batch_size * dp);
 }
 

@@ -122,7 +122,8 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
     return;
   }
   if (apply_free_key(cfg, key, section, name, adding, deleting, value)) return;
-  throw ConfigError(fmt::format("unknown key '{}'{}", key, did_you_mean(key)));
+  throw ConfigError(fmt::format("override '{}': unknown key '{}'{}", shorten(text), shorten(key),
+                                did_you_mean(key)));
 }
 
 void apply_harness_flags(Config& cfg, const HarnessFlags& f) {

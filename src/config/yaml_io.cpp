@@ -21,7 +21,7 @@ const std::vector<std::string> kBridgeOnlySections = {
 // a few thousand values, nested four or five levels.
 constexpr std::size_t kMaxConfigBytes = 2 << 20;
 constexpr int kMaxDepth = 32;
-constexpr std::size_t kMaxValues = 200000;  // counted with aliases expanded (copies expand them)
+constexpr std::size_t kMaxValues = 20000;  // counted with aliases expanded (copies expand them)
 
 std::string location(const std::string& source, const YAML::Node& n) {
   const YAML::Mark m = n.Mark();
@@ -69,7 +69,9 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
     const std::string name = kv.first.as<std::string>();
     const std::string key = sec + "." + name;
     if (name.starts_with("_") || (bridge_dump && !find_field(key))) {
-      c.extra_fields.node[sec][name] = kv.second;
+      // force_insert: no search of the fields kept so far, so a long section stays linear.
+      if (!c.extra_fields.node[sec].IsMap()) c.extra_fields.node[sec] = YAML::Node(YAML::NodeType::Map);
+      c.extra_fields.node[sec].force_insert(name, kv.second);
       continue;
     }
     const FieldInfo* f = find_field(key);
@@ -101,9 +103,9 @@ namespace {
 
 Config load_config_yaml(const std::string& text, const std::string& source_name) {
   if (text.size() > kMaxConfigBytes)
-    throw ConfigError(fmt::format("{}: {} bytes is more than a config may have ({} MiB); a "
+    throw ConfigError(fmt::format("{}: more than the {} MiB a config may have; a "
                                   "Megatron-Bridge dump is a few tens of kilobytes",
-                                  source_name, text.size(), kMaxConfigBytes >> 20));
+                                  source_name, kMaxConfigBytes >> 20));
   Config c;
   c.source = source_name;
   YAML::Node root;

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "epx/check.hpp"
+#include "epx/output_file.hpp"
 
 namespace epx {
 namespace {
@@ -134,6 +135,13 @@ TEST(CheckDefaults, VersionWithHugeComponentsIsBadInput) {
   EXPECT_THROW(run_check(c), ConfigError);
   apply_override(c, "target.torch_version='" + std::string(5000, '1') + "'");
   EXPECT_THROW(run_check(c), ConfigError);
+}
+
+TEST(CheckDefaults, JsonReportIsValidWhateverBytesTheInputHas) {
+  const Config c = load_config_text("model:\n  _target_: x\n  \xff\xfename: 1\n", "bytes.yaml");
+  const std::string text = json_text(report_json(run_check(c)), 2);
+  EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+  EXPECT_NE(text.find("\xef\xbf\xbd"), std::string::npos);  // U+FFFD in place of the bad bytes
 }
 
 }  // namespace

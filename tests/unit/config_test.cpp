@@ -286,3 +286,37 @@ TEST(HarnessFlags, FlexBackendNoneSelectsAlltoall) {
 
 }  // namespace
 }  // namespace epx
+
+namespace epx {
+namespace {
+
+// A hostile or broken file is refused quickly with a message naming it, never parsed for long.
+TEST(ConfigYaml, BoundsTheWorkABadFileCanCause) {
+  const std::string deep = "model: " + std::string(100, '[') + std::string(100, ']') + "\n";
+  EXPECT_NE(error_of([&] { load_config_text(deep, "deep.yaml"); }).find("deep.yaml:1:"),
+            std::string::npos);
+  std::string laughs = "dataset:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    laughs += "  a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) laughs += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    laughs += "]\n";
+  }
+  EXPECT_NE(error_of([&] { load_config_text(laughs, "laughs.yaml"); })
+                .find("aliases counted as the copies they make"),
+            std::string::npos);
+  const std::string big = "dataset:\n  blob: '" + std::string(3 << 20, 'x') + "'\n";
+  EXPECT_EQ(error_of([&] { load_config_text(big, "big.yaml"); })
+                .rfind("big.yaml: more than the 2 MiB a config may have", 0),
+            0u);
+  Config c;
+  EXPECT_NE(error_of([&] { apply_override(c, "model.num_layers=" + std::string(100000, '1')); })
+                .find("at most 64 KiB"),
+            std::string::npos);
+  // A key far longer than any field gets no suggestions (edit distances would cost seconds).
+  EXPECT_NE(error_of([&] { apply_override(c, std::string(20000, 'k') + "=1"); })
+                .find("unknown key"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace epx

@@ -1,0 +1,285 @@
+// A seeded fuzzer for epx's config front end: mutated recipes and Megatron-Bridge dumps, odd
+// overrides and flags, fed to `epx check` (text and --json) and `epx config show` as separate
+// processes. Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
+// epx", nor a signal); --json must print valid JSON; an exit 2 must name the file, a key, a
+// flag or a line. Usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kTimeLimitS = 10;
+
+struct Outcome {
+  int code = -1;       // exit code; -1: killed by a signal or the time limit
+  bool timed_out = false;
+  std::string out, err;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Outcome run(const std::vector<std::string>& argv, const fs::path& dir) {
+  const fs::path out = dir / "stdout", err = dir / "stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  Outcome r;
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(kTimeLimitS)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      r.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!r.timed_out && WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+class Mutator {
+ public:
+  explicit Mutator(unsigned seed) : rng_(seed) {}
+
+  std::size_t below(std::size_t n) { return n == 0 ? 0 : std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_); }
+  template <class T>
+  const T& pick(const std::vector<T>& v) { return v[below(v.size())]; }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+
+  std::string odd_value() {
+    static const std::vector<std::string> values = {
+        "99999999999999999999", "-1", "0", "null", "None", "[]", "{}", "[[[[", "&a x", "*a",
+        "\xff\xfe\xc3", "1e999", "nan", "true", "'h900'", "~", "[1, [2, [3]]]", "{a: {b: c}}",
+        "\"\\u0000\"", "!!binary AAAA", "2.5.1", "h100", "flex", "2", "18446744073709551617",
+        std::string(3000, 'a'), "| \n  x", "*undefined_alias"};
+    return pick(values);
+  }
+
+  std::string mutate(std::string text) {
+    const int edits = 1 + static_cast<int>(below(3));
+    for (int i = 0; i < edits && !text.empty(); ++i) {
+      switch (below(9)) {
+        case 0: text[below(text.size())] = static_cast<char>(below(256)); break;
+        case 1: text.insert(below(text.size()), random_bytes(1 + below(8))); break;
+        case 2: text = delete_line(text); break;
+        case 3: text = duplicate_line(text); break;
+        case 4: text = replace_value(text); break;
+        case 5: text = rename_key(text); break;
+        case 6: text += "\ndataset:\n  a: &a [x, x, x, x, x, x, x, x]\n  b: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                        "  c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n  d: [*c, *c, *c, *c, *c, *c, *c, *c]\n";
+          break;
+        case 7: text.resize(below(text.size())); break;
+        case 8: text += "\nmodel:\n  x: " + std::string(40 + below(80), '[') + "\n"; break;
+      }
+    }
+    return text;
+  }
+
+ private:
+  std::string random_bytes(std::size_t n) {
+    std::string s;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<char>(below(256));
+    return s;
+  }
+  std::vector<std::string> lines(const std::string& text) {
+    std::vector<std::string> v;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+  }
+  std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& l : v) s += l + "\n";
+    return s;
+  }
+  std::string delete_line(const std::string& text) {
+    auto v = lines(text);
+    if (!v.empty()) v.erase(v.begin() + static_cast<long>(below(v.size())));
+    return join(v);
+  }
+  std::string duplicate_line(const std::string& text) {
+    auto v = lines(text);
+    if (!v.empty()) {
+      const auto at = below(v.size());
+      v.insert(v.begin() + static_cast<long>(at), v[at]);
+    }
+    return join(v);
+  }
+  std::string replace_value(const std::string& text) {
+    auto v = lines(text);
+    for (int tries = 0; tries < 20 && !v.empty(); ++tries) {
+      auto& l = v[below(v.size())];
+      const auto colon = l.find(": ");
+      if (colon == std::string::npos) continue;
+      l = l.substr(0, colon + 2) + odd_value();
+      break;
+    }
+    return join(v);
+  }
+  std::string rename_key(const std::string& text) {
+    static const std::vector<std::string> keys = {
+        "num_moe_experts", "expert_model_parallel_size", "gpu", "num_gpus", "torch_version",
+        "moe_router_topk", "moe_token_dispatcher_type", "global_batch_size", "micro_batch_size",
+        "num_moe_expert", "tensor_model_paralel_size", "_target_", "data_parallel_size"};
+    auto v = lines(text);
+    for (int tries = 0; tries < 20 && !v.empty(); ++tries) {
+      auto& l = v[below(v.size())];
+      const auto colon = l.find(':');
+      const auto indent = l.find_first_not_of(' ');
+      if (colon == std::string::npos || indent == std::string::npos || indent >= colon) continue;
+      l = l.substr(0, indent) + pick(keys) + l.substr(colon);
+      break;
+    }
+    return join(v);
+  }
+
+  std::mt19937 rng_;
+};
+
+// An exit 2 names where the problem is: the file, a dotted key, a flag or a line.
+bool names_a_place(const std::string& err, const std::string& file) {
+  if (err.find(file) != std::string::npos) return true;
+  for (const char* s : {"model.", "target.", "train.", "comm_overlap", "ddp.", "optimizer.",
+                        "scheduler.", "rng.", "env_vars", "--", "-ng", "-g", "line", "override"})
+    if (err.find(s) != std::string::npos) return true;
+  return false;
+}
+
+void append_env(const char* name, const char* extra) {
+  const char* old = std::getenv(name);
+  setenv(name, (std::string(old ? old : "") + (old && *old ? ":" : "") + extra).c_str(), 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]\n";
+    return 2;
+  }
+  const std::string epx = argv[1];
+  std::vector<std::string> corpus;
+  int cases = 300;
+  unsigned seed = 20261123;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--cases" && i + 1 < argc) {
+      cases = std::atoi(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = static_cast<unsigned>(std::strtoul(argv[++i], nullptr, 10));
+    } else {
+      for (const auto& e : fs::directory_iterator(a))
+        if (e.path().extension() == ".yaml") corpus.push_back(read_file(e.path()));
+    }
+  }
+  if (corpus.empty()) {
+    std::cerr << "no .yaml files in the data directories\n";
+    return 2;
+  }
+  // Sanitizer reports must not pass for a clean exit 1.
+  append_env("ASAN_OPTIONS", "exitcode=86");
+  append_env("UBSAN_OPTIONS", "exitcode=87");
+  const fs::path dir = fs::temp_directory_path() / ("epx_fuzz_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "case.yaml").string();
+
+  Mutator m(seed);
+  const std::vector<std::vector<std::string>> flag_sets = {
+      {"--torch-version", "99999999999999999999.0"}, {"--te-version", "2.6.0rc1+git12"},
+      {"--torch-version", "not-a-version"}, {"-ng", "16"}, {"-ng", "0"}, {"-ng", "-4"},
+      {"-ng", "99999999999999999999"}, {"-g", "h100"}, {"-g", "h900"}, {"-g", "gb200"},
+      {"-ep", "3"}, {"--moe_flex_dispatcher_backend", "hybridep"}, {"--moe_a2a_overlap", "maybe"},
+      {"--moe_a2a_overlap", "true"}, {"-gb", "7"}, {"--te-version", std::string(300, '9')},
+      {"-ep", "0"}, {"-tp", "0"}, {"-pp", "0"}, {"-cp", "-2"}, {"-mb", "0"}, {"-gb", "-8"},
+      {"-et", "0"}, {"-vp", "0"}, {"-gn", "0"}, {"-sl", "-1"}, {"-rl", "0"}};
+  const std::vector<std::string> overrides = {
+      "model.num_moe_experts=[1,2]", "target.gpu=h900", "x.y=1", "~model", "+env_vars.A=\xff",
+      "model.moe_router_topk=99999999999999999999", "model.moe_router_topk=0",
+      std::string(500, 'k') + "=1", "model.num_moe_expert=8", "comm_overlap=3", "=",
+      "model.cuda_graph_scope=[attn,moe]", "target.num_gpus=null", "model.seq_length=[[[[",
+      "~comm_overlap", "train.micro_batch_size=0", "model.num_layers=-3", "model.num_moe_experts=0",
+      "model.expert_model_parallel_size=-1", "model.num_attention_heads=0", "target.gpus_per_node=0",
+      "model.moe_layer_freq=0", "model.moe_layer_freq=[0,1]", "model.moe_router_num_groups=0",
+      "model.virtual_pipeline_model_parallel_size=0", "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=0"};
+
+  int passed = 0, failed = 0;
+  for (int i = 0; i < cases; ++i) {
+    {
+      std::ofstream out(file, std::ios::binary | std::ios::trunc);
+      out << m.mutate(m.pick(corpus));
+    }
+    std::vector<std::string> args = {epx};
+    const bool show = m.chance(0.2);
+    if (show) {
+      args.insert(args.end(), {"config", "show", file});
+    } else {
+      args.insert(args.end(), {"check", file});
+    }
+    for (std::size_t k = m.below(3); k > 0; --k) args.push_back(m.pick(overrides));
+    for (std::size_t k = m.below(3); k > 0; --k) {
+      const auto& f = m.pick(flag_sets);
+      args.insert(args.end(), f.begin(), f.end());
+    }
+    const bool json = !show && m.chance(0.5);
+    if (json) args.push_back("--json");
+
+    const Outcome r = run(args, dir);
+    std::string problem;
+    if (r.timed_out) {
+      problem = "did not finish within the time limit";
+    } else if (r.code < 0 || r.code > 2) {
+      problem = "exit " + std::to_string(r.code) + " (want 0, 1 or 2)";
+    } else if (json && r.code <= 1 && !nlohmann::json::accept(r.out)) {
+      problem = "--json printed invalid JSON";
+    } else if (r.code == 2 && !names_a_place(r.err, file)) {
+      problem = "exit 2 without naming a file, key, flag or line";
+    }
+    if (problem.empty()) {
+      ++passed;
+      continue;
+    }
+    ++failed;
+    const fs::path kept = dir / ("failure_" + std::to_string(i) + ".yaml");
+    fs::copy_file(file, kept, fs::copy_options::overwrite_existing);
+    std::cout << "case " << i << ": " << problem << "\n  command:";
+    for (std::size_t a = 1; a < args.size(); ++a) std::cout << " '" << (args[a] == file ? kept.string() : args[a].substr(0, 80)) << "'";
+    std::cout << "\n  stderr: " << r.err.substr(0, 400) << "\n";
+  }
+  if (failed == 0) fs::remove_all(dir);
+  std::cout << "seed " << seed << ", " << cases << " cases\n" << passed << " passed, " << failed << " failed\n";
+  return failed == 0 ? 0 : 1;
+}
