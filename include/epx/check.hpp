@@ -24,6 +24,8 @@ struct GpuInfo {
   int major = 0;            // compute capability major (0: no CUDA device; -1: not named)
   int gpus_per_node = 8;
   int nvlink_domain = 8;    // GPUs in one NVLink domain
+  bool cuda() const { return major != 0; }   // a GPU target, named or not
+  bool named() const { return major >= 0; }  // cpu or a GPU from the catalog
 };
 
 const std::vector<GpuInfo>& gpu_catalog();
@@ -50,8 +52,8 @@ struct CheckContext {
   const Config& user;  // as loaded, with overrides and flags, before finalize
   const Config& cfg;   // resolved (finalized, flex backend applied)
   const GpuInfo& gpu;
-  bool cuda() const { return gpu.major != 0; }      // a GPU target, named or not
-  bool gpu_named() const { return gpu.major >= 0; }  // cpu or a GPU from the catalog
+  bool cuda() const { return gpu.cuda(); }
+  bool gpu_named() const { return gpu.named(); }
   const OptInt& world() const { return cfg.target.num_gpus; }
 };
 

@@ -38,11 +38,11 @@ std::string target_text(const Config& cfg) {
   const auto& t = cfg.target;
   const GpuInfo& gpu = target_gpu(cfg);
   const std::string world = t.num_gpus ? std::to_string(*t.num_gpus) : "?";
-  std::string text = fmt::format("{} x {}", world, gpu.major < 0 ? "GPU" : gpu.name);
+  std::string text = fmt::format("{} x {}", world, gpu.named() ? gpu.name : "GPU");
   std::vector<std::string> assumed;
   if (!t.num_gpus) assumed.push_back("world size: not given");
-  if (gpu.major < 0) assumed.push_back("GPU: not given");
-  if (!t.gpu && gpu.major == 0) assumed.push_back("GPU: not given, cpu assumed");
+  if (!gpu.named()) assumed.push_back("GPU: not given");
+  if (!t.gpu && !gpu.cuda()) assumed.push_back("GPU: not given, cpu assumed");
   if (!assumed.empty()) text += fmt::format(" ({})", fmt::join(assumed, "; "));
   return text;
 }
@@ -76,7 +76,7 @@ Config resolve_config(const Config& loaded, const OptString& flex_backend_flag,
   if (flex_backend_flag && *flex_backend_flag != "None")
     apply_flex_dispatcher_backend(cfg, *flex_backend_flag, gpu, out);
   FinalizeOptions options;
-  options.have_te = gpu.major != 0 && cfg.target.te_version.value_or("") != "none";
+  options.have_te = gpu.cuda() && cfg.target.te_version.value_or("") != "none";
   for (auto& f : finalize(cfg, options)) out.push_back(std::move(f));
   validate_flex_dispatcher_backend(cfg, out);
   apply_hybridep_topology_env(cfg, gpu);
@@ -152,7 +152,7 @@ nlohmann::json report_json(const CheckReport& r) {
   const auto or_null = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
   return {{"config", r.user.source},
           {"target",
-           {{"gpu", gpu.major < 0 ? nlohmann::json() : nlohmann::json(gpu.name)},
+           {{"gpu", gpu.named() ? nlohmann::json(gpu.name) : nlohmann::json()},
             {"gpu_given", t.gpu.has_value()},
             {"num_gpus", or_null(t.num_gpus)},
             {"nodes", or_null(num_nodes(r.resolved))}}},

@@ -26,10 +26,14 @@ const std::vector<GpuInfo>& gpu_catalog() {
   return gpus;
 }
 
+namespace {
+
 const GpuInfo& unnamed_gpu() {
   static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 8, 8};
   return gpu;
 }
+
+}  // namespace
 
 const GpuInfo* find_gpu(std::string_view name) {
   std::string lower(name);

@@ -39,7 +39,7 @@ void apply_flex_dispatcher_backend(Config& cfg, const std::string& backend, cons
   }
   // No CUDA device (epx's own runtime), or a GPU not named: select the backend without a GPU
   // check (for an unnamed GPU the flex.*_gpu rules are reported unchecked).
-  bool supported = gpu.major <= 0;
+  bool supported = !gpu.cuda() || !gpu.named();
   if (!supported) supported = backend == "deepep" ? deepep_supported(gpu) : hybridep_supported(gpu);
   if (!supported) {
     const std::string message =
@@ -78,9 +78,9 @@ HybridEpTopology hybridep_topology(const Config& cfg, const GpuInfo& gpu) {
   const Int ep = cfg.model.expert_model_parallel_size;
   if (ep <= 0) {
     t.error = "HybridEP expert parallel size must be positive.";
-  } else if (gpu.major < 0) {
+  } else if (!gpu.named()) {
     t.error = "the NVLink domain depends on the GPU, which is not given (pass -g GPU)";
-  } else if (gpu.major == 0) {
+  } else if (!gpu.cuda()) {
     // epx's runtime: the ranks that share a node form one shared-memory domain (all the EP
     // ranks when the world size is not given).
     const Int per_node = gpus_per_node(cfg).value_or(ep);
