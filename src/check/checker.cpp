@@ -23,6 +23,34 @@ void check_versions(const Config& cfg) {
   }
 }
 
+// Sizes far beyond any machine are unusable input, refused before the rules multiply them: a
+// product of three parallel sizes then stays well inside 64 bits.
+void check_size_ranges(const Config& cfg) {
+  constexpr Int kMaxParallel = Int{1} << 20, kMaxCount = Int{1} << 24;
+  const std::pair<const char*, Int> bounds[] = {
+      {"model.tensor_model_parallel_size", kMaxParallel},
+      {"model.pipeline_model_parallel_size", kMaxParallel},
+      {"model.virtual_pipeline_model_parallel_size", kMaxParallel},
+      {"model.context_parallel_size", kMaxParallel},
+      {"model.expert_model_parallel_size", kMaxParallel},
+      {"model.expert_tensor_parallel_size", kMaxParallel},
+      {"model.num_layers", kMaxParallel},
+      {"model.num_moe_experts", kMaxParallel},
+      {"model.moe_router_topk", kMaxParallel},
+      {"target.num_gpus", kMaxCount},
+      {"target.gpus_per_node", kMaxCount},
+      {"train.global_batch_size", kMaxCount},
+      {"train.micro_batch_size", kMaxCount}};
+  for (const auto& [key, bound] : bounds) {
+    const std::string text = field_text(cfg, key);
+    if (text == "null") continue;
+    const Int v = std::stoll(text);  // the schema stored an integer: it reads back
+    if (v > bound || v < -bound)
+      throw ConfigError(fmt::format("{}={} is out of range: at most {} (no machine has more)",
+                                    cfg.cite(key), v, bound));
+  }
+}
+
 std::string value_text(const Config& cfg, const std::string& key) {
   if (key.starts_with("env_vars.")) {
     auto it = cfg.env_vars.find(key.substr(9));
@@ -70,6 +98,7 @@ Config resolve_config(const Config& loaded, const OptString& flex_backend_flag,
   Config cfg = loaded;
   const GpuInfo& gpu = target_gpu(cfg);
   check_versions(cfg);
+  check_size_ranges(cfg);
   // Bridge's order: the harness applies the backend, runtime_config_update finalizes, then
   // ConfigContainer.validate() runs the flex backend validation; the harness sets HybridEP's
   // topology environment.

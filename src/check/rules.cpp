@@ -83,7 +83,8 @@ std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4) {
   const Int emp = effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size;
   std::vector<Int> sizes;
   if (mp <= 0 || emp <= 0) return sizes;
-  const Int step = std::lcm(mp, emp);
+  Int step = 0;  // lcm(mp, emp), which may not fit in 64 bits
+  if (__builtin_mul_overflow(mp / std::gcd(mp, emp), emp, &step)) return sizes;
   const auto& t = cfg.train;
   const bool batch_set = t.global_batch_size && t.micro_batch_size && *t.micro_batch_size > 0;
   for (Int world = step; world <= (Int{1} << 20) && sizes.size() < count; world += step) {
