@@ -2,7 +2,7 @@
 // A checker meant to run before every launch should cost milliseconds, not seconds.
 #include <benchmark/benchmark.h>
 
-#include "epx/check.hpp"
+#include "epx/check/check.hpp"
 
 namespace {
 

@@ -23,12 +23,13 @@
 
 #include <fmt/format.h>
 
-#include "epx/comm_stream.hpp"
-#include "epx/dispatcher.hpp"
-#include "epx/mpi.hpp"
-#include "epx/omp_env.hpp"
-#include "epx/process_groups.hpp"
-#include "epx/random.hpp"
+#include "epx/comm/comm_stream.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/moe/router.hpp"
+#include "epx/comm/mpi.hpp"
+#include "epx/base/omp_env.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace {
 
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
           epx::DispatchState s;
           MPI_Barrier(MPI_COMM_WORLD);
           const auto t0 = clk::now();
-          dispatcher->dispatch_preprocess(s, x, routing);
+          dispatcher->dispatch_preprocess(s, x, {routing.routing_map, routing.probs});
           const double pre = since(t0);
           auto t1 = clk::now();
           dispatcher->token_dispatch(s);

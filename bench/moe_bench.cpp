@@ -4,10 +4,10 @@
 
 #include <vector>
 
-#include "epx/kernels.hpp"
-#include "epx/moe_layer.hpp"
-#include "epx/omp_env.hpp"
-#include "epx/random.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/moe/moe_layer.hpp"
+#include "epx/base/omp_env.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace epx {
 namespace {

@@ -3,9 +3,9 @@
 
 #include <fmt/format.h>
 
-#include "check/flex_backend.hpp"
-#include "config/schema.hpp"
-#include "epx/check.hpp"
+#include "flex_backend.hpp"
+#include "epx/config/schema.hpp"
+#include "epx/check/check.hpp"
 
 namespace epx {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "epx/check.hpp"
+#include "epx/check/check.hpp"
 
 namespace epx {
 

@@ -1,4 +1,4 @@
-#include "check/flex_backend.hpp"
+#include "flex_backend.hpp"
 
 #include <algorithm>
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "epx/check.hpp"
+#include "epx/check/check.hpp"
 
 namespace epx {
 

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "check/flex_backend.hpp"
-#include "epx/check.hpp"
+#include "flex_backend.hpp"
+#include "epx/check/check.hpp"
 
 namespace epx {
 namespace {

@@ -1,4 +1,6 @@
-#include "cli/bench_command.hpp"
+#include "bench_command.hpp"
+
+#include "cluster_env.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -9,11 +11,13 @@
 
 #include <fmt/format.h>
 
-#include "epx/comm_stream.hpp"
-#include "epx/dispatcher.hpp"
-#include "epx/error.hpp"
-#include "epx/process_groups.hpp"
-#include "epx/random.hpp"
+#include "epx/comm/collectives.hpp"
+#include "epx/comm/comm_stream.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/moe/router.hpp"
+#include "epx/base/error.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace epx::cli {
 namespace {
@@ -21,11 +25,9 @@ namespace {
 // The link rate of the emulated cluster this job runs on (scripts/cluster.sh), in bytes/s; 0 if
 // none.
 double cluster_link_bytes_per_s() {
-  const char* dir = std::getenv("EPX_CLUSTER_DIR");
-  std::ifstream in(std::string(dir && *dir ? dir : "/run/epx-cluster") + "/cluster.env");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("link_gbit=", 0) == 0) return std::stod(line.substr(10)) * 1e9 / 8;
-  return 0;
+  const auto kv = read_cluster_env();
+  const auto it = kv.find("link_gbit");
+  return it == kv.end() ? 0 : std::stod(it->second) * 1e9 / 8;
 }
 
 // Bytes this node's interface has sent (inside an emulated node: its veth), or -1.
@@ -34,12 +36,6 @@ std::int64_t node_tx_bytes() {
   std::int64_t n = -1;
   in >> n;
   return n;
-}
-
-std::vector<std::int64_t> gather_all(Communicator& world, std::int64_t v) {
-  std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
-  world.allgatherv(&v, all.data(), std::vector<std::int64_t>(all.size(), 1), DType::I64);
-  return all;
 }
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -118,7 +114,8 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
         if (name == "alltoall") d = make_alltoall_dispatcher(args.experts, groups, stream);
         else if (name == "deepep" || name == "hybridep")
           d = make_flex_dispatcher(args.experts, groups, stream,
-                                   {.backend = name, .num_sms = args.num_sms, .tokens_per_chunk = args.chunk});
+                                   {.backend = name == "deepep" ? FlexBackend::deepep : FlexBackend::hybridep,
+                                    .num_sms = args.num_sms, .tokens_per_chunk = args.chunk});
         else throw ConfigError(fmt::format("--dispatchers: unknown '{}' (alltoall, deepep, hybridep)", name));
         std::vector<double> times;
         TrafficBytes before{};
@@ -131,21 +128,21 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
           world.barrier();
           const auto t0 = std::chrono::steady_clock::now();
           DispatchState s;
-          d->dispatch_preprocess(s, x, routing);
+          d->dispatch_preprocess(s, x, {routing.routing_map, routing.probs});
           d->token_dispatch(s);
           d->dispatch_postprocess(s);
           d->combine_preprocess(s, std::move(s.hidden));  // identity experts
           d->token_combine(s);
           const Tensor y = d->combine_postprocess(s);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          const auto all = gather_all(world, static_cast<std::int64_t>(ms * 1000));
+          const auto all = allgather_one(world, static_cast<std::int64_t>(ms * 1000));
           if (it > 0) times.push_back(static_cast<double>(*std::max_element(all.begin(), all.end())) / 1000);
         }
         std::sort(times.begin(), times.end());
         const double ms = times[times.size() / 2];
         const TrafficBytes after = d->traffic();
         const auto sum = [&](std::int64_t v) {
-          const auto all = gather_all(world, v);
+          const auto all = allgather_one(world, v);
           return static_cast<double>(std::accumulate(all.begin(), all.end(), std::int64_t{0})) / args.iters / 1e6;
         };
         const double intra = sum(after.intra - before.intra), inter = sum(after.inter - before.inter),

@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "epx/mpi.hpp"
+#include "epx/comm/mpi.hpp"
 
 namespace epx::cli {
 

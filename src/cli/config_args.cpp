@@ -1,4 +1,4 @@
-#include "cli/config_args.hpp"
+#include "config_args.hpp"
 
 #include <algorithm>
 

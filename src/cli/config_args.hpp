@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "epx/config.hpp"
+#include "epx/config/config.hpp"
 
 namespace epx::cli {
 

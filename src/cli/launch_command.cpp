@@ -1,4 +1,4 @@
-#include "cli/launch_command.hpp"
+#include "launch_command.hpp"
 
 #include <unistd.h>
 
@@ -11,30 +11,23 @@
 
 #include <fmt/format.h>
 
-#include "epx/config.hpp"
-#include "epx/error.hpp"
+#include "epx/config/config.hpp"
+#include "cluster_env.hpp"
+#include "epx/base/error.hpp"
 
 extern char** environ;
 
 namespace epx::cli {
 namespace {
 
-std::string cluster_dir() {
-  const char* d = std::getenv("EPX_CLUSTER_DIR");
-  return d && *d ? d : "/run/epx-cluster";
-}
-
-// scripts/cluster.sh's cluster.env: key=value lines.
-std::map<std::string, std::string> read_cluster_env() {
-  const std::string path = cluster_dir() + "/cluster.env";
-  std::ifstream in(path);
-  if (!in)
+// The cluster's state, with the lines the launch needs.
+std::map<std::string, std::string> cluster_state() {
+  const std::string path = cluster_env_path();
+  std::map<std::string, std::string> kv = read_cluster_env();
+  if (kv.empty())
     throw ConfigError(fmt::format("--cluster: no emulated cluster is up ({} not found); bring one up "
                                   "with: scripts/cluster.sh up --nodes 2 --ranks-per-node 2 --link-gbit 1",
                                   path));
-  std::map<std::string, std::string> kv;
-  for (std::string line; std::getline(in, line);)
-    if (auto eq = line.find('='); eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 1);
   for (const char* key : {"nodes", "ranks_per_node", "subnet", "agent"})
     if (!kv.count(key)) throw ConfigError(fmt::format("{}: no '{}' line; run scripts/cluster.sh up again", path, key));
   return kv;
@@ -67,7 +60,7 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   argv.push_back("--oversubscribe");
   if (args.cluster) {
-    const auto kv = read_cluster_env();
+    const auto kv = cluster_state();
     const int have_nodes = std::stoi(kv.at("nodes")), have_rpn = std::stoi(kv.at("ranks_per_node"));
     const int nodes = args.nodes.value_or(have_nodes), rpn = args.ranks_per_node.value_or(have_rpn);
     if (nodes > have_nodes)

@@ -1,4 +1,4 @@
-#include "cli/layer_command.hpp"
+#include "layer_command.hpp"
 
 #include <chrono>
 #include <iostream>
@@ -6,14 +6,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "epx/check.hpp"
-#include "epx/output_file.hpp"
-#include "epx/comm_stream.hpp"
-#include "epx/kernels.hpp"
-#include "epx/moe_layer.hpp"
-#include "epx/process_groups.hpp"
-#include "epx/random.hpp"
-#include "epx/safetensors.hpp"
+#include "epx/check/check.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/comm/collectives.hpp"
+#include "epx/comm/comm_stream.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/moe/moe_layer.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "epx/tensor/random.hpp"
+#include "epx/tensor/safetensors.hpp"
+#include "epx/train/job_spec.hpp"
 
 namespace epx::cli {
 namespace {
@@ -30,46 +32,10 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // The ranks of a distributed run: process groups from the config's sizes, and a comm stream.
 struct Distributed {
-  Distributed(MpiSession& mpi, const Config& cfg)
-      : groups(mpi.world(), layout(mpi.size(), cfg)) {}
-  static ParallelLayout layout(int world, const Config& cfg) {
-    const ModelConfig& m = cfg.model;
-    if (m.pipeline_model_parallel_size != 1)
-      throw ConfigError(fmt::format("model.pipeline_model_parallel_size = {}: `epx layer` runs one "
-                                    "layer, so set it to 1",
-                                    m.pipeline_model_parallel_size));
-    if (m.tensor_model_parallel_size * m.context_parallel_size != 1)
-      throw ConfigError(fmt::format(
-          "model.tensor_model_parallel_size = {}, context_parallel_size = {}: `epx layer` runs the "
-          "MoE layer alone, with the tokens split over data-parallel ranks, and computes the aux "
-          "loss per rank; Megatron reduces its token counts over TP x CP, which it does not yet. "
-          "Set both to 1 (expert_tensor_parallel_size still splits the experts)",
-          m.tensor_model_parallel_size, m.context_parallel_size));
-    return ParallelLayout::make(world, static_cast<int>(m.tensor_model_parallel_size),
-                                static_cast<int>(m.context_parallel_size), 1,
-                                static_cast<int>(m.expert_model_parallel_size),
-                                static_cast<int>(m.expert_tensor_parallel_size.value_or(1)));
-  }
+  Distributed(MpiSession& mpi, const Config& cfg) : groups(mpi.world(), parallel_layout_from_config(cfg, mpi.size())) {}
   ProcessGroups groups;
   CommStream stream;
 };
-
-// The ranks' sequence slices, concatenated on every rank (F32).
-Tensor gather_sequence(Communicator& world, const Tensor& local) {
-  const Tensor f32 = local.to(DType::F32);
-  Shape s = f32.shape();
-  s[0] *= world.size();
-  Tensor out(s, DType::F32);
-  const std::vector<std::int64_t> counts(static_cast<std::size_t>(world.size()), f32.numel());
-  world.allgatherv(f32.raw(), out.raw(), counts, DType::F32);
-  return out;
-}
-
-double sum_over(Communicator& world, double v) {
-  float f = static_cast<float>(v);
-  world.allreduce(&f, 1, DType::F32);
-  return f;
-}
 
 }  // namespace
 
@@ -97,12 +63,12 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   const MoESpec spec = moe_spec_from_config(cfg);
   const int rank = mpi ? mpi->rank() : 0, world = mpi ? mpi->size() : 1;
   if (spec.seq_length % world != 0)
-    throw ConfigError(fmt::format("model.seq_length = {} is not divisible by the {} ranks: each rank "
+    throw ConfigError(fmt::format("model.seq_length={} is not divisible by the {} ranks: each rank "
                                   "takes an equal slice of the sequence; launch a divisor of {} ranks",
                                   spec.seq_length, world, spec.seq_length));
   std::optional<Distributed> dist;
   if (mpi) dist.emplace(*mpi, cfg);
-  MoELayer layer(spec, dist ? make_dispatcher(cfg, spec.num_experts, dist->groups, dist->stream)
+  MoELayer layer(spec, dist ? make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, dist->groups, dist->stream)
                             : make_local_dispatcher(spec.num_experts));
   layer.rank = static_cast<std::uint64_t>(rank);
   const Shape x_shape{spec.seq_length, spec.micro_batch, spec.hidden};
@@ -161,24 +127,15 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   std::int64_t dropped = routing.dropped;
   if (dist) {
     Communicator& all = dist->groups.world();
-    result.emplace("output", gather_sequence(all, y));
-    result.emplace("routing.probs", gather_sequence(all, routing.probs));
+    result.emplace("output", allgather_rows(all, y));
+    result.emplace("routing.probs", allgather_rows(all, routing.probs));
     all.allreduce(counts.raw(), counts.numel(), DType::I64);
     all.allreduce(&dropped, 1, DType::I64);
-    aux = sum_over(all, aux);
-    z = sum_over(all, z);
+    aux = sum_over(all, static_cast<float>(aux));
+    z = sum_over(all, static_cast<float>(z));
     if (dy.defined()) {
-      result.emplace("grad.input", gather_sequence(all, dx));
-      const TensorMap mine = layer.grad_tensors();
-      const bool expert_owner = dist->groups.get(GroupKind::edp).rank() == 0;
-      for (const auto& [name, shape] : MoELayer::file_shapes(spec)) {
-        const bool expert = name.starts_with("mlp.experts.");
-        const auto it = mine.find("grad." + name);
-        Tensor g = it != mine.end() && (expert ? expert_owner : rank == 0) ? it->second.clone()
-                                                                          : Tensor(shape, DType::F32);
-        all.allreduce(g.raw(), g.numel(), DType::F32);
-        result.emplace("grad." + name, g);
-      }
+      result.emplace("grad.input", allgather_rows(all, dx));
+      result.merge(layer.gather_grad_tensors(dist->groups));
     }
   } else {
     result.emplace("output", y.to(DType::F32));

@@ -8,8 +8,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cli/config_args.hpp"
-#include "epx/mpi.hpp"
+#include "config_args.hpp"
+#include "epx/comm/mpi.hpp"
 
 namespace epx::cli {
 

@@ -4,16 +4,16 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "cli/config_args.hpp"
-#include "cli/bench_command.hpp"
-#include "cli/launch_command.hpp"
-#include "cli/layer_command.hpp"
-#include "cli/run_command.hpp"
-#include "epx/check.hpp"
-#include "epx/error.hpp"
-#include "epx/mpi.hpp"
-#include "epx/omp_env.hpp"
-#include "epx/output_file.hpp"
+#include "config_args.hpp"
+#include "bench_command.hpp"
+#include "launch_command.hpp"
+#include "layer_command.hpp"
+#include "run_command.hpp"
+#include "epx/check/check.hpp"
+#include "epx/base/error.hpp"
+#include "epx/comm/mpi.hpp"
+#include "epx/base/omp_env.hpp"
+#include "epx/base/output_file.hpp"
 
 namespace epx::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "cli/run_command.hpp"
+#include "run_command.hpp"
 
 #include <unistd.h>
 
@@ -7,10 +7,10 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "epx/check.hpp"
-#include "epx/error.hpp"
-#include "epx/output_file.hpp"
-#include "epx/trainer.hpp"
+#include "epx/check/check.hpp"
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/train/trainer.hpp"
 
 namespace epx::cli {
 namespace {

@@ -1,6 +1,6 @@
-#include "epx/comm_stream.hpp"
+#include "epx/comm/comm_stream.hpp"
 
-#include "epx/trace.hpp"
+#include "epx/trace/trace.hpp"
 
 #include <sys/resource.h>
 #include <time.h>

@@ -17,9 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "comm/startup_watchdog.hpp"
-#include "epx/config.hpp"
-#include "epx/mpi.hpp"
+#include "startup_watchdog.hpp"
+#include "epx/comm/mpi.hpp"
 
 namespace epx {
 namespace {
@@ -30,17 +29,6 @@ namespace {
 constexpr int kMinSleepUs = 5;
 int g_spin_polls = 32;
 int g_max_sleep_us = 500;
-
-int env_int(const char* name, int fallback, int lowest) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < lowest || n > 1000000)
-    throw ConfigError(fmt::format("{} = '{}': expected a whole number from {} to 1000000 (default {})",
-                                  name, v, lowest, fallback));
-  return static_cast<int>(n);
-}
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -245,7 +233,7 @@ class MpiCommunicator final : public Communicator {
                         "--collective-timeout or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
                         "gone. Aborting the job.",
                         r->op, name_, timeout_s_),
-            kCommTimeoutExitCode);
+            kExitCommTimeout);
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
       sleep_us = std::min(g_max_sleep_us, sleep_us * 2);
     }
@@ -282,37 +270,19 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<int> node_of_each_rank(Communicator& c) {
-  const auto node = c.split_shared(c.name() + " node");
-  // The lowest rank of `c` on this node names it; node ranks are ordered by their rank in `c`.
-  std::int64_t me = c.rank(), first = 0;
-  const std::vector<std::int64_t> one_each(static_cast<std::size_t>(node->size()), 1);
-  std::vector<std::int64_t> node_ranks(one_each.size());
-  node->allgatherv(&me, node_ranks.data(), one_each, DType::I64);
-  first = node_ranks.front();
-  std::vector<std::int64_t> all(static_cast<std::size_t>(c.size()));
-  c.allgatherv(&first, all.data(), std::vector<std::int64_t>(all.size(), 1), DType::I64);
-  return {all.begin(), all.end()};
-}
-
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
 double collective_timeout_from_env(double fallback) {
-  const char* v = std::getenv("EPX_COLLECTIVE_TIMEOUT");
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (*end != '\0' || !(s > 0))
-    throw ConfigError(fmt::format(
-        "EPX_COLLECTIVE_TIMEOUT = '{}': expected a positive number of seconds (default {:g})", v, fallback));
-  return s;
+  EnvKnob knob = env::kCollectiveTimeout;
+  knob.fallback = fallback;
+  return read_env(knob);
 }
 
 MpiSession::MpiSession(double collective_timeout_s) {
-  g_spin_polls = env_int("EPX_COMM_SPIN_POLLS", g_spin_polls, 0);
-  g_max_sleep_us = env_int("EPX_COMM_MAX_SLEEP_US", g_max_sleep_us, kMinSleepUs);
+  g_spin_polls = static_cast<int>(read_env(env::kCommSpinPolls));
+  g_max_sleep_us = static_cast<int>(read_env(env::kCommMaxSleepUs));
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) throw std::logic_error("MpiSession: MPI is already initialised");

@@ -1,4 +1,4 @@
-#include "epx/parallel_layout.hpp"
+#include "epx/comm/parallel_layout.hpp"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "epx/config.hpp"
+#include "epx/base/error.hpp"
 
 namespace epx {
 namespace {

@@ -1,4 +1,4 @@
-#include "epx/process_groups.hpp"
+#include "epx/comm/process_groups.hpp"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "comm/startup_watchdog.hpp"
+#include "startup_watchdog.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "epx/mpi.hpp"
+#include "epx/comm/mpi.hpp"
 
 namespace epx {
 namespace {
@@ -96,7 +96,7 @@ void StartupWatchdog::watch(double timeout_s) {
                            rank_, size_, timeout_s, who, dir_.string())
             << std::flush;
   // The markers stay: the other live ranks read them too, and they show what happened.
-  std::_Exit(kCommTimeoutExitCode);  // MPI is not up: nothing to abort through
+  std::_Exit(kExitCommTimeout);  // MPI is not up: nothing to abort through
 }
 
 }  // namespace epx

@@ -2,7 +2,7 @@
 // Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
 #include <fmt/format.h>
 
-#include "epx/config.hpp"
+#include "epx/config/config.hpp"
 
 namespace epx {
 namespace {

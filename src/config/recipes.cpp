@@ -5,8 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "config/schema.hpp"
-#include "epx/config.hpp"
+#include "epx/config/schema.hpp"
+#include "epx/base/env.hpp"
+#include "epx/config/config.hpp"
 
 namespace epx {
 namespace {
@@ -15,7 +16,7 @@ namespace fs = std::filesystem;
 
 std::vector<fs::path> recipe_dirs() {
   std::vector<fs::path> dirs;
-  if (const char* env = std::getenv("EPX_RECIPES_DIR")) dirs.emplace_back(env);
+  if (const auto dir = env_path(env::kRecipesDir)) dirs.emplace_back(*dir);
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {

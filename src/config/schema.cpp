@@ -1,4 +1,4 @@
-#include "config/schema.hpp"
+#include "epx/config/schema.hpp"
 
 #include <algorithm>
 #include <cctype>

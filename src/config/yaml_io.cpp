@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "config/schema.hpp"
-#include "epx/config.hpp"
+#include "epx/config/schema.hpp"
+#include "epx/config/config.hpp"
 
 namespace epx {
 namespace {

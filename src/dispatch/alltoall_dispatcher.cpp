@@ -17,11 +17,13 @@
 
 #include <fmt/format.h>
 
-#include "epx/config.hpp"
-#include "epx/dispatcher.hpp"
-#include "epx/process_groups.hpp"
-#include "dispatch/counts_exchange.hpp"
-#include "dispatch/traffic_counter.hpp"
+#include "epx/base/error.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/trace/trace.hpp"
+#include "epx/comm/collectives.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "counts_exchange.hpp"
+#include "traffic_counter.hpp"
 
 namespace epx {
 namespace {
@@ -57,7 +59,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   // ------------------------------------------------------------------------ forward
 
-  void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) override {
+  void dispatch_preprocess(DispatchState& s, const Tensor& x, const TokenRoutes& r) override {
     s.num_tokens = x.dim(0);
     s.hidden_size = x.dim(1);
     s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);
@@ -116,7 +118,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       }
       s.hidden = std::move(x);
       s.probs = std::move(p);
-    }, "dispatch");
+    }, trace::kDispatch);
   }
 
   void dispatch_postprocess(DispatchState& s) override {
@@ -148,7 +150,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       auto out = Tensor::uninitialized({s.perm.rows(), h}, y.dtype());
       ep_.alltoallv(y.raw(), times(s.recv_rows, h), out.raw(), times(s.send_rows, h), y.dtype());
       s.hidden = std::move(out);
-    }, "combine");
+    }, trace::kCombine);
   }
 
   Tensor combine_postprocess(DispatchState& s) override {
@@ -179,7 +181,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
         g = std::move(all);
       }
       s.grad = std::move(g);
-    }, "combine backward");
+    }, trace::kCombineBackward);
   }
 
   void combine_preprocess_backward(DispatchState& s) override {
@@ -218,7 +220,7 @@ class AlltoallDispatcher final : public TokenDispatcher {
       ep_.wait(rp);
       s.grad = std::move(out);
       s.grad_probs = std::move(out_p);
-    }, "dispatch backward");
+    }, trace::kDispatchBackward);
   }
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {

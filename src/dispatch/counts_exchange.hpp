@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "epx/comm.hpp"
-#include "epx/trace.hpp"
+#include "epx/comm/comm.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
 

@@ -27,12 +27,13 @@
 
 #include <fmt/format.h>
 
-#include "epx/config.hpp"
-#include "epx/dispatcher.hpp"
-#include "epx/error.hpp"
-#include "epx/process_groups.hpp"
-#include "dispatch/counts_exchange.hpp"
-#include "dispatch/traffic_counter.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/trace/trace.hpp"
+#include "epx/base/error.hpp"
+#include "epx/comm/collectives.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "counts_exchange.hpp"
+#include "traffic_counter.hpp"
 
 namespace epx {
 namespace {
@@ -117,12 +118,6 @@ class FlexDispatcher final : public TokenDispatcher {
         counts_(groups.dispatch_counts()),
         node_of_(node_of_each_rank(group_)),
         traffic_(node_of_, group_.rank()) {
-    if (opt_.backend != "deepep" && opt_.backend != "hybridep")
-      throw EnvironmentError(fmt::format(
-          "model.moe_flex_dispatcher_backend = {}: this epx build has no {} backend (it has deepep "
-          "and hybridep); set model.moe_flex_dispatcher_backend=deepep or hybridep, or "
-          "model.moe_token_dispatcher_type=alltoall",
-          opt_.backend, opt_.backend));
     local_ = experts_per_ep_rank(num_experts, ep_.size());
     first_ = ep_.rank() * local_;
     n_ = group_.size();
@@ -136,7 +131,7 @@ class FlexDispatcher final : public TokenDispatcher {
     dom_ = group_.split(b_, g_, fmt::format("{} domain {}", group_.name(), b_));
   }
 
-  std::string name() const override { return "flex/" + opt_.backend; }
+  std::string name() const override { return std::string("flex/") + to_string(opt_.backend); }
   std::int64_t num_local_experts() const override { return local_; }
   std::int64_t first_local_expert() const override { return first_; }
   int expert_tp_rank() const override { return etp_.rank(); }
@@ -145,7 +140,7 @@ class FlexDispatcher final : public TokenDispatcher {
 
   // ------------------------------------------------------------------------ forward
 
-  void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) override {
+  void dispatch_preprocess(DispatchState& s, const Tensor& x, const TokenRoutes& r) override {
     auto hp = std::make_unique<FlexHandle>();
     FlexHandle& h = *hp;
     const std::int64_t T = x.dim(0), E = num_experts_;
@@ -167,7 +162,7 @@ class FlexDispatcher final : public TokenDispatcher {
     }
     h.k = static_cast<int>(k);
     std::int64_t chunk_tokens = 0;
-    if (opt_.backend == "deepep") {
+    if (opt_.backend == FlexBackend::deepep) {
       h.chunks = std::max(1, opt_.num_sms / 2);
       chunk_tokens = std::max<std::int64_t>(1, ceil_div(T, h.chunks));
     } else {
@@ -222,7 +217,7 @@ class FlexDispatcher final : public TokenDispatcher {
     for (std::int64_t l = 0; l < local_; ++l)
       for (int src = 0; src < n_; ++src) s.tokens_per_local_expert[static_cast<std::size_t>(l)] += per_expert(src, first_ + l);
 
-    if (opt_.backend == "deepep") {
+    if (opt_.backend == FlexBackend::deepep) {
       h.local_recv.assign(static_cast<std::size_t>(C * D), 0);
       for (std::int64_t c = 0; c < C; ++c)
         for (std::int64_t j = 0; j < D; ++j)
@@ -252,12 +247,12 @@ class FlexDispatcher final : public TokenDispatcher {
       FlexHandle& h = handle(s);
       const Tensor x = std::move(s.hidden);
       scatter(h, x, true, s.hidden, &s.probs);
-    }, "dispatch");
+    }, trace::kDispatch);
   }
 
   void dispatch_postprocess(DispatchState& s) override {
     s.pending.wait();
-    if (opt_.backend != "deepep") return;
+    if (opt_.backend != FlexBackend::deepep) return;
     // Megatron's local permutation after DeepEP: received rows -> this rank's experts.
     FlexHandle& h = handle(s);
     const std::int64_t R = h.received_stride ? h.received.nbytes() / h.received_stride : 0;
@@ -289,7 +284,7 @@ class FlexDispatcher final : public TokenDispatcher {
   }
 
   void combine_preprocess(DispatchState& s, Tensor expert_output) override {
-    if (opt_.backend == "deepep") {  // Megatron's local unpermutation before DeepEP's combine
+    if (opt_.backend == FlexBackend::deepep) {  // Megatron's local unpermutation before DeepEP's combine
       FlexHandle& h = handle(s);
       auto out = Tensor::uninitialized({h.local.num_tokens, s.hidden_size}, expert_output.dtype());
       unpermute_rows(expert_output, h.local, out);
@@ -303,7 +298,7 @@ class FlexDispatcher final : public TokenDispatcher {
     s.pending = stream_.submit([this, &s] {
       const Tensor rows = std::move(s.hidden);
       s.hidden = gather(handle(s), rows, nullptr, s.num_tokens, nullptr);
-    }, "combine");
+    }, trace::kCombine);
   }
 
   Tensor combine_postprocess(DispatchState& s) override {
@@ -319,19 +314,19 @@ class FlexDispatcher final : public TokenDispatcher {
     s.pending = stream_.submit([this, &s] {
       const Tensor dy = std::move(s.grad);
       scatter(handle(s), dy, false, s.grad, nullptr);
-    }, "combine backward");
+    }, trace::kCombineBackward);
   }
 
   void combine_preprocess_backward(DispatchState& s) override {
     s.pending.wait();
-    if (opt_.backend != "deepep") return;
+    if (opt_.backend != FlexBackend::deepep) return;
     FlexHandle& h = handle(s);
     s.grad = gather_rows(bytes_of(h.received), h.received_stride, h.local, s.hidden_size, h.dtype);
     h.received = Tensor();
   }
 
   void dispatch_postprocess_backward(DispatchState& s, Tensor dx, std::vector<float> dprobs) override {
-    if (opt_.backend == "deepep") {
+    if (opt_.backend == FlexBackend::deepep) {
       // Local unpermutation, and each row's probability gradient into its token's record slot.
       FlexHandle& h = handle(s);
       auto summed = Tensor::uninitialized({h.local.num_tokens, s.hidden_size}, dx.dtype());
@@ -351,7 +346,7 @@ class FlexDispatcher final : public TokenDispatcher {
       const Tensor rows = std::move(s.grad);
       const std::vector<float> row_grads = std::move(s.grad_probs);
       s.grad = gather(handle(s), rows, &row_grads, s.num_tokens, &s.grad_probs);
-    }, "dispatch backward");
+    }, trace::kDispatchBackward);
   }
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {
@@ -392,13 +387,13 @@ class FlexDispatcher final : public TokenDispatcher {
       return true;
     };
     const std::string where = fmt::format("the ETP x EP group {} spans nodes {}", group_.name(), fmt::join(node_of_, " "));
-    if (opt_.backend == "deepep" || opt_.ranks_per_domain == 0) {
+    if (opt_.backend == FlexBackend::deepep || opt_.ranks_per_domain == 0) {
       if (!nodes_contiguous(on_my_node))
         throw EnvironmentError(fmt::format(
             "flex/{} needs the ranks of each node to be consecutive and equal in number within the "
             "expert group, but {} (the node of each group rank); launch with mpirun's default "
             "--map-by slot, or set model.moe_token_dispatcher_type=alltoall",
-            opt_.backend, where));
+            to_string(opt_.backend), where));
       return on_my_node;
     }
     const int d = opt_.ranks_per_domain;
@@ -455,7 +450,7 @@ class FlexDispatcher final : public TokenDispatcher {
     const std::size_t meta = first_pass ? h.k * sizeof(Slot) : 0;
     const std::int64_t stride = static_cast<std::int64_t>(rb + meta);
     const std::byte* src = bytes_of(x);
-    const bool deepep = opt_.backend == "deepep";
+    const bool deepep = opt_.backend == FlexBackend::deepep;
     if (!deepep) ensure_window(h, rb);
 
     std::vector<Tensor> send(C), recv(C);
@@ -589,7 +584,7 @@ class FlexDispatcher final : public TokenDispatcher {
     const std::size_t rb = static_cast<std::size_t>(H) * dtype_size(dt);
     const std::size_t meta = row_grads ? k * sizeof(float) : 0;
     const std::int64_t stride = static_cast<std::int64_t>(rb + meta);
-    const bool deepep = opt_.backend == "deepep";
+    const bool deepep = opt_.backend == FlexBackend::deepep;
 
     // Inside the domain: deepep sends the rows back to their forwarders; hybridep exposes them
     // in the window for the forwarders to read.

@@ -1,5 +1,5 @@
 // The dispatcher of a single rank: permutation 1 and its inverse, nothing to send.
-#include "epx/dispatcher.hpp"
+#include "epx/dispatch/dispatcher.hpp"
 
 namespace epx {
 namespace {
@@ -11,7 +11,7 @@ class LocalDispatcher final : public TokenDispatcher {
   std::int64_t num_local_experts() const override { return num_experts_; }
   std::int64_t first_local_expert() const override { return 0; }
 
-  void dispatch_preprocess(DispatchState& s, const Tensor& x, const Routing& r) override {
+  void dispatch_preprocess(DispatchState& s, const Tensor& x, const TokenRoutes& r) override {
     s.num_tokens = x.dim(0);
     s.hidden_size = x.dim(1);
     s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);

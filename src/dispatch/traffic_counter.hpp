@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "epx/dispatcher.hpp"
+#include "epx/dispatch/dispatcher.hpp"
 
 namespace epx {
 

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
-#include "kernels/float_access.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 

@@ -1,6 +1,6 @@
 // Elementwise sums of activations (F32 or BF16), in FP32.
-#include "epx/kernels.hpp"
-#include "kernels/float_access.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "epx/tensor.hpp"
+#include "epx/tensor/tensor.hpp"
 
 namespace epx::detail {
 

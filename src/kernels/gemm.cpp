@@ -12,7 +12,7 @@
 #include <dnnl.hpp>
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
+#include "epx/kernels/kernels.hpp"
 
 namespace epx {
 namespace {

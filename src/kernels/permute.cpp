@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "epx/kernels.hpp"
-#include "kernels/float_access.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 

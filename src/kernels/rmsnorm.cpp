@@ -1,8 +1,8 @@
 // RMSNorm (no bias, no mean subtraction): the norm of Megatron's Qwen and DeepSeek layers.
 #include <cmath>
 
-#include "epx/kernels.hpp"
-#include "kernels/float_access.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 

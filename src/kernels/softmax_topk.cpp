@@ -5,7 +5,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "epx/kernels.hpp"
+#include "epx/kernels/kernels.hpp"
 
 namespace epx {
 

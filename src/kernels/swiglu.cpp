@@ -3,8 +3,8 @@
 // expert output p * Expert(x), so combine is a plain sum.
 #include <cmath>
 
-#include "epx/kernels.hpp"
-#include "kernels/float_access.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 namespace {

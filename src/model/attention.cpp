@@ -1,4 +1,4 @@
-#include "epx/attention.hpp"
+#include "epx/model/attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
+#include "epx/kernels/kernels.hpp"
 
 namespace epx {
 namespace {

@@ -1,13 +1,13 @@
-#include "epx/gpt_model.hpp"
+#include "epx/model/gpt_model.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
-#include "epx/random.hpp"
-#include "epx/trace.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/tensor/random.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
 
@@ -34,8 +34,8 @@ std::vector<Param*> GPTModel::params() {
 
 std::vector<Param*> GPTModel::expert_params() {
   std::vector<Param*> out;
-  for (auto& l : layers)
-    for (Param* p : l->expert_params()) out.push_back(p);
+  for (Param* p : params())
+    if (p->expert) out.push_back(p);
   return out;
 }
 

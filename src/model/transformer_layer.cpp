@@ -1,11 +1,11 @@
-#include "epx/transformer_layer.hpp"
+#include "epx/model/transformer_layer.hpp"
 
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
-#include "epx/random.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace epx {
 
@@ -36,11 +36,6 @@ std::vector<Param*> TransformerLayer::params() {
     out.push_back(&mlp->fc2);
   }
   return out;
-}
-
-std::vector<Param*> TransformerLayer::expert_params() {
-  if (!moe) return {};
-  return {&moe->experts.fc1, &moe->experts.fc2};
 }
 
 void TransformerLayer::init_weights(std::uint64_t seed) {

@@ -1,10 +1,10 @@
-#include "epx/experts.hpp"
+#include "epx/moe/experts.hpp"
 
 #include <stdexcept>
 
 #include <fmt/format.h>
 
-#include "epx/kernels.hpp"
+#include "epx/kernels/kernels.hpp"
 
 namespace epx {
 namespace {
@@ -24,7 +24,9 @@ GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hid
                        std::int64_t ffn, DType dtype, bool grouped)
     : fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
       fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
-      groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), grouped_(grouped) {}
+      groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), grouped_(grouped) {
+  fc1.expert = fc2.expert = grouped;
+}
 
 std::string GroupedMlp::tensor_name(const Param& p, std::int64_t g) const {
   return grouped_ ? fmt::format("{}{}", p.name, g) : p.name;

@@ -1,12 +1,12 @@
-#include "epx/router.hpp"
+#include "epx/moe/router.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
 
-#include "epx/kernels.hpp"
-#include "epx/random.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace epx {
 namespace {

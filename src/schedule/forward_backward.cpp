@@ -1,10 +1,10 @@
-#include "epx/schedule.hpp"
+#include "epx/schedule/schedule.hpp"
 
 #include <algorithm>
 #include <optional>
 
-#include "epx/error.hpp"
-#include "epx/trace.hpp"
+#include "epx/base/error.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
 namespace {
@@ -102,9 +102,6 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
 
 }  // namespace
 
-ScheduleOptions schedule_options_from_config(const Config& resolved) {
-  return {resolved.model.overlap_moe_expert_parallel_comm, resolved.model.delay_wgrad_compute};
-}
 
 std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_batches,
                                                const std::function<void(int, Tensor&, Tensor&)>& micro_batch,
@@ -129,7 +126,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
   }
   if (model.has_full_recompute())
     throw ConfigError(
-        "model.recompute_granularity=full: the EP-overlap schedule runs the layers node by node "
+        "[ep_overlap.full_recompute] model.recompute_granularity=full: the EP-overlap schedule runs the layers node by node "
         "and cannot replay checkpointed layers; use selective recompute or set "
         "comm_overlap.overlap_moe_expert_parallel_comm=false");
 

@@ -1,4 +1,4 @@
-#include "epx/safetensors.hpp"
+#include "epx/tensor/safetensors.hpp"
 
 #include <cstdio>
 #include <cstring>
@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "epx/error.hpp"
-#include "epx/output_file.hpp"
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
 
 namespace epx {
 namespace {

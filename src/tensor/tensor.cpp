@@ -1,4 +1,4 @@
-#include "epx/tensor.hpp"
+#include "epx/tensor/tensor.hpp"
 
 #include <algorithm>
 #include <atomic>

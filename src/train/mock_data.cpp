@@ -1,10 +1,10 @@
-#include "epx/mock_data.hpp"
+#include "epx/train/mock_data.hpp"
 
 #include <algorithm>
 #include <numeric>
 
-#include "epx/error.hpp"
-#include "epx/random.hpp"
+#include "epx/base/error.hpp"
+#include "epx/tensor/random.hpp"
 
 namespace epx {
 

@@ -1,4 +1,4 @@
-#include "epx/optimizer.hpp"
+#include "epx/train/optimizer.hpp"
 
 #include <cmath>
 #include <numbers>
@@ -17,27 +17,6 @@ double LrSchedule::at(std::int64_t step) const {
   return min_lr + coeff * (max_lr - min_lr);
 }
 
-LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
-  LrSchedule s;
-  if (!c.optimizer.lr || *c.optimizer.lr < 0)
-    throw ConfigError(fmt::format("optimizer.lr={}: training needs a learning rate; set optimizer.lr (e.g. 3e-4)",
-                                  c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None"));
-  s.max_lr = *c.optimizer.lr;
-  s.min_lr = c.optimizer.min_lr.value_or(0.0);
-  if (s.min_lr > s.max_lr)
-    throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
-  s.warmup_init = c.scheduler.lr_warmup_init;
-  s.warmup_steps = c.scheduler.lr_warmup_iters;
-  s.decay_steps = c.scheduler.lr_decay_iters.value_or(train_iters);
-  s.style = c.scheduler.lr_decay_style;
-  if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
-    throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
-  if (s.warmup_steps < 0 || (s.style != "constant" && s.decay_steps <= s.warmup_steps))
-    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}: must be below the decay iterations ({}, "
-                                  "scheduler.lr_decay_iters or train.train_iters)",
-                                  s.warmup_steps, s.decay_steps));
-  return s;
-}
 
 Adam::Adam(std::vector<Param*> params, const OptimizerConfig& config) : config_(config) {
   if (config.optimizer != "adam")

@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "epx/comm_stream.hpp"
-#include "epx/mpi.hpp"
+#include "epx/comm/comm_stream.hpp"
+#include "epx/comm/mpi.hpp"
 
 int main(int argc, char** argv) {
   const bool timeout = argc > 1 && std::strcmp(argv[1], "timeout") == 0;

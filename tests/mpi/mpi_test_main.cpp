@@ -4,7 +4,7 @@
 // only their failed assertions.
 #include <gtest/gtest.h>
 
-#include "epx/omp_env.hpp"
+#include "epx/base/omp_env.hpp"
 #include "mpi_test_support.hpp"
 
 namespace epx::test {

@@ -6,8 +6,8 @@
 
 #include <set>
 
-#include "epx/check.hpp"
-#include "epx/output_file.hpp"
+#include "epx/check/check.hpp"
+#include "epx/base/output_file.hpp"
 
 namespace epx {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "epx/check.hpp"
+#include "epx/check/check.hpp"
 #include "test_support.hpp"
 
 namespace epx {

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "epx/check.hpp"
+#include "epx/check/check.hpp"
 
 namespace {
 

@@ -4,9 +4,9 @@
 #include <functional>
 #include <set>
 
-#include "config/schema.hpp"
-#include "epx/check.hpp"
-#include "epx/config.hpp"
+#include "epx/config/schema.hpp"
+#include "epx/check/check.hpp"
+#include "epx/config/config.hpp"
 #include "test_support.hpp"
 
 namespace epx {

@@ -1,7 +1,7 @@
 // Kernels against naive references and finite differences.
 #include <gtest/gtest.h>
 
-#include "epx/kernels.hpp"
+#include "epx/kernels/kernels.hpp"
 #include "gradcheck.hpp"
 
 namespace epx {

@@ -6,9 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include "epx/gpt_model.hpp"
-#include "epx/mock_data.hpp"
-#include "epx/optimizer.hpp"
+#include "epx/model/gpt_model.hpp"
+#include "epx/train/job_spec.hpp"
+#include "epx/train/mock_data.hpp"
+#include "epx/train/optimizer.hpp"
 #include "gradcheck.hpp"
 #include "small_gpt.hpp"
 

@@ -1,0 +1,93 @@
+#include "epx/base/output_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "epx/base/error.hpp"
+
+namespace epx {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path directory_of(const std::string& path) {
+  const fs::path dir = fs::path(path).parent_path();
+  return dir.empty() ? fs::path(".") : dir;
+}
+
+// A new, empty file beside `path` (mkstemp: no clash with another writer); its name.
+std::string create_temporary(const std::string& path, const std::string& option) {
+  std::string name = (directory_of(path) / ("." + fs::path(path).filename().string() + ".XXXXXX"))
+                         .string();
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0)
+    throw InputError(fmt::format("{} {}: cannot create a file in {}: {}", option, path,
+                                 directory_of(path).string(), std::strerror(errno)));
+  // mkstemp makes it 0600; give it the mode a plain create would have (0666 less the umask).
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  ::close(fd);
+  return name;
+}
+
+}  // namespace
+
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void check_output_path(const std::string& path, const std::string& option) {
+  if (path.empty()) throw InputError(fmt::format("{}: the path is empty", option));
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw InputError(fmt::format("{} {}: is a directory; give a file path such as {}/{}", option,
+                                 path, path, option == "--trace" ? "trace.json" : "results.json"));
+  const fs::path dir = directory_of(path);
+  if (!fs::is_directory(dir, ec))
+    throw InputError(fmt::format("{} {}: the directory {} does not exist; create it (mkdir -p {}) "
+                                 "or choose another path",
+                                 option, path, dir.string(), dir.string()));
+  // Permissions alone do not tell (root ignores them, a read-only mount does not show in them):
+  // create a file there and remove it.
+  const std::string probe = create_temporary(path, option);
+  fs::remove(probe, ec);
+}
+
+void write_file_atomically(const std::string& path,
+                           const std::function<void(std::ostream&)>& write) {
+  const std::string tmp = create_temporary(path, "writing");
+  const auto fail = [&](const std::string& why) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw InputError(fmt::format("cannot write {}: {}; nothing was written", path, why));
+  };
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(std::strerror(errno));
+    write(out);
+    out.flush();
+    if (!out) fail(errno ? std::strerror(errno) : "the write failed (disk full?)");
+  }
+  // Data the file system accepted lazily can still fail here (delayed allocation).
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    fail(std::strerror(err));
+  }
+  ::close(fd);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail(ec.message());
+}
+
+}  // namespace epx

@@ -1,0 +1,343 @@
+// The typed configuration tree, with Megatron-Bridge / Megatron-Core names and defaults.
+//
+// Sections follow Megatron-Bridge's ConfigContainer: model (TransformerConfig + parallelism),
+// comm_overlap (CommOverlapConfig, optional as in Bridge), ddp, optimizer, scheduler, train, rng.
+// epx adds `target` (the environment a config is meant for: GPU kind, world size, torch and TE
+// versions) and `env_vars` (environment variables a recipe sets, as in Bridge's perf recipes).
+//
+// Optional fields are Megatron's `None` (null in YAML). Every field is described once in the
+// schema (config/schema.cpp), which drives YAML load/dump, dotted overrides and the checker.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "epx/base/error.hpp"
+
+#include "epx/config/finding.hpp"
+
+namespace epx {
+
+using Int = std::int64_t;
+using OptInt = std::optional<Int>;
+using OptBool = std::optional<bool>;
+using OptDouble = std::optional<double>;
+using OptString = std::optional<std::string>;
+using StringList = std::vector<std::string>;
+
+// Megatron's moe_layer_freq: an int N (every N-th layer is MoE) or an explicit 0/1 pattern
+// per layer. YAML accepts an int, a list, or Megatron-LM's string form "([0]*3+[1]*58)".
+struct MoeLayerFreq {
+  Int every = 1;
+  std::vector<Int> pattern;  // non-empty: explicit per-layer pattern, `every` unused
+  bool operator==(const MoeLayerFreq&) const = default;
+};
+
+struct ModelConfig {
+  // Parallelism (ModelParallelConfig).
+  Int tensor_model_parallel_size = 1;
+  Int pipeline_model_parallel_size = 1;
+  OptInt virtual_pipeline_model_parallel_size;
+  Int context_parallel_size = 1;
+  Int expert_model_parallel_size = 1;
+  OptInt expert_tensor_parallel_size;  // None: ETP=1 when EP>1, else TP (finalize)
+  bool sequence_parallel = false;
+  OptString pipeline_model_parallel_layout;
+  bool account_for_embedding_in_pipeline_split = false;  // count the embedding as a layer
+  bool account_for_loss_in_pipeline_split = false;       // count the loss as a layer
+
+  // Architecture (TransformerConfig / GPTModelProvider).
+  Int num_layers = 0;
+  Int hidden_size = 0;
+  OptInt ffn_hidden_size;
+  Int num_attention_heads = 0;
+  OptInt num_query_groups;
+  OptInt kv_channels;
+  bool qk_layernorm = false;
+  std::string normalization = "LayerNorm";
+  double layernorm_epsilon = 1e-5;
+  bool gated_linear_unit = false;
+  bool add_bias_linear = true;
+  bool add_qkv_bias = false;
+  Int seq_length = 1024;
+  OptInt vocab_size;
+  Int make_vocab_size_divisible_by = 128;
+  bool share_embeddings_and_output_weights = true;
+  std::string position_embedding_type = "learned_absolute";
+  double rotary_base = 10000;
+  double init_method_std = 0.02;
+  // Multi-latent attention (DeepSeek-V3).
+  bool multi_latent_attention = false;
+  OptInt q_lora_rank;
+  Int kv_lora_rank = 512;
+  Int qk_head_dim = 128;
+  Int qk_pos_emb_head_dim = 64;
+  Int v_head_dim = 128;
+
+  // Mixture of experts.
+  OptInt num_moe_experts;
+  OptInt moe_ffn_hidden_size;
+  Int moe_router_topk = 2;
+  MoeLayerFreq moe_layer_freq;
+  OptInt moe_shared_expert_intermediate_size;
+  bool moe_shared_expert_overlap = false;
+  std::string moe_router_load_balancing_type = "aux_loss";
+  double moe_aux_loss_coeff = 0.0;
+  OptDouble moe_z_loss_coeff;
+  bool moe_router_pre_softmax = false;
+  std::string moe_router_score_function = "softmax";
+  OptDouble moe_router_topk_scaling_factor;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  OptInt moe_router_num_groups;
+  OptInt moe_router_group_topk;
+  OptString moe_router_dtype;
+  bool moe_router_force_load_balancing = false;
+  bool moe_grouped_gemm = false;
+  std::string moe_token_dispatcher_type = "allgather";
+  OptString moe_flex_dispatcher_backend = "deepep";
+  OptInt moe_flex_dispatcher_num_sms;
+  OptInt moe_deepep_num_sms;    // deprecated: use moe_flex_dispatcher_num_sms
+  OptInt moe_hybridep_num_sms;  // deprecated: use moe_flex_dispatcher_num_sms
+  Int moe_hybridep_num_sms_preprocessing = 108;
+  bool moe_permute_fusion_into_hybridep = false;
+  bool moe_hybridep_pad_uneven_dispatch_inputs = false;
+  bool moe_permute_fusion = false;
+  bool moe_router_fusion = false;
+  OptDouble moe_expert_capacity_factor;
+  bool moe_pad_expert_input_to_capacity = false;
+  std::string moe_token_drop_policy = "probs";
+  bool high_priority_a2a_comm_stream = false;
+
+  // Communication overlap as the model sees it (comm_overlap.* is copied here by finalize).
+  bool tp_comm_overlap = false;
+  bool overlap_p2p_comm = false;
+  bool batch_p2p_comm = true;
+  bool overlap_moe_expert_parallel_comm = false;
+  bool delay_wgrad_compute = false;
+  bool overlap_dispatch_backward_with_experts_wgrad = false;
+  bool ep_overlap_early_attn_memory_release = false;
+  bool defer_embedding_wgrad_compute = false;
+  Int wgrad_deferral_limit = 0;
+
+  // Precision.
+  bool bf16 = false;
+  bool fp16 = false;
+  bool gradient_accumulation_fusion = false;
+
+  // Activation recomputation.
+  OptString recompute_granularity;  // full | selective
+  OptString recompute_method;       // uniform | block
+  OptInt recompute_num_layers;
+  std::optional<StringList> recompute_modules;  // None: ["core_attn"] (finalize)
+
+  // Multi-token prediction.
+  OptInt mtp_num_layers;
+
+  // CUDA graphs (Bridge keeps the legacy `cuda_graph_scope` beside MCore's modules list;
+  // an empty list means "full").
+  std::string cuda_graph_impl = "none";
+  StringList cuda_graph_scope;
+  StringList cuda_graph_modules;
+};
+
+// Bridge's CommOverlapConfig: None means "not set by the user, use the computed default".
+struct CommOverlapConfig {
+  bool tp_comm_overlap = false;
+  OptString tp_comm_bootstrap_backend = "nccl";
+  OptBool overlap_p2p_comm;
+  OptBool batch_p2p_comm;
+  OptBool overlap_grad_reduce;
+  OptBool overlap_param_gather;
+  OptBool overlap_param_gather_with_optimizer_step;
+  OptBool align_param_gather;
+  OptInt bucket_size;
+  OptBool defer_embedding_wgrad_compute;
+  OptInt wgrad_deferral_limit;
+  OptBool overlap_moe_expert_parallel_comm;
+  OptBool delay_wgrad_compute;
+  OptInt data_parallel_size;  // derived: world // (TP*PP*CP)
+};
+
+struct DdpConfig {
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool align_param_gather = false;
+  bool use_distributed_optimizer = false;
+  OptInt bucket_size;
+  bool grad_reduce_in_fp32 = false;
+};
+
+struct OptimizerConfig {
+  std::string optimizer = "adam";
+  OptDouble lr;
+  OptDouble min_lr;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  bool use_distributed_optimizer = false;
+  bool overlap_param_gather = false;
+  bool overlap_param_gather_with_optimizer_step = false;
+  bool align_param_gather = false;
+};
+
+struct SchedulerConfig {
+  std::string lr_decay_style = "linear";
+  Int lr_warmup_iters = 0;
+  OptInt lr_decay_iters;  // None: train_iters
+  double lr_warmup_init = 0.0;
+};
+
+struct TrainConfig {
+  OptInt train_iters;
+  OptInt global_batch_size;
+  OptInt micro_batch_size;
+  Int eval_iters = 100;
+  bool manual_gc = false;
+};
+
+struct RngConfig {
+  Int seed = 1234;
+};
+
+// epx's own section: the environment a config targets (the performance harness's -g/-ng/-gn
+// and the checker's --gpu/--torch-version/--te-version).
+// Unset fields are facts the user did not give: `epx check` lists the rules that need them as
+// unchecked rather than guessing (a Megatron-Bridge dump names neither: Bridge takes the world
+// from the launcher and the GPU from the machine). `epx run` and `epx layer` fill them from the
+// job: its rank count, and `cpu`.
+struct TargetConfig {
+  OptString gpu;               // h100 h200 b200 b300 gb200 gb300 a100 v100 cpu
+  OptInt num_gpus;             // world size (ranks)
+  OptInt gpus_per_node;        // None: from the GPU kind (8, or 4 on GB200/GB300)
+  OptString torch_version;     // None: unknown, rules that need it are reported unchecked
+  OptString te_version;
+};
+
+// A YAML mapping held by value: copies are deep, unlike yaml-cpp's Node, whose copies share one
+// tree (so editing a copied Config would edit the original).
+struct OwnedYaml {
+  YAML::Node node = YAML::Node(YAML::NodeType::Map);
+  OwnedYaml() = default;
+  OwnedYaml(const OwnedYaml& o) : node(YAML::Clone(o.node)) {}
+  OwnedYaml& operator=(const OwnedYaml& o) {
+    if (this != &o) node.reset(YAML::Clone(o.node));
+    return *this;
+  }
+  // The mapping under `key`, or an empty map. Looks up without inserting (yaml-cpp's mutable
+  // operator[] would) and without the invalid node its const operator[] returns for a miss.
+  YAML::Node child_map(const std::string& key) const {
+    const YAML::Node found = static_cast<const YAML::Node&>(node)[key];
+    return found.IsDefined() && found.IsMap() ? found : YAML::Node(YAML::NodeType::Map);
+  }
+};
+
+struct Config {
+  ModelConfig model;
+  std::optional<CommOverlapConfig> comm_overlap;  // absent as in Bridge's comm_overlap=None
+  DdpConfig ddp;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  TrainConfig train;
+  RngConfig rng;
+  TargetConfig target;
+  std::map<std::string, std::string> env_vars;
+
+  // Kept from a Megatron-Bridge dump but not modelled: whole sections (name -> node), and
+  // fields of modelled sections (section -> name -> node). Dumped back unchanged.
+  OwnedYaml extra_sections;
+  OwnedYaml extra_fields;
+
+  // Keys ("model.num_moe_experts") set by the recipe file, an override or a flag, as opposed
+  // to left at Megatron's default. Some pitfalls depend on what the user asked for.
+  enum class Origin { file, override_arg, flag };
+  std::map<std::string, Origin> explicit_keys;
+  std::map<std::string, std::string> file_locations;  // key -> "file:line:col" it was read at
+  std::string source;  // where the config came from (file path or recipe name)
+
+  // "file:line:col: key" for a key read from a file, else the key: the prefix of a message about
+  // a value that turns out to be wrong after loading (an unknown GPU, an unreadable version).
+  std::string cite(const std::string& key) const {
+    auto it = file_locations.find(key);
+    return it == file_locations.end() ? key : it->second + ": " + key;
+  }
+  // Whether the config is a Megatron-Bridge dump (its sections carry `_target_` tags).
+  bool is_bridge_dump() const;
+
+  bool set_on_command_line(const std::string& key) const {
+    auto it = explicit_keys.find(key);
+    return it != explicit_keys.end() && it->second != Origin::file;
+  }
+};
+
+
+// ---- Loading, overrides, dumping --------------------------------------------------------------
+
+// A recipe name ("qwen3_30b_a3b", looked up in the recipes directory: $EPX_RECIPES_DIR, the
+// source tree's recipes/, or ../share/epx/recipes beside the binary) or a path to a YAML file.
+std::filesystem::path resolve_recipe(const std::string& name_or_path);
+std::vector<std::string> list_recipes();
+
+// Load an epx recipe, an `epx config show` dump, or a Megatron-Bridge config dumped as YAML.
+// Sections epx does not model (dataset, logger, ...) and, in Bridge dumps (sections carrying
+// `_target_`), fields epx does not model are kept and reported by ignored_note(). Errors name
+// the file, line and column.
+Config load_config_file(const std::filesystem::path& path);
+Config load_config_text(const std::string& yaml_text, const std::string& source_name);
+
+// One Hydra-style override: `section.key=value` (value in YAML syntax; None/null unset it),
+// `+key=value` (also adds keys outside the schema: env_vars, kept Bridge sections),
+// `++key=value` (same), `~key` (back to Megatron's default; `~comm_overlap` drops the section).
+// Throws ConfigError naming the key, with a "did you mean" hint for unknown keys.
+void apply_override(Config& cfg, const std::string& text,
+                    Config::Origin origin = Config::Origin::override_arg);
+
+// The performance harness's flags (scripts/performance/run_script.py). Applied after the dotted
+// overrides, so flags win, as in the harness. `--moe_flex_dispatcher_backend deepep|hybridep`
+// depends on the GPU and is applied by the checker (check/flex_backend).
+struct HarnessFlags {
+  OptInt tp, pp, vp, cp, ep, et, gb, mb, sl, max_steps;
+  OptBool moe_a2a_overlap;
+  OptString moe_flex_dispatcher_backend;  // "deepep", "hybridep" or "None"
+  OptString gpu;
+  OptInt num_gpus, gpus_per_node;
+  OptString cuda_graph_impl, cuda_graph_scope;
+  OptInt recompute_num_layers;
+  OptString recompute_modules;
+};
+void apply_harness_flags(Config& cfg, const HarnessFlags& flags);
+
+// The config as YAML; load_config_text(dump_yaml(c)) gives back the same values.
+std::string dump_yaml(const Config& cfg);
+
+// One line naming what was kept but not modelled; empty when nothing was.
+std::string ignored_note(const Config& cfg);
+
+// ---- Finalize: Megatron-Bridge's derived fields ------------------------------------------------
+
+struct FinalizeOptions {
+  bool have_te = true;  // Transformer Engine present in the target environment
+};
+
+// Derive what Bridge derives at runtime_config_update, in its order: data-parallel size,
+// comm_overlap defaults + user values copied onto the model (TP-overlap auto-disable), PP p2p
+// defaults, DP-overlap defaults for the distributed optimizer, then Megatron-Core's post-init
+// (ETP default, recompute_modules default, deprecated SM-count knobs). Idempotent. Returns the
+// warnings Bridge logs while doing so (rule ids from the checker's table).
+std::vector<Finding> finalize(Config& cfg, const FinalizeOptions& options = {});
+
+// Helpers used by finalize and the checker.
+Int data_parallel_size(const Config& cfg);  // world // (TP*PP*CP); 0 if it does not divide or
+                                            // the world size is not given
+Int effective_etp(const ModelConfig& m);    // ETP with Megatron's default applied
+
+}  // namespace epx

@@ -1,0 +1,64 @@
+// Causal self-attention with grouped-query attention, QK-norm and rotary embeddings (Megatron-Core's
+// SelfAttention with TE's DotProductAttention, at TP = CP = 1):
+//   qkv = x Wqkv^T, laid out [q heads | k groups | v groups] per token;
+//   q, k = RoPE(RMSNorm_d(q)), RoPE(RMSNorm_d(k))   (per head over head_dim, one gamma each);
+//   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups);
+//   y = o Wproj^T.
+// Linear layers run in the compute dtype with FP32 accumulation; the core attention is FP32.
+// Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/tensor/param.hpp"
+#include "epx/tensor/tensor.hpp"
+
+namespace epx {
+
+struct AttentionSpec {
+  std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0;
+  bool qk_norm = false;
+  float eps = 1e-6f;
+  bool rope = true;
+  double rope_base = 10000;
+  DType dtype = DType::F32;
+};
+
+class SelfAttention {
+ public:
+  SelfAttention(const std::string& prefix, const AttentionSpec& spec);
+
+  // What one micro-batch's backward needs.
+  struct Context {
+    std::int64_t seq = 0, batch = 0;
+    Tensor x;                 // [T, H] input (the linear_qkv wgrad reads it)
+    Tensor q_raw, k_raw;      // [T, heads|groups, d] F32 before QK-norm
+    Tensor q_rstd, k_rstd;    // QK-norm's 1/rms per row
+    Tensor q, k, v;           // [B, heads|groups, S, d] F32, after norm and RoPE
+    Tensor probs;             // [B, heads, S, S] F32; dropped under core_attn recompute
+    Tensor o;                 // [T, heads * d] compute dtype (linear_proj's input)
+    Tensor dy, dqkv;          // kept by dgrad for wgrad
+  };
+
+  // x [S * B, H] in the compute dtype. `recompute_core_attn`: drop the attention probabilities
+  // and recompute them in the backward (recompute_modules: core_attn).
+  Tensor forward(const Tensor& x, std::int64_t seq, Context& ctx, bool recompute_core_attn) const;
+  // dy [T, H] -> dx [T, H]. The QK-norm gammas' gradients are accumulated here (they are tiny);
+  // the linear layers' weight gradients wait for backward_wgrad.
+  Tensor backward_dgrad(Context& ctx, const Tensor& dy);
+  void backward_wgrad(Context& ctx);
+
+  std::vector<Param*> params();
+  const AttentionSpec& spec() const { return spec_; }
+
+  Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
+
+ private:
+  void core_probs(Context& ctx) const;  // probs from q and k
+
+  AttentionSpec spec_;
+};
+
+}  // namespace epx

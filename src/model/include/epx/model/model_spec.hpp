@@ -1,0 +1,52 @@
+// The shape and options of the whole GPT model epx trains (`epx run`): Megatron-Core's GPTModel
+// with TransformerLayers of RMSNorm, causal GQA self-attention and a dense or MoE MLP, with the
+// activation-recompute plan. Built from the config by train/job_spec.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epx/model/attention.hpp"
+#include "epx/moe/moe_spec.hpp"
+
+namespace epx {
+
+// Megatron's activation recompute. Selective: the modules of recompute_modules drop what they
+// would save and recompute it in the backward. Full: whole layers keep only their input.
+struct RecomputeSpec {
+  bool layernorm = false, core_attn = false, moe_act = false, mlp = false, shared_experts = false;
+  std::string method;  // full recompute: "uniform" or "block"; empty = no full recompute
+  int num_layers = 0;  // recompute_num_layers
+
+  // The runs of layers [first, last) recomputed as one checkpoint: uniform splits every layer
+  // into chunks of num_layers; block checkpoints each of the first num_layers layers.
+  std::vector<std::pair<int, int>> checkpoints(int layers) const;
+  std::string describe() const;  // "selective (core_attn, moe_act)", "full uniform x1", "none"
+};
+
+struct ModelSpec {
+  std::int64_t vocab = 0, hidden = 0, ffn = 0;  // ffn: the dense MLP's width
+  int num_layers = 0;
+  std::vector<bool> is_moe;  // per layer (moe_layer_freq)
+  AttentionSpec attention;
+  std::optional<MoESpec> moe;  // when any layer is MoE
+  bool tie_embeddings = false;
+  float eps = 1e-5f;
+  double init_std = 0.02;
+  std::uint64_t seed = 1234;
+  std::int64_t seq_length = 0, micro_batch = 1;
+  DType dtype = DType::F32;
+  RecomputeSpec recompute;
+
+  int num_moe_layers() const;
+  // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
+  // Megatron counts them for TFLOP/s/GPU: every GEMM, causal attention at half the S x S work,
+  // the top-k routed experts, the shared expert, the router and the LM head. Recompute is not
+  // counted (model, not hardware FLOPs).
+  double flops_per_token() const;
+};
+
+}  // namespace epx

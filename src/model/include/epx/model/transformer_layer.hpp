@@ -1,0 +1,76 @@
+// One transformer layer (Megatron-Core's TransformerLayer, pre-norm):
+//   h = x + attention(RMSNorm(x));  out = h + mlp(RMSNorm(h)),
+// with the MLP an MoE layer (epx::MoELayer, over the EP ranks) or a dense SwiGLU MLP. Selective
+// recompute drops what the recompute_modules name after the forward and recomputes it in the
+// backward. dgrad and wgrad are separate calls; the RMSNorm gammas' gradients (tiny) are
+// accumulated in dgrad.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epx/model/attention.hpp"
+#include "epx/moe/experts.hpp"
+#include "epx/model/model_spec.hpp"
+#include "epx/moe/moe_layer.hpp"
+
+namespace epx {
+
+class TransformerLayer {
+ public:
+  // `dispatcher`: the MoE layer's token dispatcher; null for a dense layer.
+  TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher);
+
+  struct Context {
+    Tensor x, rstd1, h, rstd2;  // the layer input, the residual after attention, the norms' 1/rms
+    SelfAttention::Context attn;
+    std::unique_ptr<MoELayer::Context> moe;
+    GroupedMlp::Saved mlp;
+    Tensor mlp_io;     // a dense layer's MLP input, then its output, between nodes
+    Tensor dy, dn2;    // the output gradient and a dense MLP's input gradient, between nodes
+    double aux_loss = 0, z_loss = 0;  // of the MoE router, for the log
+    std::uint64_t router_draw = 0;     // replayed by a full-recompute forward
+  };
+
+  // x [S * B, H] in the compute dtype. `replay_draw`: this is a recompute of an earlier forward.
+  Tensor forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
+  Tensor backward_dgrad(Context& ctx, const Tensor& dy);
+  void backward_wgrad(Context& ctx);
+
+  // The same split into Megatron-Core's schedule nodes (fine_grained_callables), which the merged
+  // EP-overlap schedule launches one by one. A node named "start" only starts its exchange; the
+  // next node of the layer waits for it. A dense layer has no exchanges (its starts are no-ops).
+  //   forward:  pre_dispatch -> dispatch (start) -> mlp -> combine (start) -> output
+  //   backward: combine (start) -> mlp -> dispatch (start) -> pre_dispatch,
+  //             and the weight gradients of mlp (the experts') and of pre_dispatch (attention,
+  //             shared expert, router) as separate nodes when delayed (delay_wgrad_compute).
+  void forward_pre_dispatch(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
+  void forward_dispatch_start(Context& ctx);
+  void forward_mlp(Context& ctx);
+  void forward_combine_start(Context& ctx);
+  Tensor forward_output(Context& ctx);  // combine done: unpermute, + shared, + residual
+  void backward_combine_start(Context& ctx, const Tensor& dy);
+  void backward_mlp(Context& ctx, bool with_wgrad);
+  void backward_dispatch_start(Context& ctx);
+  Tensor backward_pre_dispatch(Context& ctx, bool with_wgrad);  // returns dx
+  void backward_mlp_wgrad(Context& ctx);
+  void backward_pre_dispatch_wgrad(Context& ctx);  // frees the context's last tensors
+
+  void init_weights(std::uint64_t seed);
+  std::vector<Param*> params();
+
+  const std::string prefix;  // "decoder.layers.3"
+  Param input_layernorm, pre_mlp_layernorm;
+  SelfAttention attention;
+  std::unique_ptr<MoELayer> moe;   // MoE layers
+  std::optional<GroupedMlp> mlp;   // dense layers
+
+ private:
+  Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
+
+  ModelSpec spec_;
+};
+
+}  // namespace epx

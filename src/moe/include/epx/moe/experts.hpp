@@ -1,0 +1,62 @@
+// SwiGLU FFNs over groups of rows: the routed experts (one group per local expert, variable token
+// counts including zero; Megatron-Core's TEGroupedMLP) and, with one group and no routing
+// probabilities, the shared expert (SharedExpertMLP).
+//   fc1: [2F, H] per group, output [gate | up];  act = silu(gate) * up * prob;  fc2: [H, F].
+// Weights are stacked [G, 2F, H] and [G, H, F]; the tensor names of group g are
+// `<prefix>.linear_fc1.weight<g>` (Transformer Engine's GroupedLinear), or without the index for
+// a single dense MLP.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/tensor/param.hpp"
+#include "epx/tensor/tensor.hpp"
+
+namespace epx {
+
+class GroupedMlp {
+ public:
+  // `grouped`: name weights per group (experts) rather than one dense MLP (shared expert).
+  GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden, std::int64_t ffn,
+             DType dtype, bool grouped);
+
+  // What one micro-batch's backward needs; dgrad fills dy/dh for wgrad.
+  struct Saved {
+    Tensor x, h, act;                 // [M, H], [M, 2F], [M, F]
+    std::vector<std::int64_t> counts;  // rows per group
+    std::vector<float> probs;         // [M], empty = no probabilities
+    Tensor dy, dh;                    // kept by dgrad for wgrad
+  };
+
+  // Activation recompute (Megatron's recompute_modules): keep fc1's output and the activation
+  // (none), drop the activation and recompute it from fc1's output (activation: "moe_act"), or
+  // keep only the input and recompute both in the backward (all: "mlp", "shared_experts").
+  enum class Recompute { none, activation, all };
+  Recompute recompute = Recompute::none;
+
+  // x [M, H] in the compute dtype, rows grouped by `counts`. Returns y [M, H].
+  Tensor forward(const Tensor& x, std::vector<std::int64_t> counts, std::vector<float> probs,
+                 Saved& s) const;
+  // dy [M, H] -> dx [M, H]; dprobs [M] when the forward had probabilities.
+  Tensor backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>* dprobs) const;
+  // fc1.grad and fc2.grad += this micro-batch's contribution; frees what dgrad kept.
+  void backward_wgrad(Saved& s);
+
+  std::int64_t groups() const { return groups_; }
+  // The file name of group g's matrix of `p` (fc1 or fc2).
+  std::string tensor_name(const Param& p, std::int64_t g) const;
+
+  Param fc1, fc2;
+
+ private:
+  // fc1's output and the activation, where they are not held (first forward, or a recompute).
+  void recompute_activations(Saved& s) const;
+
+  std::int64_t groups_, hidden_, ffn_;
+  DType dtype_;
+  bool grouped_;
+};
+
+}  // namespace epx

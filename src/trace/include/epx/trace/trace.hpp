@@ -1,0 +1,63 @@
+// A timeline of what each rank computed and communicated, written as a Chrome / Perfetto trace
+// (`epx run --trace FILE.json`): one process per rank, a compute track and a communication track.
+// Recording is off until enable(); then a Scope costs two clock reads and a locked push.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epx::trace {
+
+// compute and wait share the compute thread's track: a wait is the compute thread blocked on
+// communication, so it does not count as compute covering it.
+enum class Track { compute = 0, comm = 1, wait = 2 };
+using Clock = std::chrono::steady_clock;
+
+void enable(bool on);
+bool enabled();
+// One interval; `index` >= 0 is appended to the name ("layer forward 3").
+void record(Track track, std::string name, Clock::time_point begin, Clock::time_point end, int index = -1);
+
+class Scope {
+ public:
+  Scope(Track track, const char* name, int index = -1)
+      : track_(track), name_(name), index_(index), begin_(enabled() ? Clock::now() : Clock::time_point{}) {}
+  ~Scope() {
+    if (begin_ != Clock::time_point{}) record(track_, name_, begin_, Clock::now(), index_);
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Track track_;
+  const char* name_;
+  int index_;
+  Clock::time_point begin_;
+};
+
+// The names of the dispatchers' comm-stream tasks for the MoE token exchanges, the communication
+// EP overlap can hide.
+inline constexpr const char* kDispatch = "dispatch";
+inline constexpr const char* kCombine = "combine";
+inline constexpr const char* kDispatchBackward = "dispatch backward";
+inline constexpr const char* kCombineBackward = "combine backward";
+bool is_token_exchange(const std::string& task_name);
+
+// Summed lengths of this rank's recorded intervals since `since`: compute (less its waits),
+// communication, and the part of it during which the compute thread was not computing (the
+// exposed communication); the same for the MoE token exchanges alone.
+struct Summary {
+  double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  double token_exchange_s = 0, exposed_token_exchange_s = 0;
+};
+Summary summarize(Clock::time_point since);
+
+// This rank's events as a JSON array (Chrome trace events of process `rank`, times relative to
+// `origin`), and clears them.
+std::string take_events_json(int rank, Clock::time_point origin);
+// Writes every rank's take_events_json (in rank order) to `path` as one trace, atomically.
+void write(const std::string& path, const std::vector<std::string>& events_per_rank);
+
+}  // namespace epx::trace

@@ -1,0 +1,121 @@
+#include "epx/trace/trace.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
+
+namespace epx::trace {
+namespace {
+
+struct Event {
+  Track track;
+  std::string name;
+  Clock::time_point begin, end;
+};
+
+std::atomic<bool> g_enabled{false};
+std::mutex g_mu;
+std::vector<Event> g_events;
+
+double us(Clock::time_point t, Clock::time_point origin) {
+  return std::chrono::duration<double, std::micro>(t - origin).count();
+}
+
+using Intervals = std::vector<std::pair<Clock::time_point, Clock::time_point>>;
+
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& c : v)
+    if (!out.empty() && c.first <= out.back().second) out.back().second = std::max(out.back().second, c.second);
+    else out.push_back(c);
+  return out;
+}
+
+// a \ b, both merged.
+Intervals minus(const Intervals& a, const Intervals& b) {
+  Intervals out;
+  for (auto [begin, end] : a) {
+    for (const auto& [bb, be] : b) {
+      if (be <= begin || bb >= end) continue;
+      if (bb > begin) out.emplace_back(begin, bb);
+      begin = std::max(begin, be);
+    }
+    if (begin < end) out.emplace_back(begin, end);
+  }
+  return out;
+}
+
+
+}  // namespace
+
+bool is_token_exchange(const std::string& name) {
+  return name == kDispatch || name == kCombine || name == kDispatchBackward || name == kCombineBackward;
+}
+
+void enable(bool on) { g_enabled = on; }
+bool enabled() { return g_enabled; }
+
+void record(Track track, std::string name, Clock::time_point begin, Clock::time_point end, int index) {
+  if (!g_enabled) return;
+  if (index >= 0) name.append(" ").append(std::to_string(index));
+  std::lock_guard lock(g_mu);
+  g_events.push_back({track, std::move(name), begin, end});
+}
+
+Summary summarize(Clock::time_point since) {
+  Intervals compute, comm, wait, exchange;
+  {
+    std::lock_guard lock(g_mu);
+    for (const Event& e : g_events) {
+      if (e.begin < since) continue;
+      (e.track == Track::compute ? compute : e.track == Track::comm ? comm : wait).emplace_back(e.begin, e.end);
+      if (e.track == Track::comm && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
+    }
+  }
+  const Intervals busy = minus(merged(compute), merged(wait));
+  Summary s;
+  const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  for (const auto& [b, e] : busy) s.compute_s += sec(e - b);
+  const auto add = [&](const Intervals& v, double& total, double& exposed) {
+    for (const auto& [b, e] : v) {
+      total += sec(e - b);
+      for (const auto& [xb, xe] : minus({{b, e}}, busy)) exposed += sec(xe - xb);
+    }
+  };
+  add(comm, s.comm_s, s.exposed_comm_s);
+  add(exchange, s.token_exchange_s, s.exposed_token_exchange_s);
+  return s;
+}
+
+std::string take_events_json(int rank, Clock::time_point origin) {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  for (int tid : {0, 1})
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+                      {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
+  std::lock_guard lock(g_mu);
+  for (const Event& e : g_events)
+    events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : e.track == Track::comm ? "comm" : "wait"},
+                      {"ph", "X"}, {"pid", rank}, {"tid", e.track == Track::comm ? 1 : 0}, {"ts", us(e.begin, origin)},
+                      {"dur", us(e.end, e.begin)}});
+  g_events.clear();
+  return json_text(events);
+}
+
+void write(const std::string& path, const std::vector<std::string>& events_per_rank) {
+  nlohmann::json merged = nlohmann::json::array();
+  for (const std::string& events : events_per_rank)
+    for (auto& e : nlohmann::json::parse(events)) merged.push_back(std::move(e));
+  const std::string text = json_text({{"traceEvents", merged}, {"displayTimeUnit", "ms"}});
+  write_file_atomically(path, [&](std::ostream& out) { out << text << "\n"; });
+}
+
+}  // namespace epx::trace

@@ -1,0 +1,50 @@
+// Every spec the layers below train/ run on, built once from the resolved Config and checked
+// here, so that nothing below train/ reads the config. Each function throws ConfigError naming
+// the field, its value and what to set (citing the check rule's id where `epx check` has one:
+// the checker runs first, so those are the library's own guard).
+#pragma once
+
+#include <cstdint>
+
+#include "epx/comm/parallel_layout.hpp"
+#include "epx/config/config.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/model/model_spec.hpp"
+#include "epx/moe/moe_spec.hpp"
+#include "epx/schedule/schedule.hpp"
+#include "epx/train/optimizer.hpp"
+
+namespace epx {
+
+// The rank grid for `world` ranks. epx runs attention with data parallelism only and PP = 1, so
+// TP, CP and PP must be 1; ETP and EP split the experts.
+ParallelLayout parallel_layout_from_config(const Config& c, int world);
+// One MoE layer's shape and routing.
+MoESpec moe_spec_from_config(const Config& c);
+// The whole GPT model, its MoE layers (moe_spec_from_config) and the recompute plan.
+ModelSpec model_spec_from_config(const Config& c);
+// model.moe_token_dispatcher_type, the flex backend and its knobs, and HybridEP's environment
+// variables (the process's, else the recipe's env_vars). A backend this build lacks is an
+// EnvironmentError.
+DispatcherOptions dispatcher_options_from_config(const Config& c);
+// comm_overlap as resolved onto the model: EP overlap, delayed wgrad.
+ScheduleOptions schedule_options_from_config(const Config& c);
+// Megatron's OptimizerParamScheduler from optimizer.* and scheduler.*.
+LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters);
+
+// What `epx run` trains: all of the above for this job's ranks, and the batch arithmetic.
+struct JobSpec {
+  ParallelLayout layout;
+  ModelSpec model;
+  DispatcherOptions dispatcher;
+  ScheduleOptions schedule;
+  LrSchedule lr;
+  std::int64_t iterations = 0;
+  std::int64_t global_batch = 0;   // sequences per iteration, over all DP ranks
+  std::int64_t micro_batches = 0;  // per DP rank per iteration (gradient accumulation)
+
+  // Also requires target.num_gpus to equal `world` and the batch to divide over DP.
+  static JobSpec from_config(const Config& resolved, int world);
+};
+
+}  // namespace epx

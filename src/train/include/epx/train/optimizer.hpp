@@ -1,0 +1,43 @@
+// Megatron's optimizer step for `epx run`: the learning-rate schedule (OptimizerParamScheduler:
+// linear warmup, then constant, linear or cosine decay to min_lr) and Adam with decoupled weight
+// decay (Megatron's "adam": Apex FusedAdam in AdamW mode) on the FP32 masters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/config/config.hpp"
+#include "epx/tensor/param.hpp"
+
+namespace epx {
+
+struct LrSchedule {
+  double max_lr = 0, min_lr = 0, warmup_init = 0;
+  std::int64_t warmup_steps = 0, decay_steps = 0;
+  std::string style = "linear";  // constant | linear | cosine
+
+  // The learning rate after `step` optimizer steps (the step numbered step + 1 uses it).
+  double at(std::int64_t step) const;
+};
+
+class Adam {
+ public:
+  // Norm gammas (1-D tensors) get no weight decay, as in Megatron.
+  Adam(std::vector<Param*> params, const OptimizerConfig& config);
+  // One step on every param's grad with learning rate `lr`; refreshes the compute copies.
+  void step(double lr);
+  std::int64_t state_bytes() const;
+
+ private:
+  struct State {
+    Param* param;
+    Tensor m, v;
+    bool decay;
+  };
+  std::vector<State> states_;
+  OptimizerConfig config_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace epx

@@ -1,0 +1,57 @@
+// `epx run`'s training loop: mock pretraining of the GPT model on this job's MPI ranks, as
+// Megatron's pretrain() with PP = 1. Attention and dense weights are replicated over the
+// data-parallel ranks; each MoE layer's experts are split over EP (and ETP) and replicated over
+// EDP. Per iteration: global_batch_size / (micro_batch_size x DP) micro-batches of forward and
+// backward (gradient accumulation), gradients summed over DP (experts over EDP) and scaled by
+// 1 / DP, the expert-bias update, gradient clipping, then Adam at the scheduled learning rate.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "epx/comm/comm.hpp"
+#include "epx/config/config.hpp"
+#include "epx/train/mock_data.hpp"
+#include "epx/trace/trace.hpp"
+
+namespace epx {
+
+struct TrainOptions {
+  MockData::Mode data = MockData::Mode::random;
+  int steady_first = 3;         // the summary's mean step time: iterations steady_first..
+  int steady_last = 0;          // ..steady_last (0: the last iteration), as the seeds' harness
+  std::optional<std::string> trace_path;  // Chrome / Perfetto trace
+  bool log = true;              // Megatron's log lines and the summary on stdout
+  bool progress_bar = false;    // on stderr (rank 0), when it is a terminal
+};
+
+struct IterationLog {
+  int iteration = 0;
+  std::int64_t consumed_samples = 0;
+  double step_s = 0, tflops_per_rank = 0, lr = 0, lm_loss = 0, load_balancing_loss = 0, grad_norm = 0;
+  std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
+};
+
+struct TrainResult {
+  std::vector<IterationLog> iterations;  // identical losses on every rank
+  int steady_first = 0, steady_last = 0;
+  double mean_step_s = 0, tflops_per_rank = 0, flops_per_iteration = 0;
+  std::int64_t peak_memory_bytes = 0;    // max over ranks of mem-max-allocated
+  double final_loss = 0;
+  double comm_in_flight_s = 0;           // this rank's communication stream, steady state
+  double comm_thread_cpu_s = 0;          // the CPU time its thread used meanwhile
+  std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
+  std::string layout, dispatcher, schedule, recompute;
+  nlohmann::json to_json() const;
+};
+
+// Collective over `world`. Throws ConfigError (before any rank computes) for a config that does
+// not fit the ranks or cannot be trained.
+TrainResult train(const Config& resolved, Communicator& world, const TrainOptions& options, std::ostream& out);
+
+}  // namespace epx

@@ -1,0 +1,296 @@
+#include "epx/train/job_spec.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "epx/base/env.hpp"
+
+namespace epx {
+namespace {
+
+[[noreturn]] void bad(const std::string& field, const std::string& value, const std::string& why) {
+  throw ConfigError(fmt::format("{}={}: {}", field, value, why));
+}
+
+std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
+
+}  // namespace
+
+ParallelLayout parallel_layout_from_config(const Config& c, int world) {
+  const ModelConfig& m = c.model;
+  if (m.pipeline_model_parallel_size != 1)
+    bad("model.pipeline_model_parallel_size", std::to_string(m.pipeline_model_parallel_size),
+        "epx runs with PP = 1; set it to 1");
+  if (m.tensor_model_parallel_size != 1 || m.context_parallel_size != 1)
+    throw ConfigError(fmt::format(
+        "model.tensor_model_parallel_size={}, model.context_parallel_size={}: epx splits attention "
+        "by data parallelism only; set both to 1 (expert_tensor_parallel_size still splits the experts)",
+        m.tensor_model_parallel_size, m.context_parallel_size));
+  return ParallelLayout::make(world, 1, 1, 1, static_cast<int>(m.expert_model_parallel_size),
+                              static_cast<int>(effective_etp(m)));
+}
+
+MoESpec moe_spec_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  MoESpec s;
+  if (!m.num_moe_experts || *m.num_moe_experts < 1)
+    bad("model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
+        "an MoE layer needs experts; set model.num_moe_experts to 1 or more");
+  s.num_experts = *m.num_moe_experts;
+  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
+  s.hidden = m.hidden_size;
+  s.topk = static_cast<int>(m.moe_router_topk);
+  if (s.topk < 1 || s.topk > s.num_experts)
+    bad("model.moe_router_topk", std::to_string(s.topk),
+        fmt::format("[moe.topk_range] must be between 1 and num_moe_experts ({})", s.num_experts));
+  const auto ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+  if (!ffn || *ffn < 1)
+    bad("model.moe_ffn_hidden_size", ffn ? std::to_string(*ffn) : "None",
+        "set the experts' FFN width (model.moe_ffn_hidden_size)");
+  s.ffn = *ffn;
+  s.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
+  s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
+  if (s.shared_ffn < 0)
+    bad("model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");
+  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
+  s.dtype = m.bf16 ? DType::BF16 : DType::F32;
+
+  s.score_function = m.moe_router_score_function;
+  if (s.score_function != "softmax" && s.score_function != "sigmoid")
+    bad("model.moe_router_score_function", s.score_function, "epx supports softmax and sigmoid");
+  s.pre_softmax = m.moe_router_pre_softmax;
+  s.topk_scaling_factor = m.moe_router_topk_scaling_factor.value_or(1.0);
+  s.num_groups = static_cast<int>(m.moe_router_num_groups.value_or(0));
+  s.group_topk = static_cast<int>(m.moe_router_group_topk.value_or(0));
+  if (s.num_groups > 0) {
+    if (s.num_experts % s.num_groups != 0)
+      bad("model.moe_router_num_groups", std::to_string(s.num_groups),
+          fmt::format("must divide num_moe_experts ({})", s.num_experts));
+    if (s.group_topk < 1 || s.group_topk > s.num_groups || s.topk % s.group_topk != 0 ||
+        s.topk / s.group_topk > s.num_experts / s.num_groups)
+      bad("model.moe_router_group_topk", std::to_string(s.group_topk),
+          "must be between 1 and moe_router_num_groups, divide moe_router_topk, and leave "
+          "topk/group_topk experts per group");
+  }
+  s.expert_bias = m.moe_router_enable_expert_bias;
+  s.bias_update_rate = m.moe_router_bias_update_rate;
+  s.load_balancing = m.moe_router_load_balancing_type;
+  if (s.load_balancing != "aux_loss" && s.load_balancing != "seq_aux_loss" && s.load_balancing != "none")
+    bad("model.moe_router_load_balancing_type", s.load_balancing,
+        "epx supports aux_loss, seq_aux_loss and none (global_aux_loss and sinkhorn are not "
+        "implemented)");
+  s.aux_loss_coeff = m.moe_aux_loss_coeff;
+  s.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
+  s.force_load_balancing = m.moe_router_force_load_balancing;
+
+  s.capacity_factor = m.moe_expert_capacity_factor;
+  if (s.capacity_factor && *s.capacity_factor <= 0)
+    bad("model.moe_expert_capacity_factor", fmt::format("{}", *s.capacity_factor),
+        "must be positive, or None for dropless");
+  s.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
+  if (s.pad_to_capacity && !s.capacity_factor)
+    bad("model.moe_pad_expert_input_to_capacity", "true",
+        "padding to capacity needs model.moe_expert_capacity_factor");
+  s.drop_policy = m.moe_token_drop_policy;
+  if (s.drop_policy != "probs" && s.drop_policy != "position")
+    bad("model.moe_token_drop_policy", s.drop_policy, "must be probs or position");
+
+  s.init_std = m.init_method_std;
+  s.num_layers = static_cast<int>(std::max<Int>(1, m.num_layers));
+  s.seed = static_cast<std::uint64_t>(c.rng.seed);
+  s.seq_length = m.seq_length;
+  s.micro_batch = c.train.micro_batch_size.value_or(1);
+  if (s.seq_length < 1) bad("model.seq_length", std::to_string(s.seq_length), "must be positive");
+  if (s.micro_batch < 1)
+    bad("train.micro_batch_size", std::to_string(s.micro_batch), "must be positive");
+  return s;
+}
+
+ModelSpec model_spec_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  ModelSpec s;
+  if (m.num_layers < 1) bad("model.num_layers", std::to_string(m.num_layers), "must be at least 1");
+  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
+  if (!m.vocab_size || *m.vocab_size < 2)
+    bad("model.vocab_size", opt(m.vocab_size), "the mock data and the LM head need a vocabulary; set model.vocab_size (e.g. 4096)");
+  if (m.normalization != "RMSNorm")
+    bad("model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
+  if (!m.gated_linear_unit)
+    bad("model.gated_linear_unit", "false", "epx's MLPs are SwiGLU; set model.gated_linear_unit=true");
+  if (m.add_bias_linear) bad("model.add_bias_linear", "true", "epx's linear layers have no bias; set model.add_bias_linear=false");
+  if (m.add_qkv_bias) bad("model.add_qkv_bias", "true", "epx's attention has no QKV bias; set model.add_qkv_bias=false");
+  if (m.multi_latent_attention)
+    bad("model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
+  if (m.mtp_num_layers && *m.mtp_num_layers > 0)
+    bad("model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
+  if (m.position_embedding_type != "rope" && m.position_embedding_type != "none")
+    bad("model.position_embedding_type", m.position_embedding_type, "epx implements rope and none; set model.position_embedding_type=rope");
+  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
+
+  s.vocab = *m.vocab_size;
+  s.hidden = m.hidden_size;
+  s.num_layers = static_cast<int>(m.num_layers);
+  s.dtype = m.bf16 ? DType::BF16 : DType::F32;
+  s.eps = static_cast<float>(m.layernorm_epsilon);
+  s.init_std = m.init_method_std;
+  s.seed = static_cast<std::uint64_t>(c.rng.seed);
+  s.tie_embeddings = m.share_embeddings_and_output_weights;
+  s.seq_length = m.seq_length;
+  s.micro_batch = c.train.micro_batch_size.value_or(1);
+  if (s.seq_length < 1) bad("model.seq_length", std::to_string(s.seq_length), "must be positive");
+  if (s.micro_batch < 1) bad("train.micro_batch_size", std::to_string(s.micro_batch), "must be positive");
+
+  AttentionSpec& a = s.attention;
+  a.hidden = s.hidden;
+  a.heads = m.num_attention_heads;
+  if (a.heads < 1) bad("model.num_attention_heads", std::to_string(a.heads), "must be positive");
+  a.groups = m.num_query_groups.value_or(a.heads);
+  if (a.groups < 1 || a.heads % a.groups != 0)
+    bad("model.num_query_groups", std::to_string(a.groups),
+        fmt::format("must divide num_attention_heads ({})", a.heads));
+  a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
+  if (a.head_dim < 1) bad("model.kv_channels", opt(m.kv_channels), "must be positive");
+  a.rope = m.position_embedding_type == "rope";
+  if (a.rope && a.head_dim % 2 != 0)
+    bad("model.kv_channels", std::to_string(a.head_dim), "rotary embeddings need an even head dimension");
+  a.rope_base = m.rotary_base;
+  a.qk_norm = m.qk_layernorm;
+  a.eps = s.eps;
+  a.dtype = s.dtype;
+
+  // moe_layer_freq: layer i is MoE when i % every == 0, or as the explicit pattern says.
+  const bool any_experts = m.num_moe_experts && *m.num_moe_experts > 0;
+  if (!m.moe_layer_freq.pattern.empty() &&
+      static_cast<int>(m.moe_layer_freq.pattern.size()) != s.num_layers)
+    bad("model.moe_layer_freq", fmt::format("[{}]", fmt::join(m.moe_layer_freq.pattern, ", ")),
+        fmt::format("the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
+  if (m.moe_layer_freq.pattern.empty() && m.moe_layer_freq.every < 1)
+    bad("model.moe_layer_freq", std::to_string(m.moe_layer_freq.every), "must be at least 1");
+  for (int i = 0; i < s.num_layers; ++i)
+    s.is_moe.push_back(any_experts && (m.moe_layer_freq.pattern.empty() ? i % m.moe_layer_freq.every == 0
+                                                                        : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0));
+  if (s.num_moe_layers() > 0) {
+    s.moe = moe_spec_from_config(c);
+  }
+  if (s.num_moe_layers() < s.num_layers) {
+    if (!m.ffn_hidden_size || *m.ffn_hidden_size < 1)
+      bad("model.ffn_hidden_size", opt(m.ffn_hidden_size), "the dense MLP layers need a width; set model.ffn_hidden_size");
+    s.ffn = *m.ffn_hidden_size;
+  }
+
+  // Recompute.
+  RecomputeSpec& r = s.recompute;
+  if (m.recompute_granularity == "selective") {
+    for (const std::string& mod : m.recompute_modules.value_or(StringList{"core_attn"})) {
+      if (mod == "layernorm") r.layernorm = true;
+      else if (mod == "core_attn") r.core_attn = true;
+      else if (mod == "moe_act") r.moe_act = true;
+      else if (mod == "mlp") r.mlp = true;
+      else if (mod == "shared_experts") r.shared_experts = true;
+      else
+        bad("model.recompute_modules", mod,
+            "epx recomputes layernorm, core_attn, moe_act, mlp and shared_experts (moe and "
+            "mla_up_proj are not implemented); remove it from the list");
+    }
+  } else if (m.recompute_granularity == "full") {
+    if (!m.recompute_method || (*m.recompute_method != "uniform" && *m.recompute_method != "block"))
+      bad("model.recompute_method", m.recompute_method.value_or("None"),
+          "full recompute needs a method; set model.recompute_method=uniform or block");
+    if (!m.recompute_num_layers || *m.recompute_num_layers < 1)
+      bad("model.recompute_num_layers", opt(m.recompute_num_layers),
+          "full recompute needs the number of layers per checkpoint (uniform) or recomputed (block); set it to 1 or more");
+    r.method = *m.recompute_method;
+    r.num_layers = static_cast<int>(*m.recompute_num_layers);
+  } else if (m.recompute_granularity) {
+    bad("model.recompute_granularity", *m.recompute_granularity, "must be full, selective or None");
+  }
+  return s;
+}
+
+DispatcherOptions dispatcher_options_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  DispatcherOptions o;
+  if (m.moe_token_dispatcher_type == "alltoall") {
+    o.type = DispatcherType::alltoall;
+  } else if (m.moe_token_dispatcher_type == "flex") {
+    o.type = DispatcherType::flex;
+  } else {
+    bad("model.moe_token_dispatcher_type", m.moe_token_dispatcher_type,
+        "epx runs expert parallelism with the alltoall and flex dispatchers only; set "
+        "model.moe_token_dispatcher_type=alltoall or flex");
+  }
+  if (o.type != DispatcherType::flex) return o;
+  FlexOptions& f = o.flex;
+  const std::string backend = m.moe_flex_dispatcher_backend.value_or("deepep");
+  if (backend == "deepep") {
+    f.backend = FlexBackend::deepep;
+  } else if (backend == "hybridep") {
+    f.backend = FlexBackend::hybridep;
+  } else {
+    throw EnvironmentError(fmt::format(
+        "model.moe_flex_dispatcher_backend={}: this epx build has no {} backend (it has deepep "
+        "and hybridep); set model.moe_flex_dispatcher_backend=deepep or hybridep, or "
+        "model.moe_token_dispatcher_type=alltoall",
+        backend, backend));
+  }
+  if (const OptInt& sms = m.moe_flex_dispatcher_num_sms) {
+    if (*sms < 1) bad("model.moe_flex_dispatcher_num_sms", std::to_string(*sms), "expected a positive number (default 20)");
+    f.num_sms = static_cast<int>(*sms);
+  }
+  f.ranks_per_domain = static_cast<int>(read_env(env::kHybridEpRanksPerDomain, &c.env_vars));
+  f.tokens_per_chunk = static_cast<int>(read_env(env::kHybridEpTokensPerChunk, &c.env_vars));
+  return o;
+}
+
+ScheduleOptions schedule_options_from_config(const Config& c) {
+  return {c.model.overlap_moe_expert_parallel_comm, c.model.delay_wgrad_compute};
+}
+
+LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
+  LrSchedule s;
+  if (!c.optimizer.lr || *c.optimizer.lr < 0)
+    throw ConfigError(fmt::format("optimizer.lr={}: training needs a learning rate; set optimizer.lr (e.g. 3e-4)",
+                                  c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None"));
+  s.max_lr = *c.optimizer.lr;
+  s.min_lr = c.optimizer.min_lr.value_or(0.0);
+  if (s.min_lr > s.max_lr)
+    throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
+  s.warmup_init = c.scheduler.lr_warmup_init;
+  s.warmup_steps = c.scheduler.lr_warmup_iters;
+  s.decay_steps = c.scheduler.lr_decay_iters.value_or(train_iters);
+  s.style = c.scheduler.lr_decay_style;
+  if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
+    throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
+  if (s.warmup_steps < 0 || (s.style != "constant" && s.decay_steps <= s.warmup_steps))
+    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}: must be below the decay iterations ({}, "
+                                  "scheduler.lr_decay_iters or train.train_iters)",
+                                  s.warmup_steps, s.decay_steps));
+  return s;
+}
+
+JobSpec JobSpec::from_config(const Config& c, int world) {
+  if (c.target.num_gpus != world)
+    throw ConfigError(fmt::format("target.num_gpus={}: the job has {} ranks; launch {} ranks or set -ng {}",
+                                  c.target.num_gpus.value_or(0), world, c.target.num_gpus.value_or(0), world));
+  JobSpec j{.layout = parallel_layout_from_config(c, world),
+            .model = model_spec_from_config(c),
+            .schedule = schedule_options_from_config(c)};
+  if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
+  j.iterations = c.train.train_iters.value_or(0);
+  if (j.iterations < 1) bad("train.train_iters", opt(c.train.train_iters), "set the number of iterations (or --max_steps)");
+  const std::int64_t gbs = c.train.global_batch_size.value_or(0), mbs = j.model.micro_batch, dp = j.layout.dp;
+  if (gbs < 1 || gbs % (mbs * dp) != 0)
+    throw ConfigError(fmt::format(
+        "train.global_batch_size={}: must be a positive multiple of micro_batch_size x data-parallel size "
+        "= {} x {} = {} (each DP rank runs an equal number of micro-batches); set it to {}",
+        gbs, mbs, dp, mbs * dp, std::max<std::int64_t>(1, gbs / (mbs * dp)) * mbs * dp));
+  j.global_batch = gbs;
+  j.micro_batches = gbs / (mbs * dp);
+  j.lr = lr_schedule_from_config(c, j.iterations);
+  return j;
+}
+
+}  // namespace epx

@@ -1,0 +1,185 @@
+// The distributed MoE layer (alltoall dispatcher, experts sharded by EP and ETP) against the
+// single-rank layer on the same global weights and inputs, on 1, 2 and 4 real ranks.
+//
+// Reference: each rank's slice of the sequence is one micro-batch of the single-rank layer (the
+// distributed run routes, drops and computes its aux loss per rank, as Megatron does per rank);
+// the reference runs every slice, concatenates outputs and input gradients and sums the weight
+// gradients. Every rank computes the whole reference itself, then checks its own part.
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "epx/comm/comm_stream.hpp"
+#include "epx/moe/moe_layer.hpp"
+#include "epx/comm/process_groups.hpp"
+#include "epx/tensor/random.hpp"
+#include "mpi_test_support.hpp"
+#include "tensor_compare.hpp"
+
+namespace epx {
+namespace {
+
+using test::mpi;
+
+struct Case {
+  int ep = 1, etp = 1;  // 0: the world size
+  int topk = 2;
+  bool shared = false;
+  enum Mode { dropless, drop, pad } mode = dropless;
+  bool skewed = false;  // every token picks the last expert (and ties to expert 0)
+  DType dtype = DType::F32;
+  double aux = 0;
+};
+
+MoESpec spec_for(const Case& c) {
+  MoESpec s;
+  s.hidden = 32;
+  s.num_experts = 8;
+  s.topk = c.topk;
+  s.ffn = 16;
+  s.shared_ffn = c.shared ? 24 : 0;
+  s.dtype = c.dtype;
+  s.seq_length = 16;  // divisible by 1, 2 and 4 ranks
+  s.micro_batch = 2;
+  s.aux_loss_coeff = c.aux;
+  s.z_loss_coeff = c.aux;
+  if (c.mode != Case::dropless) s.capacity_factor = 1.0;
+  s.pad_to_capacity = c.mode == Case::pad;
+  s.init_std = 0.2;  // large enough that routing is not uniform
+  return s;
+}
+
+void expect_close(const Tensor& want, const Tensor& got, double tol, const std::string& what) {
+  ASSERT_EQ(want.shape(), got.shape()) << what;
+  EXPECT_LE(test::rel_l2(got, want), tol) << what << " on rank " << mpi().rank();
+}
+
+struct Global {
+  MoELayer layer;
+  Tensor x, dy;
+};
+
+// Global weights and inputs, the same on every rank.
+Global make_global(const MoESpec& spec, const Case& c, std::uint64_t seed) {
+  Global g{MoELayer(spec, make_local_dispatcher(spec.num_experts)), {}, {}};
+  g.layer.init_weights(seed);
+  const Shape shape{spec.seq_length, spec.micro_batch, spec.hidden};
+  g.x = random_normal(shape, spec.dtype, seed, 1);
+  g.dy = random_normal(shape, spec.dtype, seed, 2);
+  if (c.skewed) {
+    for (std::int64_t i = 0; i < g.x.numel(); ++i) g.x.set(i, std::fabs(g.x.get(i)));
+    TensorMap w = g.layer.weight_tensors();
+    Tensor& router = w.at("mlp.router.weight");
+    for (std::int64_t e = 0; e < spec.num_experts; ++e)
+      for (std::int64_t h = 0; h < spec.hidden; ++h)
+        router.set(e * spec.hidden + h, e == spec.num_experts - 1 ? 0.05f : -0.05f);
+    g.layer.load_weights(w, "skewed");
+  }
+  return g;
+}
+
+void run_case(const Case& c) {
+  const int world = mpi().size(), rank = mpi().rank();
+  const int ep = c.ep ? c.ep : world, etp = c.etp ? c.etp : world;
+  if (world % (ep * etp) != 0) GTEST_SKIP() << fmt::format("EP{} x ETP{} does not fit {} ranks", ep, etp, world);
+  const MoESpec spec = spec_for(c);
+  Global g = make_global(spec, c, 42);
+  const double tol = c.dtype == DType::F32 ? 2e-6 : 2e-2;
+
+  // Reference: every rank's slice through the single-rank layer.
+  Tensor ref_y, ref_dx;
+  double ref_aux = 0;
+  g.layer.zero_grad();
+  for (int r = 0; r < world; ++r) {
+    MoELayer::Context ctx;
+    g.layer.rank = static_cast<std::uint64_t>(r);
+    Tensor y = g.layer.forward(g.x.chunk(r, world), ctx);
+    Tensor dx = g.layer.backward(ctx, g.dy.chunk(r, world));
+    if (r == rank) {
+      ref_y = y;
+      ref_dx = dx;
+      ref_aux = ctx.routing.aux_loss;
+    }
+  }
+  const TensorMap ref_grads = g.layer.grad_tensors();
+
+  // Distributed.
+  ProcessGroups groups(mpi().world(), ParallelLayout::make(world, 1, 1, 1, ep, etp));
+  CommStream stream;
+  MoELayer layer(spec, make_alltoall_dispatcher(spec.num_experts, groups, stream));
+  layer.load_weights(g.layer.weight_tensors(), "global");
+  layer.rank = static_cast<std::uint64_t>(rank);
+  layer.zero_grad();
+  MoELayer::Context ctx;
+  const Tensor y = layer.forward(g.x.chunk(rank, world), ctx);
+  const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
+  layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
+
+  expect_close(ref_y, y, tol, "output");
+  expect_close(ref_dx, dx, tol, "input gradient");
+  EXPECT_NEAR(ctx.routing.aux_loss, ref_aux, 1e-6 + 1e-5 * std::fabs(ref_aux));
+  // Each gradient this rank owns, compared on its shard (the rest of an ETP-split tensor is 0;
+  // random weights are nonzero exactly on the shard).
+  const TensorMap weights = layer.weight_tensors(), grads = layer.grad_tensors();
+  for (const auto& [name, w] : weights) {
+    const Tensor& want_full = ref_grads.at("grad." + name);
+    Tensor want(want_full.shape(), DType::F32);
+    for (std::int64_t i = 0; i < w.numel(); ++i) want.set(i, w.get(i) != 0 ? want_full.get(i) : 0.f);
+    expect_close(want, grads.at("grad." + name), c.dtype == DType::F32 ? 1e-5 : 2e-2, "grad." + name);
+  }
+  if (c.skewed) {  // the skew really left experts and ranks without tokens
+    EXPECT_EQ(ctx.routing.tokens_per_expert[1], 0);
+  }
+}
+
+TEST(DistributedLayer, EpAllRanksTop1) { run_case({.ep = 0, .topk = 1}); }
+TEST(DistributedLayer, EpAllRanksTop2SharedExpertAuxLoss) { run_case({.ep = 0, .topk = 2, .shared = true, .aux = 1e-2}); }
+TEST(DistributedLayer, EpAllRanksTop4) { run_case({.ep = 0, .topk = 4}); }
+TEST(DistributedLayer, EpAllRanksCapacityDrop) { run_case({.ep = 0, .topk = 2, .mode = Case::drop}); }
+TEST(DistributedLayer, EpAllRanksDropAndPad) { run_case({.ep = 0, .topk = 2, .mode = Case::pad}); }
+TEST(DistributedLayer, SkewedRoutingEmptyExpertsAndRanks) { run_case({.ep = 0, .topk = 2, .skewed = true}); }
+TEST(DistributedLayer, Bf16WithSharedExpert) { run_case({.ep = 0, .topk = 2, .shared = true, .dtype = DType::BF16}); }
+TEST(DistributedLayer, Ep2WithExpertDataParallel) { run_case({.ep = 2, .topk = 2}); }
+TEST(DistributedLayer, EtpAllRanks) { run_case({.ep = 1, .etp = 0, .topk = 2, .shared = true}); }
+TEST(DistributedLayer, Etp2Ep2Top4) { run_case({.ep = 2, .etp = 2, .topk = 4}); }
+TEST(DistributedLayer, Etp2Ep2DropAndPad) { run_case({.ep = 2, .etp = 2, .topk = 2, .mode = Case::pad}); }
+TEST(DistributedLayer, Etp2Ep2Bf16) { run_case({.ep = 2, .etp = 2, .topk = 2, .dtype = DType::BF16}); }
+
+// Dropless with no aux loss, routing does not depend on how tokens are split: the distributed
+// layer equals one single-rank run over all tokens. The experts see the same rows in the same
+// order (rank-major is token order), so outputs and expert gradients are bitwise equal; only the
+// router gradient is summed over ranks in another order.
+TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
+  const int world = mpi().size(), rank = mpi().rank();
+  const Case c{.ep = 0, .topk = 2};
+  const MoESpec spec = spec_for(c);
+  Global g = make_global(spec, c, 7);
+  g.layer.zero_grad();
+  MoELayer::Context ref_ctx;
+  const Tensor ref_y = g.layer.forward(g.x, ref_ctx).chunk(rank, world);
+  const Tensor ref_dx = g.layer.backward(ref_ctx, g.dy).chunk(rank, world);
+  const TensorMap ref_grads = g.layer.grad_tensors();
+
+  ProcessGroups groups(mpi().world(), ParallelLayout::make(world, 1, 1, 1, world, 1));
+  CommStream stream;
+  MoELayer layer(spec, make_alltoall_dispatcher(spec.num_experts, groups, stream));
+  layer.load_weights(g.layer.weight_tensors(), "global");
+  layer.zero_grad();
+  MoELayer::Context ctx;
+  const Tensor y = layer.forward(g.x.chunk(rank, world), ctx);
+  const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
+  layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
+
+  EXPECT_EQ(std::memcmp(ref_y.raw(), y.raw(), y.nbytes()), 0) << "output";
+  EXPECT_EQ(std::memcmp(ref_dx.raw(), dx.raw(), dx.nbytes()), 0) << "input gradient";
+  for (const auto& [name, grad] : layer.grad_tensors()) {
+    const Tensor& want = ref_grads.at(name);
+    if (name == "grad.mlp.router.weight") expect_close(want, grad, 1e-6, name);
+    else EXPECT_EQ(std::memcmp(want.raw(), grad.raw(), grad.nbytes()), 0) << name;
+  }
+}
+
+}  // namespace
+}  // namespace epx

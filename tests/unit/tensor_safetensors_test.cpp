@@ -1,0 +1,119 @@
+// Tensor storage and accounting, and safetensors files: round trip and every kind of bad file.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "epx/base/error.hpp"
+#include "epx/tensor/safetensors.hpp"
+#include "gradcheck.hpp"
+
+namespace epx {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("epx_test_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+void write_raw(const std::string& path, const std::string& header, std::size_t data_bytes) {
+  std::ofstream out(path, std::ios::binary);
+  std::uint64_t n = header.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << std::string(data_bytes, '\0');
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    read_safetensors(path);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Tensor, AlignedZeroedAndAccounted) {
+  const auto before = memory_stats().allocated_bytes;
+  reset_peak_memory();
+  {
+    Tensor t({3, 5}, DType::BF16);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.raw()) % 64, 0u);
+    EXPECT_EQ(t.nbytes(), 30u);
+    for (std::int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.get(i), 0.f);
+    EXPECT_EQ(memory_stats().allocated_bytes, before + 30);
+    const Tensor view = t.reshape({15});  // shares storage: no new bytes
+    EXPECT_EQ(memory_stats().allocated_bytes, before + 30);
+  }
+  EXPECT_EQ(memory_stats().allocated_bytes, before);
+  EXPECT_EQ(memory_stats().max_allocated_bytes, before + 30);
+}
+
+TEST(Tensor, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f + 0x1p-16f), 0x3f81);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+}
+
+TEST(Safetensors, RoundTripKeepsNamesShapesDtypesAndBytes) {
+  TensorMap m{{"a", test::randn({2, 3}, 1)}, {"b", test::randn({4}, 2, 1.0, DType::BF16)},
+              {"scalar", Tensor({}, DType::F32)}, {"counts", Tensor({3}, DType::I64)}};
+  m.at("counts").data<std::int64_t>()[2] = 1ll << 40;
+  const std::string path = temp_path("roundtrip.safetensors");
+  write_safetensors(path, m, {{"k", "v"}});
+  const TensorMap back = read_safetensors(path);
+  ASSERT_EQ(back.size(), m.size());
+  for (const auto& [name, t] : m) {
+    const Tensor& b = back.at(name);
+    EXPECT_EQ(b.shape(), t.shape()) << name;
+    EXPECT_EQ(b.dtype(), t.dtype()) << name;
+    EXPECT_EQ(std::memcmp(b.raw(), t.raw(), t.nbytes()), 0) << name;
+  }
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  std::filesystem::remove(path);
+}
+
+TEST(Safetensors, BadFilesNameTheFileAndTensor) {
+  const std::string path = temp_path("bad.safetensors");
+  EXPECT_NE(error_of(temp_path("missing.safetensors")).find("cannot open"), std::string::npos);
+  write_raw(path, "{not json", 0);
+  EXPECT_NE(error_of(path).find("not JSON"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4);
+  EXPECT_NE(error_of(path).find("tensor 'w' has dtype F16"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", 8);  // truncated
+  EXPECT_NE(error_of(path).find("tensor 'w'"), std::string::npos) << error_of(path);
+  {
+    std::ofstream out(path, std::ios::binary);
+    std::uint64_t n = 1ull << 40;  // header length beyond the file
+    out.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  EXPECT_NE(error_of(path).find("header length"), std::string::npos) << error_of(path);
+  // A shape whose byte count overflows 64 bits must not pass as a small tensor.
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[3,6148914691236517206],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(error_of(path).find("tensor 'w' has shape"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8);
+  EXPECT_NE(error_of(path).find(path + ": corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2]}})", 8);
+  EXPECT_NE(error_of(path).find("corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
+  std::filesystem::remove(path);
+}
+
+TEST(Safetensors, ExpectTensorChecksPresenceShapeAndDtype) {
+  const TensorMap m{{"x", Tensor({2, 3}, DType::F32)}, {"n", Tensor({2}, DType::I64)}};
+  EXPECT_NO_THROW(expect_tensor(m, "x", {2, 3}, "f"));
+  auto msg = [&](const std::string& name, const Shape& s) {
+    try {
+      expect_tensor(m, name, s, "f.safetensors");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg("y", {2, 3}).find("tensor 'y' is missing"), std::string::npos);
+  EXPECT_NE(msg("x", {3, 2}).find("has shape [2, 3]; expected [3, 2]"), std::string::npos);
+  EXPECT_NE(msg("n", {2}).find("is I64"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace epx
