@@ -68,9 +68,10 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
                                   spec.seq_length, world, spec.seq_length));
   std::optional<Distributed> dist;
   if (mpi) dist.emplace(*mpi, cfg);
-  MoELayer layer(spec, dist ? make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, dist->groups, dist->stream)
-                            : make_local_dispatcher(spec.num_experts));
-  layer.rank = static_cast<std::uint64_t>(rank);
+  MoELayer layer(spec,
+                 dist ? make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, dist->groups, dist->stream)
+                      : make_local_dispatcher(spec.num_experts),
+                 {.rank = static_cast<std::uint64_t>(rank)});
   const Shape x_shape{spec.seq_length, spec.micro_batch, spec.hidden};
 
   if (args.init_seed) {  // rank 0 writes the whole layer's files; every rank then reads them

@@ -11,14 +11,16 @@
 
 namespace epx {
 
-GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher)
+GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
+                   const MoELayerOptions& moe_options)
     : embedding("embedding.word_embeddings.weight", {spec.vocab, spec.hidden}, spec.dtype),
       final_layernorm("decoder.final_layernorm.weight", {spec.hidden}, DType::F32),
       output_layer("output_layer.weight", {spec.tie_embeddings ? 0 : spec.vocab, spec.hidden}, spec.dtype),
       spec_(spec),
       checkpoint_end_(static_cast<std::size_t>(spec.num_layers), -1) {
   for (int i = 0; i < spec.num_layers; ++i)
-    layers.push_back(std::make_unique<TransformerLayer>(i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr));
+    layers.push_back(std::make_unique<TransformerLayer>(
+        i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
   for (const auto& [first, last] : spec.recompute.checkpoints(spec.num_layers))
     checkpoint_end_[static_cast<std::size_t>(first)] = last;
 }

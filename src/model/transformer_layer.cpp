@@ -9,20 +9,21 @@
 
 namespace epx {
 
-TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher)
+TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher,
+                                   MoELayerOptions moe_options)
     : prefix(fmt::format("decoder.layers.{}", index)),
       input_layernorm(prefix + ".input_layernorm.weight", {spec.hidden}, DType::F32),
       pre_mlp_layernorm(prefix + ".pre_mlp_layernorm.weight", {spec.hidden}, DType::F32),
       attention(prefix + ".self_attention", spec.attention),
       spec_(spec) {
   if (dispatcher) {
-    moe = std::make_unique<MoELayer>(*spec.moe, std::move(dispatcher));
-    if (spec.recompute.moe_act) moe->experts.recompute = GroupedMlp::Recompute::activation;
-    if (spec.recompute.shared_experts && moe->shared_experts)
-      moe->shared_experts->recompute = GroupedMlp::Recompute::all;
+    using R = GroupedMlp::Recompute;
+    moe_options.experts_recompute = spec.recompute.moe_act ? R::activation : R::none;
+    moe_options.shared_recompute = spec.recompute.shared_experts ? R::all : R::none;
+    moe = std::make_unique<MoELayer>(*spec.moe, std::move(dispatcher), moe_options);
   } else {
-    mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, false);
-    if (spec.recompute.mlp) mlp->recompute = GroupedMlp::Recompute::all;
+    mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, false,
+                spec.recompute.mlp ? GroupedMlp::Recompute::all : GroupedMlp::Recompute::none);
   }
 }
 
@@ -67,28 +68,28 @@ Tensor TransformerLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd)
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
-  forward_pre_dispatch(x, ctx, replay_draw);
-  forward_dispatch_start(ctx);
+  forward_attn(x, ctx, replay_draw);
+  launch_moe_dispatch(ctx);
   forward_mlp(ctx);
-  forward_combine_start(ctx);
+  launch_moe_combine(ctx);
   return forward_output(ctx);
 }
 
 Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
-  backward_combine_start(ctx, dy);
+  launch_moe_combine_backward(ctx, dy);
   backward_mlp(ctx, false);
-  backward_dispatch_start(ctx);
-  return backward_pre_dispatch(ctx, false);
+  launch_moe_dispatch_backward(ctx);
+  return backward_attn(ctx, false);
 }
 
 void TransformerLayer::backward_wgrad(Context& ctx) {
   backward_mlp_wgrad(ctx);
-  backward_pre_dispatch_wgrad(ctx);
+  backward_attn_wgrad(ctx);
 }
 
 // ----------------------------------------------------------------------------- forward nodes
 
-void TransformerLayer::forward_pre_dispatch(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
+void TransformerLayer::forward_attn(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
   const std::int64_t S = spec_.seq_length, T = x.dim(0), H = spec_.hidden;
   ctx.x = x;
   const Tensor n1 = norm(x, input_layernorm, ctx.rstd1);
@@ -104,8 +105,8 @@ void TransformerLayer::forward_pre_dispatch(const Tensor& x, Context& ctx, std::
   }
 }
 
-void TransformerLayer::forward_dispatch_start(Context& ctx) {
-  if (moe) moe->forward_dispatch(*ctx.moe);
+void TransformerLayer::launch_moe_dispatch(Context& ctx) {
+  if (moe) moe->launch_dispatch(*ctx.moe);
 }
 
 void TransformerLayer::forward_mlp(Context& ctx) {
@@ -113,8 +114,8 @@ void TransformerLayer::forward_mlp(Context& ctx) {
   else ctx.mlp_io = mlp->forward(ctx.mlp_io, {ctx.mlp_io.dim(0)}, {}, ctx.mlp);
 }
 
-void TransformerLayer::forward_combine_start(Context& ctx) {
-  if (moe) moe->forward_combine(*ctx.moe);
+void TransformerLayer::launch_moe_combine(Context& ctx) {
+  if (moe) moe->launch_combine(*ctx.moe);
 }
 
 Tensor TransformerLayer::forward_output(Context& ctx) {
@@ -140,7 +141,7 @@ Tensor TransformerLayer::forward_output(Context& ctx) {
 
 // ---------------------------------------------------------------------------- backward nodes
 
-void TransformerLayer::backward_combine_start(Context& ctx, const Tensor& dy) {
+void TransformerLayer::launch_moe_combine_backward(Context& ctx, const Tensor& dy) {
   const std::int64_t S = spec_.seq_length, T = dy.dim(0), H = spec_.hidden;
   if (spec_.recompute.layernorm) {
     Tensor rstd;
@@ -149,7 +150,7 @@ void TransformerLayer::backward_combine_start(Context& ctx, const Tensor& dy) {
     else ctx.mlp.x = n2;
   }
   ctx.dy = dy;
-  if (moe) moe->backward_combine(*ctx.moe, dy.reshape({S, T / S, H}));
+  if (moe) moe->launch_combine_backward(*ctx.moe, dy.reshape({S, T / S, H}));
 }
 
 void TransformerLayer::backward_mlp(Context& ctx, bool with_wgrad) {
@@ -158,11 +159,11 @@ void TransformerLayer::backward_mlp(Context& ctx, bool with_wgrad) {
   if (with_wgrad) backward_mlp_wgrad(ctx);
 }
 
-void TransformerLayer::backward_dispatch_start(Context& ctx) {
-  if (moe) moe->backward_dispatch(*ctx.moe);
+void TransformerLayer::launch_moe_dispatch_backward(Context& ctx) {
+  if (moe) moe->launch_dispatch_backward(*ctx.moe);
 }
 
-Tensor TransformerLayer::backward_pre_dispatch(Context& ctx, bool with_wgrad) {
+Tensor TransformerLayer::backward_attn(Context& ctx, bool with_wgrad) {
   const Tensor dy = std::move(ctx.dy);
   const Tensor dn2 = moe ? moe->backward_route(*ctx.moe).reshape(dy.shape()) : std::move(ctx.dn2);
   // dh = dy + RMSNorm'(h)^T dn2.
@@ -182,7 +183,7 @@ Tensor TransformerLayer::backward_pre_dispatch(Context& ctx, bool with_wgrad) {
   Tensor dx = Tensor::uninitialized(dy.shape(), dy.dtype());
   add(dh, tmp, dx);
   ctx.x = ctx.h = ctx.rstd1 = ctx.rstd2 = Tensor();
-  if (with_wgrad) backward_pre_dispatch_wgrad(ctx);
+  if (with_wgrad) backward_attn_wgrad(ctx);
   return dx;
 }
 
@@ -191,7 +192,7 @@ void TransformerLayer::backward_mlp_wgrad(Context& ctx) {
   else mlp->backward_wgrad(ctx.mlp);
 }
 
-void TransformerLayer::backward_pre_dispatch_wgrad(Context& ctx) {
+void TransformerLayer::backward_attn_wgrad(Context& ctx) {
   attention.backward_wgrad(ctx.attn);
   if (moe) {
     moe->backward_dense_wgrad(*ctx.moe);

@@ -21,8 +21,9 @@ std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& counts, std::
 }  // namespace
 
 GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden,
-                       std::int64_t ffn, DType dtype, bool grouped)
-    : fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
+                       std::int64_t ffn, DType dtype, bool grouped, Recompute recompute)
+    : recompute(recompute),
+      fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
       fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
       groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), grouped_(grouped) {
   fc1.expert = fc2.expert = grouped;

@@ -21,14 +21,16 @@ std::int64_t MoELayer::expert_ffn_shard(const MoESpec& spec, int etp) {
   return spec.ffn / etp;
 }
 
-MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher)
+MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher, const MoELayerOptions& options)
     : router(spec),
       experts("mlp.experts", dispatcher->num_local_experts(), spec.hidden,
-              expert_ffn_shard(spec, dispatcher->expert_tp_size()), spec.dtype, true),
+              expert_ffn_shard(spec, dispatcher->expert_tp_size()), spec.dtype, true, options.experts_recompute),
       spec_(spec),
+      options_(options),
       dispatcher_(std::move(dispatcher)) {
   if (spec.shared_ffn > 0)
-    shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false);
+    shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false,
+                           options.shared_recompute);
 }
 
 void MoELayer::reduce_gradients(Communicator& dense, Communicator& expert_dp) {
@@ -63,7 +65,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
   ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
   // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
   if (shared_experts && !spec_.shared_expert_overlap) forward_shared(ctx);
-  ctx.routing = router.forward(ctx.x, seq, training, aux_loss_scale, rank, replay_draw);
+  ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay_draw);
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, {ctx.routing.routing_map, ctx.routing.probs});
 }
 
@@ -71,7 +73,7 @@ void MoELayer::forward_shared(Context& ctx) {
   ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
 }
 
-void MoELayer::forward_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
+void MoELayer::launch_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
 
 void MoELayer::forward_experts(Context& ctx) {
   if (shared_experts && spec_.shared_expert_overlap) forward_shared(ctx);  // while the dispatch flies
@@ -82,7 +84,7 @@ void MoELayer::forward_experts(Context& ctx) {
   dispatcher_->combine_preprocess(d, std::move(y));
 }
 
-void MoELayer::forward_combine(Context& ctx) { dispatcher_->token_combine(ctx.dispatch); }
+void MoELayer::launch_combine(Context& ctx) { dispatcher_->token_combine(ctx.dispatch); }
 
 Tensor MoELayer::forward_output(Context& ctx) {
   Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
@@ -96,9 +98,9 @@ Tensor MoELayer::forward_output(Context& ctx) {
 
 Tensor MoELayer::forward(const Tensor& x, Context& ctx, bool training) {
   forward_route(ctx, x, training);
-  forward_dispatch(ctx);
+  launch_dispatch(ctx);
   forward_experts(ctx);
-  forward_combine(ctx);
+  launch_combine(ctx);
   return forward_output(ctx);
 }
 
@@ -114,7 +116,7 @@ void MoELayer::restore_input(Context& ctx, const Tensor& x) {
 
 // ------------------------------------------------------------------------------ backward
 
-void MoELayer::backward_combine(Context& ctx, const Tensor& dy) {
+void MoELayer::launch_combine_backward(Context& ctx, const Tensor& dy) {
   if (dy.shape() != ctx.input_shape)
     throw InputError(fmt::format("output gradient has shape {}; the output is {}",
                                  shape_string(dy.shape()), shape_string(ctx.input_shape)));
@@ -141,7 +143,7 @@ void MoELayer::backward_experts(Context& ctx) {
   dispatcher_->dispatch_postprocess_backward(d, std::move(dx), std::move(dprobs));
 }
 
-void MoELayer::backward_dispatch(Context& ctx) { dispatcher_->token_dispatch_backward(ctx.dispatch); }
+void MoELayer::launch_dispatch_backward(Context& ctx) { dispatcher_->token_dispatch_backward(ctx.dispatch); }
 
 Tensor MoELayer::backward_route(Context& ctx) {
   ctx.dprobs = Tensor({ctx.x.dim(0), spec_.num_experts}, DType::F32);
@@ -168,9 +170,9 @@ void MoELayer::backward_dense_wgrad(Context& ctx) {
 }
 
 Tensor MoELayer::backward(Context& ctx, const Tensor& dy) {
-  backward_combine(ctx, dy);
+  launch_combine_backward(ctx, dy);
   backward_experts(ctx);
-  backward_dispatch(ctx);
+  launch_dispatch_backward(ctx);
   Tensor dx = backward_route(ctx);
   backward_wgrad(ctx);
   return dx;

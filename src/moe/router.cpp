@@ -47,42 +47,61 @@ Router::Router(const MoESpec& spec)
 
 Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
                         double aux_loss_scale, std::uint64_t rank, std::optional<std::uint64_t> replay_draw) {
-  const std::int64_t t_count = x.dim(0), e = spec_.num_experts;
-  const int k = spec_.topk;
-  if (seq_length < 1 || t_count % seq_length != 0)
+  if (seq_length < 1 || x.dim(0) % seq_length != 0)
     throw std::invalid_argument("router: the token count must be a multiple of seq_length");
   Routing r;
-  r.num_tokens = t_count;
+  r.num_tokens = x.dim(0);
   r.input = x.to(DType::F32);  // a copy: wgrad must not see later changes to x
+  const Tensor logits = gating(r, rank, replay_draw);
+  r.aux_grad = Tensor({r.num_tokens, spec_.num_experts}, DType::F32);
+  if (training) apply_z_loss(r, logits.data<float>(), aux_loss_scale);
+  score_and_select(r, logits.data<float>());
+  if (spec_.capacity_factor) apply_capacity(r);
+  count_tokens(r, /*for_bias=*/training && spec_.expert_bias && !replay_draw);
+  if (training) apply_aux_loss(r, logits.data<float>(), seq_length, aux_loss_scale);
+  return r;
+}
+
+// The gating GEMM; under force load balancing, Megatron's RandomSTE: random logits from a
+// per-rank stream, identity backward.
+Tensor Router::gating(Routing& r, std::uint64_t rank, std::optional<std::uint64_t> replay_draw) {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   Tensor logits_t({t_count, e}, DType::F32);
   gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(logits_t));
-  float* logits = logits_t.data<float>();
   if (spec_.force_load_balancing) {
-    // Megatron's RandomSTE: random logits from a per-rank stream, identity backward.
+    float* logits = logits_t.data<float>();
     r.draw = replay_draw ? *replay_draw : calls_++;
     const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), r.draw);
     for (std::int64_t i = 0; i < t_count * e; ++i) logits[i] = static_cast<float>(rng.normal(static_cast<std::uint64_t>(i)));
   }
-  r.aux_grad = Tensor({t_count, e}, DType::F32);
+  return logits_t;
+}
+
+// z-loss (ST-MoE, Megatron's z_loss_func): coeff * mean(logsumexp(logits)^2); its gradient goes
+// into r.aux_grad.
+void Router::apply_z_loss(Routing& r, const float* logits, double scale) const {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
+  if (spec_.z_loss_coeff <= 0 || t_count == 0) return;
   float* aux_grad = r.aux_grad.data<float>();
-  const double scale = aux_loss_scale;
-
-  // z-loss (ST-MoE): coeff * mean(logsumexp(logits)^2).
-  if (training && spec_.z_loss_coeff > 0 && t_count > 0) {
-    std::vector<float> lse(static_cast<std::size_t>(t_count)), sm(static_cast<std::size_t>(e));
-    logsumexp_rows(logits, lse.data(), t_count, e);
-    double z = 0;
-    for (std::int64_t t = 0; t < t_count; ++t) {
-      const double l = lse[static_cast<std::size_t>(t)];
-      z += l * l;
-      softmax_rows(logits + t * e, sm.data(), 1, e);
-      const double g = scale * spec_.z_loss_coeff * 2.0 * l / static_cast<double>(t_count);
-      for (std::int64_t j = 0; j < e; ++j) aux_grad[t * e + j] += static_cast<float>(g * sm[static_cast<std::size_t>(j)]);
-    }
-    r.z_loss = spec_.z_loss_coeff * z / static_cast<double>(t_count);
+  std::vector<float> lse(static_cast<std::size_t>(t_count)), sm(static_cast<std::size_t>(e));
+  logsumexp_rows(logits, lse.data(), t_count, e);
+  double z = 0;
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    const double l = lse[static_cast<std::size_t>(t)];
+    z += l * l;
+    softmax_rows(logits + t * e, sm.data(), 1, e);
+    const double g = scale * spec_.z_loss_coeff * 2.0 * l / static_cast<double>(t_count);
+    for (std::int64_t j = 0; j < e; ++j) aux_grad[t * e + j] += static_cast<float>(g * sm[static_cast<std::size_t>(j)]);
   }
+  r.z_loss = spec_.z_loss_coeff * z / static_cast<double>(t_count);
+}
 
-  // Scores and selection.
+// Scores (softmax before or after the top-k, or sigmoid plus the expert bias for selection only),
+// the top-k (group-limited when configured), the routed probabilities scaled by
+// moe_router_topk_scaling_factor, and the routing map.
+void Router::score_and_select(Routing& r, const float* logits) const {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
+  const int k = spec_.topk;
   r.scores = Tensor({t_count, e}, DType::F32);
   float* scores = r.scores.data<float>();
   r.probs = Tensor({t_count, e}, DType::F32);
@@ -120,100 +139,115 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
       r.routing_map[static_cast<std::size_t>(t * e + sel[i])] = 1;
     }
   }
+}
 
-  // Capacity: per expert keep `cap` pairs, by probability (ties: lower token first) or by
-  // position (earliest tokens); with padding, fill the column up to `cap` with the lowest-index
-  // tokens not routed to it, at probability 0 (Megatron's zero-prob fillers).
-  if (spec_.capacity_factor) {
-    const std::int64_t cap = spec_.capacity(t_count);
-    std::vector<std::int64_t> routed;
-    for (std::int64_t j = 0; j < e; ++j) {
-      routed.clear();
-      for (std::int64_t t = 0; t < t_count; ++t)
-        if (r.routing_map[static_cast<std::size_t>(t * e + j)]) routed.push_back(t);
-      if (spec_.drop_policy == "probs")
-        std::stable_sort(routed.begin(), routed.end(), [&](std::int64_t a, std::int64_t b) {
-          return probs[a * e + j] > probs[b * e + j];
-        });
-      for (std::size_t i = static_cast<std::size_t>(std::min<std::int64_t>(cap, static_cast<std::int64_t>(routed.size()))); i < routed.size(); ++i) {
-        r.routing_map[static_cast<std::size_t>(routed[i] * e + j)] = 0;
-        probs[routed[i] * e + j] = 0.f;
-        ++r.dropped;
-      }
-      if (spec_.pad_to_capacity) {
-        std::int64_t have = std::min<std::int64_t>(cap, static_cast<std::int64_t>(routed.size()));
-        std::vector<std::uint8_t> was_routed(static_cast<std::size_t>(t_count), 0);
-        for (auto t : routed) was_routed[static_cast<std::size_t>(t)] = 1;
-        for (std::int64_t t = 0; t < t_count && have < cap; ++t)
-          if (!was_routed[static_cast<std::size_t>(t)]) {
-            r.routing_map[static_cast<std::size_t>(t * e + j)] = 1;
-            ++have;
-          }
-      }
+// Capacity (Megatron's apply_capacity / drop_and_pad): per expert keep `cap` pairs, by
+// probability (ties: lower token first) or by position (earliest tokens); with padding, fill the
+// column up to `cap` with the lowest-index tokens not routed to it, at probability 0.
+void Router::apply_capacity(Routing& r) const {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
+  float* probs = r.probs.data<float>();
+  const std::int64_t cap = spec_.capacity(t_count);
+  std::vector<std::int64_t> routed;
+  for (std::int64_t j = 0; j < e; ++j) {
+    routed.clear();
+    for (std::int64_t t = 0; t < t_count; ++t)
+      if (r.routing_map[static_cast<std::size_t>(t * e + j)]) routed.push_back(t);
+    if (spec_.drop_policy == "probs")
+      std::stable_sort(routed.begin(), routed.end(), [&](std::int64_t a, std::int64_t b) {
+        return probs[a * e + j] > probs[b * e + j];
+      });
+    for (std::size_t i = static_cast<std::size_t>(std::min<std::int64_t>(cap, static_cast<std::int64_t>(routed.size()))); i < routed.size(); ++i) {
+      r.routing_map[static_cast<std::size_t>(routed[i] * e + j)] = 0;
+      probs[routed[i] * e + j] = 0.f;
+      ++r.dropped;
+    }
+    if (spec_.pad_to_capacity) {
+      std::int64_t have = std::min<std::int64_t>(cap, static_cast<std::int64_t>(routed.size()));
+      std::vector<std::uint8_t> was_routed(static_cast<std::size_t>(t_count), 0);
+      for (auto t : routed) was_routed[static_cast<std::size_t>(t)] = 1;
+      for (std::int64_t t = 0; t < t_count && have < cap; ++t)
+        if (!was_routed[static_cast<std::size_t>(t)]) {
+          r.routing_map[static_cast<std::size_t>(t * e + j)] = 1;
+          ++have;
+        }
     }
   }
+}
+
+// Tokens per expert after capacity; a training forward (not a recompute) also counts them for
+// the aux-loss-free expert-bias update.
+void Router::count_tokens(Routing& r, bool for_bias) {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   r.tokens_per_expert.assign(static_cast<std::size_t>(e), 0);
   for (std::int64_t t = 0; t < t_count; ++t)
     for (std::int64_t j = 0; j < e; ++j)
       r.tokens_per_expert[static_cast<std::size_t>(j)] += r.routing_map[static_cast<std::size_t>(t * e + j)];
-  if (training && spec_.expert_bias && !replay_draw)
+  if (for_bias)
     for (std::int64_t j = 0; j < e; ++j)
       local_tokens_per_expert.data<float>()[j] += static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
+}
 
-  // Load-balancing loss on the full score distribution and its own unbiased top-k.
-  if (training && spec_.load_balancing != "none" && spec_.aux_loss_coeff > 0 && t_count > 0) {
-    std::vector<float> p_aux(static_cast<std::size_t>(t_count * e));
+// Load-balancing loss (Megatron's switch_load_balancing_loss_func, per sequence for
+// seq_aux_loss) on the full score distribution and its own unbiased top-k; its gradient goes into
+// r.aux_grad.
+void Router::apply_aux_loss(Routing& r, const float* logits, std::int64_t seq_length, double scale) const {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
+  const int k = spec_.topk;
+  if (spec_.load_balancing == "none" || spec_.aux_loss_coeff <= 0 || t_count == 0) return;
+  const float* scores = r.scores.data<float>();
+  float* aux_grad = r.aux_grad.data<float>();
+  const bool sigmoid_scores = spec_.score_function == "sigmoid";
+  std::vector<float> p_aux(static_cast<std::size_t>(t_count * e));
+  if (sigmoid_scores) {
+    for (std::int64_t t = 0; t < t_count; ++t) {
+      double z = 0;
+      for (std::int64_t j = 0; j < e; ++j) z += scores[t * e + j];
+      for (std::int64_t j = 0; j < e; ++j)
+        p_aux[static_cast<std::size_t>(t * e + j)] = static_cast<float>(scores[t * e + j] / (z + 1e-20));
+    }
+  } else {
+    softmax_rows(logits, p_aux.data(), t_count, e);
+  }
+  std::vector<std::int32_t> top(static_cast<std::size_t>(t_count * k));
+  topk_rows(p_aux.data(), t_count, e, k, top.data());
+  // seq_aux_loss: statistics per sequence b of Megatron's [S, B] order (token t = s * B + b).
+  const bool per_seq = spec_.load_balancing == "seq_aux_loss";
+  const std::int64_t b_count = per_seq ? t_count / seq_length : 1;
+  const std::int64_t s_count = per_seq ? seq_length : t_count;
+  std::vector<double> count(static_cast<std::size_t>(b_count * e), 0), mass(static_cast<std::size_t>(b_count * e), 0);
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    const std::int64_t b = per_seq ? t % b_count : 0;
+    for (int i = 0; i < k; ++i) count[static_cast<std::size_t>(b * e + top[static_cast<std::size_t>(t * k + i)])] += 1;
+    for (std::int64_t j = 0; j < e; ++j) mass[static_cast<std::size_t>(b * e + j)] += p_aux[static_cast<std::size_t>(t * e + j)];
+  }
+  const double c = static_cast<double>(e) * spec_.aux_loss_coeff /
+                   (static_cast<double>(k) * static_cast<double>(s_count) * static_cast<double>(s_count) *
+                    static_cast<double>(b_count));
+  for (std::size_t i = 0; i < count.size(); ++i) r.aux_loss += c * count[i] * mass[i];
+  // d aux / d p_aux[t, j] = c * count[b(t), j], then back through the score function.
+  std::vector<float> dp(static_cast<std::size_t>(e)), dl(static_cast<std::size_t>(e));
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    const std::int64_t b = per_seq ? t % b_count : 0;
+    for (std::int64_t j = 0; j < e; ++j)
+      dp[static_cast<std::size_t>(j)] = static_cast<float>(scale * c * count[static_cast<std::size_t>(b * e + j)]);
     if (sigmoid_scores) {
-      for (std::int64_t t = 0; t < t_count; ++t) {
-        double z = 0;
-        for (std::int64_t j = 0; j < e; ++j) z += scores[t * e + j];
-        for (std::int64_t j = 0; j < e; ++j)
-          p_aux[static_cast<std::size_t>(t * e + j)] = static_cast<float>(scores[t * e + j] / (z + 1e-20));
+      double z = 0, dot = 0;
+      for (std::int64_t j = 0; j < e; ++j) {
+        z += scores[t * e + j];
+        dot += static_cast<double>(dp[static_cast<std::size_t>(j)]) * scores[t * e + j];
+      }
+      z += 1e-20;
+      for (std::int64_t j = 0; j < e; ++j) {
+        const double s = scores[t * e + j];
+        const double ds = dp[static_cast<std::size_t>(j)] / z - dot / (z * z);
+        aux_grad[t * e + j] += static_cast<float>(ds * s * (1 - s));
       }
     } else {
-      softmax_rows(logits, p_aux.data(), t_count, e);
-    }
-    std::vector<std::int32_t> top(static_cast<std::size_t>(t_count * k));
-    topk_rows(p_aux.data(), t_count, e, k, top.data());
-    // seq_aux_loss: statistics per sequence b of Megatron's [S, B] order (token t = s * B + b).
-    const bool per_seq = spec_.load_balancing == "seq_aux_loss";
-    const std::int64_t b_count = per_seq ? t_count / seq_length : 1;
-    const std::int64_t s_count = per_seq ? seq_length : t_count;
-    std::vector<double> count(static_cast<std::size_t>(b_count * e), 0), mass(static_cast<std::size_t>(b_count * e), 0);
-    for (std::int64_t t = 0; t < t_count; ++t) {
-      const std::int64_t b = per_seq ? t % b_count : 0;
-      for (int i = 0; i < k; ++i) count[static_cast<std::size_t>(b * e + top[static_cast<std::size_t>(t * k + i)])] += 1;
-      for (std::int64_t j = 0; j < e; ++j) mass[static_cast<std::size_t>(b * e + j)] += p_aux[static_cast<std::size_t>(t * e + j)];
-    }
-    const double c = static_cast<double>(e) * spec_.aux_loss_coeff /
-                     (static_cast<double>(k) * static_cast<double>(s_count) * static_cast<double>(s_count) *
-                      static_cast<double>(b_count));
-    for (std::size_t i = 0; i < count.size(); ++i) r.aux_loss += c * count[i] * mass[i];
-    // d aux / d p_aux[t, j] = c * count[b(t), j], then back through the score function.
-    std::vector<float> dp(static_cast<std::size_t>(e)), dl(static_cast<std::size_t>(e));
-    for (std::int64_t t = 0; t < t_count; ++t) {
-      const std::int64_t b = per_seq ? t % b_count : 0;
-      for (std::int64_t j = 0; j < e; ++j)
-        dp[static_cast<std::size_t>(j)] = static_cast<float>(scale * c * count[static_cast<std::size_t>(b * e + j)]);
-      if (sigmoid_scores) {
-        double z = 0, dot = 0;
-        for (std::int64_t j = 0; j < e; ++j) {
-          z += scores[t * e + j];
-          dot += static_cast<double>(dp[static_cast<std::size_t>(j)]) * scores[t * e + j];
-        }
-        z += 1e-20;
-        for (std::int64_t j = 0; j < e; ++j) {
-          const double s = scores[t * e + j];
-          const double ds = dp[static_cast<std::size_t>(j)] / z - dot / (z * z);
-          aux_grad[t * e + j] += static_cast<float>(ds * s * (1 - s));
-        }
-      } else {
-        softmax_backward_rows(p_aux.data() + t * e, dp.data(), dl.data(), 1, e);
-        for (std::int64_t j = 0; j < e; ++j) aux_grad[t * e + j] += dl[static_cast<std::size_t>(j)];
-      }
+      softmax_backward_rows(p_aux.data() + t * e, dp.data(), dl.data(), 1, e);
+      for (std::int64_t j = 0; j < e; ++j) aux_grad[t * e + j] += dl[static_cast<std::size_t>(j)];
     }
   }
-  return r;
 }
 
 Tensor Router::backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) const {

@@ -33,7 +33,7 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
     if (deferred_dw < 0) return;
     Scope s(Track::compute, "attention + router wgrad", deferred_dw);
     auto& c = b->ctx.layers[static_cast<std::size_t>(deferred_dw)];
-    model.layers[static_cast<std::size_t>(deferred_dw)]->backward_pre_dispatch_wgrad(*c);
+    model.layers[static_cast<std::size_t>(deferred_dw)]->backward_attn_wgrad(*c);
     c.reset();
     deferred_dw = -1;
   };
@@ -49,7 +49,7 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
 
     if (bl) {
       Scope s(Track::compute, "unpermute backward", L - 1 - i);
-      bl->backward_combine_start(*bc, b->x);  // ‖ the forward's attention
+      bl->launch_moe_combine_backward(*bc, b->x);  // ‖ the forward's attention
     }
     run_deferred_dw();  // after the combine-backward started
     if (fl) {
@@ -59,16 +59,16 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
       }
       {
         Scope s(Track::compute, fl->moe ? "attention + router forward" : "attention forward", i);
-        fl->forward_pre_dispatch(f->x, *fc);
+        fl->forward_attn(f->x, *fc);
       }
-      fl->forward_dispatch_start(*fc);  // ‖ the backward's expert dgrad
+      fl->launch_moe_dispatch(*fc);  // ‖ the backward's expert dgrad
     }
     if (bl) {
       {
         Scope s(Track::compute, bl->moe ? (delay_wgrad ? "expert dgrad" : "expert dgrad + wgrad") : "mlp backward", L - 1 - i);
         bl->backward_mlp(*bc, !delay_wgrad);
       }
-      bl->backward_dispatch_start(*bc);  // ‖ expert wgrad (delayed), then the forward's experts
+      bl->launch_moe_dispatch_backward(*bc);  // ‖ expert wgrad (delayed), then the forward's experts
       if (delay_wgrad) {
         Scope s(Track::compute, bl->moe ? "expert wgrad" : "mlp wgrad", L - 1 - i);
         bl->backward_mlp_wgrad(*bc);
@@ -79,11 +79,11 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
         Scope s(Track::compute, fl->moe ? "experts forward" : "mlp forward", i);
         fl->forward_mlp(*fc);
       }
-      fl->forward_combine_start(*fc);  // ‖ the backward's attention dgrad
+      fl->launch_moe_combine(*fc);  // ‖ the backward's attention dgrad
     }
     if (bl) {
       Scope s(Track::compute, delay_wgrad ? "attention dgrad" : "attention dgrad + wgrad", L - 1 - i);
-      b->x = bl->backward_pre_dispatch(*bc, !delay_wgrad);
+      b->x = bl->backward_attn(*bc, !delay_wgrad);
       if (delay_wgrad) deferred_dw = L - 1 - i;
       else b->ctx.layers[static_cast<std::size_t>(L - 1 - i)].reset();
     }

@@ -275,9 +275,8 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   if (c.target.num_gpus != world)
     throw ConfigError(fmt::format("target.num_gpus={}: the job has {} ranks; launch {} ranks or set -ng {}",
                                   c.target.num_gpus.value_or(0), world, c.target.num_gpus.value_or(0), world));
-  JobSpec j{.layout = parallel_layout_from_config(c, world),
-            .model = model_spec_from_config(c),
-            .schedule = schedule_options_from_config(c)};
+  JobSpec j{.layout = parallel_layout_from_config(c, world), .model = model_spec_from_config(c), .dispatcher = {},
+            .schedule = schedule_options_from_config(c), .lr = {}};
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
   j.iterations = c.train.train_iters.value_or(0);
   if (j.iterations < 1) bad("train.train_iters", opt(c.train.train_iters), "set the number of iterations (or --max_steps)");

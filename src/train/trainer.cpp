@@ -77,7 +77,9 @@ class Trainer {
         out_(out),
         job_(JobSpec::from_config(cfg, world.size())),
         groups_(world, job_.layout),
-        model_(job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); }),
+        model_(job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
+               {.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
+                .rank = static_cast<std::uint64_t>(world.rank())}),
         params_(model_.params()),
         experts_(model_.expert_params()),
         adam_(params_, cfg.optimizer),
@@ -85,10 +87,6 @@ class Trainer {
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
         dp_rank_(job_.layout.rank_in(GroupKind::dp, world.rank())) {
     model_.init_weights(job_.model.seed);
-    for (MoELayer* l : model_.moe_layers()) {
-      l->aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches);
-      l->rank = static_cast<std::uint64_t>(world.rank());
-    }
     for (Param* p : params_)
       if (!p->expert) dense_.push_back(p);
   }

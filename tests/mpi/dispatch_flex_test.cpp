@@ -48,9 +48,8 @@ Result run(const Case& c, const MoESpec& spec, std::unique_ptr<TokenDispatcher> 
 
   ProcessGroups groups(mpi().world(), ParallelLayout::make(world, 1, 1, 1, ep, c.etp));
   CommStream stream;
-  MoELayer layer(spec, make(c, spec.num_experts, groups, stream));
+  MoELayer layer(spec, make(c, spec.num_experts, groups, stream), {.rank = static_cast<std::uint64_t>(rank)});
   layer.load_weights(global.weight_tensors(), "global");
-  layer.rank = static_cast<std::uint64_t>(rank);
   layer.zero_grad();
   Result r;
   // Two micro-batches through one dispatcher: the second reuses its buffers and window.

@@ -43,12 +43,9 @@ StepResult one_step(const std::vector<std::string>& overrides, const ScheduleOpt
   ProcessGroups groups(world, parallel_layout_from_config(r, world.size()));
   CommStream stream;
   const DispatcherOptions dispatcher = dispatcher_options_from_config(r);
-  GPTModel model(spec, [&] { return make_dispatcher(dispatcher, spec.moe->num_experts, groups, stream); });
+  GPTModel model(spec, [&] { return make_dispatcher(dispatcher, spec.moe->num_experts, groups, stream); },
+                 {.aux_loss_scale = 1.0 / micro_batches, .rank = static_cast<std::uint64_t>(world.rank())});
   model.init_weights(spec.seed);
-  for (MoELayer* l : model.moe_layers()) {
-    l->aux_loss_scale = 1.0 / micro_batches;
-    l->rank = static_cast<std::uint64_t>(world.rank());
-  }
   const MockData data(MockData::Mode::random, spec.vocab, spec.seq_length, spec.seed);
   model.zero_grad();
   StepResult out;

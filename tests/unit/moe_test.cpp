@@ -224,9 +224,8 @@ TEST(Routing, ForceLoadBalancingIsNearUniformAndIgnoresTheWeights) {
   for (auto n : a.tokens_per_expert) EXPECT_NEAR(static_cast<double>(n), mean, 0.15 * mean);
   // Another rank draws other logits.
   spec.seq_length = 2048;
-  MoELayer layer(spec, make_local_dispatcher(16));
+  MoELayer layer(spec, make_local_dispatcher(16), {.rank = 1});
   layer.init_weights(8);
-  layer.rank = 1;
   MoELayer::Context ctx;
   layer.forward(randn({2048, spec.hidden}, 9), ctx);
   EXPECT_NE(ctx.routing.routing_map, a.routing_map);

@@ -15,8 +15,10 @@ namespace epx {
 
 class GPTModel {
  public:
-  // `make_dispatcher` is called once per MoE layer, in layer order.
-  GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher);
+  // `make_dispatcher` is called once per MoE layer, in layer order; every MoE layer runs with
+  // `moe_options` (aux-loss scale, rank).
+  GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
+           const MoELayerOptions& moe_options = {});
 
   struct Context {
     Tensor tokens, targets;

@@ -20,8 +20,10 @@ namespace epx {
 
 class TransformerLayer {
  public:
-  // `dispatcher`: the MoE layer's token dispatcher; null for a dense layer.
-  TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher);
+  // `dispatcher`: the MoE layer's token dispatcher; null for a dense layer. `moe_options`: how
+  // the MoE layer runs in the job (its recompute options come from spec.recompute).
+  TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher,
+                   MoELayerOptions moe_options = {});
 
   struct Context {
     Tensor x, rstd1, h, rstd2;  // the layer input, the residual after attention, the norms' 1/rms
@@ -39,24 +41,27 @@ class TransformerLayer {
   Tensor backward_dgrad(Context& ctx, const Tensor& dy);
   void backward_wgrad(Context& ctx);
 
-  // The same split into Megatron-Core's schedule nodes (fine_grained_callables), which the merged
-  // EP-overlap schedule launches one by one. A node named "start" only starts its exchange; the
-  // next node of the layer waits for it. A dense layer has no exchanges (its starts are no-ops).
-  //   forward:  pre_dispatch -> dispatch (start) -> mlp -> combine (start) -> output
-  //   backward: combine (start) -> mlp -> dispatch (start) -> pre_dispatch,
-  //             and the weight gradients of mlp (the experts') and of pre_dispatch (attention,
-  //             shared expert, router) as separate nodes when delayed (delay_wgrad_compute).
-  void forward_pre_dispatch(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
-  void forward_dispatch_start(Context& ctx);
+  // The same split into Megatron-Core's schedule nodes (TransformerLayerSchedulePlan in
+  // megatron/core/models/common/model_chunk_schedule_plan.py: attn, moe_dispatch, mlp,
+  // moe_combine), which the merged EP-overlap schedule runs one by one, plus `output` (the
+  // combine's postprocess and the residual). A node named launch_* only starts its exchange and
+  // returns; the next node of the layer waits for it. A dense layer has no exchanges (its
+  // launches are no-ops).
+  //   forward:  attn -> launch moe_dispatch -> mlp -> launch moe_combine -> output
+  //   backward: launch moe_combine -> mlp -> launch moe_dispatch -> attn,
+  //             and the weight gradients of mlp (the experts') and of attn (attention, shared
+  //             expert, router) as separate nodes when delayed (delay_wgrad_compute).
+  void forward_attn(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
+  void launch_moe_dispatch(Context& ctx);
   void forward_mlp(Context& ctx);
-  void forward_combine_start(Context& ctx);
+  void launch_moe_combine(Context& ctx);
   Tensor forward_output(Context& ctx);  // combine done: unpermute, + shared, + residual
-  void backward_combine_start(Context& ctx, const Tensor& dy);
+  void launch_moe_combine_backward(Context& ctx, const Tensor& dy);
   void backward_mlp(Context& ctx, bool with_wgrad);
-  void backward_dispatch_start(Context& ctx);
-  Tensor backward_pre_dispatch(Context& ctx, bool with_wgrad);  // returns dx
+  void launch_moe_dispatch_backward(Context& ctx);
+  Tensor backward_attn(Context& ctx, bool with_wgrad);  // returns dx
   void backward_mlp_wgrad(Context& ctx);
-  void backward_pre_dispatch_wgrad(Context& ctx);  // frees the context's last tensors
+  void backward_attn_wgrad(Context& ctx);  // frees the context's last tensors
 
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();

@@ -18,9 +18,14 @@ namespace epx {
 
 class GroupedMlp {
  public:
+  // Activation recompute (Megatron's recompute_modules): keep fc1's output and the activation
+  // (none), drop the activation and recompute it from fc1's output (activation: "moe_act"), or
+  // keep only the input and recompute both in the backward (all: "mlp", "shared_experts").
+  enum class Recompute { none, activation, all };
+
   // `grouped`: name weights per group (experts) rather than one dense MLP (shared expert).
   GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden, std::int64_t ffn,
-             DType dtype, bool grouped);
+             DType dtype, bool grouped, Recompute recompute = Recompute::none);
 
   // What one micro-batch's backward needs; dgrad fills dy/dh for wgrad.
   struct Saved {
@@ -30,11 +35,7 @@ class GroupedMlp {
     Tensor dy, dh;                    // kept by dgrad for wgrad
   };
 
-  // Activation recompute (Megatron's recompute_modules): keep fc1's output and the activation
-  // (none), drop the activation and recompute it from fc1's output (activation: "moe_act"), or
-  // keep only the input and recompute both in the backward (all: "mlp", "shared_experts").
-  enum class Recompute { none, activation, all };
-  Recompute recompute = Recompute::none;
+  const Recompute recompute;
 
   // x [M, H] in the compute dtype, rows grouped by `counts`. Returns y [M, H].
   Tensor forward(const Tensor& x, std::vector<std::int64_t> counts, std::vector<float> probs,

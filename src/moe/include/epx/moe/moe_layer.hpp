@@ -1,6 +1,6 @@
 // The MoE layer (Megatron-Core's MoELayer): shared expert, router, token dispatcher, grouped
 // experts, combine. Forward and backward are split into the phases the schedules launch one by
-// one (ARCHITECTURE.md); forward() and backward() run them in order. Weights live in the layer;
+// one (below); forward() and backward() run them in order. Weights live in the layer;
 // everything one micro-batch saves for its backward lives in a Context, so several micro-batches
 // can be in flight at once. The Context keeps references to the input and output gradient (as
 // autograd does): do not change them in place before backward_wgrad has run.
@@ -22,9 +22,17 @@ namespace epx {
 
 class ProcessGroups;
 
+// How one MoE layer runs in its job, fixed at construction.
+struct MoELayerOptions {
+  double aux_loss_scale = 1.0;  // gradient scale of the aux and z losses (1 / micro-batches)
+  std::uint64_t rank = 0;       // picks the random stream under force load balancing
+  GroupedMlp::Recompute experts_recompute = GroupedMlp::Recompute::none;  // "moe_act"
+  GroupedMlp::Recompute shared_recompute = GroupedMlp::Recompute::none;   // "shared_experts"
+};
+
 class MoELayer {
  public:
-  MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher);
+  MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher, const MoELayerOptions& options = {});
 
   struct Context {
     Shape input_shape;  // [S, B, H] or [T, H]
@@ -43,21 +51,31 @@ class MoELayer {
   // dy in the output's shape. Runs the dgrad phases, then wgrad. Returns dx.
   Tensor backward(Context& ctx, const Tensor& dy);
 
-  // The phases. Communication phases only start the exchange; the phase after waits for it, so
-  // a schedule can compute something else in between (ARCHITECTURE.md, src/schedule/).
+  // The phases, in the vocabulary of the schedule (TransformerLayer's nodes, after Megatron-Core's
+  // MoELayer: route = router_and_preprocess, experts = routed_experts_compute, output =
+  // postprocess). A phase named launch_* only starts its exchange on the comm stream and returns;
+  // the phase after it waits, so a schedule can compute something else in between.
   // Forward:
-  // (shared expert), router, permute; `replay_draw`: a recompute (Router::forward)
+  //   forward_route     (shared expert), router, permute; `replay_draw`: a recompute (Router::forward)
+  //   launch_dispatch   the token dispatch
+  //   forward_experts   (shared expert), regroup, the experts, prepare the combine
+  //   launch_combine    the token combine
+  //   forward_output    unpermute, + the shared expert's output
+  // Backward (dgrad), in reverse:
+  //   launch_combine_backward   unpermute^T, then the combine's backward exchange
+  //   backward_experts          expert dgrad
+  //   launch_dispatch_backward  the dispatch's backward exchange
+  //   backward_route            permute^T, router + shared expert dgrad; returns dx
   void forward_route(Context& ctx, const Tensor& x, bool training,
                      std::optional<std::uint64_t> replay_draw = std::nullopt);
-  void forward_dispatch(Context& ctx);   // starts the dispatch
-  void forward_experts(Context& ctx);    // (shared expert), regroup, experts, prepare combine
-  void forward_combine(Context& ctx);    // starts the combine
-  Tensor forward_output(Context& ctx);   // unpermute, + shared output
-  // Backward (dgrad), in reverse:
-  void backward_combine(Context& ctx, const Tensor& dy);  // unpermute^T, starts the exchange
-  void backward_experts(Context& ctx);                    // expert dgrad
-  void backward_dispatch(Context& ctx);                   // starts the exchange
-  Tensor backward_route(Context& ctx);                    // permute^T, router + shared dgrad -> dx
+  void launch_dispatch(Context& ctx);
+  void forward_experts(Context& ctx);
+  void launch_combine(Context& ctx);
+  Tensor forward_output(Context& ctx);
+  void launch_combine_backward(Context& ctx, const Tensor& dy);
+  void backward_experts(Context& ctx);
+  void launch_dispatch_backward(Context& ctx);
+  Tensor backward_route(Context& ctx);
   // Weight gradients, accumulated into Param::grad: the routed experts' (the filler of the
   // dispatch-backward with delay_wgrad_compute), and the shared expert's and router's.
   void backward_expert_wgrad(Context& ctx);
@@ -96,9 +114,6 @@ class MoELayer {
   const MoESpec& spec() const { return spec_; }
   TokenDispatcher& dispatcher() { return *dispatcher_; }
 
-  double aux_loss_scale = 1.0;  // gradient scale of the aux and z losses (1 / micro-batches)
-  std::uint64_t rank = 0;       // picks the random stream under force load balancing
-
   Router router;
   GroupedMlp experts;
   std::optional<GroupedMlp> shared_experts;
@@ -123,6 +138,7 @@ class MoELayer {
   static std::int64_t expert_ffn_shard(const MoESpec& spec, int etp);
 
   MoESpec spec_;
+  MoELayerOptions options_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
 };
 

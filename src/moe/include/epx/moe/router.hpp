@@ -60,6 +60,14 @@ class Router {
   void update_expert_bias();
 
  private:
+  // The steps of forward, in Megatron's TopKRouter order.
+  Tensor gating(Routing& r, std::uint64_t rank, std::optional<std::uint64_t> replay_draw);
+  void apply_z_loss(Routing& r, const float* logits, double scale) const;
+  void score_and_select(Routing& r, const float* logits) const;
+  void apply_capacity(Routing& r) const;
+  void count_tokens(Routing& r, bool for_bias);
+  void apply_aux_loss(Routing& r, const float* logits, std::int64_t seq_length, double scale) const;
+
   MoESpec spec_;
   std::uint64_t calls_ = 0;  // force balancing draws new logits on every forward
 };
