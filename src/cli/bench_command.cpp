@@ -69,7 +69,7 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
   Communicator& world = mpi.world();
   const int n = world.size();
   if (args.experts % n != 0)
-    throw ConfigError(fmt::format("--experts = {} is not divisible by the {} ranks (EP = all ranks)", args.experts, n));
+    throw ConfigError(fmt::format("--experts {} is not divisible by the {} ranks (EP = all ranks)", args.experts, n));
   ProcessGroups groups(world, ParallelLayout::make(n, 1, 1, 1, n, 1));
   CommStream stream;
   const std::vector<int> node_of = node_of_each_rank(world);

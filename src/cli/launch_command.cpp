@@ -64,7 +64,7 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
     const int have_nodes = std::stoi(kv.at("nodes")), have_rpn = std::stoi(kv.at("ranks_per_node"));
     const int nodes = args.nodes.value_or(have_nodes), rpn = args.ranks_per_node.value_or(have_rpn);
     if (nodes > have_nodes)
-      throw ConfigError(fmt::format("--nodes = {}: the emulated cluster has {} nodes; bring up a bigger "
+      throw ConfigError(fmt::format("--nodes {}: the emulated cluster has {} nodes; bring up a bigger "
                                     "one with scripts/cluster.sh up --nodes {}",
                                     nodes, have_nodes, nodes));
     if (args.np) throw ConfigError("--np is for local runs; on the cluster use --nodes and --ranks-per-node");

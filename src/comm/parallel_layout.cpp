@@ -67,7 +67,7 @@ const char* group_kind_name(GroupKind k) {
 ParallelLayout ParallelLayout::make(int world, int tp, int cp, int pp, int ep, int etp) {
   const auto positive = [](const char* field, int v) {
     if (v < 1)
-      throw ConfigError(fmt::format("model.{} = {}: a parallel size must be at least 1", field, v));
+      throw ConfigError(fmt::format("model.{}={}: a parallel size must be at least 1", field, v));
   };
   positive("tensor_model_parallel_size", tp);
   positive("context_parallel_size", cp);

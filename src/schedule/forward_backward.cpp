@@ -24,7 +24,7 @@ struct Pass {
 // layer pair by layer pair as TransformerLayerSchedulePlan.run. On a GPU the host issues nodes
 // to two streams and each starts when its inputs are ready; here the compute thread is the
 // compute stream, so each exchange is started as soon as its input exists and the compute that
-// can cover it runs after (megatron-core-design.md §4.2).
+// can cover it runs after (megatron/core/models/common/model_chunk_schedule_plan.py).
 void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgrad) {
   const int L = static_cast<int>(model.layers.size());
   if (b) b->x = model.head_backward(b->ctx, dloss);

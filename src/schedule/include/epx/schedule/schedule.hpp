@@ -3,11 +3,11 @@
 // comm_overlap.overlap_moe_expert_parallel_comm is on).
 //
 // Without EP overlap every micro-batch runs forward then backward, each layer's dispatch and
-// combine exchanges exposed. With it (megatron-core-design.md §4): F(0); then for i = 1..N-1 one
-// merged step interleaving the forward of micro-batch i with the backward of micro-batch i-1,
-// layer by layer (forward layer j with backward layer L-1-j); then B(N-1). In a merged layer
-// pair each exchange of one micro-batch runs on the communication stream while the compute
-// thread works on the other micro-batch:
+// combine exchanges exposed. With it (megatron/core/pipeline_parallel/combined_1f1b.py): F(0); then
+// for i = 1..N-1 one merged step interleaving the forward of micro-batch i with the backward of
+// micro-batch i-1, layer by layer (forward layer j with backward layer L-1-j); then B(N-1). In a
+// merged layer pair each exchange of one micro-batch runs on the communication stream while the
+// compute thread works on the other micro-batch:
 //
 //   comm:    combine-bwd (b)      | dispatch (f)  dispatch-bwd (b)              | combine (f)
 //   compute: attention fwd (f)    | expert dgrad (b)  [expert wgrad (b)]  experts fwd (f)

@@ -1,0 +1,86 @@
+// train/job_spec: the specs the layers below train/ run on, built from the config, and the
+// run-time refusals that stand behind the checker's rules.
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "epx/check/check.hpp"
+#include "epx/train/job_spec.hpp"
+#include "test_support.hpp"
+
+namespace epx {
+namespace {
+
+Config resolved(const std::vector<std::string>& overrides) {
+  Config c = test::load_with("qwen3_30b_a3b_proxy", overrides);
+  c.target.gpu = "cpu";
+  return resolve_config(c, std::nullopt);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(JobSpec, DispatcherOptionsFromTheConfigAndHybridEpVariables) {
+  const DispatcherOptions a = dispatcher_options_from_config(resolved({"model.moe_token_dispatcher_type=alltoall"}));
+  EXPECT_EQ(a.type, DispatcherType::alltoall);
+  const DispatcherOptions f = dispatcher_options_from_config(
+      resolved({"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=hybridep",
+                "+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=2",
+                "+env_vars.NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=8"}));
+  EXPECT_EQ(f.type, DispatcherType::flex);
+  EXPECT_EQ(f.flex.backend, FlexBackend::hybridep);
+  EXPECT_EQ(f.flex.ranks_per_domain, 2);
+  EXPECT_EQ(f.flex.tokens_per_chunk, 8);
+  // The process environment wins over the recipe's env_vars, as for HybridEP itself.
+  setenv("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "16", 1);
+  EXPECT_EQ(dispatcher_options_from_config(resolved({"model.moe_token_dispatcher_type=flex",
+                                                     "+env_vars.NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=8"}))
+                .flex.tokens_per_chunk,
+            16);
+  setenv("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API", "0", 1);
+  const std::string bad = error_of([] { dispatcher_options_from_config(resolved({"model.moe_token_dispatcher_type=flex"})); });
+  unsetenv("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API");
+  EXPECT_NE(bad.find("NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API='0'"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("set NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API=64"), std::string::npos) << bad;
+}
+
+TEST(JobSpec, BackendNotBuiltIsAnEnvironmentError) {
+  Config c = resolved({"model.moe_token_dispatcher_type=flex"});
+  c.model.moe_flex_dispatcher_backend = "ncclep";
+  try {
+    dispatcher_options_from_config(c);
+    FAIL() << "ncclep was accepted";
+  } catch (const EnvironmentError& e) {
+    EXPECT_NE(std::string(e.what()).find("no ncclep backend"), std::string::npos) << e.what();
+  }
+}
+
+TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
+  Config c = resolved({});
+  c.model.moe_router_topk = 99;
+  EXPECT_NE(error_of([&] { moe_spec_from_config(c); }).find("[moe.topk_range]"), std::string::npos);
+  EXPECT_NE(error_of([] { experts_per_ep_rank(6, 4); }).find("[parallel.experts_divisible_by_ep]"), std::string::npos);
+  // Each cited id is a row of the checker's table.
+  const std::string table = format_rule_table();
+  for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
+                         "hybridep.domain_divides_ep"})
+    EXPECT_NE(table.find(id), std::string::npos) << id;
+}
+
+TEST(JobSpec, OneLayoutForRunAndLayer) {
+  const ParallelLayout l = parallel_layout_from_config(resolved({"model.expert_model_parallel_size=2"}), 4);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.ep, 2);
+  EXPECT_NE(error_of([] { parallel_layout_from_config(resolved({"model.tensor_model_parallel_size=2"}), 4); })
+                .find("model.tensor_model_parallel_size=2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace epx
