@@ -23,12 +23,12 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/omp_env.hpp"
 #include "epx/comm/comm_stream.hpp"
+#include "epx/comm/mpi.hpp"
+#include "epx/comm/process_groups.hpp"
 #include "epx/dispatch/dispatcher.hpp"
 #include "epx/moe/router.hpp"
-#include "epx/comm/mpi.hpp"
-#include "epx/base/omp_env.hpp"
-#include "epx/comm/process_groups.hpp"
 #include "epx/tensor/random.hpp"
 
 namespace {

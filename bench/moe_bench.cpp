@@ -4,9 +4,9 @@
 
 #include <vector>
 
+#include "epx/base/omp_env.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "epx/moe/moe_layer.hpp"
-#include "epx/base/omp_env.hpp"
 #include "epx/tensor/random.hpp"
 
 namespace epx {

@@ -3,9 +3,9 @@
 
 #include <fmt/format.h>
 
-#include "flex_backend.hpp"
-#include "epx/config/schema.hpp"
 #include "epx/check/check.hpp"
+#include "epx/config/schema.hpp"
+#include "flex_backend.hpp"
 
 namespace epx {
 namespace {

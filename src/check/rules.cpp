@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "flex_backend.hpp"
 #include "epx/check/check.hpp"
+#include "flex_backend.hpp"
 
 namespace epx {
 namespace {

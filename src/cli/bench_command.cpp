@@ -1,7 +1,5 @@
 #include "bench_command.hpp"
 
-#include "cluster_env.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -11,12 +9,13 @@
 
 #include <fmt/format.h>
 
+#include "cluster_env.hpp"
+#include "epx/base/error.hpp"
 #include "epx/comm/collectives.hpp"
 #include "epx/comm/comm_stream.hpp"
+#include "epx/comm/process_groups.hpp"
 #include "epx/dispatch/dispatcher.hpp"
 #include "epx/moe/router.hpp"
-#include "epx/base/error.hpp"
-#include "epx/comm/process_groups.hpp"
 #include "epx/tensor/random.hpp"
 
 namespace epx::cli {

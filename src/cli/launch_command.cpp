@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "epx/config/config.hpp"
 #include "cluster_env.hpp"
 #include "epx/base/error.hpp"
 

@@ -6,13 +6,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "epx/check/check.hpp"
 #include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
 #include "epx/comm/collectives.hpp"
 #include "epx/comm/comm_stream.hpp"
+#include "epx/comm/process_groups.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "epx/moe/moe_layer.hpp"
-#include "epx/comm/process_groups.hpp"
 #include "epx/tensor/random.hpp"
 #include "epx/tensor/safetensors.hpp"
 #include "epx/train/job_spec.hpp"

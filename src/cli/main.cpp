@@ -4,24 +4,19 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "config_args.hpp"
 #include "bench_command.hpp"
+#include "config_args.hpp"
+#include "epx/base/error.hpp"
+#include "epx/base/omp_env.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
+#include "epx/comm/mpi.hpp"
 #include "launch_command.hpp"
 #include "layer_command.hpp"
 #include "run_command.hpp"
-#include "epx/check/check.hpp"
-#include "epx/base/error.hpp"
-#include "epx/comm/mpi.hpp"
-#include "epx/base/omp_env.hpp"
-#include "epx/base/output_file.hpp"
 
 namespace epx::cli {
 namespace {
-
-// Exit codes: 0 fine, 1 the config has errors, 2 unusable input, 3 internal error, 4 a collective
-// timed out (epx::kCommTimeoutExitCode), 5 the environment cannot run it (a backend not built).
-constexpr int kUnusable = 2;
-constexpr int kEnvironment = 5;
 
 int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   if (list_rules) {
@@ -30,7 +25,7 @@ int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   }
   const CheckReport report = run_check(args.load(), args.flags.moe_flex_dispatcher_backend);
   std::cout << (json ? json_text(report_json(report), 2) + "\n" : format_report(report));
-  return report.ok() ? 0 : 1;
+  return report.ok() ? kExitOk : kExitCheckFailed;
 }
 
 int run_config_show(const ConfigArgs& args) {
@@ -100,7 +95,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "epx: error: " << e.what() << "\nRun with --help for the options.\n";
-    return kUnusable;
+    return epx::kExitBadInput;
   }
 
   // Under mpirun, `layer` runs on every rank. An error on one rank then ends the whole job with
@@ -114,8 +109,9 @@ int main(int argc, char** argv) {
   try {
     if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *run) {
       epx::share_cores_with_local_ranks();
-      const auto timeout = *layer ? layer_args.collective_timeout : *run ? run_args.collective_timeout : std::nullopt;
-      mpi = std::make_unique<epx::MpiSession>(timeout.value_or(epx::collective_timeout_from_env()));
+      const std::optional<double>& given = *layer ? layer_args.collective_timeout : run_args.collective_timeout;
+      const bool has_option = *layer || *run;  // bench has no --collective-timeout
+      mpi = std::make_unique<epx::MpiSession>(has_option && given ? *given : epx::collective_timeout_from_env());
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
@@ -128,13 +124,13 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const epx::ConfigError& e) {
-    return fail(std::string("error: ") + e.what(), kUnusable);
+    return fail(std::string("error: ") + e.what(), epx::kExitBadInput);
   } catch (const epx::InputError& e) {
-    return fail(std::string("error: ") + e.what(), kUnusable);
+    return fail(std::string("error: ") + e.what(), epx::kExitBadInput);
   } catch (const epx::EnvironmentError& e) {
-    return fail(std::string("environment error: ") + e.what(), kEnvironment);
+    return fail(std::string("environment error: ") + e.what(), epx::kExitEnvironment);
   } catch (const std::exception& e) {
-    return fail(std::string("internal error: ") + e.what(), 3);
+    return fail(std::string("internal error: ") + e.what(), epx::kExitInternal);
   }
   return 0;
 }

@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "epx/check/check.hpp"
 #include "epx/base/error.hpp"
 #include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
 #include "epx/train/trainer.hpp"
 
 namespace epx::cli {
@@ -78,7 +78,7 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   const std::string text = format_report(report);
   if (!report.ok()) {
     if (mpi.rank() == 0) std::cout << text << "epx run: the check found errors; not starting\n" << std::flush;
-    return 1;
+    return kExitCheckFailed;
   }
   if (mpi.rank() == 0) {
     const auto verdict = text.rfind("verdict:");

@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "startup_watchdog.hpp"
 #include "epx/comm/mpi.hpp"
+#include "startup_watchdog.hpp"
 
 namespace epx {
 namespace {

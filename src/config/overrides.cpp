@@ -1,8 +1,8 @@
 // Hydra-style dotted overrides and the performance harness's flags.
 #include <fmt/format.h>
 
-#include "epx/config/schema.hpp"
 #include "epx/config/config.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {

@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "epx/config/schema.hpp"
 #include "epx/base/env.hpp"
 #include "epx/config/config.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "epx/config/schema.hpp"
 #include "epx/config/config.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {

@@ -9,15 +9,15 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/error.hpp"
 #include "epx/comm/collectives.hpp"
 #include "epx/comm/comm_stream.hpp"
-#include "epx/base/error.hpp"
-#include "epx/model/gpt_model.hpp"
-#include "epx/train/job_spec.hpp"
-#include "epx/train/optimizer.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/model/gpt_model.hpp"
 #include "epx/schedule/schedule.hpp"
 #include "epx/trace/trace.hpp"
+#include "epx/train/job_spec.hpp"
+#include "epx/train/optimizer.hpp"
 
 namespace epx {
 namespace {

@@ -7,11 +7,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "epx/comm/comm_stream.hpp"
-#include "epx/config/config.hpp"
 #include "epx/base/error.hpp"
-#include "epx/moe/moe_layer.hpp"
+#include "epx/comm/comm_stream.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/config/config.hpp"
+#include "epx/moe/moe_layer.hpp"
 #include "epx/tensor/random.hpp"
 #include "mpi_test_support.hpp"
 #include "tensor_compare.hpp"

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "epx/comm/comm_stream.hpp"
-#include "epx/moe/moe_layer.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/moe/moe_layer.hpp"
 #include "epx/tensor/random.hpp"
 #include "mpi_test_support.hpp"
 #include "tensor_compare.hpp"

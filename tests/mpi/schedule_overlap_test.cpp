@@ -13,12 +13,12 @@
 
 #include "epx/check/check.hpp"
 #include "epx/comm/collectives.hpp"
-#include "epx/dispatch/dispatcher.hpp"
-#include "epx/train/mock_data.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/dispatch/dispatcher.hpp"
 #include "epx/schedule/schedule.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
+#include "epx/train/mock_data.hpp"
 #include "mpi_test_support.hpp"
 #include "small_gpt.hpp"
 

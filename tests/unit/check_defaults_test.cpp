@@ -6,8 +6,8 @@
 
 #include <set>
 
-#include "epx/check/check.hpp"
 #include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
 
 namespace epx {
 namespace {

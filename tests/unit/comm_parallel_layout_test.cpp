@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "epx/config/config.hpp"
 #include "epx/comm/parallel_layout.hpp"
+#include "epx/config/config.hpp"
 
 namespace epx {
 namespace {

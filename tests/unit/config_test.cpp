@@ -4,9 +4,9 @@
 #include <functional>
 #include <set>
 
-#include "epx/config/schema.hpp"
 #include "epx/check/check.hpp"
 #include "epx/config/config.hpp"
+#include "epx/config/schema.hpp"
 #include "test_support.hpp"
 
 namespace epx {

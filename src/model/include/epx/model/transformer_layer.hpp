@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "epx/model/attention.hpp"
-#include "epx/moe/experts.hpp"
 #include "epx/model/model_spec.hpp"
+#include "epx/moe/experts.hpp"
 #include "epx/moe/moe_layer.hpp"
 
 namespace epx {

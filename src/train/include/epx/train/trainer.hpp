@@ -16,8 +16,8 @@
 
 #include "epx/comm/comm.hpp"
 #include "epx/config/config.hpp"
-#include "epx/train/mock_data.hpp"
 #include "epx/trace/trace.hpp"
+#include "epx/train/mock_data.hpp"
 
 namespace epx {
 
