@@ -1,4 +1,5 @@
-// Megatron-Core's MoEAlltoAllTokenDispatcher (reference: megatron-core-design.md §1.2) on MPI.
+// Megatron-Core's MoEAlltoAllTokenDispatcher (megatron/core/transformer/moe/token_dispatcher.py)
+// on MPI.
 //
 //   dispatch_preprocess   permutation 1 (expert-major = EP-rank-major); counts all-gather over
 //                         ETP x EP, the one blocking exchange (Megatron's host sync point)
@@ -15,15 +16,10 @@
 // that wait.
 #include <numeric>
 
-#include <fmt/format.h>
-
-#include "epx/base/error.hpp"
-#include "epx/dispatch/dispatcher.hpp"
-#include "epx/trace/trace.hpp"
-#include "epx/comm/collectives.hpp"
-#include "epx/comm/process_groups.hpp"
 #include "counts_exchange.hpp"
-#include "traffic_counter.hpp"
+#include "dispatcher_base.hpp"
+#include "epx/trace/trace.hpp"
+#include "permuter.hpp"
 
 namespace epx {
 namespace {
@@ -36,60 +32,41 @@ std::vector<std::int64_t> times(const std::vector<std::int64_t>& rows, std::int6
   return out;
 }
 
-class AlltoallDispatcher final : public TokenDispatcher {
+class AlltoallDispatcher final : public DispatcherBase {
  public:
   AlltoallDispatcher(std::int64_t num_experts, ProcessGroups& groups, CommStream& stream)
-      : num_experts_(num_experts),
-        ep_(groups.get(GroupKind::ep)),
-        etp_(groups.get(GroupKind::etp)),
-        tp_ep_(groups.get(GroupKind::tp_ep)),
-        stream_(stream),
-        counts_(groups.dispatch_counts()),
-        traffic_(node_of_each_rank(tp_ep_), tp_ep_.rank()) {
-    local_ = experts_per_ep_rank(num_experts, ep_.size());
-    first_ = ep_.rank() * local_;
-  }
+      : DispatcherBase(num_experts, groups, stream) {}
 
   std::string name() const override { return "alltoall"; }
-  std::int64_t num_local_experts() const override { return local_; }
-  std::int64_t first_local_expert() const override { return first_; }
-  int expert_tp_rank() const override { return etp_.rank(); }
-  int expert_tp_size() const override { return etp_.size(); }
-  TrafficBytes traffic() const override { return traffic_.total(); }
 
   // ------------------------------------------------------------------------ forward
 
   void dispatch_preprocess(DispatchState& s, const Tensor& x, const TokenRoutes& r) override {
-    s.num_tokens = x.dim(0);
-    s.hidden_size = x.dim(1);
-    s.perm = make_permutation(r.routing_map.data(), s.num_tokens, num_experts_);
-    s.hidden = Tensor::uninitialized({s.perm.rows(), s.hidden_size}, x.dtype());
-    permute_rows(x, s.perm, s.hidden);
-    s.probs.assign(static_cast<std::size_t>(s.perm.rows()), 0.f);
-    gather_probs(r.probs.data<float>(), num_experts_, s.perm, s.probs.data());
+    permute_tokens(s, x, r, num_experts_);
 
-    // Counts exchange: every rank's [E] counts, gathered over ETP x EP (group rank = ep * ETP + t).
+    // Counts exchange: every rank's [E] counts, gathered over ETP x EP.
     const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
+    const std::int64_t local = num_local_experts_;
     const std::vector<std::int64_t> all = allgather_counts(counts_, s.perm.tokens_per_expert.data(), num_experts_);
     traffic_.add_to_all(0, num_experts_ * 8);
     const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
-      return all[static_cast<std::size_t>((src_ep * etp + src_t) * num_experts_ + expert)];
+      return all[static_cast<std::size_t>(group_rank(src_ep, src_t) * num_experts_ + expert)];
     };
 
     s.send_rows.assign(static_cast<std::size_t>(ep), 0);
     for (std::int64_t e = 0; e < num_experts_; ++e)
-      s.send_rows[static_cast<std::size_t>(e / local_)] += s.perm.tokens_per_expert[static_cast<std::size_t>(e)];
+      s.send_rows[static_cast<std::size_t>(e / local)] += s.perm.tokens_per_expert[static_cast<std::size_t>(e)];
     s.recv_rows.assign(static_cast<std::size_t>(ep), 0);
     s.etp_rows.assign(static_cast<std::size_t>(etp), 0);
-    s.chunk_rows.assign(static_cast<std::size_t>(etp * ep * local_), 0);
-    s.tokens_per_local_expert.assign(static_cast<std::size_t>(local_), 0);
+    s.chunk_rows.assign(static_cast<std::size_t>(etp * ep * local), 0);
+    s.tokens_per_local_expert.assign(static_cast<std::size_t>(local), 0);
     for (int src_t = 0; src_t < etp; ++src_t)
       for (int src = 0; src < ep; ++src)
-        for (std::int64_t l = 0; l < local_; ++l) {
-          const std::int64_t n = count(src, src_t, first_ + l);
+        for (std::int64_t l = 0; l < local; ++l) {
+          const std::int64_t n = count(src, src_t, first_local_expert_ + l);
           if (src_t == t) s.recv_rows[static_cast<std::size_t>(src)] += n;
           s.etp_rows[static_cast<std::size_t>(src_t)] += n;
-          s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local_ + l)] = n;
+          s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local + l)] = n;
           s.tokens_per_local_expert[static_cast<std::size_t>(l)] += n;
         }
   }
@@ -123,14 +100,14 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   void dispatch_postprocess(DispatchState& s) override {
     s.pending.wait();
-    if (local_ > 1) {
+    if (num_local_experts_ > 1) {
       s.hidden = regrouped(s, s.hidden, true);
       s.probs = regrouped(s, s.probs, true);
     }
   }
 
   void combine_preprocess(DispatchState& s, Tensor expert_output) override {
-    s.hidden = local_ > 1 ? regrouped(s, expert_output, false) : std::move(expert_output);
+    s.hidden = num_local_experts_ > 1 ? regrouped(s, expert_output, false) : std::move(expert_output);
   }
 
   void token_combine(DispatchState& s) override {
@@ -155,18 +132,12 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   Tensor combine_postprocess(DispatchState& s) override {
     s.pending.wait();
-    auto out = Tensor::uninitialized({s.num_tokens, s.hidden_size}, s.hidden.dtype());
-    unpermute_rows(s.hidden, s.perm, out);
-    s.hidden = Tensor();
-    return out;
+    return unpermute_tokens(s);
   }
 
   // ----------------------------------------------------------------------- backward
 
-  void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override {
-    s.grad = Tensor::uninitialized({s.perm.rows(), s.hidden_size}, dy.dtype());
-    permute_rows(dy, s.perm, s.grad);
-  }
+  void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override { permute_token_grads(s, dy); }
 
   void token_combine_backward(DispatchState& s) override {
     s.pending = stream_.submit([this, &s] {
@@ -186,12 +157,12 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   void combine_preprocess_backward(DispatchState& s) override {
     s.pending.wait();
-    if (local_ > 1) s.grad = regrouped(s, s.grad, true);
+    if (num_local_experts_ > 1) s.grad = regrouped(s, s.grad, true);
   }
 
   void dispatch_postprocess_backward(DispatchState& s, Tensor dx, std::vector<float> dprobs) override {
-    s.grad = local_ > 1 ? regrouped(s, dx, false) : std::move(dx);
-    s.grad_probs = local_ > 1 ? regrouped(s, dprobs, false) : std::move(dprobs);
+    s.grad = num_local_experts_ > 1 ? regrouped(s, dx, false) : std::move(dx);
+    s.grad_probs = num_local_experts_ > 1 ? regrouped(s, dprobs, false) : std::move(dprobs);
   }
 
   void token_dispatch_backward(DispatchState& s) override {
@@ -225,24 +196,20 @@ class AlltoallDispatcher final : public TokenDispatcher {
 
   Tensor dispatch_preprocess_backward(DispatchState& s, Tensor& dprobs) override {
     s.pending.wait();
-    auto dx = Tensor::uninitialized({s.num_tokens, s.hidden_size}, s.grad.dtype());
-    unpermute_rows(s.grad, s.perm, dx);
-    scatter_probs(s.grad_probs.data(), num_experts_, s.perm, dprobs.data<float>());
-    s.grad = Tensor();
-    return dx;
+    return unpermute_token_grads(s, dprobs, num_experts_);
   }
 
  private:
   // Traffic: `rows[p]` rows to EP rank p, or to ETP rank t, of row_bytes payload and meta_bytes
-  // metadata each (group rank in ETP x EP: ep * ETP + etp).
+  // metadata each.
   void count_ep(const std::vector<std::int64_t>& rows, std::int64_t row_bytes, std::int64_t meta_bytes) {
     for (int p = 0; p < ep_.size(); ++p)
-      traffic_.add(p * etp_.size() + etp_.rank(), rows[static_cast<std::size_t>(p)] * row_bytes,
+      traffic_.add(group_rank(p, etp_.rank()), rows[static_cast<std::size_t>(p)] * row_bytes,
                    rows[static_cast<std::size_t>(p)] * meta_bytes);
   }
   void count_etp(const std::vector<std::int64_t>& rows, std::int64_t row_bytes, std::int64_t meta_bytes) {
     for (int t = 0; t < etp_.size(); ++t)
-      traffic_.add(ep_.rank() * etp_.size() + t, rows[static_cast<std::size_t>(t)] * row_bytes,
+      traffic_.add(group_rank(ep_.rank(), t), rows[static_cast<std::size_t>(t)] * row_bytes,
                    rows[static_cast<std::size_t>(t)] * meta_bytes);
   }
   void count_etp_all(std::int64_t payload, std::int64_t metadata) {  // the same block to every ETP rank
@@ -254,8 +221,9 @@ class AlltoallDispatcher final : public TokenDispatcher {
   void regroup(const DispatchState& s, const void* in, void* out, std::size_t row_bytes,
                bool to_expert_major) const {
     const std::int64_t sources = static_cast<std::int64_t>(ep_.size()) * etp_.size();
-    if (to_expert_major) transpose_chunks(in, out, row_bytes, s.chunk_rows, sources, local_);
-    else transpose_chunks(in, out, row_bytes, transposed_chunk_rows(s.chunk_rows, sources, local_), local_, sources);
+    const std::int64_t local = num_local_experts_;
+    if (to_expert_major) transpose_chunks(in, out, row_bytes, s.chunk_rows, sources, local);
+    else transpose_chunks(in, out, row_bytes, transposed_chunk_rows(s.chunk_rows, sources, local), local, sources);
   }
   Tensor regrouped(const DispatchState& s, const Tensor& in, bool to_expert_major) const {
     auto out = Tensor::uninitialized(in.shape(), in.dtype());
@@ -267,12 +235,6 @@ class AlltoallDispatcher final : public TokenDispatcher {
     regroup(s, in.data(), out.data(), sizeof(float), to_expert_major);
     return out;
   }
-
-  std::int64_t num_experts_, local_ = 1, first_ = 0;
-  Communicator &ep_, &etp_, &tp_ep_;
-  CommStream& stream_;
-  Communicator& counts_;  // for the counts all-gather (counts_exchange.hpp)
-  TrafficCounter traffic_;
 };
 
 }  // namespace

@@ -136,7 +136,7 @@ std::unique_ptr<TokenDispatcher> make_alltoall_dispatcher(std::int64_t num_exper
                                                           ProcessGroups& groups, CommStream& stream);
 
 // Megatron-Core's MoEFlexTokenDispatcher over the ETP x EP group, with epx's CPU versions of its
-// two backends (docs/ARCHITECTURE.md, "Flex dispatchers"). Both send one copy of a token per
+// two backends (src/dispatch/flex_dispatcher.hpp). Both send one copy of a token per
 // destination rank, and across domains (nodes) one copy per destination domain, forwarded
 // inside the domain; the combine sums inside the domain before crossing back.
 enum class FlexBackend { deepep, hybridep };
