@@ -14,6 +14,7 @@
 # that many times and reports the run with the median step time.
 #   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT] [REPEATS] [SECTIONS]
 #     SECTIONS: comma list of alltoall, flex, shared, local (default: all)
+#     EPX_BIN=path/to/epx runs another build (an A/B of two builds on the same machine)
 #   (after scripts/setup.sh; needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ steps=${1:-8}
 link=${2:-0.15}
 repeats=${3:-1}
 sections=,${4:-alltoall,flex,shared,local},
-epx=./build/epx
+epx=${EPX_BIN:-./build/epx}
 recipe=qwen3_30b_a3b_proxy
 # The proxy shape: the recipe with a smaller vocabulary (so the LM head and the DP gradient
 # all-reduce, which no EP overlap hides, do not dominate) and 16 micro-batches per rank.
