@@ -1,35 +1,106 @@
 // Environment facts: the GPU kinds a config can target, and version comparison.
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <regex>
 
 #include <fmt/format.h>
 
 #include "epx/check/check.hpp"
+#include "epx/config/schema.hpp"
+#include "hardware_catalog.hpp"
 
 namespace epx {
 
-const std::vector<GpuInfo>& gpu_catalog() {
-  // device_name and major are what torch reports on each; Bridge's backend rules read them.
-  static const std::vector<GpuInfo> gpus = {
-      {"h100", "NVIDIA H100 80GB HBM3", 9, 8, 8},
-      {"h200", "NVIDIA H200", 9, 8, 8},
-      {"b200", "NVIDIA B200", 10, 8, 8},
-      {"b300", "NVIDIA B300", 10, 8, 8},
-      {"gb200", "NVIDIA GB200", 10, 4, 72},
-      {"gb300", "NVIDIA GB300", 10, 4, 72},
-      {"a100", "NVIDIA A100-SXM4-80GB", 8, 8, 8},
-      {"v100", "Tesla V100-SXM2-32GB", 7, 8, 8},
-      // epx's own runtime on this machine: MPI ranks, no CUDA, no Transformer Engine.
-      {"cpu", "cpu", 0, 0, 0},
+namespace {
+
+// One catalog entry from YAML: every field given replaces `g`'s; the name is the key.
+void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
+  const auto where = [&](const YAML::Node& n, const std::string& key) {
+    return fmt::format("{}:{}:{}: {}.{}", source, n.Mark().line + 1, n.Mark().column + 1, g.name, key);
   };
+  if (!node.IsMap()) throw ConfigError(fmt::format("{}: expected a mapping of the hardware's fields", where(node, "")));
+  const std::map<std::string, double*> rates = {
+      {"memory_gb", &g.rates.memory_gb},         {"bf16_tflops", &g.rates.bf16_tflops},
+      {"fp8_tflops", &g.rates.fp8_tflops},       {"hbm_tb_s", &g.rates.hbm_tb_s},
+      {"nvlink_gb_s", &g.rates.nvlink_gb_s},     {"nvlink_efficiency", &g.rates.nvlink_efficiency},
+      {"network_gb_s", &g.rates.network_gb_s},   {"network_efficiency", &g.rates.network_efficiency},
+      {"gemm_efficiency", &g.rates.gemm_efficiency}, {"gemm_half_rows", &g.rates.gemm_half_rows}};
+  const std::map<std::string, int*> counts = {
+      {"compute_capability", &g.major}, {"gpus_per_node", &g.gpus_per_node}, {"nvlink_domain", &g.nvlink_domain}};
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    try {
+      if (key == "device_name") {
+        g.device_name = v.as<std::string>();
+      } else if (auto r = rates.find(key); r != rates.end()) {
+        const double x = v.as<double>();
+        if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
+        *r->second = x;
+      } else if (auto c = counts.find(key); c != counts.end()) {
+        const int x = v.as<int>();
+        if (x < 0 || x > 1 << 20) throw YAML::Exception(v.Mark(), "");
+        *c->second = x;
+      } else {
+        throw ConfigError(fmt::format("{}: unknown field; the fields are device_name, compute_capability, "
+                                      "gpus_per_node, nvlink_domain and the rates of hardware/catalog.yaml",
+                                      where(kv.first, key)));
+      }
+    } catch (const YAML::Exception&) {
+      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a number >= 0; device_name: text)",
+                                    where(v, key), shorten(YAML::Dump(v))));
+    }
+  }
+}
+
+std::deque<GpuInfo>& mutable_catalog() {
+  static std::deque<GpuInfo> gpus = [] {
+    std::deque<GpuInfo> out;
+    const YAML::Node root = parse_yaml_bounded(builtin_hardware_yaml(), "hardware/catalog.yaml");
+    for (const auto& kv : root) {
+      GpuInfo g;
+      g.name = kv.first.as<std::string>();
+      read_entry(kv.second, "hardware/catalog.yaml", g);
+      out.push_back(std::move(g));
+    }
+    return out;
+  }();
   return gpus;
+}
+
+}  // namespace
+
+const std::deque<GpuInfo>& gpu_catalog() { return mutable_catalog(); }
+
+void add_hardware_file(const std::string& path) {
+  const YAML::Node root = parse_yaml_bounded(read_config_text(path), path);
+  if (!root.IsMap())
+    throw ConfigError(fmt::format("{}: expected a mapping of hardware names to their fields (as hardware/catalog.yaml)", path));
+  for (const auto& kv : root) {
+    std::string name = kv.first.as<std::string>();
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name.empty() || name.size() > 64)
+      throw ConfigError(fmt::format("{}:{}: '{}': a hardware name has 1 to 64 characters", path,
+                                    kv.first.Mark().line + 1, shorten(name)));
+    auto& catalog = mutable_catalog();
+    auto it = std::find_if(catalog.begin(), catalog.end(), [&](const GpuInfo& e) { return e.name == name; });
+    GpuInfo* g = it == catalog.end() ? nullptr : &*it;
+    if (g == nullptr) {
+      GpuInfo fresh;
+      fresh.name = name;
+      fresh.device_name = name;
+      fresh.major = 9;  // a CUDA GPU unless the file says otherwise
+      g = &catalog.emplace_back(std::move(fresh));
+    }
+    read_entry(kv.second, path, *g);
+  }
 }
 
 namespace {
 
 const GpuInfo& unnamed_gpu() {
-  static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 8, 8};
+  static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 8, 8, {}};
   return gpu;
 }
 

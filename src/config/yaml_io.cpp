@@ -99,15 +99,11 @@ Config load_config_text(const std::string& text, const std::string& source_name)
   }
 }
 
-namespace {
-
-Config load_config_yaml(const std::string& text, const std::string& source_name) {
+YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source_name) {
   if (text.size() > kMaxConfigBytes)
     throw ConfigError(fmt::format("{}: more than the {} MiB a config may have; a "
                                   "Megatron-Bridge dump is a few tens of kilobytes",
                                   source_name, kMaxConfigBytes >> 20));
-  Config c;
-  c.source = source_name;
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -116,6 +112,25 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
                                   e.mark.column + 1, e.msg));
   }
   check_yaml_bounds(root, source_name);
+  return root;
+}
+
+std::string read_config_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the file", path.string()));
+  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more than allowed: too long is seen
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the file", path.string()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  return text;
+}
+
+namespace {
+
+Config load_config_yaml(const std::string& text, const std::string& source_name) {
+  Config c;
+  c.source = source_name;
+  const YAML::Node root = parse_yaml_bounded(text, source_name);
   if (root.IsNull())
     throw ConfigError(fmt::format("{}: the file is empty; a config needs at least a model: "
                                   "section (see recipes/)",
@@ -204,13 +219,7 @@ bool Config::is_bridge_dump() const {
 }
 
 Config load_config_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the file", path.string()));
-  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more than allowed: too long is seen
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the file", path.string()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  return load_config_text(text, path.string());
+  return load_config_text(read_config_text(path), path.string());
 }
 
 std::string dump_yaml(const Config& cfg) {

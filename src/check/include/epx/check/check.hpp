@@ -3,6 +3,7 @@
 // rules that `--list-rules` prints from the same data the checker runs.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -18,18 +19,30 @@ namespace epx {
 
 // ---- Environment facts ----------------------------------------------------------------------
 
+// What the planner needs of a GPU (hardware/catalog.yaml explains each field).
+struct HardwareRates {
+  double memory_gb = 0, bf16_tflops = 0, fp8_tflops = 0, hbm_tb_s = 0;
+  double nvlink_gb_s = 0, nvlink_efficiency = 1, network_gb_s = 0, network_efficiency = 1;
+  double gemm_efficiency = 1, gemm_half_rows = 0;
+};
+
 struct GpuInfo {
   std::string name;         // the -g/--gpu spelling: "h100" (empty: a GPU not named)
   std::string device_name;  // what torch.cuda.get_device_properties(0).name reports
   int major = 0;            // compute capability major (0: no CUDA device; -1: not named)
   int gpus_per_node = 8;
   int nvlink_domain = 8;    // GPUs in one NVLink domain
+  HardwareRates rates;
   bool cuda() const { return major != 0; }   // a GPU target, named or not
   bool named() const { return major >= 0; }  // cpu or a GPU from the catalog
 };
 
-const std::vector<GpuInfo>& gpu_catalog();
+// The catalog: hardware/catalog.yaml as built into epx, plus what add_hardware_file added.
+const std::deque<GpuInfo>& gpu_catalog();
 const GpuInfo* find_gpu(std::string_view name);
+// Adds the entries of a YAML file with the catalog's keys (a known name: the fields given
+// replace the catalog's). Errors name the file, line and key (ConfigError).
+void add_hardware_file(const std::string& path);
 
 // The GPU a config targets: target.gpu (ConfigError, citing the file and line, for a name not
 // in the catalog); when it is not given, a CUDA GPU of unknown kind if the config describes a

@@ -3,6 +3,7 @@
 // all go through it, so a field is declared exactly once.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -45,6 +46,12 @@ std::vector<std::string> suggest_keys(std::string_view key);
 // Refuses (ConfigError, naming `source` and the line) a YAML document nested deeper or holding
 // more values, aliases expanded, than a config can: bounds the work a bad file can cause.
 void check_yaml_bounds(const YAML::Node& root, const std::string& source);
+
+// A YAML document of at most 2 MiB, within check_yaml_bounds; malformed YAML and oversize
+// input are ConfigErrors naming `source_name` (and the line). Every YAML input epx reads (configs,
+// hardware files) goes through these.
+YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source_name);
+std::string read_config_text(const std::filesystem::path& path);
 
 // `text` cut to `max` characters (with how long it was), for quoting input in a message.
 std::string shorten(std::string_view text, std::size_t max = 80);
