@@ -13,6 +13,7 @@
 #include "epx/comm/mpi.hpp"
 #include "launch_command.hpp"
 #include "layer_command.hpp"
+#include "plan_command.hpp"
 #include "run_command.hpp"
 
 namespace epx::cli {
@@ -61,6 +62,12 @@ int main(int argc, char** argv) {
   auto* show = config->add_subcommand("show", "print the resolved config as YAML");
   show_args.add_to(*show);
   auto* list = config->add_subcommand("list", "list the shipped recipes");
+
+  PlanArgs plan_args;
+  auto* plan = app.add_subcommand(
+      "plan", "plan a layout without launching it: process groups, memory per GPU, model FLOPs and the step "
+              "time of each dispatcher with and without EP overlap (after epx check passes)");
+  plan_args.add_to(*plan);
 
   LayerArgs layer_args;
   auto* layer = app.add_subcommand(
@@ -115,6 +122,7 @@ int main(int argc, char** argv) {
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
+    if (*plan) return run_plan_command(plan_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);

@@ -182,3 +182,29 @@ TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
 }
 
 }  // namespace
+
+TEST(Cli, PlanPrintsTheTableAndJson) {
+  const Result text = run("plan qwen3_30b_a3b");
+  EXPECT_EQ(text.code, 0) << text.out;
+  EXPECT_TRUE(has(text, "model FLOPs: 23.006 GFLOP per token")) << text.out;
+  EXPECT_TRUE(has(text, "(as configured)")) << text.out;
+  const Result json = run("plan qwen3_30b_a3b --json");
+  ASSERT_EQ(json.code, 0) << json.out;
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  int configured = 0;
+  for (const auto& v : j["variants"]) configured += v["as_configured"].get<bool>();
+  EXPECT_EQ(configured, 1);
+  EXPECT_TRUE(has(run("plan qwen3_30b_a3b --ranks 3"), "... 13 more ranks"));
+}
+
+TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
+  const Result bad = run("plan qwen3_30b_a3b -ng 3");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_TRUE(has(bad, "epx plan: the check found errors")) << bad.out;
+  const Result no_world = run(std::string("plan ") + EPX_TEST_DATA + "/bridge_dump_comm_overlap.yaml -g h100");
+  EXPECT_EQ(no_world.code, 2) << no_world.out;
+  EXPECT_TRUE(has(no_world, "pass -ng N")) << no_world.out;
+  const Result no_file = run("plan qwen3_30b_a3b --hardware /nonexistent/hw.yaml");
+  EXPECT_EQ(no_file.code, 2) << no_file.out;
+  EXPECT_TRUE(has(no_file, "/nonexistent/hw.yaml: cannot open the file")) << no_file.out;
+}

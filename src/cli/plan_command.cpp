@@ -1,0 +1,47 @@
+#include "plan_command.hpp"
+
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
+#include "epx/plan/plan.hpp"
+
+namespace epx::cli {
+
+void PlanArgs::add_to(CLI::App& app) {
+  config.add_to(app);
+  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb, variants");
+  app.add_option("--ranks", ranks, "print every rank's node and its index in each group (the first N ranks)")
+      ->expected(0, 1)
+      ->default_str("256")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--hardware", hardware,
+                 "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override");
+}
+
+int run_plan_command(const PlanArgs& args) {
+  for (const std::string& file : args.hardware) add_hardware_file(file);
+  const Config loaded = args.config.load();
+  if (!loaded.target.num_gpus)
+    throw ConfigError("target.num_gpus=None: a plan is for a world size; pass -ng N (or set target.num_gpus)");
+  if (!loaded.target.gpu)
+    throw ConfigError("target.gpu=None: a plan needs the hardware's rates; pass -g GPU (h100, b200, gb200, ..., cpu)");
+  const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
+  if (!report.ok()) {
+    std::cout << format_report(report) << "epx plan: the check found errors; fix them to plan this layout\n";
+    return kExitCheckFailed;
+  }
+  const Plan plan = make_plan(report.resolved);
+  if (args.json) {
+    std::cout << json_text(plan_json(plan), 2) << "\n";
+    return kExitOk;
+  }
+  std::cout << fmt::format("epx plan: {}\n", report.resolved.source) << format_plan(plan);
+  if (args.ranks) std::cout << format_rank_map(plan.layout, *args.ranks);
+  return kExitOk;
+}
+
+}  // namespace epx::cli

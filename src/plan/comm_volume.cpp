@@ -1,0 +1,92 @@
+// Communication per step by link class. Token exchanges per dispatcher (megatron/core/
+// transformer/moe/token_dispatcher.py): alltoall sends one copy per (token, routed expert);
+// DeepEP one copy per (token, destination node) over the network, forwarded over NVLink to the
+// destination ranks; HybridEP the same per NVLink domain (a GB200 NVL72 rack keeps it all on
+// NVLink). Routing is taken as uniform (force-balanced benchmarks), so the expected number of
+// distinct destinations comes from the hypergeometric draw of k experts out of E.
+#include <algorithm>
+#include <cmath>
+
+#include "epx/plan/plan.hpp"
+
+namespace epx {
+namespace {
+
+// P(a token's k experts, drawn without replacement from E, miss a given block of `block`).
+double miss(double experts, double block, double k) {
+  double p = 1;
+  for (int i = 0; i < static_cast<int>(k); ++i) p *= std::max(0.0, (experts - block - i) / (experts - i));
+  return p;
+}
+
+}  // namespace
+
+CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Dispatcher dispatcher,
+                   const MemoryPlan& memory) {
+  const ModelConfig& m = c.model;
+  const ParallelLayout& l = lp.layout;
+  const HardwareRates& hw = gpu.rates;
+  const double nvl = std::max(1e-9, hw.nvlink_gb_s * hw.nvlink_efficiency) * 1e9;
+  const double net = std::max(1e-9, hw.network_gb_s * hw.network_efficiency) * 1e9;
+  CommPlan out;
+
+  // Token exchanges: 4 per MoE layer and micro-batch (dispatch and combine, each way).
+  const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) /
+                        (l.cp * l.tp);
+  const double row = static_cast<double>(m.hidden_size) * (m.bf16 || m.fp16 ? 2 : 4);
+  const Int stage_layers = (m.num_layers + l.pp - 1) / l.pp;
+  double moe_layers = 0;
+  if (m.num_moe_experts)
+    for (Int i = 0; i < stage_layers; ++i)
+      moe_layers += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
+                                                     : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
+  if (moe_layers > 0 && l.ep > 1) {
+    const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
+    // EP ranks that share a node (or an NVLink domain for HybridEP): the EP group is EP*ETP
+    // consecutive ranks, ETP fastest.
+    const int domain = dispatcher == Dispatcher::hybridep ? lp.nvlink_domain : lp.gpus_per_node;
+    const double local = std::clamp<double>(std::floor(domain / static_cast<double>(l.etp)), 1, ep);
+    const double blocks = ep / local;
+    double intra = 0, inter = 0;  // rows per token
+    if (dispatcher == Dispatcher::alltoall) {
+      intra = k * (local - 1) / ep;
+      inter = k * (ep - local) / ep;
+    } else {
+      inter = (blocks - 1) * (1 - miss(E, E / blocks, k));                  // one copy per remote block
+      intra = (ep - 1) * (1 - miss(E, E / ep, k));                          // then one per destination rank
+    }
+    out.token_intra = 4 * moe_layers * tokens * intra * row;
+    out.token_inter = 4 * moe_layers * tokens * inter * row;
+    out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl);
+  }
+
+  // Gradient reduction over DP (dense) and EDP (experts) in FP32, and with the distributed
+  // optimizer the parameter all-gather back in the weights' dtype: ring volumes 2(d-1)/d of the
+  // bytes for an all-reduce, (d-1)/d for a reduce-scatter or an all-gather.
+  const auto reduce = [&](double params, double d) {
+    if (d <= 1) return 0.0;
+    const double share = (d - 1) / d;
+    return c.ddp.use_distributed_optimizer ? share * params * (4 + (m.bf16 ? 2 : 4)) : 2 * share * params * 4;
+  };
+  const double dp = l.dp * l.cp;
+  out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
+  for (const GroupPlacement& g : lp.groups)
+    if (g.kind == GroupKind::dp_cp || g.kind == GroupKind::edp) out.dp_inter = out.dp_inter || (!g.within_node && g.size > 1);
+  out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl);
+
+  // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and
+  // backward (8 per layer, (TP-1)/TP of s*b*h each); CP: K and V gathered per layer, each way.
+  const double sbh = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) * row;
+  const auto link = [&](GroupKind kind) {
+    for (const GroupPlacement& g : lp.groups)
+      if (g.kind == kind) return g.within_node ? nvl : net;
+    return nvl;
+  };
+  if (l.tp > 1) out.tp_cp_s += 8 * static_cast<double>(stage_layers) * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
+  if (l.cp > 1) out.tp_cp_s += 4 * static_cast<double>(stage_layers) * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
+  // PP: one activation forward and one gradient back per micro-batch and stage boundary.
+  if (l.pp > 1) out.pp_s = 2 * sbh / (l.tp * l.cp) / link(GroupKind::pp);
+  return out;
+}
+
+}  // namespace epx

@@ -1,0 +1,88 @@
+#include "epx/plan/flops.hpp"
+
+#include <fmt/format.h>
+
+namespace epx {
+namespace {
+
+[[noreturn]] void missing(const std::string& field) {
+  throw ConfigError(fmt::format("{}=None: the FLOPs count needs it; set {}", field, field));
+}
+
+// Per layer and token, the attention projections (linear) and QK^T + PV (core, at sequence s
+// with the causal halving), in multiply-adds; Megatron's standard_self_attn_term and its MLA
+// branch.
+struct AttentionMacs {
+  double linear = 0, core = 0;
+};
+
+AttentionMacs attention_macs(const ModelConfig& m) {
+  const double h = static_cast<double>(m.hidden_size), n = static_cast<double>(m.num_attention_heads);
+  const double s = static_cast<double>(m.seq_length);
+  if (m.multi_latent_attention) {
+    const double d_qk = static_cast<double>(m.qk_head_dim), d_rope = static_cast<double>(m.qk_pos_emb_head_dim);
+    const double d_v = static_cast<double>(m.v_head_dim), r_kv = static_cast<double>(m.kv_lora_rank);
+    const double q_term = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (d_qk + d_rope) + 1)
+                                        : h * n * (d_qk + d_rope);
+    return {q_term + r_kv * (h + n * (d_qk + d_v) + 1) + h * d_rope + n * d_v * h,
+            s * (n * (d_qk + d_rope) / 2 + n * d_v / 2)};
+  }
+  const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
+  const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
+  return {h * (q + 2 * kv) + q * h, s * q};
+}
+
+}  // namespace
+
+Int padded_vocab_size(const ModelConfig& m) {
+  if (!m.vocab_size) missing("model.vocab_size");
+  const Int multiple = std::max<Int>(1, m.make_vocab_size_divisible_by) * std::max<Int>(1, m.tensor_model_parallel_size);
+  return (*m.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+ModelFlops model_flops(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (m.num_layers < 1 || m.hidden_size < 1 || m.num_attention_heads < 1)
+    throw ConfigError(fmt::format("model.num_layers={}, model.hidden_size={}, model.num_attention_heads={}: "
+                                  "the FLOPs count needs a model shape; set all three",
+                                  m.num_layers, m.hidden_size, m.num_attention_heads));
+  const double h = static_cast<double>(m.hidden_size);
+  const double gated = m.gated_linear_unit ? 1.5 : 1.0;
+  const bool moe = m.num_moe_experts && *m.num_moe_experts > 0;
+  const Int mtp = m.mtp_num_layers.value_or(0);
+
+  // Which layers are MoE (moe_layer_freq); MTP layers count as MoE when the last layer is.
+  std::vector<bool> is_moe;
+  for (Int i = 0; i < m.num_layers; ++i)
+    is_moe.push_back(moe && (m.moe_layer_freq.pattern.empty()
+                                 ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
+                                 : i < static_cast<Int>(m.moe_layer_freq.pattern.size()) &&
+                                       m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0));
+  const bool mtp_moe = !is_moe.empty() && is_moe.back();
+  const double layers = static_cast<double>(m.num_layers + mtp);
+  double moe_layers = 0;
+  for (bool b : is_moe) moe_layers += b;
+  if (mtp_moe) moe_layers += static_cast<double>(mtp);
+  const double dense_layers = layers - moe_layers;
+
+  double mlp_width = 0;  // sum over layers of the FFN width a token passes through
+  if (dense_layers > 0) {
+    if (!m.ffn_hidden_size) missing("model.ffn_hidden_size");
+    mlp_width += dense_layers * static_cast<double>(*m.ffn_hidden_size);
+  }
+  if (moe_layers > 0) {
+    const OptInt& moe_ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
+    if (!moe_ffn) missing("model.moe_ffn_hidden_size");
+    mlp_width += moe_layers * (static_cast<double>(*moe_ffn) * static_cast<double>(m.moe_router_topk) +
+                               static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0)));
+  }
+  const AttentionMacs a = attention_macs(m);
+  ModelFlops f;
+  f.mlp = 12 * h * mlp_width * gated;  // 3 passes x 2 GEMMs (up, down) x 2 FLOPs
+  f.attention = 6 * (a.linear + a.core) * layers;
+  f.mtp = 6 * static_cast<double>(mtp) * (3 * h + 2 * h * h);
+  f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(mtp + 1);
+  return f;
+}
+
+}  // namespace epx

@@ -1,0 +1,27 @@
+// Model FLOPs exactly as Megatron-LM counts them for its "throughput per GPU (TFLOP/s/GPU)" log
+// line (megatron/training/training.py, num_floating_point_operations; Megatron-Bridge keeps the
+// same in src/megatron/bridge/training/utils/flop_utils.py), so a predicted TFLOP/s/GPU compares
+// 1:1 with Megatron's log and the published tables. Forward + backward (x3), 2 FLOPs per
+// multiply-add; GQA or MLA attention with the causal halving; dense, routed (top-k) and shared
+// expert MLPs (x1.5 with SwiGLU); MTP layers; the logits over the padded vocabulary. Not counted,
+// as in Megatron: the router GEMM, permutation, softmax, norms (except MTP's) and recompute.
+#pragma once
+
+#include "epx/config/config.hpp"
+
+namespace epx {
+
+struct ModelFlops {
+  double mlp = 0, attention = 0, mtp = 0, logits = 0;  // per token, at model.seq_length
+  double per_token() const { return mlp + attention + mtp + logits; }
+};
+
+// Per token for the config's shape (model.seq_length; vocabulary padded to
+// make_vocab_size_divisible_by x TP as Megatron pads it). Throws ConfigError for a shape without
+// the sizes the formula needs.
+ModelFlops model_flops(const Config& c);
+
+// Megatron's padded vocabulary: vocab_size rounded up to make_vocab_size_divisible_by x TP.
+Int padded_vocab_size(const ModelConfig& m);
+
+}  // namespace epx

@@ -1,0 +1,84 @@
+// `epx plan`: a large MoE layout checked, sized and timed on one machine, without launching its
+// ranks (Megatron's --fake-init-process-group, done as arithmetic). Everything here is a model;
+// each term names what it stands for, so a plan can be read against a profile.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "epx/check/check.hpp"
+#include "epx/comm/parallel_layout.hpp"
+#include "epx/config/config.hpp"
+#include "epx/plan/flops.hpp"
+
+namespace epx {
+
+// The process groups of every kind, and whether each stays inside a node / an NVLink domain.
+struct GroupPlacement {
+  GroupKind kind;
+  int size = 1, count = 1;
+  bool within_node = true, within_nvlink = true;
+};
+struct LayoutPlan {
+  ParallelLayout layout;
+  int gpus_per_node = 8, nvlink_domain = 8, nodes = 1;
+  std::vector<GroupPlacement> groups;
+};
+LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
+// One line per rank: its node and its index in every group kind (--ranks).
+std::string format_rank_map(const LayoutPlan& p, int max_ranks);
+
+// Bytes per GPU on the most-loaded rank (the first pipeline stage), as Megatron's
+// theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
+// experts' wgrad, dispatcher buffers, logits, runtime extras).
+struct MemoryPlan {
+  double weights = 0, gradients = 0, optimizer = 0, activations = 0, dispatcher_buffers = 0, logits = 0,
+         other = 0;
+  double peak() const { return weights + gradients + optimizer + activations + dispatcher_buffers + logits + other; }
+  double dense_params = 0, expert_params = 0;  // on this rank
+  double in_flight = 1;                        // micro-batches' activations held at the peak
+};
+enum class Dispatcher { alltoall, deepep, hybridep };
+const char* to_string(Dispatcher d);
+MemoryPlan plan_memory(const Config& resolved, const LayoutPlan& layout, Dispatcher dispatcher, bool ep_overlap);
+
+// Bytes one rank sends per step, by link class, and what they cost.
+struct CommPlan {
+  double token_intra = 0, token_inter = 0;  // dispatch + combine, forward + backward
+  double token_exchange_s = 0;              // per micro-batch, all MoE layers
+  double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
+  double tp_cp_s = 0, pp_s = 0;             // per micro-batch
+  bool dp_inter = false;
+};
+CommPlan plan_comm(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, Dispatcher dispatcher,
+                   const MemoryPlan& memory);
+
+// One row of the table: a dispatcher with or without EP overlap and delayed wgrad.
+struct Variant {
+  Dispatcher dispatcher = Dispatcher::alltoall;
+  bool ep_overlap = false, delay_wgrad = false, as_configured = false;
+  double step_time_s = 0, tflops_per_gpu = 0, tokens_per_s_per_gpu = 0, peak_memory_gb = 0, exposed_comm_s = 0;
+  double compute_s = 0, comm_s = 0, bubble_s = 0;
+  std::string wall;      // memory | communication | compute
+  std::string override;  // the one override that turns the configured run into this row
+};
+
+struct Plan {
+  LayoutPlan layout;
+  GpuInfo gpu;
+  ModelFlops flops;
+  double flops_per_step = 0;
+  std::int64_t micro_batches = 0;  // per DP rank per step
+  MemoryPlan memory;               // as configured
+  bool fits = false;
+  std::vector<Variant> variants;
+};
+// The plan of a config that passed `epx check` (resolved, world size and GPU given).
+Plan make_plan(const Config& resolved);
+std::string format_plan(const Plan& p);
+nlohmann::json plan_json(const Plan& p);
+
+}  // namespace epx

@@ -1,0 +1,26 @@
+// The time model behind `epx plan`'s table (step_time.cpp explains each term).
+#pragma once
+
+#include "epx/plan/plan.hpp"
+
+namespace epx {
+
+// Seconds per micro-batch on one rank of the first stage, by kind, and per step for the rest.
+struct StepCosts {
+  double compute = 0;       // GEMMs and attention at the size-dependent efficiency
+  double memory_bound = 0;  // permutation and elementwise at HBM bandwidth
+  double host = 0;          // launches and host syncs per MoE layer
+  double exchange = 0;      // the token exchanges (plan_comm)
+  double tp_cp_pp = 0;      // TP / CP collectives and PP point-to-point
+  double dp = 0;            // per step: the exposed gradient reduction
+  double optimizer = 0;     // per step: the optimizer step
+};
+StepCosts step_costs(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, const CommPlan& comm,
+                     const MemoryPlan& memory, Dispatcher dispatcher);
+
+struct StepTime {
+  double total = 0, layers = 0, bubble = 0, compute = 0, exposed_comm = 0;
+};
+StepTime step_time(const StepCosts& costs, double micro_batches, int pp, int vpp, bool ep_overlap, bool delay_wgrad);
+
+}  // namespace epx

@@ -1,0 +1,55 @@
+// The layout without ranks: every group of every kind from the same ParallelLayout that `epx
+// run` builds its communicators from, placed on nodes of gpus_per_node consecutive ranks.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "epx/plan/plan.hpp"
+
+namespace epx {
+
+LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
+  const ModelConfig& m = c.model;
+  const int world = static_cast<int>(c.target.num_gpus.value_or(1));
+  LayoutPlan p;
+  p.layout = ParallelLayout::make(world, static_cast<int>(m.tensor_model_parallel_size),
+                                  static_cast<int>(m.context_parallel_size),
+                                  static_cast<int>(m.pipeline_model_parallel_size),
+                                  static_cast<int>(m.expert_model_parallel_size), static_cast<int>(effective_etp(m)));
+  p.gpus_per_node = static_cast<int>(gpus_per_node(c).value_or(world));
+  if (p.gpus_per_node < 1) p.gpus_per_node = world;
+  p.nvlink_domain = gpu.nvlink_domain > 0 ? gpu.nvlink_domain : p.gpus_per_node;
+  p.nodes = (world + p.gpus_per_node - 1) / p.gpus_per_node;
+  for (GroupKind kind : kAllGroupKinds) {
+    const std::vector<RankGroup> groups = p.layout.groups(kind);
+    GroupPlacement g{kind, static_cast<int>(groups.front().size()), static_cast<int>(groups.size())};
+    for (const RankGroup& ranks : groups) {
+      const auto [lo, hi] = std::minmax_element(ranks.begin(), ranks.end());
+      g.within_node = g.within_node && *lo / p.gpus_per_node == *hi / p.gpus_per_node;
+      g.within_nvlink = g.within_nvlink && *lo / p.nvlink_domain == *hi / p.nvlink_domain;
+    }
+    p.groups.push_back(g);
+  }
+  return p;
+}
+
+std::string format_rank_map(const LayoutPlan& p, int max_ranks) {
+  std::string out = "rank  node";
+  for (GroupKind k : kAllGroupKinds) out += fmt::format(" {:>8}", group_kind_name(k));
+  out += "\n";
+  // Each rank's index in each kind, from the groups (a rank's position in its group).
+  std::vector<std::vector<int>> index(std::size(kAllGroupKinds), std::vector<int>(static_cast<std::size_t>(p.layout.world)));
+  for (std::size_t k = 0; k < std::size(kAllGroupKinds); ++k)
+    for (const RankGroup& g : p.layout.groups(kAllGroupKinds[k]))
+      for (std::size_t i = 0; i < g.size(); ++i) index[k][static_cast<std::size_t>(g[i])] = static_cast<int>(i);
+  const int shown = std::min(p.layout.world, max_ranks);
+  for (int r = 0; r < shown; ++r) {
+    out += fmt::format("{:>4} {:>5}", r, r / p.gpus_per_node);
+    for (std::size_t k = 0; k < std::size(kAllGroupKinds); ++k) out += fmt::format(" {:>8}", index[k][static_cast<std::size_t>(r)]);
+    out += "\n";
+  }
+  if (shown < p.layout.world) out += fmt::format("... {} more ranks (--ranks N shows N)\n", p.layout.world - shown);
+  return out;
+}
+
+}  // namespace epx

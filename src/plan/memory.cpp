@@ -1,0 +1,144 @@
+// Memory per GPU on the most-loaded rank (the first pipeline stage), after Megatron-LM's
+// megatron/training/theoretical_memory_usage.py (weights and optimizer by parameter counts;
+// activations by the "sequence parallel + selective recompute" per-layer formula, with the
+// active expert width for MoE layers, as Megatron-Bridge's estimate does), plus what both leave
+// out: the routed inputs the experts keep for their wgrad, dispatcher buffers, and a runtime
+// term for the allocator's transient peak.
+#include <algorithm>
+#include <cmath>
+
+#include "epx/plan/plan.hpp"
+
+namespace epx {
+namespace {
+
+// Per-layer parameter counts.
+struct LayerParams {
+  double attention = 0, dense_mlp = 0, router = 0, experts = 0, shared = 0;
+};
+
+LayerParams layer_params(const ModelConfig& m) {
+  const double h = static_cast<double>(m.hidden_size), gated = m.gated_linear_unit ? 3 : 2;
+  LayerParams p;
+  const double n = static_cast<double>(m.num_attention_heads);
+  if (m.multi_latent_attention) {
+    const double d_qk = static_cast<double>(m.qk_head_dim), d_rope = static_cast<double>(m.qk_pos_emb_head_dim);
+    const double d_v = static_cast<double>(m.v_head_dim), r_kv = static_cast<double>(m.kv_lora_rank);
+    const double q = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (d_qk + d_rope)) : h * n * (d_qk + d_rope);
+    p.attention = q + r_kv * (h + n * (d_qk + d_v)) + h * d_rope + n * d_v * h;
+  } else {
+    const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
+    const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
+    p.attention = h * (q + 2 * kv) + q * h;
+  }
+  p.dense_mlp = gated * h * static_cast<double>(m.ffn_hidden_size.value_or(0));
+  if (m.num_moe_experts) {
+    const double e = static_cast<double>(*m.num_moe_experts);
+    p.router = e * h;
+    p.experts = e * gated * h * static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0)));
+    p.shared = gated * h * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
+  }
+  return p;
+}
+
+// MoE layers among the first stage's layers (moe_layer_freq).
+double moe_layers_in(const ModelConfig& m, Int first, Int last) {
+  double n = 0;
+  if (!m.num_moe_experts) return 0;
+  for (Int i = first; i < last; ++i)
+    n += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
+                                          : i < static_cast<Int>(m.moe_layer_freq.pattern.size()) &&
+                                                m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
+  return n;
+}
+
+}  // namespace
+
+const char* to_string(Dispatcher d) {
+  return d == Dispatcher::alltoall ? "alltoall" : d == Dispatcher::deepep ? "deepep" : "hybridep";
+}
+
+MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
+  const ModelConfig& m = c.model;
+  const ParallelLayout& l = lp.layout;
+  const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded_vocab_size(m));
+  const double tp = l.tp, pp = l.pp;
+  const Int stage_layers = (m.num_layers + l.pp - 1) / l.pp;  // the first stage holds the most
+  const double moe_layers = moe_layers_in(m, 0, stage_layers), dense_layers = static_cast<double>(stage_layers) - moe_layers;
+  const LayerParams lay = layer_params(m);
+  const Int mtp = pp == 1 ? m.mtp_num_layers.value_or(0) : 0;  // MTP sits on the last stage
+
+  MemoryPlan out;
+  // Parameters on this rank: TP-sharded blocks, the replicated router, experts over ETP x EP.
+  out.dense_params = (static_cast<double>(stage_layers + mtp) * lay.attention + dense_layers * lay.dense_mlp +
+                      (moe_layers + static_cast<double>(mtp)) * lay.shared + static_cast<double>(mtp) * 2 * h * h) / tp +
+                     (moe_layers + static_cast<double>(mtp)) * lay.router + V * h / tp;
+  if (pp == 1 && !m.share_embeddings_and_output_weights) out.dense_params += V * h / tp;
+  out.expert_params = (moe_layers + static_cast<double>(mtp)) * lay.experts / (l.etp * l.ep);
+
+  // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the FP32 main grad, and
+  // the FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
+  // optimizer.
+  const double weight_bytes = m.bf16 || m.fp16 ? 2 : 4;
+  const bool dist = c.ddp.use_distributed_optimizer;
+  const double all_params = out.dense_params + out.expert_params;
+  out.weights = weight_bytes * all_params;
+  out.gradients = 4 * all_params;
+  out.optimizer = 12 * (dist ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp : all_params);
+
+  // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:
+  // Megatron's s*b*h*(18 + 4*F/h) with F the active MLP width (F_moe*k + F_shared for MoE layers),
+  // plus the routed rows each expert keeps for its wgrad (k*s*b*h BF16, ETP/TP of them per rank).
+  const double s = static_cast<double>(m.seq_length) / l.cp, b = static_cast<double>(c.train.micro_batch_size.value_or(1));
+  const double k = static_cast<double>(m.moe_router_topk);
+  const double f_dense = static_cast<double>(m.ffn_hidden_size.value_or(0));
+  const double f_moe = static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k +
+                       static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
+  const bool full = m.recompute_granularity && *m.recompute_granularity == "full";
+  const auto modules = m.recompute_modules.value_or(StringList{"core_attn"});
+  const auto has = [&](const char* mod) {
+    return m.recompute_granularity == std::optional<std::string>("selective") &&
+           std::find(modules.begin(), modules.end(), mod) != modules.end();
+  };
+  const auto layer_bytes = [&](double f, bool moe) {
+    double attn = 18 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
+    if (has("layernorm")) attn -= 4 * s * b * h;                // both norms' outputs recomputed
+    if (moe ? has("moe_act") : has("mlp")) mlp /= 2;           // the activation, from fc1's output
+    if (!moe && has("mlp")) mlp = 0;                           // the whole MLP recomputed
+    return (attn + mlp) / tp + routed / tp;
+  };
+  const double per_layer_dense = layer_bytes(f_dense, false), per_layer_moe = layer_bytes(f_moe, true);
+  const double all_layers = static_cast<double>(m.num_layers) / l.pp;
+  const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max<double>(1, static_cast<double>(stage_layers));
+  double one_micro_batch = full ? all_layers * 2 * s * b * h / tp + avg_layer  // layer inputs + one layer rebuilt
+                                : dense_layers * per_layer_dense + moe_layers * per_layer_moe;
+  // Micro-batches in flight on the first stage: 1F1B keeps up to PP; interleaving adds
+  // (PP-1)/(PP*VPP) of one; the merged EP-overlap schedule holds a second micro-batch's layer
+  // while the first one's backward frees its layers.
+  const double m_per_rank = static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp);
+  const Int vpp = m.virtual_pipeline_model_parallel_size.value_or(1);
+  out.in_flight = l.pp == 1 ? 1 : vpp > 1 ? pp * (1 + (pp - 1) / (pp * static_cast<double>(vpp))) : std::min(pp, m_per_rank);
+  out.activations = one_micro_batch * out.in_flight + (ep_overlap ? avg_layer : 0);
+  // Logits and the cross-entropy's FP32 copies on the last stage (the same rank at PP = 1).
+  if (l.pp == 1) out.logits = 4 * s * b * h * (1 + V / h) / tp;
+
+  // Dispatcher buffers: alltoall allocates the receive buffers of one exchange (k copies of
+  // each token, with 10% routing imbalance, there and back); DeepEP and HybridEP keep
+  // preallocated buffers sized for the largest exchange (the same rows, one copy per
+  // destination rank) plus their registered workspace (1 GiB NVLink + 1 GiB RDMA for DeepEP,
+  // 0.5 GiB for HybridEP's fused buffers).
+  if (m.num_moe_experts && l.ep > 1) {
+    const double rows = s * b * k * l.etp / tp;
+    const bool gpu = target_gpu(c).cuda();  // epx's own runtime registers no workspace
+    out.dispatcher_buffers = dispatcher == Dispatcher::alltoall ? 2 * 1.1 * rows * h * weight_bytes
+                             : dispatcher == Dispatcher::deepep ? 2 * rows * h * weight_bytes + (gpu ? 2 * 1073741824.0 : 0)
+                                                                : 2 * rows * h * weight_bytes + (gpu ? 536870912.0 : 0);
+  }
+  // The allocator's transient peak beyond what is held (optimizer-step temporaries, gradient
+  // buckets, fragmentation): 5% of the rest, calibrated on the Qwen3-30B-A3B runs
+  // (bench/RESULTS.md, "epx plan").
+  out.other = 0.05 * (out.weights + out.gradients + out.optimizer + out.activations + out.dispatcher_buffers + out.logits);
+  return out;
+}
+
+}  // namespace epx

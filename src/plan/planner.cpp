@@ -1,0 +1,142 @@
+// `epx plan`: the layout, the memory and the step time of every dispatcher with and without EP
+// overlap, for a config that passed `epx check`.
+#include <fmt/format.h>
+
+#include "epx/plan/plan.hpp"
+#include "epx/plan/step_time.hpp"
+
+namespace epx {
+namespace {
+
+constexpr double kGB = 1e9;
+
+Dispatcher configured_dispatcher(const ModelConfig& m) {
+  if (m.moe_token_dispatcher_type != "flex") return Dispatcher::alltoall;
+  return m.moe_flex_dispatcher_backend.value_or("deepep") == "hybridep" ? Dispatcher::hybridep : Dispatcher::deepep;
+}
+
+// The overrides that turn the configured run into `v` (empty for the configured row).
+std::string override_for(const ModelConfig& m, const Variant& v) {
+  std::vector<std::string> out;
+  if (v.dispatcher != configured_dispatcher(m)) {
+    if (v.dispatcher == Dispatcher::alltoall) {
+      out.push_back("model.moe_token_dispatcher_type=alltoall");
+    } else {
+      if (m.moe_token_dispatcher_type != "flex") out.push_back("model.moe_token_dispatcher_type=flex");
+      out.push_back(fmt::format("model.moe_flex_dispatcher_backend={}", to_string(v.dispatcher)));
+    }
+  }
+  if (v.ep_overlap != m.overlap_moe_expert_parallel_comm)
+    out.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", v.ep_overlap));
+  if (v.delay_wgrad != m.delay_wgrad_compute)
+    out.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}", v.delay_wgrad));
+  return fmt::format("{}", fmt::join(out, " "));
+}
+
+}  // namespace
+
+Plan make_plan(const Config& c) {
+  const ModelConfig& m = c.model;
+  Plan p;
+  p.gpu = target_gpu(c);
+  p.layout = plan_layout(c, p.gpu);
+  const ParallelLayout& l = p.layout.layout;
+  p.flops = model_flops(c);
+  const double gbs = static_cast<double>(c.train.global_batch_size.value_or(1));
+  const double mbs = static_cast<double>(c.train.micro_batch_size.value_or(1));
+  const double tokens_per_step = gbs * static_cast<double>(m.seq_length);
+  p.flops_per_step = p.flops.per_token() * tokens_per_step;
+  p.micro_batches = static_cast<std::int64_t>(gbs / (mbs * l.dp));
+  const Dispatcher configured = configured_dispatcher(m);
+  p.memory = plan_memory(c, p.layout, configured, m.overlap_moe_expert_parallel_comm);
+  const double capacity = p.gpu.rates.memory_gb * kGB;
+  p.fits = capacity <= 0 || p.memory.peak() <= capacity;
+  const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
+  for (Dispatcher d : {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep}) {
+    const MemoryPlan mem_plain = plan_memory(c, p.layout, d, false), mem_overlap = plan_memory(c, p.layout, d, true);
+    const CommPlan comm = plan_comm(c, p.layout, p.gpu, d, mem_plain);
+    const StepCosts costs = step_costs(c, p.layout, p.gpu, comm, mem_plain, d);
+    for (auto [overlap, delay] : {std::pair{false, false}, {true, false}, {true, true}}) {
+      Variant v;
+      v.dispatcher = d;
+      v.ep_overlap = overlap;
+      v.delay_wgrad = delay;
+      v.as_configured = d == configured && overlap == m.overlap_moe_expert_parallel_comm &&
+                        (overlap ? delay == m.delay_wgrad_compute : true);
+      const StepTime t = step_time(costs, static_cast<double>(p.micro_batches), l.pp, vpp, overlap, delay);
+      const MemoryPlan& mem = overlap ? mem_overlap : mem_plain;
+      v.step_time_s = t.total;
+      v.tflops_per_gpu = p.flops_per_step / t.total / l.world / 1e12;
+      v.tokens_per_s_per_gpu = tokens_per_step / t.total / l.world;
+      v.peak_memory_gb = mem.peak() / kGB;
+      v.exposed_comm_s = t.exposed_comm;
+      v.compute_s = t.compute;
+      v.comm_s = static_cast<double>(p.micro_batches) * costs.exchange + costs.dp;
+      v.bubble_s = t.bubble;
+      v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
+      v.override = override_for(m, v);
+      p.variants.push_back(v);
+    }
+  }
+  return p;
+}
+
+std::string format_plan(const Plan& p) {
+  const ParallelLayout& l = p.layout.layout;
+  std::string out = fmt::format("layout: {} on {} x {} ({} nodes of {}, NVLink domain {})\n", l.describe(), l.world,
+                                p.gpu.name.empty() ? "GPU" : p.gpu.name, p.layout.nodes, p.layout.gpus_per_node,
+                                p.layout.nvlink_domain);
+  out += "groups:";
+  for (const GroupPlacement& g : p.layout.groups)
+    if (g.size > 1)
+      out += fmt::format(" {} {}x{} ({})", group_kind_name(g.kind), g.count, g.size,
+                         g.within_nvlink ? "NVLink" : g.within_node ? "node" : "across nodes");
+  out += "\n";
+  out += fmt::format("model FLOPs: {:.3f} GFLOP per token ({:.3g} per step), Megatron's count\n", p.flops.per_token() / 1e9,
+                     p.flops_per_step);
+  const MemoryPlan& m = p.memory;
+  out += fmt::format(
+      "memory per GPU (most-loaded rank, as configured): {:.1f} GB of {:.0f} GB -> {}\n"
+      "  weights {:.1f} | gradients {:.1f} | optimizer {:.1f} | activations {:.1f} ({:.2g} micro-batches in "
+      "flight) | dispatcher buffers {:.1f} | logits {:.1f} | runtime extras {:.1f}\n"
+      "  parameters on the rank: {:.3g} dense, {:.3g} expert\n",
+      m.peak() / 1e9, p.gpu.rates.memory_gb, p.fits ? "fits" : "DOES NOT FIT", m.weights / 1e9, m.gradients / 1e9,
+      m.optimizer / 1e9, m.activations / 1e9, m.in_flight, m.dispatcher_buffers / 1e9, m.logits / 1e9, m.other / 1e9,
+      m.dense_params, m.expert_params);
+  out += fmt::format("step ({} micro-batches per DP rank):\n", p.micro_batches);
+  out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GB  exposed comm (s)  wall           override\n";
+  for (const Variant& v : p.variants)
+    out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.2f}  {:11.1f}  {:12.0f}  {:7.1f}  {:16.2f}  {:<13}  {}\n",
+                       v.as_configured ? "*" : " ", to_string(v.dispatcher), v.ep_overlap ? "on" : "off",
+                       v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu,
+                       v.peak_memory_gb, v.exposed_comm_s, v.wall, v.as_configured ? "(as configured)" : v.override);
+  return out;
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  const ParallelLayout& l = p.layout.layout;
+  nlohmann::json groups = nlohmann::json::array();
+  for (const GroupPlacement& g : p.layout.groups)
+    groups.push_back({{"kind", group_kind_name(g.kind)}, {"size", g.size}, {"count", g.count},
+                      {"within_node", g.within_node}, {"within_nvlink_domain", g.within_nvlink}});
+  nlohmann::json variants = nlohmann::json::array();
+  for (const Variant& v : p.variants)
+    variants.push_back({{"dispatcher", to_string(v.dispatcher)}, {"ep_overlap", v.ep_overlap}, {"delay_wgrad", v.delay_wgrad},
+                        {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
+                        {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
+                        {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
+                        {"override", v.override}});
+  const MemoryPlan& m = p.memory;
+  return {{"layout", {{"world", l.world}, {"tp", l.tp}, {"cp", l.cp}, {"dp", l.dp}, {"pp", l.pp}, {"etp", l.etp},
+                      {"ep", l.ep}, {"edp", l.edp}, {"nodes", p.layout.nodes}, {"groups", groups}}},
+          {"gpu", p.gpu.name},
+          {"flops_per_token", p.flops.per_token()},
+          {"micro_batches", p.micro_batches},
+          {"fits", p.fits},
+          {"memory_gb", {{"weights", m.weights / kGB}, {"gradients", m.gradients / kGB}, {"optimizer", m.optimizer / kGB},
+                         {"activations", m.activations / kGB}, {"dispatcher_buffers", m.dispatcher_buffers / kGB},
+                         {"other", (m.logits + m.other) / kGB}, {"peak", m.peak() / kGB}}},
+          {"variants", variants}};
+}
+
+}  // namespace epx

@@ -1,0 +1,99 @@
+// Step time of one configuration on the hardware's rates. Compute: each GEMM family's model
+// FLOPs at the hardware's BF16 rate times a size-dependent efficiency (the GEMM's rows: tokens
+// for attention and dense MLPs, tokens per expert for the routed experts); memory-bound work
+// (permutation, elementwise, the optimizer step) at HBM bandwidth; a host cost per MoE layer.
+// Communication from plan_comm. Schedules: without EP overlap everything adds up; with it the
+// merged 1F1B pairs one micro-batch's forward with another's backward layer by layer, so a pair
+// costs the larger of compute and exchanges plus an interference share of the smaller (the
+// exchanges' copies and the NIC compete with the GEMMs for SMs and memory bandwidth), and the
+// first forward and last backward of a step run alone. PP adds the 1F1B bubble, (PP-1)/VPP
+// stage times per step.
+#include <algorithm>
+#include <cmath>
+
+#include "epx/plan/step_time.hpp"
+
+namespace epx {
+namespace {
+
+// Constants of the runtime, not of the GPU (calibrated on the seeds' Qwen3-30B-A3B runs, see
+// bench/RESULTS.md "epx plan"): the share of the smaller side a merged layer pair still pays
+// (less with delay_wgrad, whose deferred expert wgrad fills the dispatch-backward), the bytes of
+// elementwise traffic per token and hidden unit and layer (norms, residuals, SwiGLU, softmax,
+// forward and backward), and the host cost of an MoE layer per micro-batch (kernel launches, and
+// alltoall's host sync on the token counts; CUDA graphs over the router and preprocess remove
+// most of it).
+constexpr double kInterference = 0.45, kInterferenceDelayed = 0.40;
+constexpr double kElementwiseBytes = 60;
+constexpr double kHostPerMoeLayerS = 0.6e-3, kHostPerMoeLayerGraphedS = 0.25e-3;
+
+double efficiency(const HardwareRates& hw, double rows) {
+  return std::max(1e-3, hw.gemm_efficiency * rows / (rows + hw.gemm_half_rows));
+}
+
+}  // namespace
+
+StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, const CommPlan& comm,
+                     const MemoryPlan& memory, Dispatcher dispatcher) {
+  const ModelConfig& m = c.model;
+  const ParallelLayout& l = lp.layout;
+  const HardwareRates& hw = gpu.rates;
+  const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12;
+  const double h = static_cast<double>(m.hidden_size), k = static_cast<double>(m.moe_router_topk);
+  const double gated = m.gated_linear_unit ? 1.5 : 1.0;
+  const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
+  const ModelFlops f = model_flops(c);
+
+  // The routed experts' share of the MLP FLOPs, at the rows each expert sees.
+  double moe_layers = 0;
+  for (Int i = 0; i < m.num_layers; ++i)
+    if (m.num_moe_experts)
+      moe_layers += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
+                                                     : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
+  const double routed = m.num_moe_experts ? 12 * h * moe_layers * gated *
+                                                static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k
+                                          : 0;
+  const double expert_rows = m.num_moe_experts ? tokens * k * l.ep * l.etp / (static_cast<double>(*m.num_moe_experts) * l.tp) : tokens;
+  const double other = f.per_token() - routed;
+  const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
+  StepCosts s;
+  s.compute = per_rank * (other / (peak * efficiency(hw, tokens)) + routed / (peak * efficiency(hw, expert_rows)));
+
+  // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
+  // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
+  const double stage_moe = moe_layers / l.pp, stage_layers = static_cast<double>(m.num_layers) / l.pp;
+  const double row = h * (m.bf16 ? 2 : 4);
+  const bool fused = m.moe_permute_fusion || m.moe_permute_fusion_into_hybridep;
+  s.memory_bound = stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +
+                   stage_layers * kElementwiseBytes * tokens * h / l.tp / hbm;
+  const bool graphed = m.cuda_graph_impl != "none";
+  s.host = stage_moe * (graphed || dispatcher != Dispatcher::alltoall ? kHostPerMoeLayerGraphedS : kHostPerMoeLayerS);
+  s.exchange = comm.token_exchange_s;
+  s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
+  // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
+  const double shard = c.ddp.use_distributed_optimizer ? memory.dense_params / (l.dp * l.cp) + memory.expert_params / l.edp
+                                                       : memory.dense_params + memory.expert_params;
+  s.optimizer = 30 * shard / hbm;
+  s.dp = c.ddp.overlap_grad_reduce ? 0.1 * comm.dp_s : comm.dp_s;
+  return s;
+}
+
+StepTime step_time(const StepCosts& s, double micro_batches, int pp, int vpp, bool ep_overlap, bool delay_wgrad) {
+  const double compute = s.compute + s.memory_bound + s.host;  // the compute stream, per micro-batch
+  const double alone = compute + s.exchange + s.tp_cp_pp;
+  StepTime t;
+  if (!ep_overlap || micro_batches < 2) {
+    t.layers = micro_batches * alone;
+  } else {
+    const double kappa = delay_wgrad ? kInterferenceDelayed : kInterference;
+    const double pair = std::max(compute, s.exchange) + kappa * std::min(compute, s.exchange) + s.tp_cp_pp;
+    t.layers = alone + (micro_batches - 1) * pair;
+  }
+  t.bubble = pp > 1 ? (pp - 1) / static_cast<double>(std::max(1, vpp)) * alone : 0;
+  t.total = t.layers + t.bubble + s.dp + s.optimizer;
+  t.compute = micro_batches * compute + s.optimizer;
+  t.exposed_comm = std::max(0.0, t.total - t.compute - t.bubble);
+  return t;
+}
+
+}  // namespace epx

@@ -1,0 +1,137 @@
+// The planner against Megatron's FLOPs formula and the published runs of the reference
+// (../shared/reference/planner.md): one hardware description must explain them all.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "epx/plan/plan.hpp"
+#include "test_support.hpp"
+
+namespace epx {
+namespace {
+
+Config resolved(const std::string& recipe, const std::vector<std::string>& overrides) {
+  const CheckReport r = run_check(test::load_with(recipe, overrides));
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  return r.resolved;
+}
+
+const Variant& configured(const Plan& p) {
+  for (const Variant& v : p.variants)
+    if (v.as_configured) return v;
+  throw std::logic_error("no variant as configured");
+}
+
+double rel(double predicted, double measured) { return std::abs(predicted / measured - 1); }
+
+TEST(Plan, ModelFlopsAreMegatrons) {
+  // num_floating_point_operations at seq 4096 (reference values, GFLOP per token).
+  EXPECT_LT(rel(model_flops(resolved("qwen3_30b_a3b", {})).per_token() / 1e9, 23.006), 0.005);
+  EXPECT_LT(rel(model_flops(resolved("qwen3_235b_a22b", {})).per_token() / 1e9, 148.03), 0.005);
+  EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {})).per_token() / 1e9, 259.99), 0.005);  // one MTP layer
+  EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {"model.mtp_num_layers=null"})).per_token() / 1e9, 249.81), 0.005);
+}
+
+// The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
+// 15% in step time; peak memory within 15% of the measured max allocated.
+TEST(Plan, SeedRunsOnSixteenH100) {
+  const std::vector<std::string> ab = {"model.moe_token_dispatcher_type=alltoall", "model.moe_permute_fusion=false",
+                                       "model.moe_permute_fusion_into_hybridep=false"};
+  const auto with = [](std::vector<std::string> v, std::vector<std::string> more) {
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
+  struct Row {
+    std::vector<std::string> overrides;
+    double step_s, memory_gb;  // memory 0: not published
+  };
+  const std::vector<Row> rows = {
+      // seed A/B: alltoall, CUDA graphs off, permute fusion off
+      {with(ab, {"model.cuda_graph_impl=none", "comm_overlap.overlap_moe_expert_parallel_comm=false"}), 41.25, 0},
+      {with(ab, {"model.cuda_graph_impl=none", "comm_overlap.overlap_moe_expert_parallel_comm=true"}), 31.31, 0},
+      {with(ab, {"model.cuda_graph_impl=none", "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                 "comm_overlap.delay_wgrad_compute=true"}),
+       31.20, 0},
+      // seed smoke: alltoall with TE graph scopes, 61.351 GB max allocated
+      {with(ab, {"comm_overlap.overlap_moe_expert_parallel_comm=false"}), 45.65, 61.351},
+      // Bridge's HybridEP A/B (the recipe as shipped), 62.166 GiB with overlap on
+      {{"comm_overlap.overlap_moe_expert_parallel_comm=false"}, 24.714, 0},
+      {{}, 20.992, 62.166 * 1.073741824},
+  };
+  for (const Row& r : rows) {
+    const Plan p = make_plan(resolved("qwen3_30b_a3b", r.overrides));
+    const Variant& v = configured(p);
+    EXPECT_LT(rel(v.step_time_s, r.step_s), 0.15) << testing::PrintToString(r.overrides) << ": " << v.step_time_s;
+    if (r.memory_gb > 0) EXPECT_LT(rel(v.peak_memory_gb, r.memory_gb), 0.15) << v.peak_memory_gb;
+    EXPECT_TRUE(p.fits);
+  }
+}
+
+TEST(Plan, OneRowPerDispatcherAndScheduleAndOneAsConfigured) {
+  const Plan p = make_plan(resolved("qwen3_30b_a3b", {}));
+  ASSERT_EQ(p.variants.size(), 9u);
+  int configured_rows = 0;
+  for (std::size_t i = 0; i < p.variants.size(); ++i) {
+    const Variant& v = p.variants[i];
+    configured_rows += v.as_configured;
+    EXPECT_EQ(v.as_configured, v.override.empty());
+    EXPECT_GT(v.step_time_s, 0);
+    // Rows come in threes per dispatcher (no overlap first); overlap exposes less.
+    if (v.ep_overlap) EXPECT_LE(v.exposed_comm_s, p.variants[i / 3 * 3].exposed_comm_s);
+  }
+  EXPECT_EQ(configured_rows, 1);
+  EXPECT_LT(p.variants[3].step_time_s, p.variants[0].step_time_s);  // deepep < alltoall, no overlap
+  const nlohmann::json j = plan_json(p);
+  for (const char* key : {"flops_per_token", "fits", "memory_gb", "variants"}) EXPECT_TRUE(j.contains(key)) << key;
+  for (const char* key : {"weights", "gradients", "optimizer", "activations", "dispatcher_buffers", "other", "peak"})
+    EXPECT_TRUE(j["memory_gb"].contains(key)) << key;
+}
+
+TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
+  const MemoryPlan dist = make_plan(resolved("qwen3_30b_a3b", {})).memory;
+  const MemoryPlan plain = make_plan(resolved("qwen3_30b_a3b", {"ddp.use_distributed_optimizer=false"})).memory;
+  EXPECT_NEAR(plain.optimizer, 12 * (plain.dense_params + plain.expert_params), 1);  // 18 bytes per parameter
+  EXPECT_NEAR(dist.optimizer, 12 * dist.dense_params / 16 + 12 * dist.expert_params, 1);  // dense over DP 16, experts EDP 1
+  const MemoryPlan full = make_plan(resolved("qwen3_30b_a3b", {"model.recompute_granularity=full", "model.recompute_method=uniform",
+                                                               "model.recompute_num_layers=1",
+                                                               "comm_overlap.overlap_moe_expert_parallel_comm=false"}))
+                              .memory;
+  EXPECT_LT(full.activations, dist.activations / 5);
+}
+
+TEST(Plan, GroupsInsideOrAcrossNodes) {
+  const LayoutPlan two_nodes = make_plan(resolved("qwen3_30b_a3b", {})).layout;
+  const LayoutPlan one_node = make_plan(resolved("qwen3_30b_a3b", {"target.num_gpus=8", "model.expert_model_parallel_size=8",
+                                                                   "+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8"}))
+                                  .layout;
+  for (const GroupPlacement& g : two_nodes.groups)
+    if (g.kind == GroupKind::ep) EXPECT_FALSE(g.within_node);
+  for (const GroupPlacement& g : one_node.groups) EXPECT_TRUE(g.within_node && g.within_nvlink);
+  EXPECT_NE(format_rank_map(two_nodes, 4).find("12 more ranks"), std::string::npos);
+}
+
+TEST(Plan, HardwareFilesAddAndOverrideEntries) {
+  const auto path = std::filesystem::temp_directory_path() / "epx_plan_hw.yaml";
+  std::ofstream(path) << "h100:\n  bf16_tflops: 1978\nmygpu:\n  memory_gb: 96\n  bf16_tflops: 500\n";
+  add_hardware_file(path.string());
+  EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 1978);
+  EXPECT_EQ(find_gpu("h100")->rates.memory_gb, 80);  // fields not given stay
+  ASSERT_NE(find_gpu("mygpu"), nullptr);
+  EXPECT_EQ(find_gpu("mygpu")->rates.memory_gb, 96);
+  std::ofstream(path) << "h100:\n  bf16_tflops: 989\nbad:\n  memory_gb: lots\n";
+  try {
+    add_hardware_file(path.string());
+    FAIL() << "a bad value was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ":4:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.memory_gb"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 989);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace epx
