@@ -8,6 +8,7 @@
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
 #include "epx/plan/plan.hpp"
+#include "epx/plan/search.hpp"
 
 namespace epx::cli {
 
@@ -18,6 +19,9 @@ void PlanArgs::add_to(CLI::App& app) {
       ->expected(0, 1)
       ->default_str("256")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--search", search,
+               "enumerate layouts (TP, PP, VPP, CP, EP, micro-batch, recompute, dispatcher, overlap) that pass "
+               "epx check and fit, best 10 by predicted throughput");
   app.add_option("--hardware", hardware,
                  "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override");
 }
@@ -29,6 +33,12 @@ int run_plan_command(const PlanArgs& args) {
     throw ConfigError("target.num_gpus=None: a plan is for a world size; pass -ng N (or set target.num_gpus)");
   if (!loaded.target.gpu)
     throw ConfigError("target.gpu=None: a plan needs the hardware's rates; pass -g GPU (h100, b200, gb200, ..., cpu)");
+  if (args.search) {
+    const SearchResult r = search_layouts(loaded, args.config.flags.moe_flex_dispatcher_backend);
+    std::cout << fmt::format("epx plan --search: {} on {} x {}\n", loaded.source, *loaded.target.num_gpus, *loaded.target.gpu)
+              << format_search(r);
+    return r.top.empty() ? kExitCheckFailed : kExitOk;
+  }
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   if (!report.ok()) {
     std::cout << format_report(report) << "epx plan: the check found errors; fix them to plan this layout\n";

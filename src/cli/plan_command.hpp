@@ -15,6 +15,7 @@ namespace epx::cli {
 struct PlanArgs {
   ConfigArgs config;
   bool json = false;
+  bool search = false;
   std::optional<int> ranks;            // print the rank map (its first N ranks)
   std::vector<std::string> hardware;   // extra hardware catalog files
 

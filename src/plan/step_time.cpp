@@ -58,6 +58,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
   StepCosts s;
   s.compute = per_rank * (other / (peak * efficiency(hw, tokens)) + routed / (peak * efficiency(hw, expert_rows)));
+  // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.
+  if (m.recompute_granularity && *m.recompute_granularity == "full") s.compute *= 4.0 / 3.0;
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "epx/plan/plan.hpp"
+#include "epx/plan/search.hpp"
 #include "test_support.hpp"
 
 namespace epx {
@@ -131,6 +132,30 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   }
   EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 989);
   std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace epx
+
+namespace epx {
+namespace {
+
+TEST(PlanSearch, RanksLegalLayoutsThatFit) {
+  Config c = test::load_with("qwen3_30b_a3b", {});
+  const SearchResult r = search_layouts(c, std::nullopt, 5);
+  ASSERT_EQ(r.top.size(), 5u);
+  EXPECT_GT(r.passed_check, r.fit - 1);
+  EXPECT_LT(r.passed_check, r.configs_checked);  // the check removes some (e.g. PP without VPP under EP overlap)
+  for (std::size_t i = 0; i + 1 < r.top.size(); ++i) EXPECT_LE(r.top[i].variant.step_time_s, r.top[i + 1].variant.step_time_s);
+  // The best row, applied to the config, passes the check and plans to the same step time.
+  Config best = c;
+  for (const std::string& o : r.top[0].overrides) apply_override(best, o);
+  const CheckReport report = run_check(best);
+  ASSERT_TRUE(report.ok()) << format_report(report);
+  const Plan p = make_plan(report.resolved);
+  for (const Variant& v : p.variants)
+    if (v.as_configured) EXPECT_DOUBLE_EQ(v.step_time_s, r.top[0].variant.step_time_s);
+  EXPECT_FALSE(r.why.empty());
 }
 
 }  // namespace

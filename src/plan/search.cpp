@@ -1,0 +1,138 @@
+#include "epx/plan/search.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "epx/config/schema.hpp"
+
+namespace epx {
+namespace {
+
+std::vector<int> powers_of_two_up_to(Int limit) {
+  std::vector<int> out;
+  for (int v = 1; v <= limit; v *= 2) out.push_back(v);
+  return out;
+}
+
+// The overrides that change a value of `given` (the rest restate it).
+std::vector<std::string> changes(const Config& given, const std::vector<std::string>& overrides) {
+  std::vector<std::string> out;
+  for (const std::string& o : overrides) {
+    const FieldInfo* f = find_field(o.substr(0, o.find('=')));
+    Config c = given;
+    apply_override(c, o);
+    if (f == nullptr || YAML::Dump(f->get(c)) != YAML::Dump(f->get(given))) out.push_back(o);
+  }
+  return out;
+}
+
+}  // namespace
+
+SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, int keep) {
+  const ModelConfig& m = loaded.model;
+  const Int world = loaded.target.num_gpus.value_or(1);
+  const GpuInfo& gpu = target_gpu(loaded);
+  const Int per_node = gpu.gpus_per_node > 0 ? gpu.gpus_per_node : world;
+  const Int experts = m.num_moe_experts.value_or(1);
+  SearchResult result;
+  std::vector<SearchRow> rows;
+  // TP inside a node and dividing the heads; PP dividing the layers; EP dividing the experts.
+  for (int tp : powers_of_two_up_to(std::min(per_node, world)))
+    for (int pp : powers_of_two_up_to(std::min<Int>(world, m.num_layers)))
+      for (int vpp : {1, 2, 4})
+        for (int cp : {1, 2})
+          for (int ep : powers_of_two_up_to(std::min(experts, world)))
+            for (int mbs : {1, 2})
+              for (bool full : {false, true}) {
+                if (m.num_attention_heads % tp != 0 || m.num_layers % (pp * vpp) != 0 || experts % ep != 0) continue;
+                if ((pp == 1) != (vpp == 1) || world % (tp * cp * pp) != 0 || world % (ep * pp) != 0) continue;
+                if (m.seq_length % (2 * cp) != 0) continue;
+                ++result.layouts_tried;
+                std::vector<std::string> layout = {
+                    fmt::format("model.tensor_model_parallel_size={}", tp),
+                    fmt::format("model.pipeline_model_parallel_size={}", pp),
+                    vpp > 1 ? fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp)
+                            : "model.virtual_pipeline_model_parallel_size=null",
+                    fmt::format("model.context_parallel_size={}", cp),
+                    fmt::format("model.expert_model_parallel_size={}", ep),
+                    "model.expert_tensor_parallel_size=1",
+                    fmt::format("train.micro_batch_size={}", mbs),
+                    "model.sequence_parallel=" + std::string(tp > 1 ? "true" : "false")};
+                if (full) {
+                  for (const char* o : {"model.recompute_granularity=full", "model.recompute_method=uniform",
+                                        "model.recompute_num_layers=1"})
+                    layout.push_back(o);
+                } else if (m.recompute_granularity == std::optional<std::string>("full")) {
+                  layout.push_back("model.recompute_granularity=null");
+                }
+                // Each dispatcher and schedule is its own config: the check decides what is legal.
+                for (const char* dispatcher : {"alltoall", "deepep", "hybridep"})
+                  for (auto [overlap, delay] : {std::pair{false, false}, {true, false}, {true, true}}) {
+                    std::vector<std::string> o = layout;
+                    if (std::string(dispatcher) == "alltoall") {
+                      o.push_back("model.moe_token_dispatcher_type=alltoall");
+                    } else {
+                      o.push_back("model.moe_token_dispatcher_type=flex");
+                      o.push_back(fmt::format("model.moe_flex_dispatcher_backend={}", dispatcher));
+                    }
+                    o.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", overlap));
+                    o.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}", delay));
+                    Config c = loaded;
+                    try {
+                      for (const std::string& text : o) apply_override(c, text);
+                      ++result.configs_checked;
+                      const CheckReport report = run_check(c, flex_flag);
+                      if (!report.ok()) continue;
+                      ++result.passed_check;
+                      const Plan p = make_plan(report.resolved);
+                      if (!p.fits) continue;
+                      ++result.fit;
+                      for (const Variant& v : p.variants)
+                        if (v.as_configured) rows.push_back({changes(loaded, o), v, v.compute_s, v.bubble_s});
+                    } catch (const ConfigError&) {
+                      continue;  // a combination the config cannot hold (the check's own refusal)
+                    }
+                  }
+              }
+  // Faster first; on a tie (within 0.1%), the one that holds less memory.
+  std::sort(rows.begin(), rows.end(), [](const SearchRow& a, const SearchRow& b) {
+    const double ta = a.variant.step_time_s, tb = b.variant.step_time_s;
+    if (std::abs(ta - tb) > 1e-3 * std::min(ta, tb)) return ta < tb;
+    return a.variant.peak_memory_gb < b.variant.peak_memory_gb;
+  });
+  if (rows.size() > static_cast<std::size_t>(keep)) rows.resize(static_cast<std::size_t>(keep));
+  result.top = std::move(rows);
+  if (result.top.size() >= 2) {
+    // The terms of the step that differ between the two.
+    const SearchRow &a = result.top[0], &b = result.top[1];
+    const double d = b.variant.step_time_s - a.variant.step_time_s;
+    if (d <= 1e-3 * a.variant.step_time_s)
+      result.why = fmt::format("the best and the next tie on step time ({:.2f} s); the best holds {:.1f} GB less",
+                               a.variant.step_time_s, b.variant.peak_memory_gb - a.variant.peak_memory_gb);
+    else
+      result.why = fmt::format(
+        "the best is {:.2f} s faster per step than the next: compute {:+.2f} s, exposed communication {:+.2f} s, "
+        "pipeline bubble {:+.2f} s (the next minus the best); peak memory {:.1f} against {:.1f} GB",
+        d, b.compute_s - a.compute_s, b.variant.exposed_comm_s - a.variant.exposed_comm_s, b.bubble_s - a.bubble_s,
+        a.variant.peak_memory_gb, b.variant.peak_memory_gb);
+  }
+  return result;
+}
+
+std::string format_search(const SearchResult& r) {
+  std::string out = fmt::format("searched {} layouts, {} configs: {} pass epx check, {} fit in memory\n", r.layouts_tried,
+                                r.configs_checked, r.passed_check, r.fit);
+  for (std::size_t i = 0; i < r.top.size(); ++i) {
+    const Variant& v = r.top[i].variant;
+    out += fmt::format("{:2}. {:7.2f} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GB  {:<13}  {}\n", i + 1,
+                       v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb, v.wall,
+                       fmt::join(r.top[i].overrides, " "));
+  }
+  if (!r.why.empty()) out += "why: " + r.why + "\n";
+  if (r.top.empty()) out += "no layout passes the check and fits; see epx check and the memory of epx plan\n";
+  return out;
+}
+
+}  // namespace epx
