@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "calibrate_command.hpp"
 #include "epx/base/error.hpp"
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
@@ -22,11 +23,20 @@ void PlanArgs::add_to(CLI::App& app) {
   app.add_flag("--search", search,
                "enumerate layouts (TP, PP, VPP, CP, EP, micro-batch, recompute, dispatcher, overlap) that pass "
                "epx check and fit, best 10 by predicted throughput");
+  app.add_flag("--calibrate", calibrate,
+               "measure this machine for -g cpu (one core's GEMM and memory rates, epx's end-to-end efficiency "
+               "on CONFIG's model, the emulated link) and print it as a hardware file for --hardware");
   app.add_option("--hardware", hardware,
                  "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override");
 }
 
 int run_plan_command(const PlanArgs& args) {
+  if (args.calibrate) {
+    const std::string recipe = args.config.config_file.value_or(args.config.positional.empty() ? "qwen3_30b_a3b_proxy"
+                                                                                              : args.config.positional.front());
+    std::cout << calibrate_cpu(recipe);
+    return kExitOk;
+  }
   for (const std::string& file : args.hardware) add_hardware_file(file);
   const Config loaded = args.config.load();
   if (!loaded.target.num_gpus)

@@ -16,6 +16,7 @@ struct PlanArgs {
   ConfigArgs config;
   bool json = false;
   bool search = false;
+  bool calibrate = false;
   std::optional<int> ranks;            // print the rank map (its first N ranks)
   std::vector<std::string> hardware;   // extra hardware catalog files
 

@@ -106,7 +106,7 @@ std::string format_plan(const Plan& p) {
   out += fmt::format("step ({} micro-batches per DP rank):\n", p.micro_batches);
   out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GB  exposed comm (s)  wall           override\n";
   for (const Variant& v : p.variants)
-    out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.2f}  {:11.1f}  {:12.0f}  {:7.1f}  {:16.2f}  {:<13}  {}\n",
+    out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:7.3f}  {:16.3f}  {:<13}  {}\n",
                        v.as_configured ? "*" : " ", to_string(v.dispatcher), v.ep_overlap ? "on" : "off",
                        v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu,
                        v.peak_memory_gb, v.exposed_comm_s, v.wall, v.as_configured ? "(as configured)" : v.override);

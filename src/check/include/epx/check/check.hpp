@@ -24,6 +24,7 @@ struct HardwareRates {
   double memory_gb = 0, bf16_tflops = 0, fp8_tflops = 0, hbm_tb_s = 0;
   double nvlink_gb_s = 0, nvlink_efficiency = 1, network_gb_s = 0, network_efficiency = 1;
   double gemm_efficiency = 1, gemm_half_rows = 0;
+  double cores = 0;  // cpu: the machine's cores, shared by its ranks (rates are per core)
 };
 
 struct GpuInfo {

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# `epx plan -g cpu` against `epx run` on this machine: calibrate (`epx plan --calibrate`), then
+# for each row run the proxy for STEPS iterations and plan the same config; print the measured
+# and predicted step time and peak memory and the errors.
+#   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,cluster (cluster needs root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-6}
+sections=,${2:-local},
+epx=./build/epx
+recipe=qwen3_30b_a3b_proxy
+shape=(model.vocab_size=1024 train.global_batch_size=32)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+field() { grep -oE "\"$2\": [0-9.eE+-]+" "$1" | tail -1 | awk '{print $2}'; }
+
+row() {  # row LABEL NP GPUS_PER_NODE LAUNCH... -- ARGS...
+  local label=$1 np=$2 gn=$3; shift 3
+  local launch=() args=()
+  while [[ $1 != -- ]]; do launch+=("$1"); shift; done
+  shift
+  args=("$@")
+  "$epx" "${launch[@]}" -- epx run $recipe "${shape[@]}" "${args[@]}" --max_steps "$steps" --results "$out/r.json" \
+    >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+  local t m
+  t=$(field "$out/r.json" mean_step_time_s)
+  m=$(field "$out/r.json" peak_memory_bytes)
+  "$epx" plan $recipe "${shape[@]}" "${args[@]}" -ng "$np" -gn "$gn" -g cpu --hardware "$out/cpu.yaml" |
+    awk -v l="$label" -v t="$t" -v m="$m" '$1 == "*" {
+      printf "| %s | %.3f | %.3f | %+.0f%% | %.1f | %.1f | %+.0f%% |\n", l, t, $5, 100 * ($5 / t - 1), m / 1e6, $8 * 1e3,
+        100 * ($8 * 1e9 / m - 1) }'
+}
+
+"$epx" plan $recipe "${shape[@]}" --calibrate >"$out/cpu.yaml"
+sed -n '/^cpu:/,$p' "$out/cpu.yaml" | tr '\n' ' '
+echo
+echo
+echo "| run | measured step (s) | predicted (s) | error | measured peak (MB) | predicted (MB) | error |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+if [[ $sections == *,local,* ]]; then
+  row "1 rank" 1 1 launch -n 1 -- -ep 1
+  for d in alltoall deepep hybridep; do
+    flex=()
+    [[ $d == alltoall ]] || flex=(--moe_flex_dispatcher_backend "$d")
+    row "2 local ranks, $d" 2 2 launch -n 2 -- "${flex[@]}"
+    row "2 local ranks, $d, EP overlap" 2 2 launch -n 2 -- "${flex[@]}" --moe_a2a_overlap true
+  done
+fi
+if [[ $sections == *,cluster,* ]]; then
+  bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit 0.15 >/dev/null
+  trap 'bash scripts/cluster.sh down >/dev/null 2>&1; rm -rf "$out"' EXIT
+  "$epx" plan $recipe "${shape[@]}" --calibrate >"$out/cpu.yaml"  # now with the link
+  for d in alltoall deepep; do
+    flex=()
+    [[ $d == alltoall ]] || flex=(--moe_flex_dispatcher_backend "$d")
+    row "2 nodes x 1 rank, $d" 2 1 launch --cluster -- "${flex[@]}"
+    row "2 nodes x 1 rank, $d, EP overlap" 2 1 launch --cluster -- "${flex[@]}" --moe_a2a_overlap true
+  done
+fi

@@ -1,0 +1,103 @@
+// What `epx plan -g cpu` needs of this machine, measured: the BF16 GEMM rate of one core (the
+// peak the planner scales), the memory bandwidth of one core, the end-to-end efficiency of
+// epx's own model against that peak (one micro-batch's forward and backward of `recipe` on one
+// rank, no communication), the cores, and the emulated cluster's link when one is up. The
+// intra-node MPI rate is not measured here (one process); it stays the catalog's.
+#include "calibrate_command.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cluster_env.hpp"
+#include "epx/check/check.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "epx/model/gpt_model.hpp"
+#include "epx/plan/flops.hpp"
+#include "epx/tensor/random.hpp"
+#include "epx/train/job_spec.hpp"
+#include "epx/train/mock_data.hpp"
+
+namespace epx::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds per call of `fn`, the best of several runs of at least 0.2 s.
+template <class Fn>
+double seconds_per_call(Fn fn) {
+  double best = 1e30;
+  for (int run = 0; run < 3; ++run) {
+    int calls = 0;
+    const auto t0 = Clock::now();
+    double s = 0;
+    do {
+      fn();
+      ++calls;
+      s = std::chrono::duration<double>(Clock::now() - t0).count();
+    } while (s < 0.2);
+    best = std::min(best, s / calls);
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string calibrate_cpu(const std::string& recipe) {
+  omp_set_num_threads(1);  // per core: the planner scales by the cores each rank gets
+  const std::int64_t n = 1024;
+  const Tensor a = random_normal({n, n}, DType::BF16, 1, 1), b = random_normal({n, n}, DType::BF16, 1, 2);
+  Tensor c({n, n}, DType::F32);
+  const double gemm_s = seconds_per_call([&] { gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c)); });
+  const double peak = 2.0 * static_cast<double>(n * n * n) / gemm_s;
+
+  std::vector<char> src(std::size_t{64} << 20, 1), dst(src.size());
+  const double copy_s = seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); });
+  const double bandwidth = 2.0 * static_cast<double>(src.size()) / copy_s;  // read + write
+
+  // One rank's model, one micro-batch forward + backward, against Megatron's model FLOPs.
+  Config loaded = load_config_file(resolve_recipe(recipe));
+  loaded.target.gpu = "cpu";
+  loaded.target.num_gpus = 1;
+  loaded.model.expert_model_parallel_size = 1;
+  const Config cfg = resolve_config(loaded, std::nullopt);
+  const ModelSpec spec = model_spec_from_config(cfg);
+  GPTModel model(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); });
+  model.init_weights(spec.seed);
+  const MockData data(MockData::Mode::random, spec.vocab, spec.seq_length, spec.seed);
+  Tensor tokens, targets;
+  data.micro_batch(0, spec.micro_batch, tokens, targets);
+  const double step_s = seconds_per_call([&] {
+    GPTModel::Context ctx;
+    model.zero_grad();
+    model.forward(tokens, targets, ctx);
+    model.backward(ctx, 1.f);
+  });
+  const double flops = model_flops(cfg).per_token() * static_cast<double>(spec.seq_length * spec.micro_batch);
+  const double efficiency = flops / step_s / peak;
+
+  const auto cluster = read_cluster_env();
+  const double link_gb_s = cluster.count("link_gbit") ? std::stod(cluster.at("link_gbit")) / 8 : 0.125;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return fmt::format(
+      "# Measured by `epx plan --calibrate` ({} on {}): one core's BF16 GEMM (1024^3) and memcpy,\n"
+      "# epx's {} forward + backward on one rank against Megatron's model FLOPs ({:.3g} s per\n"
+      "# micro-batch), {} cores, the emulated link {}.\n"
+      "cpu:\n"
+      "  cores: {}\n"
+      "  bf16_tflops: {:.6f}\n"
+      "  hbm_tb_s: {:.6f}\n"
+      "  gemm_efficiency: {:.4f}\n"
+      "  gemm_half_rows: 0\n"
+      "  network_gb_s: {:.4f}\n",
+      gemm_isa(), fmt::format("{} cores", cores), recipe, step_s, cores,
+      cluster.count("link_gbit") ? "from cluster.env" : "not up (0.125 GB/s assumed)", cores, peak / 1e12,
+      bandwidth / 1e12, efficiency, link_gb_s);
+}
+
+}  // namespace epx::cli
