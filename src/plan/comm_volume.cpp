@@ -35,11 +35,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
                         (l.cp * l.tp);
   const double row = static_cast<double>(m.hidden_size) * (m.bf16 || m.fp16 ? 2 : 4);
   const Int stage_layers = (m.num_layers + l.pp - 1) / l.pp;
-  double moe_layers = 0;
-  if (m.num_moe_experts)
-    for (Int i = 0; i < stage_layers; ++i)
-      moe_layers += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
-                                                     : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
+  const double moe_layers = moe_layers_in(m, 0, stage_layers);
   if (moe_layers > 0 && l.ep > 1) {
     const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
     // EP ranks that share a node (or an NVLink domain for HybridEP): the EP group is EP*ETP

@@ -34,6 +34,16 @@ AttentionMacs attention_macs(const ModelConfig& m) {
 
 }  // namespace
 
+double moe_layers_in(const ModelConfig& m, Int first, Int last) {
+  if (!m.num_moe_experts || *m.num_moe_experts < 1) return 0;
+  const auto& pattern = m.moe_layer_freq.pattern;
+  double n = 0;
+  for (Int i = std::max<Int>(0, first); i < last; ++i)
+    n += pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
+                         : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
+  return n;
+}
+
 Int padded_vocab_size(const ModelConfig& m) {
   if (!m.vocab_size) missing("model.vocab_size");
   const Int multiple = std::max<Int>(1, m.make_vocab_size_divisible_by) * std::max<Int>(1, m.tensor_model_parallel_size);
@@ -48,21 +58,11 @@ ModelFlops model_flops(const Config& c) {
                                   m.num_layers, m.hidden_size, m.num_attention_heads));
   const double h = static_cast<double>(m.hidden_size);
   const double gated = m.gated_linear_unit ? 1.5 : 1.0;
-  const bool moe = m.num_moe_experts && *m.num_moe_experts > 0;
   const Int mtp = m.mtp_num_layers.value_or(0);
-
-  // Which layers are MoE (moe_layer_freq); MTP layers count as MoE when the last layer is.
-  std::vector<bool> is_moe;
-  for (Int i = 0; i < m.num_layers; ++i)
-    is_moe.push_back(moe && (m.moe_layer_freq.pattern.empty()
-                                 ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
-                                 : i < static_cast<Int>(m.moe_layer_freq.pattern.size()) &&
-                                       m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0));
-  const bool mtp_moe = !is_moe.empty() && is_moe.back();
+  // MTP layers count as MoE layers when the last layer is one.
   const double layers = static_cast<double>(m.num_layers + mtp);
-  double moe_layers = 0;
-  for (bool b : is_moe) moe_layers += b;
-  if (mtp_moe) moe_layers += static_cast<double>(mtp);
+  double moe_layers = moe_layers_in(m, 0, m.num_layers);
+  if (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0) moe_layers += static_cast<double>(mtp);
   const double dense_layers = layers - moe_layers;
 
   double mlp_width = 0;  // sum over layers of the FFN width a token passes through

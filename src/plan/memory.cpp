@@ -41,17 +41,6 @@ LayerParams layer_params(const ModelConfig& m) {
   return p;
 }
 
-// MoE layers among the first stage's layers (moe_layer_freq).
-double moe_layers_in(const ModelConfig& m, Int first, Int last) {
-  double n = 0;
-  if (!m.num_moe_experts) return 0;
-  for (Int i = first; i < last; ++i)
-    n += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
-                                          : i < static_cast<Int>(m.moe_layer_freq.pattern.size()) &&
-                                                m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
-  return n;
-}
-
 }  // namespace
 
 const char* to_string(Dispatcher d) {

@@ -49,11 +49,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const ModelFlops f = model_flops(c);
 
   // The routed experts' share of the MLP FLOPs, at the rows each expert sees.
-  double moe_layers = 0;
-  for (Int i = 0; i < m.num_layers; ++i)
-    if (m.num_moe_experts)
-      moe_layers += m.moe_layer_freq.pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
-                                                     : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0;
+  const double moe_layers = moe_layers_in(m, 0, m.num_layers);
   const double routed = m.num_moe_experts ? 12 * h * moe_layers * gated *
                                                 static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k
                                           : 0;

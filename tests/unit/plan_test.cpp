@@ -66,7 +66,9 @@ TEST(Plan, SeedRunsOnSixteenH100) {
     const Plan p = make_plan(resolved("qwen3_30b_a3b", r.overrides));
     const Variant& v = configured(p);
     EXPECT_LT(rel(v.step_time_s, r.step_s), 0.15) << testing::PrintToString(r.overrides) << ": " << v.step_time_s;
-    if (r.memory_gb > 0) EXPECT_LT(rel(v.peak_memory_gb, r.memory_gb), 0.15) << v.peak_memory_gb;
+    if (r.memory_gb > 0) {
+      EXPECT_LT(rel(v.peak_memory_gb, r.memory_gb), 0.15) << v.peak_memory_gb;
+    }
     EXPECT_TRUE(p.fits);
   }
 }
@@ -81,7 +83,9 @@ TEST(Plan, OneRowPerDispatcherAndScheduleAndOneAsConfigured) {
     EXPECT_EQ(v.as_configured, v.override.empty());
     EXPECT_GT(v.step_time_s, 0);
     // Rows come in threes per dispatcher (no overlap first); overlap exposes less.
-    if (v.ep_overlap) EXPECT_LE(v.exposed_comm_s, p.variants[i / 3 * 3].exposed_comm_s);
+    if (v.ep_overlap) {
+      EXPECT_LE(v.exposed_comm_s, p.variants[i / 3 * 3].exposed_comm_s);
+    }
   }
   EXPECT_EQ(configured_rows, 1);
   EXPECT_LT(p.variants[3].step_time_s, p.variants[0].step_time_s);  // deepep < alltoall, no overlap
@@ -109,7 +113,9 @@ TEST(Plan, GroupsInsideOrAcrossNodes) {
                                                                    "+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8"}))
                                   .layout;
   for (const GroupPlacement& g : two_nodes.groups)
-    if (g.kind == GroupKind::ep) EXPECT_FALSE(g.within_node);
+    if (g.kind == GroupKind::ep) {
+      EXPECT_FALSE(g.within_node);
+    }
   for (const GroupPlacement& g : one_node.groups) EXPECT_TRUE(g.within_node && g.within_nvlink);
   EXPECT_NE(format_rank_map(two_nodes, 4).find("12 more ranks"), std::string::npos);
 }
@@ -153,8 +159,11 @@ TEST(PlanSearch, RanksLegalLayoutsThatFit) {
   const CheckReport report = run_check(best);
   ASSERT_TRUE(report.ok()) << format_report(report);
   const Plan p = make_plan(report.resolved);
-  for (const Variant& v : p.variants)
-    if (v.as_configured) EXPECT_DOUBLE_EQ(v.step_time_s, r.top[0].variant.step_time_s);
+  for (const Variant& v : p.variants) {
+    if (v.as_configured) {
+      EXPECT_DOUBLE_EQ(v.step_time_s, r.top[0].variant.step_time_s);
+    }
+  }
   EXPECT_FALSE(r.why.empty());
 }
 

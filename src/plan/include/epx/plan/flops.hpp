@@ -21,6 +21,10 @@ struct ModelFlops {
 // the sizes the formula needs.
 ModelFlops model_flops(const Config& c);
 
+// How many of layers [first, last) are MoE layers (moe_layer_freq: every N-th, or the 0/1
+// pattern, a layer past the pattern's end dense; none without experts).
+double moe_layers_in(const ModelConfig& m, Int first, Int last);
+
 // Megatron's padded vocabulary: vocab_size rounded up to make_vocab_size_divisible_by x TP.
 Int padded_vocab_size(const ModelConfig& m);
 
