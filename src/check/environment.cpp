@@ -30,7 +30,9 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
   const std::map<std::string, int*> counts = {
       {"compute_capability", &g.major}, {"gpus_per_node", &g.gpus_per_node}, {"nvlink_domain", &g.nvlink_domain}};
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    if (!kv.first.IsScalar())
+      throw ConfigError(fmt::format("{}: a field name must be a plain word", where(kv.first, "")));
+    const std::string key = kv.first.Scalar();
     const YAML::Node& v = kv.second;
     try {
       if (key == "device_name") {
@@ -78,24 +80,29 @@ void add_hardware_file(const std::string& path) {
   const YAML::Node root = parse_yaml_bounded(read_config_text(path), path);
   if (!root.IsMap())
     throw ConfigError(fmt::format("{}: expected a mapping of hardware names to their fields (as hardware/catalog.yaml)", path));
+  // Every entry is read into a copy first: a file with an error changes nothing.
+  std::deque<GpuInfo> catalog = mutable_catalog();
   for (const auto& kv : root) {
-    std::string name = kv.first.as<std::string>();
+    if (!kv.first.IsScalar() || kv.first.Scalar().empty() || kv.first.Scalar().size() > 64)
+      throw ConfigError(fmt::format("{}:{}:{}: '{}': a hardware name is a plain word of 1 to 64 characters", path,
+                                    kv.first.Mark().line + 1, kv.first.Mark().column + 1, shorten(YAML::Dump(kv.first))));
+    std::string name = kv.first.Scalar();
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (name.empty() || name.size() > 64)
-      throw ConfigError(fmt::format("{}:{}: '{}': a hardware name has 1 to 64 characters", path,
-                                    kv.first.Mark().line + 1, shorten(name)));
-    auto& catalog = mutable_catalog();
     auto it = std::find_if(catalog.begin(), catalog.end(), [&](const GpuInfo& e) { return e.name == name; });
-    GpuInfo* g = it == catalog.end() ? nullptr : &*it;
-    if (g == nullptr) {
+    if (it == catalog.end()) {
       GpuInfo fresh;
       fresh.name = name;
       fresh.device_name = name;
       fresh.major = 9;  // a CUDA GPU unless the file says otherwise
-      g = &catalog.emplace_back(std::move(fresh));
+      it = catalog.insert(catalog.end(), std::move(fresh));
     }
-    read_entry(kv.second, path, *g);
+    read_entry(kv.second, path, *it);
   }
+  // Entries are updated in place and new ones appended, so pointers into the catalog stay valid.
+  std::deque<GpuInfo>& live = mutable_catalog();
+  for (std::size_t i = 0; i < catalog.size(); ++i)
+    if (i < live.size()) live[i] = catalog[i];
+    else live.push_back(catalog[i]);
 }
 
 namespace {

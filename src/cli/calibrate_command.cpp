@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cluster_env.hpp"
+#include "epx/base/error.hpp"
 #include "epx/check/check.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "epx/model/gpt_model.hpp"
@@ -67,6 +69,14 @@ std::string calibrate_cpu(const std::string& recipe) {
   loaded.model.expert_model_parallel_size = 1;
   const Config cfg = resolve_config(loaded, std::nullopt);
   const ModelSpec spec = model_spec_from_config(cfg);
+  // The model is built for real on this one process: keep it to a proxy's size.
+  const double params = static_cast<double>(spec.vocab * spec.hidden) * 2 +
+                        static_cast<double>(spec.num_layers) * (12.0 * static_cast<double>(spec.hidden * spec.hidden) +
+                                                                (spec.moe ? 3.0 * static_cast<double>(spec.moe->num_experts * spec.moe->ffn * spec.hidden) : 0));
+  if (params > 2e8)
+    throw ConfigError(fmt::format("{}: about {:.2g} parameters; --calibrate runs the model on this machine, so give it a "
+                                  "proxy recipe (e.g. qwen3_30b_a3b_proxy) with at most 2e8",
+                                  recipe, params));
   GPTModel model(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); });
   model.init_weights(spec.seed);
   const MockData data(MockData::Mode::random, spec.vocab, spec.seq_length, spec.seed);
@@ -82,7 +92,17 @@ std::string calibrate_cpu(const std::string& recipe) {
   const double efficiency = flops / step_s / peak;
 
   const auto cluster = read_cluster_env();
-  const double link_gb_s = cluster.count("link_gbit") ? std::stod(cluster.at("link_gbit")) / 8 : 0.125;
+  double link_gb_s = 0.125;
+  if (cluster.count("link_gbit")) {
+    const std::string& text = cluster.at("link_gbit");
+    char* end = nullptr;
+    const double gbit = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(gbit > 0 && gbit < 1e6))
+      throw EnvironmentError(fmt::format("{}: link_gbit={}: not a link rate; bring the cluster up again with "
+                                         "scripts/cluster.sh up --link-gbit RATE",
+                                         cluster_env_path(), text));
+    link_gb_s = gbit / 8;
+  }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   return fmt::format(
       "# Measured by `epx plan --calibrate` ({} on {}): one core's BF16 GEMM (1024^3) and memcpy,\n"

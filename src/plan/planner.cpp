@@ -39,6 +39,12 @@ Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;
   p.gpu = target_gpu(c);
+  if (p.gpu.rates.bf16_tflops <= 0 || p.gpu.rates.hbm_tb_s <= 0)
+    throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no BF16 or memory rate for it; give one "
+                                  "with --hardware FILE (bf16_tflops, hbm_tb_s)",
+                                  p.gpu.name));
+  if (!c.train.global_batch_size)
+    throw ConfigError("train.global_batch_size=None: a step is a global batch; set train.global_batch_size (or -gb)");
   p.layout = plan_layout(c, p.gpu);
   const ParallelLayout& l = p.layout.layout;
   p.flops = model_flops(c);

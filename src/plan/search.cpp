@@ -33,8 +33,7 @@ std::vector<std::string> changes(const Config& given, const std::vector<std::str
 SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, int keep) {
   const ModelConfig& m = loaded.model;
   const Int world = loaded.target.num_gpus.value_or(1);
-  const GpuInfo& gpu = target_gpu(loaded);
-  const Int per_node = gpu.gpus_per_node > 0 ? gpu.gpus_per_node : world;
+  const Int per_node = gpus_per_node(loaded).value_or(world) > 0 ? gpus_per_node(loaded).value_or(world) : world;
   const Int experts = m.num_moe_experts.value_or(1);
   SearchResult result;
   std::vector<SearchRow> rows;
@@ -96,19 +95,18 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     }
                   }
               }
-  // Faster first; on a tie (within 0.1%), the one that holds less memory.
-  std::sort(rows.begin(), rows.end(), [](const SearchRow& a, const SearchRow& b) {
-    const double ta = a.variant.step_time_s, tb = b.variant.step_time_s;
-    if (std::abs(ta - tb) > 1e-3 * std::min(ta, tb)) return ta < tb;
-    return a.variant.peak_memory_gb < b.variant.peak_memory_gb;
-  });
+  // Faster first (step times to the millisecond); on a tie, the one that holds less memory.
+  const auto key = [](const SearchRow& r) {
+    return std::pair{std::llround(r.variant.step_time_s * 1e3), r.variant.peak_memory_gb};
+  };
+  std::sort(rows.begin(), rows.end(), [&](const SearchRow& a, const SearchRow& b) { return key(a) < key(b); });
   if (rows.size() > static_cast<std::size_t>(keep)) rows.resize(static_cast<std::size_t>(keep));
   result.top = std::move(rows);
   if (result.top.size() >= 2) {
     // The terms of the step that differ between the two.
     const SearchRow &a = result.top[0], &b = result.top[1];
     const double d = b.variant.step_time_s - a.variant.step_time_s;
-    if (d <= 1e-3 * a.variant.step_time_s)
+    if (std::llround(d * 1e3) == 0)
       result.why = fmt::format("the best and the next tie on step time ({:.2f} s); the best holds {:.1f} GB less",
                                a.variant.step_time_s, b.variant.peak_memory_gb - a.variant.peak_memory_gb);
     else

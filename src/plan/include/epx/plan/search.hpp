@@ -1,6 +1,7 @@
-// `epx plan --search`: every legal layout of a model on N GPUs of one kind (TP, PP, VPP, CP, EP,
-// ETP, micro-batch size, recompute, dispatcher, EP overlap, delayed wgrad), kept when `epx
-// check` passes it without errors and it fits in memory, ranked by predicted throughput.
+// `epx plan --search`: the layouts of a model on N GPUs of one kind (TP, PP, VPP, CP, EP with
+// ETP 1, micro-batch size, full recompute or not, dispatcher, EP overlap, delayed wgrad), kept
+// when `epx check` passes them without errors and they fit in memory, ranked by predicted step
+// time.
 #pragma once
 
 #include <string>
