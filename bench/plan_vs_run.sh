@@ -28,8 +28,8 @@ row() {  # row LABEL NP GPUS_PER_NODE LAUNCH... -- ARGS...
   m=$(field "$out/r.json" peak_memory_bytes)
   "$epx" plan $recipe "${shape[@]}" "${args[@]}" -ng "$np" -gn "$gn" -g cpu --hardware "$out/cpu.yaml" |
     awk -v l="$label" -v t="$t" -v m="$m" '$1 == "*" {
-      printf "| %s | %.3f | %.3f | %+.0f%% | %.1f | %.1f | %+.0f%% |\n", l, t, $5, 100 * ($5 / t - 1), m / 1e6, $8 * 1e3,
-        100 * ($8 * 1e9 / m - 1) }'
+      printf "| %s | %.3f | %.3f | %+.0f%% | %.1f | %.1f | %+.0f%% |\n", l, t, $5, 100 * ($5 / t - 1), m / 1e6,
+        $8 * 1073.741824, 100 * ($8 * 1073741824 / m - 1) }'
 }
 
 "$epx" plan $recipe "${shape[@]}" --calibrate >"$out/cpu.yaml"

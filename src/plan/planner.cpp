@@ -8,7 +8,8 @@
 namespace epx {
 namespace {
 
-constexpr double kGB = 1e9;
+// Memory in GiB, as Megatron's "gigabytes" (bytes / 2^30) and the catalog's capacities.
+constexpr double kGiB = 1073741824.0;
 
 Dispatcher configured_dispatcher(const ModelConfig& m) {
   if (m.moe_token_dispatcher_type != "flex") return Dispatcher::alltoall;
@@ -55,7 +56,7 @@ Plan make_plan(const Config& c) {
   p.micro_batches = static_cast<std::int64_t>(gbs / (mbs * l.dp));
   const Dispatcher configured = configured_dispatcher(m);
   p.memory = plan_memory(c, p.layout, configured, m.overlap_moe_expert_parallel_comm);
-  const double capacity = p.gpu.rates.memory_gb * kGB;
+  const double capacity = p.gpu.rates.memory_gb * kGiB;
   p.fits = capacity <= 0 || p.memory.peak() <= capacity;
   const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
   for (Dispatcher d : {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep}) {
@@ -74,7 +75,7 @@ Plan make_plan(const Config& c) {
       v.step_time_s = t.total;
       v.tflops_per_gpu = p.flops_per_step / t.total / l.world / 1e12;
       v.tokens_per_s_per_gpu = tokens_per_step / t.total / l.world;
-      v.peak_memory_gb = mem.peak() / kGB;
+      v.peak_memory_gb = mem.peak() / kGiB;
       v.exposed_comm_s = t.exposed_comm;
       v.compute_s = t.compute;
       v.comm_s = static_cast<double>(p.micro_batches) * costs.exchange + costs.dp;
@@ -102,15 +103,15 @@ std::string format_plan(const Plan& p) {
                      p.flops_per_step);
   const MemoryPlan& m = p.memory;
   out += fmt::format(
-      "memory per GPU (most-loaded rank, as configured): {:.1f} GB of {:.0f} GB -> {}\n"
+      "memory per GPU (most-loaded rank, as configured): {:.1f} GiB of {:.0f} GiB -> {}\n"
       "  weights {:.1f} | gradients {:.1f} | optimizer {:.1f} | activations {:.1f} ({:.2g} micro-batches in "
       "flight) | dispatcher buffers {:.1f} | logits {:.1f} | runtime extras {:.1f}\n"
       "  parameters on the rank: {:.3g} dense, {:.3g} expert\n",
-      m.peak() / 1e9, p.gpu.rates.memory_gb, p.fits ? "fits" : "DOES NOT FIT", m.weights / 1e9, m.gradients / 1e9,
-      m.optimizer / 1e9, m.activations / 1e9, m.in_flight, m.dispatcher_buffers / 1e9, m.logits / 1e9, m.other / 1e9,
+      m.peak() / kGiB, p.gpu.rates.memory_gb, p.fits ? "fits" : "DOES NOT FIT", m.weights / kGiB, m.gradients / kGiB,
+      m.optimizer / kGiB, m.activations / kGiB, m.in_flight, m.dispatcher_buffers / kGiB, m.logits / kGiB, m.other / kGiB,
       m.dense_params, m.expert_params);
   out += fmt::format("step ({} micro-batches per DP rank):\n", p.micro_batches);
-  out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GB  exposed comm (s)  wall           override\n";
+  out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB exposed comm (s)  wall           override\n";
   for (const Variant& v : p.variants)
     out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:7.3f}  {:16.3f}  {:<13}  {}\n",
                        v.as_configured ? "*" : " ", to_string(v.dispatcher), v.ep_overlap ? "on" : "off",
@@ -139,9 +140,9 @@ nlohmann::json plan_json(const Plan& p) {
           {"flops_per_token", p.flops.per_token()},
           {"micro_batches", p.micro_batches},
           {"fits", p.fits},
-          {"memory_gb", {{"weights", m.weights / kGB}, {"gradients", m.gradients / kGB}, {"optimizer", m.optimizer / kGB},
-                         {"activations", m.activations / kGB}, {"dispatcher_buffers", m.dispatcher_buffers / kGB},
-                         {"other", (m.logits + m.other) / kGB}, {"peak", m.peak() / kGB}}},
+          {"memory_gb", {{"weights", m.weights / kGiB}, {"gradients", m.gradients / kGiB}, {"optimizer", m.optimizer / kGiB},
+                         {"activations", m.activations / kGiB}, {"dispatcher_buffers", m.dispatcher_buffers / kGiB},
+                         {"logits", m.logits / kGiB}, {"other", m.other / kGiB}, {"peak", m.peak() / kGiB}}},
           {"variants", variants}};
 }
 

@@ -1,10 +1,13 @@
 // The planner against Megatron's FLOPs formula and the published runs of the reference
 // (../shared/reference/planner.md): one hardware description must explain them all.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "epx/plan/plan.hpp"
@@ -37,7 +40,7 @@ TEST(Plan, ModelFlopsAreMegatrons) {
 }
 
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
-// 15% in step time; peak memory within 15% of the measured max allocated.
+// 15% in step time; peak memory (GiB) within 15% of the measured max allocated.
 TEST(Plan, SeedRunsOnSixteenH100) {
   const std::vector<std::string> ab = {"model.moe_token_dispatcher_type=alltoall", "model.moe_permute_fusion=false",
                                        "model.moe_permute_fusion_into_hybridep=false"};
@@ -56,11 +59,11 @@ TEST(Plan, SeedRunsOnSixteenH100) {
       {with(ab, {"model.cuda_graph_impl=none", "comm_overlap.overlap_moe_expert_parallel_comm=true",
                  "comm_overlap.delay_wgrad_compute=true"}),
        31.20, 0},
-      // seed smoke: alltoall with TE graph scopes, 61.351 GB max allocated
+      // seed smoke: alltoall with TE graph scopes, 61.351 "GB" max allocated (Megatron's GiB)
       {with(ab, {"comm_overlap.overlap_moe_expert_parallel_comm=false"}), 45.65, 61.351},
       // Bridge's HybridEP A/B (the recipe as shipped), 62.166 GiB with overlap on
       {{"comm_overlap.overlap_moe_expert_parallel_comm=false"}, 24.714, 0},
-      {{}, 20.992, 62.166 * 1.073741824},
+      {{}, 20.992, 62.166},
   };
   for (const Row& r : rows) {
     const Plan p = make_plan(resolved("qwen3_30b_a3b", r.overrides));
@@ -121,13 +124,14 @@ TEST(Plan, GroupsInsideOrAcrossNodes) {
 }
 
 TEST(Plan, HardwareFilesAddAndOverrideEntries) {
-  const auto path = std::filesystem::temp_directory_path() / "epx_plan_hw.yaml";
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_plan_hw_{}.yaml", getpid());
   std::ofstream(path) << "h100:\n  bf16_tflops: 1978\nmygpu:\n  memory_gb: 96\n  bf16_tflops: 500\n";
   add_hardware_file(path.string());
   EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 1978);
   EXPECT_EQ(find_gpu("h100")->rates.memory_gb, 80);  // fields not given stay
   ASSERT_NE(find_gpu("mygpu"), nullptr);
   EXPECT_EQ(find_gpu("mygpu")->rates.memory_gb, 96);
+  // A file with an error is refused whole, naming the file, line and field; nothing changes.
   std::ofstream(path) << "h100:\n  bf16_tflops: 989\nbad:\n  memory_gb: lots\n";
   try {
     add_hardware_file(path.string());
@@ -136,7 +140,12 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
     EXPECT_NE(std::string(e.what()).find(path.string() + ":4:"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bad.memory_gb"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 989);
+  EXPECT_EQ(find_gpu("h100")->rates.bf16_tflops, 1978);
+  EXPECT_EQ(find_gpu("bad"), nullptr);
+  std::ofstream(path) << "? [a, b]\n: 1\n";
+  EXPECT_THROW(add_hardware_file(path.string()), ConfigError);
+  std::ofstream(path) << "h100:\n  bf16_tflops: 989\n";  // back to the catalog's
+  add_hardware_file(path.string());
   std::filesystem::remove(path);
 }
 

@@ -31,7 +31,7 @@ LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
 // One line per rank: its node and its index in every group kind (--ranks).
 std::string format_rank_map(const LayoutPlan& p, int max_ranks);
 
-// Bytes per GPU on the most-loaded rank (the first pipeline stage), as Megatron's
+// Bytes per GPU on the most-loaded rank (reported in GiB, Megatron's "gigabytes") (the first pipeline stage), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
 // experts' wgrad, dispatcher buffers, logits, runtime extras).
 struct MemoryPlan {
