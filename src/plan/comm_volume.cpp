@@ -33,9 +33,10 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   // Token exchanges: 4 per MoE layer and micro-batch (dispatch and combine, each way).
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) /
                         (l.cp * l.tp);
-  const double row = static_cast<double>(m.hidden_size) * (m.bf16 || m.fp16 ? 2 : 4);
-  const Int stage_layers = (m.num_layers + l.pp - 1) / l.pp;
-  const double moe_layers = moe_layers_in(m, 0, stage_layers);
+  const double row = static_cast<double>(m.hidden_size) * element_bytes(m);
+  const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
+  const PipelineStage stage = busiest_moe_stage(m, l.pp, vpp);
+  const double moe_layers = stage.moe_layers, stage_layers = stage.layers;
   if (moe_layers > 0 && l.ep > 1) {
     const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
     // EP ranks that share a node (or an NVLink domain for HybridEP): the EP group is EP*ETP
@@ -56,13 +57,15 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl);
   }
 
-  // Gradient reduction over DP (dense) and EDP (experts) in FP32, and with the distributed
-  // optimizer the parameter all-gather back in the weights' dtype: ring volumes 2(d-1)/d of the
-  // bytes for an all-reduce, (d-1)/d for a reduce-scatter or an all-gather.
+  // Gradient reduction over DP (dense) and EDP (experts) in the weights' dtype (FP32 with
+  // ddp.grad_reduce_in_fp32), and with the distributed optimizer the parameter all-gather back:
+  // ring volumes 2(d-1)/d of the bytes for an all-reduce, (d-1)/d for a reduce-scatter or an
+  // all-gather.
   const auto reduce = [&](double params, double d) {
     if (d <= 1) return 0.0;
     const double share = (d - 1) / d;
-    return c.ddp.use_distributed_optimizer ? share * params * (4 + (m.bf16 ? 2 : 4)) : 2 * share * params * 4;
+    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m), param = element_bytes(m);
+    return c.ddp.use_distributed_optimizer ? share * params * (grad + param) : 2 * share * params * grad;
   };
   const double dp = l.dp * l.cp;
   out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
@@ -78,10 +81,10 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
       if (g.kind == kind) return g.within_node ? nvl : net;
     return nvl;
   };
-  if (l.tp > 1) out.tp_cp_s += 8 * static_cast<double>(stage_layers) * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
-  if (l.cp > 1) out.tp_cp_s += 4 * static_cast<double>(stage_layers) * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
-  // PP: one activation forward and one gradient back per micro-batch and stage boundary.
-  if (l.pp > 1) out.pp_s = 2 * sbh / (l.tp * l.cp) / link(GroupKind::pp);
+  if (l.tp > 1) out.tp_cp_s += 8 * stage_layers * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
+  if (l.cp > 1) out.tp_cp_s += 4 * stage_layers * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
+  // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.
+  if (l.pp > 1) out.pp_s = 2 * vpp * sbh / (l.tp * l.cp) / link(GroupKind::pp);
   return out;
 }
 

@@ -47,28 +47,63 @@ const char* to_string(Dispatcher d) {
   return d == Dispatcher::alltoall ? "alltoall" : d == Dispatcher::deepep ? "deepep" : "hybridep";
 }
 
-MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
+PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage) {
+  PipelineStage st;
+  const Int chunks = static_cast<Int>(pp) * std::max(1, vpp), n = (m.num_layers + chunks - 1) / chunks;
+  st.layers = 0;
+  for (Int v = 0; v < std::max(1, vpp); ++v) {
+    const Int first = (v * pp + stage) * n, last = std::min(m.num_layers, first + n);
+    if (first >= last) continue;
+    st.layers += static_cast<double>(last - first);
+    st.moe_layers += moe_layers_in(m, first, last);
+  }
+  st.first = stage == 0;
+  st.last = stage == pp - 1;
+  if (st.last) {
+    // MTP layers sit after the last layer and count as MoE layers when it is one (as FLOPs do).
+    st.mtp_layers = static_cast<double>(m.mtp_num_layers.value_or(0));
+    if (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0) st.moe_layers += st.mtp_layers;
+  }
+  return st;
+}
+
+PipelineStage busiest_moe_stage(const ModelConfig& m, int pp, int vpp) {
+  PipelineStage best = pipeline_stage(m, pp, vpp, 0);
+  for (int p = 1; p < pp; ++p) {
+    const PipelineStage st = pipeline_stage(m, pp, vpp, p);
+    if (st.moe_layers > best.moe_layers) best = st;
+  }
+  return best;
+}
+
+namespace {
+
+MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded_vocab_size(m));
   const double tp = l.tp, pp = l.pp;
-  const Int stage_layers = (m.num_layers + l.pp - 1) / l.pp;  // the first stage holds the most
-  const double moe_layers = moe_layers_in(m, 0, stage_layers), dense_layers = static_cast<double>(stage_layers) - moe_layers;
+  const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
+  const PipelineStage st = pipeline_stage(m, l.pp, vpp, stage);
+  const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
+  const double dense_layers = st.layers + mtp - moe_layers;
   const LayerParams lay = layer_params(m);
-  const Int mtp = pp == 1 ? m.mtp_num_layers.value_or(0) : 0;  // MTP sits on the last stage
 
   MemoryPlan out;
-  // Parameters on this rank: TP-sharded blocks, the replicated router, experts over ETP x EP.
-  out.dense_params = (static_cast<double>(stage_layers + mtp) * lay.attention + dense_layers * lay.dense_mlp +
-                      (moe_layers + static_cast<double>(mtp)) * lay.shared + static_cast<double>(mtp) * 2 * h * h) / tp +
-                     (moe_layers + static_cast<double>(mtp)) * lay.router + V * h / tp;
-  if (pp == 1 && !m.share_embeddings_and_output_weights) out.dense_params += V * h / tp;
-  out.expert_params = (moe_layers + static_cast<double>(mtp)) * lay.experts / (l.etp * l.ep);
+  // Parameters on this rank: TP-sharded blocks, the replicated router, experts over ETP x EP;
+  // the embedding on the first stage, the output layer (or the tied embedding's copy) on the
+  // last, MTP's projection there too.
+  out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
+                      mtp * 2 * h * h) / tp +
+                     moe_layers * lay.router;
+  if (st.first) out.dense_params += V * h / tp;
+  if (st.last && (!st.first || !m.share_embeddings_and_output_weights)) out.dense_params += V * h / tp;
+  out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
 
   // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the FP32 main grad, and
   // the FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
   // optimizer.
-  const double weight_bytes = m.bf16 || m.fp16 ? 2 : 4;
+  const double weight_bytes = element_bytes(m);
   const bool dist = c.ddp.use_distributed_optimizer;
   const double all_params = out.dense_params + out.expert_params;
   out.weights = weight_bytes * all_params;
@@ -92,24 +127,25 @@ MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatc
   const auto layer_bytes = [&](double f, bool moe) {
     double attn = 18 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
     if (has("layernorm")) attn -= 4 * s * b * h;                // both norms' outputs recomputed
-    if (moe ? has("moe_act") : has("mlp")) mlp /= 2;           // the activation, from fc1's output
+    if (moe && has("moe_act")) mlp /= 2;                       // the activation, from fc1's output
     if (!moe && has("mlp")) mlp = 0;                           // the whole MLP recomputed
+    if (moe && has("moe")) mlp = routed = 0;                   // the whole MoE layer recomputed
     return (attn + mlp) / tp + routed / tp;
   };
   const double per_layer_dense = layer_bytes(f_dense, false), per_layer_moe = layer_bytes(f_moe, true);
-  const double all_layers = static_cast<double>(m.num_layers) / l.pp;
-  const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max<double>(1, static_cast<double>(stage_layers));
-  double one_micro_batch = full ? all_layers * 2 * s * b * h / tp + avg_layer  // layer inputs + one layer rebuilt
+  const double stage_layers = st.layers + mtp;
+  const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max(1.0, stage_layers);
+  double one_micro_batch = full ? stage_layers * 2 * s * b * h / tp + avg_layer  // layer inputs + one layer rebuilt
                                 : dense_layers * per_layer_dense + moe_layers * per_layer_moe;
-  // Micro-batches in flight on the first stage: 1F1B keeps up to PP; interleaving adds
-  // (PP-1)/(PP*VPP) of one; the merged EP-overlap schedule holds a second micro-batch's layer
-  // while the first one's backward frees its layers.
-  const double m_per_rank = static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp);
-  const Int vpp = m.virtual_pipeline_model_parallel_size.value_or(1);
-  out.in_flight = l.pp == 1 ? 1 : vpp > 1 ? pp * (1 + (pp - 1) / (pp * static_cast<double>(vpp))) : std::min(pp, m_per_rank);
+  // Micro-batches in flight on stage p: 1F1B keeps PP - p (the first stage PP); interleaving
+  // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor); the merged EP-overlap schedule
+  // holds a second micro-batch's layer while the first one's backward frees its layers.
+  const double m_per_rank = std::max(1.0, static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp));
+  const double warmup = std::min(pp - stage, m_per_rank);
+  out.in_flight = l.pp == 1 ? 1 : vpp > 1 ? warmup * (1 + (pp - 1) / (pp * vpp)) : warmup;
   out.activations = one_micro_batch * out.in_flight + (ep_overlap ? avg_layer : 0);
-  // Logits and the cross-entropy's FP32 copies on the last stage (the same rank at PP = 1).
-  if (l.pp == 1) out.logits = 4 * s * b * h * (1 + V / h) / tp;
+  // Logits and the cross-entropy's FP32 copies on the last stage.
+  if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp;
 
   // Dispatcher buffers: alltoall allocates the receive buffers of one exchange (k copies of
   // each token, with 10% routing imbalance, there and back); DeepEP and HybridEP keep
@@ -128,6 +164,17 @@ MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatc
   // (bench/RESULTS.md, "epx plan").
   out.other = 0.05 * (out.weights + out.gradients + out.optimizer + out.activations + out.dispatcher_buffers + out.logits);
   return out;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
+  MemoryPlan most = stage_memory(c, lp, dispatcher, ep_overlap, 0);
+  for (int stage = 1; stage < lp.layout.pp; ++stage) {
+    MemoryPlan m = stage_memory(c, lp, dispatcher, ep_overlap, stage);
+    if (m.peak() > most.peak()) most = m;
+  }
+  return most;
 }
 
 }  // namespace epx

@@ -59,17 +59,25 @@ Plan make_plan(const Config& c) {
   const double capacity = p.gpu.rates.memory_gb * kGiB;
   p.fits = capacity <= 0 || p.memory.peak() <= capacity;
   const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
-  for (Dispatcher d : {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep}) {
+  // Dispatchers and EP overlap only matter with MoE layers over EP ranks; otherwise one row.
+  const bool exchanges = moe_layers_in(m, 0, m.num_layers) > 0 && l.ep > 1;
+  std::vector<Dispatcher> dispatchers = {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep};
+  std::vector<std::pair<bool, bool>> schedules = {{false, false}, {true, false}, {true, true}};
+  if (!exchanges) {
+    dispatchers = {configured};
+    schedules = {{false, false}};
+  }
+  for (Dispatcher d : dispatchers) {
     const MemoryPlan mem_plain = plan_memory(c, p.layout, d, false), mem_overlap = plan_memory(c, p.layout, d, true);
     const CommPlan comm = plan_comm(c, p.layout, p.gpu, d, mem_plain);
     const StepCosts costs = step_costs(c, p.layout, p.gpu, comm, mem_plain, d);
-    for (auto [overlap, delay] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    for (auto [overlap, delay] : schedules) {
       Variant v;
       v.dispatcher = d;
       v.ep_overlap = overlap;
       v.delay_wgrad = delay;
-      v.as_configured = d == configured && overlap == m.overlap_moe_expert_parallel_comm &&
-                        (overlap ? delay == m.delay_wgrad_compute : true);
+      v.as_configured = !exchanges || (d == configured && overlap == m.overlap_moe_expert_parallel_comm &&
+                                       (overlap ? delay == m.delay_wgrad_compute : true));
       const StepTime t = step_time(costs, static_cast<double>(p.micro_batches), l.pp, vpp, overlap, delay);
       const MemoryPlan& mem = overlap ? mem_overlap : mem_plain;
       v.step_time_s = t.total;
@@ -81,7 +89,7 @@ Plan make_plan(const Config& c) {
       v.comm_s = static_cast<double>(p.micro_batches) * costs.exchange + costs.dp;
       v.bubble_s = t.bubble;
       v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
-      v.override = override_for(m, v);
+      v.override = v.as_configured ? "" : override_for(m, v);
       p.variants.push_back(v);
     }
   }

@@ -67,8 +67,15 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                   layout.push_back("model.recompute_granularity=null");
                 }
                 // Each dispatcher and schedule is its own config: the check decides what is legal.
-                for (const char* dispatcher : {"alltoall", "deepep", "hybridep"})
-                  for (auto [overlap, delay] : {std::pair{false, false}, {true, false}, {true, true}}) {
+                // Without token exchanges (a dense model, EP 1) they change nothing: one config.
+                const bool exchanges = moe_layers_in(m, 0, m.num_layers) > 0 && ep > 1;
+                const std::vector<const char*> dispatchers =
+                    exchanges ? std::vector<const char*>{"alltoall", "deepep", "hybridep"} : std::vector<const char*>{"alltoall"};
+                const std::vector<std::pair<bool, bool>> schedules =
+                    exchanges ? std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {true, true}}
+                              : std::vector<std::pair<bool, bool>>{{false, false}};
+                for (const char* dispatcher : dispatchers)
+                  for (auto [overlap, delay] : schedules) {
                     std::vector<std::string> o = layout;
                     if (std::string(dispatcher) == "alltoall") {
                       o.push_back("model.moe_token_dispatcher_type=alltoall");

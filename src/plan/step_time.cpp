@@ -49,10 +49,11 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const ModelFlops f = model_flops(c);
 
   // The routed experts' share of the MLP FLOPs, at the rows each expert sees.
-  const double moe_layers = moe_layers_in(m, 0, m.num_layers);
-  const double routed = m.num_moe_experts ? 12 * h * moe_layers * gated *
-                                                static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k
-                                          : 0;
+  // Routed-expert layers as FLOPs count them (MTP layers too when the last layer is MoE).
+  const double mtp = static_cast<double>(m.mtp_num_layers.value_or(0));
+  const double moe_layers = moe_layers_in(m, 0, m.num_layers) + (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0 ? mtp : 0);
+  const double routed = 12 * h * moe_layers * gated *
+                        static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k;
   const double expert_rows = m.num_moe_experts ? tokens * k * l.ep * l.etp / (static_cast<double>(*m.num_moe_experts) * l.tp) : tokens;
   const double other = f.per_token() - routed;
   const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
@@ -63,8 +64,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
-  const double stage_moe = moe_layers / l.pp, stage_layers = static_cast<double>(m.num_layers) / l.pp;
-  const double row = h * (m.bf16 ? 2 : 4);
+  const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
+  const PipelineStage stage = busiest_moe_stage(m, l.pp, vpp);
+  const double stage_moe = stage.moe_layers, stage_layers = stage.layers + stage.mtp_layers;
+  const double row = h * element_bytes(m);
   const bool fused = m.moe_permute_fusion || m.moe_permute_fusion_into_hybridep;
   s.memory_bound = stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +
                    stage_layers * kElementwiseBytes * tokens * h / l.tp / hbm;

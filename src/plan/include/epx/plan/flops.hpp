@@ -25,6 +25,9 @@ ModelFlops model_flops(const Config& c);
 // pattern, a layer past the pattern's end dense; none without experts).
 double moe_layers_in(const ModelConfig& m, Int first, Int last);
 
+// Bytes of one activation or weight element in the compute dtype (BF16/FP16: 2, else 4).
+inline double element_bytes(const ModelConfig& m) { return m.bf16 || m.fp16 ? 2 : 4; }
+
 // Megatron's padded vocabulary: vocab_size rounded up to make_vocab_size_divisible_by x TP.
 Int padded_vocab_size(const ModelConfig& m);
 

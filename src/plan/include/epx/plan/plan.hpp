@@ -31,6 +31,17 @@ LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
 // One line per rank: its node and its index in every group kind (--ranks).
 std::string format_rank_map(const LayoutPlan& p, int max_ranks);
 
+// The layers of pipeline stage `stage` (of PP, with VPP model chunks each: chunk v holds layers
+// [(v*PP + stage)*n, +n), n = L/(PP*VPP), Megatron's interleaved assignment). The first stage
+// holds the embedding, the last the output layer, the MTP layers and the loss.
+struct PipelineStage {
+  double layers = 0, moe_layers = 0, mtp_layers = 0;
+  bool first = true, last = true;
+};
+PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage);
+// The stage with the most MoE layers: the one whose token exchanges set the pace.
+PipelineStage busiest_moe_stage(const ModelConfig& m, int pp, int vpp);
+
 // Bytes per GPU on the most-loaded rank (reported in GiB, Megatron's "gigabytes") (the first pipeline stage), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
 // experts' wgrad, dispatcher buffers, logits, runtime extras).
