@@ -52,6 +52,9 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
       inter = (blocks - 1) * (1 - miss(E, E / blocks, k));                  // one copy per remote block
       intra = (ep - 1) * (1 - miss(E, E / ep, k));                          // then one per destination rank
     }
+    // Expert tensor parallelism: the received rows are all-gathered over ETP on dispatch and
+    // reduce-scattered on combine, inside the node (ETP is the fastest-varying expert rank).
+    intra += k * (l.etp - 1.0);
     out.token_intra = 4 * moe_layers * tokens * intra * row;
     out.token_inter = 4 * moe_layers * tokens * inter * row;
     out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl);
