@@ -271,6 +271,17 @@ std::vector<Rule> build_rules() {
                        fmt::format("model.moe_router_topk={}",
                                    std::clamp<Int>(m.moe_router_topk, 1, *m.num_moe_experts)));
       });
+  add("moe.layer_pattern_length", E, {"model.moe_layer_freq", "model.num_layers"}, kMcore,
+      "an explicit moe_layer_freq pattern has one entry per layer", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const auto n = static_cast<Int>(m.moe_layer_freq.pattern.size());
+        if (n == 0 || n == m.num_layers) return pass();
+        // The fix keeps the pattern, cut or padded with its last entry to one per layer.
+        auto fixed = m.moe_layer_freq.pattern;
+        fixed.resize(static_cast<std::size_t>(std::clamp<Int>(m.num_layers, 1, 1 << 20)), fixed.back());
+        return fail(fmt::format("Invalid length of moe_layer_pattern: {}, expected {}", n, m.num_layers),
+                    fmt::format("model.moe_layer_freq=[{}]", fmt::join(fixed, ",")));
+      });
   add("moe.shared_expert_overlap_dispatcher", E,
       {"model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type"}, kMcore,
       "shared-expert overlap works with the alltoall dispatcher only", [](const CheckContext& c) {
