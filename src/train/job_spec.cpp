@@ -166,7 +166,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   if (!m.moe_layer_freq.pattern.empty() &&
       static_cast<int>(m.moe_layer_freq.pattern.size()) != s.num_layers)
     bad("model.moe_layer_freq", fmt::format("[{}]", fmt::join(m.moe_layer_freq.pattern, ", ")),
-        fmt::format("the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
+        fmt::format("[moe.layer_pattern_length] the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
   if (m.moe_layer_freq.pattern.empty() && m.moe_layer_freq.every < 1)
     bad("model.moe_layer_freq", std::to_string(m.moe_layer_freq.every), "must be at least 1");
   for (int i = 0; i < s.num_layers; ++i)
