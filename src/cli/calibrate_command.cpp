@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -77,17 +78,32 @@ std::string calibrate_cpu(const std::string& recipe) {
     throw ConfigError(fmt::format("{}: about {:.2g} parameters; --calibrate runs the model on this machine, so give it a "
                                   "proxy recipe (e.g. qwen3_30b_a3b_proxy) with at most 2e8",
                                   recipe, params));
-  GPTModel model(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); });
-  model.init_weights(spec.seed);
   const MockData data(MockData::Mode::random, spec.vocab, spec.seq_length, spec.seed);
   Tensor tokens, targets;
   data.micro_batch(0, spec.micro_batch, tokens, targets);
-  const double step_s = seconds_per_call([&] {
-    GPTModel::Context ctx;
-    model.zero_grad();
-    model.forward(tokens, targets, ctx);
-    model.backward(ctx, 1.f);
-  });
+  // Seconds per micro-batch's forward + backward of a fresh copy of the model, on one thread.
+  const auto model_step_s = [&] {
+    omp_set_num_threads(1);
+    GPTModel model(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); });
+    model.init_weights(spec.seed);
+    return seconds_per_call([&] {
+      GPTModel::Context ctx;
+      model.zero_grad();
+      model.forward(tokens, targets, ctx);
+      model.backward(ctx, 1.f);
+    });
+  };
+  const double step_s = model_step_s();
+  // Ranks on the same machine slow each other down (memory bandwidth, caches): the same step
+  // run on every core at once, each thread on its own copy, against one alone.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<double> together(cores);
+  {
+    std::vector<std::thread> workers;
+    for (unsigned w = 0; w < cores; ++w) workers.emplace_back([&, w] { together[w] = model_step_s(); });
+    for (auto& t : workers) t.join();
+  }
+  const double shared = std::min(1.0, step_s / *std::max_element(together.begin(), together.end()));
   const double flops = model_flops(cfg).per_token() * static_cast<double>(spec.seq_length * spec.micro_batch);
   const double efficiency = flops / step_s / peak;
 
@@ -103,20 +119,20 @@ std::string calibrate_cpu(const std::string& recipe) {
                                          cluster_env_path(), text));
     link_gb_s = gbit / 8;
   }
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   return fmt::format(
       "# Measured by `epx plan --calibrate` ({} on {}): one core's BF16 GEMM (1024^3) and memcpy,\n"
       "# epx's {} forward + backward on one rank against Megatron's model FLOPs ({:.3g} s per\n"
-      "# micro-batch), {} cores, the emulated link {}.\n"
+      "# micro-batch; {:.3g} s with every core running one at once), {} cores, the emulated link {}.\n"
       "cpu:\n"
       "  cores: {}\n"
+      "  shared_core_efficiency: {:.4f}\n"
       "  bf16_tflops: {:.6f}\n"
       "  hbm_tb_s: {:.6f}\n"
       "  gemm_efficiency: {:.4f}\n"
       "  gemm_half_rows: 0\n"
       "  network_gb_s: {:.4f}\n",
-      gemm_isa(), fmt::format("{} cores", cores), recipe, step_s, cores,
-      cluster.count("link_gbit") ? "from cluster.env" : "not up (0.125 GB/s assumed)", cores, peak / 1e12,
+      gemm_isa(), fmt::format("{} cores", cores), recipe, step_s, step_s / shared, cores,
+      cluster.count("link_gbit") ? "from cluster.env" : "not up (0.125 GB/s assumed)", cores, shared, peak / 1e12,
       bandwidth / 1e12, efficiency, link_gb_s);
 }
 

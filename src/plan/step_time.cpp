@@ -40,8 +40,11 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const HardwareRates& hw = gpu.rates;
   // A cpu's rates are per core, and each rank runs on at most one: epx's runtime gains little
   // from a second thread (bench/RESULTS.md: one rank on two cores runs at one core's speed),
-  // while ranks beyond the cores time-share them.
-  const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / std::min<double>(l.world, lp.gpus_per_node)) : 1;
+  // ranks beyond the cores time-share them, and ranks side by side run at the measured
+  // shared-core efficiency.
+  const double ranks_here = std::min<double>(l.world, lp.gpus_per_node);
+  const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) * (ranks_here > 1 ? hw.shared_core_efficiency : 1)
+                                    : 1;
   const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * cores, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
   const double h = static_cast<double>(m.hidden_size), k = static_cast<double>(m.moe_router_topk);
   const double gated = m.gated_linear_unit ? 1.5 : 1.0;

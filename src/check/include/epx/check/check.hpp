@@ -25,6 +25,7 @@ struct HardwareRates {
   double nvlink_gb_s = 0, nvlink_efficiency = 1, network_gb_s = 0, network_efficiency = 1;
   double gemm_efficiency = 1, gemm_half_rows = 0;
   double cores = 0;  // cpu: the machine's cores, shared by its ranks (rates are per core)
+  double shared_core_efficiency = 1;  // cpu: a rank's speed while every core runs one
 };
 
 struct GpuInfo {
