@@ -104,11 +104,12 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // the FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
   // optimizer.
   const double weight_bytes = element_bytes(m);
-  const bool dist = c.ddp.use_distributed_optimizer;
   const double all_params = out.dense_params + out.expert_params;
+  out.optimizer_params = c.ddp.use_distributed_optimizer ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp
+                                                         : all_params;
   out.weights = weight_bytes * all_params;
   out.gradients = 4 * all_params;
-  out.optimizer = 12 * (dist ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp : all_params);
+  out.optimizer = 12 * out.optimizer_params;
 
   // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:
   // Megatron's s*b*h*(18 + 4*F/h) with F the active MLP width (F_moe*k + F_shared for MoE layers),

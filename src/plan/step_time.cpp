@@ -79,9 +79,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   s.exchange = comm.token_exchange_s;
   s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
   // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
-  const double shard = c.ddp.use_distributed_optimizer ? memory.dense_params / (l.dp * l.cp) + memory.expert_params / l.edp
-                                                       : memory.dense_params + memory.expert_params;
-  s.optimizer = 30 * shard / hbm;
+  s.optimizer = 30 * memory.optimizer_params / hbm;
   s.dp = c.ddp.overlap_grad_reduce ? 0.1 * comm.dp_s : comm.dp_s;
   return s;
 }

@@ -50,6 +50,7 @@ struct MemoryPlan {
          other = 0;
   double peak() const { return weights + gradients + optimizer + activations + dispatcher_buffers + logits + other; }
   double dense_params = 0, expert_params = 0;  // on this rank
+  double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
 enum class Dispatcher { alltoall, deepep, hybridep };
