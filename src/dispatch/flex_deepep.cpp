@@ -147,8 +147,8 @@ class DeepEPDispatcher final : public FlexDispatcher {
           std::memcpy(o, in + i * f.stride, f.stride);
           o += f.stride;
         }
-        out_words[nvl] = static_cast<std::int64_t>(list.size()) * f.stride / 2;
-        in_words[nvl] = h.nvl_recv[c * num_nvl_ranks_ + nvl] * f.stride / 2;
+        out_words[nvl] = f.words(list.size());
+        in_words[nvl] = f.words(h.nvl_recv[c * num_nvl_ranks_ + nvl]);
         traffic_.add(rank_of(rdma_rank_, nvl), list.size() * f.payload, list.size() * f.meta);
       }
       requests[c] = nvl_->start_alltoallv(forward[c].raw(), out_words, bytes_of(h.received) + offset, in_words, DType::BF16);
@@ -184,8 +184,8 @@ class DeepEPDispatcher final : public FlexDispatcher {
       for (std::int64_t nvl = 0; nvl < num_nvl_ranks_; ++nvl) {
         const std::int64_t n = h.nvl_recv[c * num_nvl_ranks_ + nvl];
         const std::size_t forwarded = h.forward_rows[c * num_nvl_ranks_ + nvl].size();
-        out_words[nvl] = n * f.stride / 2;
-        in_words[nvl] = static_cast<std::int64_t>(forwarded) * f.stride / 2;
+        out_words[nvl] = f.words(n);
+        in_words[nvl] = f.words(forwarded);
         in_rows += forwarded;
         traffic_.add(rank_of(rdma_rank_, nvl), n * f.payload, n * f.meta);
       }

@@ -205,8 +205,8 @@ FlexDispatcher::RailScatter::RailScatter(FlexDispatcher& d, const FlexHandle& h,
         if (f.meta) std::memcpy(o + f.payload, &h.records[static_cast<std::size_t>(t) * h.k], f.meta);
         o += f.stride;
       }
-      out_words[dst_rdma] = static_cast<std::int64_t>(tokens.size()) * f.stride / 2;
-      in_words[dst_rdma] = h.rail_recv[c * num_rdma + dst_rdma] * f.stride / 2;
+      out_words[dst_rdma] = f.words(tokens.size());
+      in_words[dst_rdma] = f.words(h.rail_recv[c * num_rdma + dst_rdma]);
       d.traffic_.add(d.rank_of(dst_rdma, d.nvl_rank_), tokens.size() * f.payload, tokens.size() * f.meta);
     }
     requests_[c] = d.rail_->start_alltoallv(send_[c].raw(), out_words, recv_[c].raw(), in_words, DType::BF16);
@@ -240,8 +240,8 @@ void FlexDispatcher::RailCombine::send(std::int64_t c, const Sums& sums) {
   for (std::int64_t src_rdma = 0; src_rdma < num_rdma; ++src_rdma) {
     const std::int64_t back = h_.rail_recv[c * num_rdma + src_rdma];
     const std::size_t tokens = h_.send_tokens[c * num_rdma + src_rdma].size();
-    out_words[src_rdma] = back * f_.stride / 2;
-    in_words[src_rdma] = static_cast<std::int64_t>(tokens) * f_.stride / 2;
+    out_words[src_rdma] = f_.words(back);
+    in_words[src_rdma] = f_.words(tokens);
     in_rows += tokens;
     d_.traffic_.add(d_.rank_of(src_rdma, d_.nvl_rank_), back * f_.payload, back * f_.meta);
   }

@@ -99,6 +99,9 @@ struct RowFormat {
   DType dtype;
   std::size_t payload, meta;
   std::int64_t stride;
+  // The 16-bit words `rows` rows take on the wire (packed_rows.hpp: buffers travel as BF16).
+  template <class N>
+  std::int64_t words(N rows) const { return static_cast<std::int64_t>(rows) * stride / 2; }
 };
 
 class FlexDispatcher : public DispatcherBase {
