@@ -28,6 +28,12 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const HardwareRates& hw = gpu.rates;
   const double nvl = std::max(1e-9, hw.nvlink_gb_s * hw.nvlink_efficiency) * 1e9;
   const double net = std::max(1e-9, hw.network_gb_s * hw.network_efficiency) * 1e9;
+  const auto crosses_nodes = [&](GroupKind kind) {
+    for (const GroupPlacement& g : lp.groups)
+      if (g.kind == kind) return !g.within_node;
+    return false;
+  };
+  const auto link = [&](GroupKind kind) { return crosses_nodes(kind) ? net : nvl; };
   CommPlan out;
 
   // Token exchanges: 4 per MoE layer and micro-batch (dispatch and combine, each way).
@@ -72,18 +78,12 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   };
   const double dp = l.dp * l.cp;
   out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
-  for (const GroupPlacement& g : lp.groups)
-    if (g.kind == GroupKind::dp_cp || g.kind == GroupKind::edp) out.dp_inter = out.dp_inter || (!g.within_node && g.size > 1);
+  out.dp_inter = crosses_nodes(GroupKind::dp_cp) || crosses_nodes(GroupKind::edp);
   out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl);
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and
   // backward (8 per layer, (TP-1)/TP of s*b*h each); CP: K and V gathered per layer, each way.
   const double sbh = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) * row;
-  const auto link = [&](GroupKind kind) {
-    for (const GroupPlacement& g : lp.groups)
-      if (g.kind == kind) return g.within_node ? nvl : net;
-    return nvl;
-  };
   if (l.tp > 1) out.tp_cp_s += 8 * stage_layers * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
   if (l.cp > 1) out.tp_cp_s += 4 * stage_layers * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
   // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.

@@ -9,12 +9,7 @@ namespace {
   throw ConfigError(fmt::format("{}=None: the FLOPs count needs it; set {}", field, field));
 }
 
-// Per layer and token, the attention projections (linear) and QK^T + PV (core, at sequence s
-// with the causal halving), in multiply-adds; Megatron's standard_self_attn_term and its MLA
-// branch.
-struct AttentionMacs {
-  double linear = 0, core = 0;
-};
+}  // namespace
 
 AttentionMacs attention_macs(const ModelConfig& m) {
   const double h = static_cast<double>(m.hidden_size), n = static_cast<double>(m.num_attention_heads);
@@ -32,8 +27,6 @@ AttentionMacs attention_macs(const ModelConfig& m) {
   return {h * (q + 2 * kv) + q * h, s * q};
 }
 
-}  // namespace
-
 double moe_layers_in(const ModelConfig& m, Int first, Int last) {
   if (!m.num_moe_experts || *m.num_moe_experts < 1) return 0;
   const auto& pattern = m.moe_layer_freq.pattern;
@@ -42,6 +35,10 @@ double moe_layers_in(const ModelConfig& m, Int first, Int last) {
     n += pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
                          : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
   return n;
+}
+
+double mtp_moe_layers(const ModelConfig& m) {
+  return moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0 ? static_cast<double>(m.mtp_num_layers.value_or(0)) : 0;
 }
 
 Int padded_vocab_size(const ModelConfig& m) {
@@ -59,13 +56,12 @@ ModelFlops model_flops(const Config& c) {
   const double h = static_cast<double>(m.hidden_size);
   const double gated = m.gated_linear_unit ? 1.5 : 1.0;
   const Int mtp = m.mtp_num_layers.value_or(0);
-  // MTP layers count as MoE layers when the last layer is one.
   const double layers = static_cast<double>(m.num_layers + mtp);
-  double moe_layers = moe_layers_in(m, 0, m.num_layers);
-  if (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0) moe_layers += static_cast<double>(mtp);
+  const double moe_layers = moe_layers_in(m, 0, m.num_layers) + mtp_moe_layers(m);
   const double dense_layers = layers - moe_layers;
 
-  double mlp_width = 0;  // sum over layers of the FFN width a token passes through
+  // Sums over layers of the FFN width a token passes through: dense and shared, and routed.
+  double mlp_width = 0, routed_width = 0;
   if (dense_layers > 0) {
     if (!m.ffn_hidden_size) missing("model.ffn_hidden_size");
     mlp_width += dense_layers * static_cast<double>(*m.ffn_hidden_size);
@@ -73,12 +69,13 @@ ModelFlops model_flops(const Config& c) {
   if (moe_layers > 0) {
     const OptInt& moe_ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
     if (!moe_ffn) missing("model.moe_ffn_hidden_size");
-    mlp_width += moe_layers * (static_cast<double>(*moe_ffn) * static_cast<double>(m.moe_router_topk) +
-                               static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0)));
+    routed_width = moe_layers * static_cast<double>(*moe_ffn) * static_cast<double>(m.moe_router_topk);
+    mlp_width += moe_layers * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
   }
   const AttentionMacs a = attention_macs(m);
   ModelFlops f;
   f.mlp = 12 * h * mlp_width * gated;  // 3 passes x 2 GEMMs (up, down) x 2 FLOPs
+  f.routed_experts = 12 * h * routed_width * gated;
   f.attention = 6 * (a.linear + a.core) * layers;
   f.mtp = 6 * static_cast<double>(mtp) * (3 * h + 2 * h * h);
   f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(mtp + 1);

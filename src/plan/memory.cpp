@@ -20,17 +20,7 @@ struct LayerParams {
 LayerParams layer_params(const ModelConfig& m) {
   const double h = static_cast<double>(m.hidden_size), gated = m.gated_linear_unit ? 3 : 2;
   LayerParams p;
-  const double n = static_cast<double>(m.num_attention_heads);
-  if (m.multi_latent_attention) {
-    const double d_qk = static_cast<double>(m.qk_head_dim), d_rope = static_cast<double>(m.qk_pos_emb_head_dim);
-    const double d_v = static_cast<double>(m.v_head_dim), r_kv = static_cast<double>(m.kv_lora_rank);
-    const double q = m.q_lora_rank ? static_cast<double>(*m.q_lora_rank) * (h + n * (d_qk + d_rope)) : h * n * (d_qk + d_rope);
-    p.attention = q + r_kv * (h + n * (d_qk + d_v)) + h * d_rope + n * d_v * h;
-  } else {
-    const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
-    const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
-    p.attention = h * (q + 2 * kv) + q * h;
-  }
+  p.attention = attention_macs(m).linear;  // each projection weight is used once per token
   p.dense_mlp = gated * h * static_cast<double>(m.ffn_hidden_size.value_or(0));
   if (m.num_moe_experts) {
     const double e = static_cast<double>(*m.num_moe_experts);
@@ -62,7 +52,7 @@ PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage) {
   if (st.last) {
     // MTP layers sit after the last layer and count as MoE layers when it is one (as FLOPs do).
     st.mtp_layers = static_cast<double>(m.mtp_num_layers.value_or(0));
-    if (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0) st.moe_layers += st.mtp_layers;
+    st.moe_layers += mtp_moe_layers(m);
   }
   return st;
 }

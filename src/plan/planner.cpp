@@ -55,9 +55,7 @@ Plan make_plan(const Config& c) {
   p.flops_per_step = p.flops.per_token() * tokens_per_step;
   p.micro_batches = static_cast<std::int64_t>(gbs / (mbs * l.dp));
   const Dispatcher configured = configured_dispatcher(m);
-  p.memory = plan_memory(c, p.layout, configured, m.overlap_moe_expert_parallel_comm);
   const double capacity = p.gpu.rates.memory_gb * kGiB;
-  p.fits = capacity <= 0 || p.memory.peak() <= capacity;
   const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
   // Dispatchers and EP overlap only matter with MoE layers over EP ranks; otherwise one row.
   const bool exchanges = moe_layers_in(m, 0, m.num_layers) > 0 && l.ep > 1;
@@ -86,13 +84,14 @@ Plan make_plan(const Config& c) {
       v.peak_memory_gb = mem.peak() / kGiB;
       v.exposed_comm_s = t.exposed_comm;
       v.compute_s = t.compute;
-      v.comm_s = static_cast<double>(p.micro_batches) * costs.exchange + costs.dp;
       v.bubble_s = t.bubble;
       v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
       v.override = v.as_configured ? "" : override_for(m, v);
+      if (v.as_configured) p.memory = mem;
       p.variants.push_back(v);
     }
   }
+  p.fits = capacity <= 0 || p.memory.peak() <= capacity;
   return p;
 }
 

@@ -96,7 +96,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                       if (!p.fits) continue;
                       ++result.fit;
                       for (const Variant& v : p.variants)
-                        if (v.as_configured) rows.push_back({changes(loaded, o), v, v.compute_s, v.bubble_s});
+                        if (v.as_configured) rows.push_back({o, v});
                     } catch (const ConfigError&) {
                       continue;  // a combination the config cannot hold (the check's own refusal)
                     }
@@ -108,6 +108,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
   };
   std::sort(rows.begin(), rows.end(), [&](const SearchRow& a, const SearchRow& b) { return key(a) < key(b); });
   if (rows.size() > static_cast<std::size_t>(keep)) rows.resize(static_cast<std::size_t>(keep));
+  for (SearchRow& row : rows) row.overrides = changes(loaded, row.overrides);  // only the rows shown
   result.top = std::move(rows);
   if (result.top.size() >= 2) {
     // The terms of the step that differ between the two.
@@ -120,7 +121,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
       result.why = fmt::format(
         "the best is {:.2f} s faster per step than the next: compute {:+.2f} s, exposed communication {:+.2f} s, "
         "pipeline bubble {:+.2f} s (the next minus the best); peak memory {:.1f} against {:.1f} GB",
-        d, b.compute_s - a.compute_s, b.variant.exposed_comm_s - a.variant.exposed_comm_s, b.bubble_s - a.bubble_s,
+        d, b.variant.compute_s - a.variant.compute_s, b.variant.exposed_comm_s - a.variant.exposed_comm_s, b.variant.bubble_s - a.variant.bubble_s,
         a.variant.peak_memory_gb, b.variant.peak_memory_gb);
   }
   return result;

@@ -47,16 +47,11 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
                                     : 1;
   const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * cores, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
   const double h = static_cast<double>(m.hidden_size), k = static_cast<double>(m.moe_router_topk);
-  const double gated = m.gated_linear_unit ? 1.5 : 1.0;
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
   const ModelFlops f = model_flops(c);
 
-  // The routed experts' share of the MLP FLOPs, at the rows each expert sees.
-  // Routed-expert layers as FLOPs count them (MTP layers too when the last layer is MoE).
-  const double mtp = static_cast<double>(m.mtp_num_layers.value_or(0));
-  const double moe_layers = moe_layers_in(m, 0, m.num_layers) + (moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0 ? mtp : 0);
-  const double routed = 12 * h * moe_layers * gated *
-                        static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k;
+  // The routed experts' FLOPs run at the rows each expert sees, the rest at the tokens.
+  const double routed = f.routed_experts;
   const double expert_rows = m.num_moe_experts ? tokens * k * l.ep * l.etp / (static_cast<double>(*m.num_moe_experts) * l.tp) : tokens;
   const double other = f.per_token() - routed;
   const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers

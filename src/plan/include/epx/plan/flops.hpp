@@ -12,9 +12,19 @@
 namespace epx {
 
 struct ModelFlops {
-  double mlp = 0, attention = 0, mtp = 0, logits = 0;  // per token, at model.seq_length
-  double per_token() const { return mlp + attention + mtp + logits; }
+  // Per token, at model.seq_length: the dense and shared-expert MLPs, the routed experts, the
+  // attention, MTP's own norms and projection, the logits.
+  double mlp = 0, routed_experts = 0, attention = 0, mtp = 0, logits = 0;
+  double per_token() const { return mlp + routed_experts + attention + mtp + logits; }
 };
+
+// Per layer and token, the attention projections (linear: also the projections' parameter
+// count) and QK^T + PV (core, at model.seq_length with the causal halving), in multiply-adds;
+// Megatron's standard_self_attn_term and its MLA branch.
+struct AttentionMacs {
+  double linear = 0, core = 0;
+};
+AttentionMacs attention_macs(const ModelConfig& m);
 
 // Per token for the config's shape (model.seq_length; vocabulary padded to
 // make_vocab_size_divisible_by x TP as Megatron pads it). Throws ConfigError for a shape without
@@ -24,6 +34,8 @@ ModelFlops model_flops(const Config& c);
 // How many of layers [first, last) are MoE layers (moe_layer_freq: every N-th, or the 0/1
 // pattern, a layer past the pattern's end dense; none without experts).
 double moe_layers_in(const ModelConfig& m, Int first, Int last);
+// The MTP layers that count as MoE layers: all of them when the last layer is one, else none.
+double mtp_moe_layers(const ModelConfig& m);
 
 // Bytes of one activation or weight element in the compute dtype (BF16/FP16: 2, else 4).
 inline double element_bytes(const ModelConfig& m) { return m.bf16 || m.fp16 ? 2 : 4; }

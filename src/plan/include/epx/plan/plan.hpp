@@ -73,7 +73,7 @@ struct Variant {
   Dispatcher dispatcher = Dispatcher::alltoall;
   bool ep_overlap = false, delay_wgrad = false, as_configured = false;
   double step_time_s = 0, tflops_per_gpu = 0, tokens_per_s_per_gpu = 0, peak_memory_gb = 0, exposed_comm_s = 0;
-  double compute_s = 0, comm_s = 0, bubble_s = 0;
+  double compute_s = 0, bubble_s = 0;
   std::string wall;      // memory | communication | compute
   std::string override;  // the one override that turns the configured run into this row
 };

@@ -12,9 +12,8 @@
 namespace epx {
 
 struct SearchRow {
-  std::vector<std::string> overrides;  // on top of the config as given
+  std::vector<std::string> overrides;  // on top of the config as given (the ones that change it)
   Variant variant;                     // the configured row of that config's plan
-  double compute_s = 0, bubble_s = 0;
 };
 struct SearchResult {
   std::vector<SearchRow> top;  // best first
