@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `epx plan -g cpu` against `epx run` on this machine: calibrate (`epx plan --calibrate`), then
+# `epx plan -g cpu` against `epx run` on this machine: calibrate (`epx plan --calibrate` on two
+# ranks, at the recipe's own shape: global batch 8, vocabulary 4096), then
 # for each row run the proxy for STEPS iterations and plan the same config; print the measured
 # and predicted step time and peak memory and the errors.
 #   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,cluster (cluster needs root)
@@ -32,7 +33,7 @@ row() {  # row LABEL NP GPUS_PER_NODE LAUNCH... -- ARGS...
         $8 * 1073.741824, 100 * ($8 * 1073741824 / m - 1) }'
 }
 
-"$epx" plan $recipe "${shape[@]}" --calibrate >"$out/cpu.yaml"
+"$epx" launch -n 2 -- epx plan $recipe --calibrate >"$out/cpu.yaml"  # with the intra-node link
 sed -n '/^cpu:/,$p' "$out/cpu.yaml" | tr '\n' ' '
 echo
 echo
@@ -46,11 +47,15 @@ if [[ $sections == *,local,* ]]; then
     row "2 local ranks, $d" 2 2 launch -n 2 -- "${flex[@]}"
     row "2 local ranks, $d, EP overlap" 2 2 launch -n 2 -- "${flex[@]}" --moe_a2a_overlap true
   done
+  # Away from the calibrated model: longer sequences, more and wider layers.
+  row "2 local ranks, alltoall, seq 512, 4 layers" 2 2 launch -n 2 -- model.seq_length=512 model.num_layers=4
+  row "2 local ranks, alltoall, hidden 512, EP overlap" 2 2 launch -n 2 -- model.hidden_size=512 --moe_a2a_overlap true
 fi
 if [[ $sections == *,cluster,* ]]; then
   bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit 0.15 >/dev/null
   trap 'bash scripts/cluster.sh down >/dev/null 2>&1; rm -rf "$out"' EXIT
-  "$epx" plan $recipe "${shape[@]}" --calibrate >"$out/cpu.yaml"  # now with the link
+  "$epx" launch --cluster -- epx plan $recipe --calibrate >"$out/cpu.yaml"  # now across the link
+  echo "| (calibrated across the nodes: $(grep -E '^  network_(gb_s|latency_us)' "$out/cpu.yaml" | tr -s ' \n' ' ')) |"
   for d in alltoall deepep; do
     flex=()
     [[ $d == alltoall ]] || flex=(--moe_flex_dispatcher_backend "$d")

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -73,6 +75,14 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
     argv.insert(argv.end(), {"--mca", "plm_rsh_agent", kv.at("agent"), "--mca", "oob_tcp_if_include", subnet,
                              "--mca", "btl_tcp_if_include", subnet, "--mca", "btl", "self,vader,tcp",
                              "--map-by", "slot", "-H", hosts, "-np", std::to_string(nodes * rpn)});
+    // Every emulated node is this machine: mpirun would bind each node's first rank to core 0,
+    // so all nodes' ranks would share one core. Leave placement to the kernel and split the
+    // cores between all the ranks.
+    argv.insert(argv.end(), {"--bind-to", "none"});
+    if (!std::getenv("OMP_NUM_THREADS")) {
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      argv.insert(argv.end(), {"-x", fmt::format("OMP_NUM_THREADS={}", std::max(1, cores / (nodes * rpn)))});
+    }
   } else {
     if (args.nodes || args.ranks_per_node) throw ConfigError("--nodes and --ranks-per-node need --cluster");
     argv.insert(argv.end(), {"-np", std::to_string(args.np.value_or(2))});

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *run) {
+    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *run || (*plan && plan_args.calibrate)) {
       epx::share_cores_with_local_ranks();
       const std::optional<double>& given = *layer ? layer_args.collective_timeout : run_args.collective_timeout;
       const bool has_option = *layer || *run;  // bench has no --collective-timeout
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
-    if (*plan) return run_plan_command(plan_args);
+    if (*plan) return run_plan_command(plan_args, mpi.get());
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);

@@ -30,11 +30,11 @@ void PlanArgs::add_to(CLI::App& app) {
                  "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override");
 }
 
-int run_plan_command(const PlanArgs& args) {
+int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
   if (args.calibrate) {
     const std::string recipe = args.config.config_file.value_or(args.config.positional.empty() ? "qwen3_30b_a3b_proxy"
                                                                                               : args.config.positional.front());
-    std::cout << calibrate_cpu(recipe);
+    std::cout << calibrate_cpu(recipe, mpi->world()) << std::flush;
     return kExitOk;
   }
   for (const std::string& file : args.hardware) add_hardware_file(file);

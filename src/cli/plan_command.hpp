@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "config_args.hpp"
+#include "epx/comm/mpi.hpp"
 
 namespace epx::cli {
 
@@ -23,6 +24,7 @@ struct PlanArgs {
   void add_to(CLI::App& app);
 };
 
-int run_plan_command(const PlanArgs& args);
+// `mpi` is set for --calibrate (which measures over the launched ranks), null otherwise.
+int run_plan_command(const PlanArgs& args, MpiSession* mpi);
 
 }  // namespace epx::cli

@@ -34,6 +34,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     return false;
   };
   const auto link = [&](GroupKind kind) { return crosses_nodes(kind) ? net : nvl; };
+  const auto latency = [&](bool inter) { return (inter ? hw.network_latency_us : hw.nvlink_latency_us) * 1e-6; };
   CommPlan out;
 
   // Token exchanges: 4 per MoE layer and micro-batch (dispatch and combine, each way).
@@ -63,7 +64,10 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     intra += k * (l.etp - 1.0);
     out.token_intra = 4 * moe_layers * tokens * intra * row;
     out.token_inter = 4 * moe_layers * tokens * inter * row;
-    out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl);
+    // Each exchange also pays a fixed cost: 5 per MoE layer and micro-batch, the 4 and the
+    // token counts exchanged before the dispatch.
+    out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl) +
+                           5 * moe_layers * latency(crosses_nodes(GroupKind::ep));
   }
 
   // Gradient reduction over DP (dense) and EDP (experts) in the weights' dtype (FP32 with
@@ -73,13 +77,19 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const auto reduce = [&](double params, double d) {
     if (d <= 1) return 0.0;
     const double share = (d - 1) / d;
-    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m), param = element_bytes(m);
+    // epx's own CPU runtime (a cpu entry, the one with cores) keeps FP32 main gradients and
+    // reduces them in FP32 whatever the flag says.
+    const double grad = c.ddp.grad_reduce_in_fp32 || hw.cores > 0 ? 4 : element_bytes(m), param = element_bytes(m);
     return c.ddp.use_distributed_optimizer ? share * params * (grad + param) : 2 * share * params * grad;
   };
   const double dp = l.dp * l.cp;
   out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
   out.dp_inter = crosses_nodes(GroupKind::dp_cp) || crosses_nodes(GroupKind::edp);
-  out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl);
+  // Fixed costs: a bucket per group that reduces, and the step's two small all-reduces over the
+  // world (the grad norm and the logged loss).
+  const int reductions = (dp > 1) + (l.edp > 1);
+  out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl) +
+             (reductions + (l.world > 1 ? 2 : 0)) * latency(out.dp_inter || lp.nodes > 1);
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and
   // backward (8 per layer, (TP-1)/TP of s*b*h each); CP: K and V gathered per layer, each way.

@@ -142,9 +142,10 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // each token, with 10% routing imbalance, there and back); DeepEP and HybridEP keep
   // preallocated buffers sized for the largest exchange (the same rows, one copy per
   // destination rank) plus their registered workspace (1 GiB NVLink + 1 GiB RDMA for DeepEP,
-  // 0.5 GiB for HybridEP's fused buffers).
+  // 0.5 GiB for HybridEP's fused buffers). Under EP overlap two exchanges are in flight at once
+  // (one micro-batch's forward, another's backward), each with its rows.
   if (m.num_moe_experts && l.ep > 1) {
-    const double rows = s * b * k * l.etp / tp;
+    const double rows = s * b * k * l.etp / tp * (ep_overlap ? 2 : 1);
     const bool gpu = target_gpu(c).cuda();  // epx's own runtime registers no workspace
     out.dispatcher_buffers = dispatcher == Dispatcher::alltoall ? 2 * 1.1 * rows * h * weight_bytes
                              : dispatcher == Dispatcher::deepep ? 2 * rows * h * weight_bytes + (gpu ? 2 * 1073741824.0 : 0)

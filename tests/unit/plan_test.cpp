@@ -149,6 +149,22 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   std::filesystem::remove(path);
 }
 
+TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
+  // The proxy on 2 local cpu ranks: 2 MoE layers x 5 exchanges per micro-batch (4 and the token
+  // counts), and per step the DP reduction plus the grad-norm and loss all-reduces.
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu"});
+  GpuInfo gpu = *find_gpu("cpu");
+  const LayoutPlan lp = plan_layout(c, gpu);
+  const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+  const CommPlan base = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  gpu.rates.nvlink_latency_us = 100;
+  const CommPlan slow = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  EXPECT_NEAR(slow.token_exchange_s - base.token_exchange_s, 2 * 5 * 100e-6, 1e-12);
+  EXPECT_NEAR(slow.dp_s - base.dp_s, 3 * 100e-6, 1e-12);
+  // epx's CPU runtime reduces FP32 gradients whatever ddp.grad_reduce_in_fp32 says.
+  EXPECT_NEAR(base.dp_bytes, 4 * mem.dense_params, 1);
+}
+
 }  // namespace
 }  // namespace epx
 
