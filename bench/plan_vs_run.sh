@@ -3,7 +3,7 @@
 # ranks, at the recipe's own shape: global batch 8, vocabulary 4096), then
 # for each row run the proxy for STEPS iterations and plan the same config; print the measured
 # and predicted step time and peak memory and the errors.
-#   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,cluster (cluster needs root)
+#   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,shapes,cluster (cluster: root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -47,8 +47,10 @@ if [[ $sections == *,local,* ]]; then
     row "2 local ranks, $d" 2 2 launch -n 2 -- "${flex[@]}"
     row "2 local ranks, $d, EP overlap" 2 2 launch -n 2 -- "${flex[@]}" --moe_a2a_overlap true
   done
-  # Away from the calibrated model: longer sequences, more and wider layers.
-  row "2 local ranks, alltoall, seq 512, 4 layers" 2 2 launch -n 2 -- model.seq_length=512 model.num_layers=4
+fi
+if [[ $sections == *,shapes,* ]]; then  # away from the calibrated model
+  row "2 local ranks, alltoall, seq 512" 2 2 launch -n 2 -- model.seq_length=512
+  row "2 local ranks, alltoall, 4 layers" 2 2 launch -n 2 -- model.num_layers=4
   row "2 local ranks, alltoall, hidden 512, EP overlap" 2 2 launch -n 2 -- model.hidden_size=512 --moe_a2a_overlap true
 fi
 if [[ $sections == *,cluster,* ]]; then

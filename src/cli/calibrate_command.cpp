@@ -26,6 +26,7 @@
 #include "epx/kernels/kernels.hpp"
 #include "epx/model/gpt_model.hpp"
 #include "epx/plan/flops.hpp"
+#include "epx/plan/step_time.hpp"
 #include "epx/tensor/random.hpp"
 #include "epx/train/job_spec.hpp"
 #include "epx/train/mock_data.hpp"
@@ -126,8 +127,7 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
 
   // Rank 0 measures alone; the others wait without spinning (wait() sleeps).
   const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "calibrate self");
-  double peak = 0, bandwidth = 0, alone = 0;
-  TrainResult run;
+  double peak = 0, bandwidth = 0, attention_rate = 0, alone = 0, step_s = 0;
   if (world.rank() == 0) {
     omp_set_num_threads(1);  // per core: the planner scales by the cores each rank gets
     const std::int64_t n = 1024;
@@ -140,14 +140,24 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     const double copy_s = seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); });
     bandwidth = 2.0 * static_cast<double>(src.size()) / copy_s;  // read + write
 
+    // The attention's FP32 GEMMs at the model's shape, one head: scores = Q K^T, out = P V.
+    const std::int64_t S = spec.seq_length, d = spec.attention.head_dim;
+    const Tensor q = random_normal({S, d}, DType::F32, 1, 3), p = random_normal({S, S}, DType::F32, 1, 4);
+    Tensor scores({S, S}, DType::F32), out({S, d}, DType::F32);
+    const double attention_s = seconds_per_call([&] {
+      gemm(mat(q), Trans::N, mat(q), Trans::T, mat_mut(scores));
+      gemm(mat(p), Trans::N, mat(q), Trans::N, mat_mut(out));
+    });
+    attention_rate = 4.0 * static_cast<double>(S * S * d) / attention_s;
+
     // epx run's own loop on one rank and one core: the mean of iterations 3..6 (the recipe's
-    // global batch as micro-batches), optimizer and all, against Megatron's model FLOPs.
+    // global batch as micro-batches), optimizer and all.
     Config trained = base;
     trained.train.train_iters = 6;
     TrainOptions quiet;
     quiet.log = false;
     std::ostream discard(nullptr);
-    run = train(trained, *self, quiet, discard);
+    step_s = train(trained, *self, quiet, discard).mean_step_s;
     alone = model_step_s();
   }
   world.barrier();
@@ -165,7 +175,14 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     together = static_cast<double>(max_over(world, static_cast<std::int64_t>(model_step_s() * 1e9))) / 1e9;
   }
   if (world.rank() != 0) return {};
-  const double efficiency = run.flops_per_iteration / run.mean_step_s / peak;
+  // The GEMMs' efficiency: the step, less its materialised attention (costed apart at its own
+  // rates, as the planner does), against the rest of Megatron's model FLOPs at the peak.
+  const double step_tokens = static_cast<double>(spec.seq_length) * static_cast<double>(*base.train.global_batch_size);
+  const double attention_s =
+      materialised_attention_s(base.model, static_cast<double>(spec.num_layers), step_tokens, attention_rate, bandwidth);
+  const ModelFlops f = model_flops(base);
+  const double efficiency =
+      (f.per_token() - f.attention_core) * step_tokens / std::max(0.1 * step_s, step_s - attention_s) / peak;
   const double shared = std::min(1.0, alone / together);
 
   // The network: measured across nodes, else the emulated cluster's configured rate.
@@ -190,22 +207,25 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
   return fmt::format(
       "# Measured by `epx plan --calibrate` ({} on {} cores): one core's BF16 GEMM (1024^3) and\n"
       "# memcpy; epx run's {} on one rank and core, {:.3g} s per step against Megatron's model\n"
-      "# FLOPs; one micro-batch {:.3g} s alone, {:.3g} s with every core running one ({}); intra-node\n"
-      "# link: {}; network: {}.\n"
+      "# FLOPs; its attention's FP32 GEMMs at the model's head size; one micro-batch {:.3g} s\n"
+      "# alone, {:.3g} s with every core running one ({});\n"
+      "# intra-node link: {};\n"
+      "# network: {}.\n"
       "cpu:\n"
       "  cores: {}\n"
       "  shared_core_efficiency: {:.4f}\n"
       "  bf16_tflops: {:.6f}\n"
       "  hbm_tb_s: {:.6f}\n"
       "  gemm_efficiency: {:.4f}\n"
+      "  attention_fp32_tflops: {:.6f}\n"
       "  gemm_half_rows: 0\n"
       "{}"
       "  network_gb_s: {:.4f}\n"
       "  network_efficiency: {}\n"
       "  network_latency_us: {:.1f}\n",
-      gemm_isa(), cores, recipe, run.mean_step_s, alone, together, world.size() == 1 ? "threads" : "ranks",
+      gemm_isa(), cores, recipe, step_s, alone, together, world.size() == 1 ? "threads" : "ranks",
       intra_measured ? "ranks 0 and 1 on one node, measured" : "not measured (one process), the catalog's", network_from,
-      cores, shared, peak / 1e12, bandwidth / 1e12, efficiency,
+      cores, shared, peak / 1e12, bandwidth / 1e12, efficiency, attention_rate / 1e12,
       intra_measured ? fmt::format("  nvlink_gb_s: {:.4f}\n  nvlink_efficiency: 1\n  nvlink_latency_us: {:.1f}\n", pair_gb_s,
                                    pair_latency_s * 1e6)
                      : "",

@@ -77,6 +77,7 @@ ModelFlops model_flops(const Config& c) {
   f.mlp = 12 * h * mlp_width * gated;  // 3 passes x 2 GEMMs (up, down) x 2 FLOPs
   f.routed_experts = 12 * h * routed_width * gated;
   f.attention = 6 * (a.linear + a.core) * layers;
+  f.attention_core = 6 * a.core * layers;
   f.mtp = 6 * static_cast<double>(mtp) * (3 * h + 2 * h * h);
   f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(mtp + 1);
   return f;

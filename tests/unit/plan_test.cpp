@@ -149,6 +149,22 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   std::filesystem::remove(path);
 }
 
+TEST(Plan, CpuAttentionKeepsTheScoresUnlessRecomputed) {
+  // epx's cpu runtime keeps every head's FP32 S x S probabilities per layer (proxy: 2 layers,
+  // 8 heads, S 256); selective core_attn recompute drops them, and a GPU (flash) never has them.
+  const auto activations = [](const std::vector<std::string>& more) {
+    std::vector<std::string> o = {"target.num_gpus=2"};
+    o.insert(o.end(), more.begin(), more.end());
+    const Config c = resolved("qwen3_30b_a3b_proxy", o);
+    return plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false).activations;
+  };
+  const double cpu = activations({"target.gpu=cpu"});
+  const double recomputed = activations({"target.gpu=cpu", "model.recompute_granularity=selective",
+                                         "model.recompute_modules=[core_attn]"});
+  EXPECT_NEAR(cpu - recomputed, 2 * 4.0 * 8 * 256 * 256, 1);
+  EXPECT_NEAR(activations({"target.gpu=h100"}), recomputed, 1);
+}
+
 TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   // The proxy on 2 local cpu ranks: 2 MoE layers x 5 exchanges per micro-batch (4 and the token
   // counts), and per step the DP reduction plus the grad-norm and loss all-reduces.

@@ -15,6 +15,7 @@ struct ModelFlops {
   // Per token, at model.seq_length: the dense and shared-expert MLPs, the routed experts, the
   // attention, MTP's own norms and projection, the logits.
   double mlp = 0, routed_experts = 0, attention = 0, mtp = 0, logits = 0;
+  double attention_core = 0;  // QK^T and PV, part of `attention`
   double per_token() const { return mlp + routed_experts + attention + mtp + logits; }
 };
 
