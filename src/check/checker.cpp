@@ -5,7 +5,7 @@
 
 #include "epx/check/check.hpp"
 #include "epx/config/schema.hpp"
-#include "flex_backend.hpp"
+#include "epx/check/flex_backend.hpp"
 
 namespace epx {
 namespace {

@@ -1,4 +1,4 @@
-#include "flex_backend.hpp"
+#include "epx/check/flex_backend.hpp"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "epx/check/check.hpp"
-#include "flex_backend.hpp"
+#include "epx/check/flex_backend.hpp"
 
 namespace epx {
 namespace {

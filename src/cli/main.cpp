@@ -14,6 +14,7 @@
 #include "launch_command.hpp"
 #include "layer_command.hpp"
 #include "plan_command.hpp"
+#include "advise_command.hpp"
 #include "run_command.hpp"
 
 namespace epx::cli {
@@ -69,6 +70,12 @@ int main(int argc, char** argv) {
               "time of each dispatcher with and without EP overlap (after epx check passes)");
   plan_args.add_to(*plan);
 
+  AdviseArgs advise_args;
+  auto* advise = app.add_subcommand(
+      "advise", "dispatcher selection (hardware, EP degree, model family, the backends the container has) and "
+                "tuning, backed by the planner's step time and memory, with an A/B plan of command lines");
+  advise_args.add_to(*advise);
+
   LayerArgs layer_args;
   auto* layer = app.add_subcommand(
       "layer", "run one MoE layer forward (and backward) on safetensors files");
@@ -123,6 +130,7 @@ int main(int argc, char** argv) {
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
     if (*plan) return run_plan_command(plan_args, mpi.get());
+    if (*advise) return run_advise_command(advise_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);

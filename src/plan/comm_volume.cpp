@@ -46,9 +46,10 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const double moe_layers = stage.moe_layers, stage_layers = stage.layers;
   if (moe_layers > 0 && l.ep > 1) {
     const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
-    // EP ranks that share a node (or an NVLink domain for HybridEP): the EP group is EP*ETP
-    // consecutive ranks, ETP fastest.
-    const int domain = dispatcher == Dispatcher::hybridep ? lp.nvlink_domain : lp.gpus_per_node;
+    // EP ranks that share NVLink: the EP group is EP*ETP consecutive ranks, ETP fastest. NCCL's
+    // all-to-all and HybridEP use a whole NVLink domain (an NVL72 rack through multi-node
+    // NVLink); DeepEP's NVLink stage is a node, the rest goes over RDMA.
+    const int domain = dispatcher == Dispatcher::deepep ? lp.gpus_per_node : lp.nvlink_domain;
     const double local = std::clamp<double>(std::floor(domain / static_cast<double>(l.etp)), 1, ep);
     const double blocks = ep / local;
     double intra = 0, inter = 0;  // rows per token

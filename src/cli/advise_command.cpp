@@ -1,0 +1,49 @@
+#include "advise_command.hpp"
+
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
+#include "epx/plan/advise.hpp"
+
+namespace epx::cli {
+
+void AdviseArgs::add_to(CLI::App& app) {
+  config.add_to(app);
+  app.add_flag("--json", json, "one JSON object: recommended, why, dispatchers, tuning, harness_ab, epx_ab");
+  app.add_option("--have", have,
+                 "the flex backends the target container has, e.g. deepep,hybridep or none (default: not stated)");
+  app.add_option("--probe", probe,
+                 "a probe file written in the target container: 'deepep: true|false' and 'hybridep: true|false'");
+  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (as epx plan)");
+}
+
+int run_advise_command(const AdviseArgs& args) {
+  if (args.have && args.probe) throw ConfigError("--have and --probe both state the backends; give one");
+  const BackendAvailability have = args.have ? parse_have_list(*args.have)
+                                   : args.probe ? read_probe_file(*args.probe)
+                                                : BackendAvailability{};
+  for (const std::string& file : args.hardware) add_hardware_file(file);
+  const Config loaded = args.config.load();
+  if (!loaded.target.num_gpus)
+    throw ConfigError("target.num_gpus=None: advice is for a world size; pass -ng N (or set target.num_gpus)");
+  if (!loaded.target.gpu)
+    throw ConfigError("target.gpu=None: advice depends on the hardware; pass -g GPU (h100, b200, gb200, ..., cpu)");
+  const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
+  if (!report.ok()) {
+    std::cout << format_report(report) << "epx advise: the check found errors; fix them first\n";
+    return kExitCheckFailed;
+  }
+  const Advice advice = advise(report.resolved, have);
+  if (args.json) {
+    std::cout << json_text(advice_json(advice), 2) << "\n";
+    return kExitOk;
+  }
+  std::cout << format_advice(advice);
+  return kExitOk;
+}
+
+}  // namespace epx::cli

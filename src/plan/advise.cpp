@@ -1,0 +1,449 @@
+// `epx advise`: the seeds' dispatcher-selection guide (hardware, EP degree, model family, the
+// backend availability gate, tuning) applied to one config, every choice weighed by the
+// planner's step time and memory for the alternatives.
+#include "epx/plan/advise.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "epx/base/error.hpp"
+#include "epx/check/check.hpp"
+#include "epx/check/flex_backend.hpp"
+
+namespace epx {
+namespace {
+
+// Two predictions closer than this are a toss-up for the model (its errors are larger).
+constexpr double kSecondOrder = 0.05;
+// EP overlap is worth a run when the exchanges leave this share of the step exposed.
+constexpr double kVisibleExchanges = 0.10;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return s;
+}
+
+std::string recipe_name(const Config& c) { return std::filesystem::path(c.source).stem().string(); }
+
+// The seeds' "By hardware" table.
+std::pair<Dispatcher, std::string> hardware_rule(const GpuInfo& g) {
+  const std::string n = g.name;
+  if (n == "h100" || n == "h200")
+    return {Dispatcher::deepep, fmt::format("{}: DeepEP, if the runtime package is installed (the strong default for "
+                                            "cross-node EP on Hopper)", n)};
+  if (n == "b200" || n == "b300")
+    return {Dispatcher::deepep, fmt::format("{}: DeepEP, if the runtime package is installed (unless a platform-specific "
+                                            "HybridEP path is available)", n)};
+  if (n == "gb200" || n == "gb300")
+    return {Dispatcher::hybridep, fmt::format("{} NVL72: HybridEP, if the runtime package is installed (NVLink-domain-aware "
+                                              "dispatch, lower memory pressure)", n)};
+  if (n == "cpu")
+    return {Dispatcher::alltoall, "cpu (epx's own runtime, first bring-up): alltoall, the easiest path for correctness "
+                                  "and debugging; all three dispatchers run here"};
+  return {Dispatcher::alltoall, fmt::format("{}: not in the seeds' table, so unknown or first bring-up: alltoall, the "
+                                            "easiest path for correctness and debugging", n.empty() ? "an unnamed GPU" : n)};
+}
+
+// The seeds' "By EP degree" table: small stays inside the fast interconnect (a node, or an
+// NVL72 rack's NVLink domain), large is 64 ranks and more.
+std::string ep_rule(const LayoutPlan& lp) {
+  const ParallelLayout& l = lp.layout;
+  const int ranks = l.ep * l.etp, node = std::max(1, lp.gpus_per_node);
+  if (ranks <= std::max(node, lp.nvlink_domain))
+    return fmt::format("EP {} inside one {} (small EP): dispatcher choice is usually second-order; start with "
+                       "alltoall or DeepEP",
+                       l.ep, ranks <= node ? "node" : "NVLink domain");
+  if (l.ep >= 64) return fmt::format("EP {} (large EP): HybridEP is usually the best target on NVL72 systems", l.ep);
+  return fmt::format("EP {} across {} nodes (medium EP): DeepEP often becomes worthwhile", l.ep, (ranks + node - 1) / node);
+}
+
+// The seeds' "Model-family patterns", by recipe name, else by shape.
+std::string family_rule(const Config& c) {
+  const ModelConfig& m = c.model;
+  const std::string name = lower(recipe_name(c));
+  const Int experts = m.num_moe_experts.value_or(0);
+  if (name.find("vl") != std::string::npos)
+    return "MoE VLM: start simple, then test HybridEP on GB200-class systems (vision workloads are sensitive to both "
+           "memory and host overhead)";
+  if (name.find("deepseek") != std::string::npos || (m.multi_latent_attention && experts >= 256))
+    return "DeepSeek-V3 at large scale: HybridEP on GB200 or GB300, DeepEP on H100 (the choice matters more as EP "
+           "and PP both grow)";
+  if (name.find("next") != std::string::npos || experts == 512)
+    return "Qwen3-Next: a close race in BF16, HybridEP stronger in FP8 or memory-tight runs (test, do not assume)";
+  if (name.find("235b") != std::string::npos || (experts == 128 && m.hidden_size == 4096))
+    return "Qwen3 235B: DeepEP on H100, HybridEP on GB200 (usually modestly faster than alltoall there, and often "
+           "noticeably more memory headroom)";
+  if (name.find("30b") != std::string::npos || (experts == 128 && m.hidden_size == 2048))
+    return "Qwen3 30B: DeepEP (smaller models still benefit, but the absolute gap is smaller)";
+  return "";
+}
+
+double gap(const Variant& a, const Variant& b) { return b.step_time_s / a.step_time_s - 1; }
+
+std::string describe(const Variant& v) {
+  return fmt::format("{:.3g} s/step, {:.3g} GiB ({})", v.step_time_s, v.peak_memory_gb,
+                     v.ep_overlap ? (v.delay_wgrad ? "EP overlap + delay_wgrad" : "EP overlap") : "no EP overlap");
+}
+
+// The plan of `c` with `overrides` if `epx check` passes it.
+std::optional<Plan> plan_with(const Config& c, const std::vector<std::string>& overrides) {
+  Config changed = c;
+  for (const std::string& o : overrides) apply_override(changed, o);
+  const CheckReport r = run_check(changed);
+  if (!r.ok()) return std::nullopt;
+  return make_plan(r.resolved);
+}
+
+std::string harness_family(const std::string& recipe) {
+  if (recipe.rfind("qwen", 0) == 0) return "qwen";
+  if (recipe.rfind("deepseek", 0) == 0) return "deepseek";
+  return recipe.substr(0, recipe.find('_'));
+}
+
+std::string backend_flag(Dispatcher d) { return d == Dispatcher::alltoall ? "None" : to_string(d); }
+
+std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
+  const ModelConfig& m = c.model;
+  std::vector<Tip> tips;
+  const auto option = [&](Dispatcher d) -> const DispatcherOption* {
+    for (const DispatcherOption& o : a.options)
+      if (o.dispatcher == d && o.available) return &o;
+    return nullptr;
+  };
+
+  tips.push_back(m.moe_router_force_load_balancing
+                     ? Tip{"routing", "routing is force-balanced: keep it so in every run of the A/B", {}}
+                     : Tip{"routing",
+                           "for dispatcher benchmarking, force-balanced routing is the safer default: it usually "
+                           "outperforms dropless routing at scale and makes backends comparable; keep the routing "
+                           "mode the same in every run you compare",
+                           {"model.moe_router_force_load_balancing=true"}});
+
+  if (const DispatcherOption* o = option(Dispatcher::deepep))
+    tips.push_back({"deepep SMs",
+                    fmt::format("DeepEP's moe_deepep_num_sms (default 20) is a starting point, rarely optimal: sweep it "
+                                "one run per value (predicted {} as is)",
+                                describe(o->best)),
+                    {"model.moe_flex_dispatcher_num_sms=16", "model.moe_flex_dispatcher_num_sms=24",
+                     "model.moe_flex_dispatcher_num_sms=32"}});
+  if (const DispatcherOption* o = option(Dispatcher::hybridep)) {
+    Config h = c;
+    h.model.moe_token_dispatcher_type = "flex";
+    h.model.moe_flex_dispatcher_backend = "hybridep";
+    const HybridEpTopology t = hybridep_topology(h, a.plan.gpu);
+    std::vector<std::string> set = {"model.moe_flex_dispatcher_num_sms=16", "model.moe_flex_dispatcher_num_sms=24",
+                                    "model.moe_flex_dispatcher_num_sms=32"};
+    std::string topology;
+    if (!t.error.empty()) {
+      topology = " HybridEP cannot run this topology: " + t.error;
+    } else {
+      const auto it = c.env_vars.find(kRanksPerDomainVar);
+      const std::string want = std::to_string(t.ranks_per_domain);
+      topology = it == c.env_vars.end()
+                     ? fmt::format(" Set {}={} (the EP ranks in one NVLink domain of {}).", kRanksPerDomainVar, want,
+                                   a.plan.gpu.name)
+                     : it->second == want ? fmt::format(" {}={} matches the topology.", kRanksPerDomainVar, want)
+                                          : fmt::format(" {}={} does not match the topology ({} expected): performance "
+                                                        "and sometimes correctness suffer.",
+                                                        kRanksPerDomainVar, it->second, want);
+      if (it == c.env_vars.end() || it->second != want) set.push_back(fmt::format("env_vars.{}={}", kRanksPerDomainVar, want));
+    }
+    tips.push_back({"hybridep SMs and topology",
+                    fmt::format("HybridEP's moe_hybridep_num_sms (default 16; the harness uses 32): sweep 16 to 32 "
+                                "(predicted {} as is).{}",
+                                describe(o->best), topology),
+                    set});
+  }
+
+  // EP overlap: worth it when the chosen dispatcher's exchanges are visible.
+  if (const DispatcherOption* o = option(a.recommended); o && a.plan.layout.layout.ep > 1) {
+    const Variant* overlap = nullptr;
+    const Variant* delayed = nullptr;
+    for (const Variant& v : a.plan.variants)
+      if (v.dispatcher == a.recommended && v.ep_overlap) (v.delay_wgrad ? delayed : overlap) = &v;
+    const double exposed = o->plain.exposed_comm_s / o->plain.step_time_s;
+    if (overlap && delayed) {
+      const double gain = 1 - delayed->step_time_s / o->plain.step_time_s;
+      if (exposed >= kVisibleExchanges && gain > 0.02) {
+        std::vector<std::string> set = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                        "comm_overlap.delay_wgrad_compute=true"};
+        std::string why = fmt::format(
+            "{} leaves {:.0f}% of the step in exposed communication without overlap: after bring-up, EP overlap is "
+            "predicted to take the step from {:.3g} s to {:.3g} s ({:.0f}% less), {:.3g} s with delay_wgrad; peak memory "
+            "{:.1f} -> {:.1f} GiB",
+            to_string(a.recommended), 100 * exposed, o->plain.step_time_s, overlap->step_time_s,
+            100 * (1 - overlap->step_time_s / o->plain.step_time_s), delayed->step_time_s, o->plain.peak_memory_gb,
+            delayed->peak_memory_gb);
+        const ParallelLayout& l = a.plan.layout.layout;
+        if (l.pp > 1 && m.virtual_pipeline_model_parallel_size.value_or(1) <= 1) {
+          int vpp = 2;
+          while (vpp <= m.num_layers && m.num_layers % (l.pp * vpp) != 0) ++vpp;
+          why += fmt::format("; PP {} without VPP refuses EP overlap, so interleave the stages", l.pp);
+          if (vpp <= m.num_layers) set.push_back(fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp));
+        }
+        tips.push_back({"EP overlap", why, set});
+      } else {
+        tips.push_back({"EP overlap",
+                        fmt::format("{} leaves {:.0f}% of the step exposed; EP overlap is predicted to gain {:.0f}%: "
+                                    "not worth it until dispatch is visible in a profile",
+                                    to_string(a.recommended), 100 * exposed, 100 * gain),
+                        {}});
+      }
+    }
+  }
+
+  // Selective recompute before full.
+  if (m.recompute_granularity == std::optional<std::string>("full")) {
+    const std::vector<std::string> selective = {"model.recompute_granularity=selective",
+                                                "model.recompute_modules=[core_attn,moe_act,layernorm]",
+                                                "model.recompute_method=null", "model.recompute_num_layers=null"};
+    if (const auto p = plan_with(c, selective); p && p->fits) {
+      const Variant* now = nullptr;
+      const Variant* then = nullptr;
+      for (const Variant& v : a.plan.variants) if (v.as_configured) now = &v;
+      for (const Variant& v : p->variants) if (v.as_configured) then = &v;
+      if (now && then)
+        tips.push_back({"recompute",
+                        fmt::format("full recompute is set, but selective recompute (core_attn, moe_act, layernorm) "
+                                    "fits: {:.1f} GiB of {:.0f}, {:.3g} s/step instead of {:.3g} s",
+                                    then->peak_memory_gb, a.plan.gpu.rates.memory_gb, then->step_time_s,
+                                    now->step_time_s),
+                        selective});
+    } else {
+      tips.push_back({"recompute", "full recompute is set and selective recompute does not fit: keep full", {}});
+    }
+  } else if (!a.plan.fits) {
+    tips.push_back({"recompute",
+                    "the layout does not fit: turn on selective recompute first (layernorm, core_attn, moe_act, mlp), "
+                    "full recompute only if it still does not fit",
+                    {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"}});
+  }
+  return tips;
+}
+
+}  // namespace
+
+bool BackendAvailability::has(Dispatcher d) const {
+  if (d == Dispatcher::deepep) return deepep.value_or(true);
+  if (d == Dispatcher::hybridep) return hybridep.value_or(true);
+  return true;
+}
+
+BackendAvailability parse_have_list(const std::string& list) {
+  BackendAvailability a;
+  a.deepep = a.hybridep = false;
+  a.source = "--have " + list;
+  std::stringstream in(list);
+  for (std::string word; std::getline(in, word, ',');) {
+    word = lower(word);
+    if (word == "deepep") a.deepep = true;
+    else if (word == "hybridep") a.hybridep = true;
+    else if (word != "alltoall" && word != "none" && !word.empty())
+      throw InputError(fmt::format("--have {}: '{}' is not a backend; list what the container has from deepep, "
+                                   "hybridep (or none)",
+                                   list, word));
+  }
+  return a;
+}
+
+BackendAvailability read_probe_file(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw InputError(fmt::format("{}: cannot read the probe file", path));
+  } catch (const YAML::Exception& e) {
+    throw InputError(fmt::format("{}:{}: not YAML: {}", path, e.mark.line + 1, e.msg));
+  }
+  if (!root.IsMap())
+    throw InputError(fmt::format("{}:1: expected 'deepep: true|false' and 'hybridep: true|false' lines", path));
+  BackendAvailability a;
+  a.source = path;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    std::optional<bool>* slot = key == "deepep" ? &a.deepep : key == "hybridep" ? &a.hybridep : nullptr;
+    bool value = false;
+    if (slot == nullptr || !YAML::convert<bool>::decode(kv.second, value))
+      throw InputError(fmt::format("{}:{}: {}: {}; the probe file has 'deepep: true|false' and 'hybridep: true|false'",
+                                   path, kv.first.Mark().line + 1, key,
+                                   slot == nullptr ? "not a backend" : "not true or false"));
+    *slot = value;
+  }
+  return a;
+}
+
+Advice advise(const Config& c, const BackendAvailability& have) {
+  Advice a;
+  a.plan = make_plan(c);
+  std::tie(a.seeds_choice, a.hardware_rule) = hardware_rule(a.plan.gpu);
+  a.ep_rule = ep_rule(a.plan.layout);
+  a.family_rule = family_rule(c);
+
+  for (Dispatcher d : {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep}) {
+    DispatcherOption o;
+    o.dispatcher = d;
+    o.available = have.has(d);
+    const Variant* best = nullptr;
+    const Variant* best_fitting = nullptr;
+    for (const Variant& v : a.plan.variants) {
+      if (v.dispatcher != d) continue;
+      if (!v.ep_overlap) o.plain = v;
+      if (!best || v.step_time_s < best->step_time_s) best = &v;
+      if (v.wall != "memory" && (!best_fitting || v.step_time_s < best_fitting->step_time_s)) best_fitting = &v;
+    }
+    if (!best) continue;
+    o.fits = best_fitting != nullptr;
+    o.best = best_fitting ? *best_fitting : *best;
+    a.options.push_back(o);
+  }
+  std::stable_sort(a.options.begin(), a.options.end(), [](const DispatcherOption& x, const DispatcherOption& y) {
+    if (x.available != y.available) return x.available;
+    if (x.fits != y.fits) return x.fits;
+    return x.best.step_time_s < y.best.step_time_s;
+  });
+
+  // The gate.
+  const bool cpu = a.plan.gpu.name == "cpu";
+  if (cpu && !have.stated()) {
+    a.gate.push_back("epx's CPU runtime has all three dispatchers (the flex backends are its emulations)");
+  } else if (!have.stated()) {
+    a.gate.push_back(
+        "backend availability not stated: deepep and hybridep are ranked as if installed. A missing package fails at "
+        "model construction, before any timing: confirm it imports in the target container first (--have, or --probe "
+        "FILE written there)");
+  } else {
+    for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep})
+      if (!have.has(d))
+        a.gate.push_back(fmt::format("{} is not installed ({}): an environment limitation, not performance data; not "
+                                     "ranked. alltoall is the only measured fallback until it is installed",
+                                     to_string(d), have.source));
+  }
+
+  // The recommendation: the planner's fastest available dispatcher that fits; the seeds' choice
+  // when it is available and within the model's error of it.
+  const DispatcherOption& fastest = a.options.front();
+  a.recommended = fastest.dispatcher;
+  for (const DispatcherOption& o : a.options)
+    if (o.dispatcher == a.seeds_choice && o.available && o.fits && gap(fastest.best, o.best) < kSecondOrder)
+      a.recommended = o.dispatcher;
+  std::vector<std::string> others;
+  const DispatcherOption* chosen = nullptr;
+  for (const DispatcherOption& o : a.options)
+    if (o.dispatcher == a.recommended) chosen = &o;
+  int close = 0, available = 0;
+  for (const DispatcherOption& o : a.options) {
+    if (!o.available) continue;
+    ++available;
+    if (o.dispatcher == a.recommended) continue;
+    close += std::abs(gap(chosen->best, o.best)) < kSecondOrder;
+    others.push_back(fmt::format("{} {} ({:+.0f}%)", to_string(o.dispatcher), describe(o.best), 100 * gap(chosen->best, o.best)));
+  }
+  a.second_order = available > 1 && close == available - 1;
+  a.why = fmt::format("{}: {}{}{}", to_string(a.recommended), describe(chosen->best),
+                      others.empty() ? "" : "; against ", fmt::format("{}", fmt::join(others, "; ")));
+  if (a.second_order)
+    a.why += fmt::format("; every available dispatcher is within {:.0f}% here: the choice is second-order",
+                         100 * kSecondOrder);
+  if (a.recommended != a.seeds_choice && have.has(a.seeds_choice))
+    a.why += fmt::format("; the seeds' first choice for this hardware is {}, predicted {:+.0f}%: worth one A/B run",
+                         to_string(a.seeds_choice), [&] {
+                           for (const DispatcherOption& o : a.options)
+                             if (o.dispatcher == a.seeds_choice) return 100 * gap(chosen->best, o.best);
+                           return 0.0;
+                         }());
+  for (const DispatcherOption& o : a.options)
+    if (!o.available && o.fits && gap(chosen->best, o.best) < -kSecondOrder)
+      a.why += fmt::format("; {} (not installed) is predicted {:.0f}% faster: worth installing", to_string(o.dispatcher),
+                           -100 * gap(chosen->best, o.best));
+  if (!chosen->fits) a.why += "; no schedule of it fits in memory (see the recompute advice)";
+  a.tuning = tuning_tips(c, a);
+
+  // The A/B: one knob per run, routing fixed, as the seeds' verification section.
+  const ParallelLayout& l = a.plan.layout.layout;
+  const std::string recipe = recipe_name(c);
+  const std::string fixed = c.model.moe_router_force_load_balancing ? "" : " model.moe_router_force_load_balancing=true";
+  const std::string harness = fmt::format(
+      "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c bf16 -ng {} -gn {} "
+      "--max_steps 8 --config_variant v1 --cuda_graph_impl none --tokenizer_type NullTokenizer",
+      harness_family(recipe), recipe, a.plan.gpu.name, l.world, a.plan.layout.gpus_per_node);
+  const std::string proxy = recipe.rfind("deepseek", 0) == 0 ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";
+  const std::string here = fmt::format("epx launch -n 2 -- epx run {} --max_steps 8", proxy);
+  struct Row {
+    std::string label;
+    Dispatcher d;
+    bool overlap, delay;
+  };
+  std::vector<Row> rows = {{"baseline", Dispatcher::alltoall, false, false}};
+  if (a.recommended != Dispatcher::alltoall) rows.push_back({"the dispatcher", a.recommended, false, false});
+  if (l.ep > 1) {
+    rows.push_back({"+ EP overlap", a.recommended, true, false});
+    rows.push_back({"+ delay_wgrad", a.recommended, true, true});
+  }
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    double predicted = 0;
+    for (const Variant& v : a.plan.variants)
+      if (v.dispatcher == r.d && v.ep_overlap == r.overlap && v.delay_wgrad == r.delay) predicted = v.step_time_s;
+    const std::string knobs = fmt::format(
+        " --moe_flex_dispatcher_backend {} --moe_a2a_overlap false comm_overlap.overlap_moe_expert_parallel_comm={} "
+        "comm_overlap.delay_wgrad_compute={} model.moe_shared_expert_overlap=false{}",
+        backend_flag(r.d), r.overlap, r.delay, fixed);
+    a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step)\n{}{}", i + 1, r.label, predicted, harness, knobs));
+    a.epx_ab.push_back(fmt::format("# {}. {}\n{}{} --results ab{}.json", i + 1, r.label, here, knobs, i + 1));
+  }
+  return a;
+}
+
+std::string format_advice(const Advice& a) {
+  std::string out = fmt::format("epx advise: {} x {}, {}\n\n", a.plan.layout.layout.world, a.plan.gpu.name,
+                                a.plan.layout.layout.describe());
+  out += "The seeds' guide for this run:\n";
+  out += fmt::format("  hardware: {}\n  EP degree: {}\n", a.hardware_rule, a.ep_rule);
+  if (!a.family_rule.empty()) out += fmt::format("  model family: {}\n", a.family_rule);
+  for (const std::string& g : a.gate) out += fmt::format("  availability: {}\n", g);
+  out += fmt::format("\nRecommended dispatcher: {}\n  {}\n\n", to_string(a.recommended), a.why);
+  out += "  dispatcher  available  best schedule             step (s)  peak GiB  fits\n";
+  for (const DispatcherOption& o : a.options)
+    out += fmt::format("  {:<10}  {:<9}  {:<24}  {:>8.3g}  {:>8.3g}  {}\n", to_string(o.dispatcher),
+                       o.available ? "yes" : "no", o.best.ep_overlap ? (o.best.delay_wgrad ? "EP overlap + delay_wgrad" : "EP overlap") : "no EP overlap",
+                       o.best.step_time_s, o.best.peak_memory_gb, o.fits ? "yes" : "no");
+  out += "\nTuning, in order:\n";
+  for (std::size_t i = 0; i < a.tuning.size(); ++i) {
+    out += fmt::format("  {}. {}: {}\n", i + 1, a.tuning[i].topic, a.tuning[i].advice);
+    for (const std::string& o : a.tuning[i].overrides) out += fmt::format("       {}\n", o);
+  }
+  out += "\nA/B plan on the target (the seeds' harness, one knob per run):\n";
+  for (const std::string& line : a.harness_ab) out += line + "\n";
+  out += "\nThe same A/B with epx's runtime here (the proxy model; for the emulated 2-node cluster, run\n"
+         "`bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit 0.15` and use `epx launch --cluster`):\n";
+  for (const std::string& line : a.epx_ab) out += line + "\n";
+  return out;
+}
+
+nlohmann::json advice_json(const Advice& a) {
+  nlohmann::json j;
+  j["recommended"] = to_string(a.recommended);
+  j["seeds_choice"] = to_string(a.seeds_choice);
+  j["second_order"] = a.second_order;
+  j["why"] = a.why;
+  j["rules"] = {{"hardware", a.hardware_rule}, {"ep_degree", a.ep_rule}, {"model_family", a.family_rule}};
+  j["availability"] = a.gate;
+  for (const DispatcherOption& o : a.options)
+    j["dispatchers"].push_back({{"dispatcher", to_string(o.dispatcher)},
+                                {"available", o.available},
+                                {"fits", o.fits},
+                                {"ep_overlap", o.best.ep_overlap},
+                                {"delay_wgrad", o.best.delay_wgrad},
+                                {"step_time_s", o.best.step_time_s},
+                                {"peak_memory_gb", o.best.peak_memory_gb}});
+  for (const Tip& t : a.tuning) j["tuning"].push_back({{"topic", t.topic}, {"advice", t.advice}, {"overrides", t.overrides}});
+  j["harness_ab"] = a.harness_ab;
+  j["epx_ab"] = a.epx_ab;
+  return j;
+}
+
+}  // namespace epx

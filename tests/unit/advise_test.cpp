@@ -1,0 +1,122 @@
+// `epx advise`: the seeds' dispatcher selection by hardware, EP degree and model family, the
+// backend availability gate, and the tuning and A/B lines, on the shipped recipes.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "epx/base/error.hpp"
+#include "epx/check/check.hpp"
+#include "epx/plan/advise.hpp"
+#include "test_support.hpp"
+
+namespace epx {
+namespace {
+
+Advice advise_on(const std::string& recipe, const std::vector<std::string>& overrides, const BackendAvailability& have = {}) {
+  const CheckReport r = run_check(test::load_with(recipe, overrides));
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  return advise(r.resolved, have);
+}
+
+const Tip* tip(const Advice& a, const std::string& topic) {
+  for (const Tip& t : a.tuning)
+    if (t.topic == topic) return &t;
+  return nullptr;
+}
+
+TEST(Advise, HardwareEpAndFamilyRulesOfTheSeeds) {
+  const Advice h100 = advise_on("qwen3_30b_a3b", {});
+  EXPECT_EQ(h100.seeds_choice, Dispatcher::deepep);
+  EXPECT_NE(h100.ep_rule.find("medium EP"), std::string::npos) << h100.ep_rule;  // EP 16 over 2 nodes of 8
+  EXPECT_NE(h100.family_rule.find("Qwen3 30B"), std::string::npos);
+  EXPECT_EQ(h100.recommended, Dispatcher::deepep);  // available, and the planner agrees within its error
+  EXPECT_NE(h100.gate.front().find("not stated"), std::string::npos);
+
+  const Advice gb200 = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256"});
+  EXPECT_EQ(gb200.seeds_choice, Dispatcher::hybridep);
+  EXPECT_NE(gb200.ep_rule.find("inside one NVLink domain"), std::string::npos) << gb200.ep_rule;
+  EXPECT_NE(gb200.family_rule.find("Qwen3 235B"), std::string::npos);
+
+  const Advice dsv3 = advise_on("deepseek_v3", {});
+  EXPECT_NE(dsv3.ep_rule.find("large EP"), std::string::npos) << dsv3.ep_rule;
+  EXPECT_NE(dsv3.family_rule.find("DeepSeek-V3"), std::string::npos);
+
+  const Advice cpu = advise_on("qwen3_30b_a3b_proxy", {"target.num_gpus=2"});
+  EXPECT_EQ(cpu.seeds_choice, Dispatcher::alltoall);  // first bring-up on epx's own runtime
+  EXPECT_NE(cpu.ep_rule.find("small EP"), std::string::npos);
+}
+
+TEST(Advise, AMissingBackendIsNeverRanked) {
+  BackendAvailability none = parse_have_list("none");
+  const Advice a = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256"}, none);
+  EXPECT_EQ(a.recommended, Dispatcher::alltoall);  // the only measured fallback
+  ASSERT_EQ(a.options.size(), 3u);
+  EXPECT_EQ(a.options.front().dispatcher, Dispatcher::alltoall);
+  for (const DispatcherOption& o : a.options) EXPECT_EQ(o.available, o.dispatcher == Dispatcher::alltoall);
+  EXPECT_EQ(a.gate.size(), 2u);
+  EXPECT_NE(a.gate.front().find("environment limitation"), std::string::npos);
+  EXPECT_NE(a.why.find("worth installing"), std::string::npos) << a.why;  // HybridEP is faster there
+  for (const std::string& line : a.harness_ab) EXPECT_EQ(line.find("hybridep"), std::string::npos) << line;
+  EXPECT_EQ(tip(a, "hybridep SMs and topology"), nullptr);
+
+  const Advice deepep_only = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256"},
+                                       parse_have_list("deepep"));
+  EXPECT_NE(deepep_only.recommended, Dispatcher::hybridep);
+  EXPECT_THROW(parse_have_list("deepep,nccl"), InputError);
+}
+
+TEST(Advise, ProbeFilesNameTheFileAndLine) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_probe_{}.yaml", getpid());
+  std::ofstream(path) << "deepep: true\nhybridep: false\n";
+  const BackendAvailability a = read_probe_file(path.string());
+  EXPECT_TRUE(a.has(Dispatcher::deepep));
+  EXPECT_FALSE(a.has(Dispatcher::hybridep));
+  std::ofstream(path) << "deepep: true\nhybridep: maybe\n";
+  try {
+    read_probe_file(path.string());
+    FAIL() << "a bad value was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ":2:"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(read_probe_file(path.string()), InputError);
+}
+
+TEST(Advise, TuningFollowsThePlan) {
+  // Force-balanced routing for the A/B when the recipe routes dropless.
+  const Advice a = advise_on("qwen3_30b_a3b", {"model.moe_router_force_load_balancing=false"});
+  ASSERT_NE(tip(a, "routing"), nullptr);
+  EXPECT_EQ(tip(a, "routing")->overrides, std::vector<std::string>{"model.moe_router_force_load_balancing=true"});
+  for (const std::string& line : a.harness_ab)
+    EXPECT_NE(line.find("model.moe_router_force_load_balancing=true"), std::string::npos);
+  // The exchanges are visible on 16 x H100: EP overlap is advised, with the planner's figures.
+  ASSERT_NE(tip(a, "EP overlap"), nullptr);
+  EXPECT_EQ(tip(a, "EP overlap")->overrides.front(), "comm_overlap.overlap_moe_expert_parallel_comm=true");
+  // One knob per A/B row: baseline, the dispatcher, + EP overlap, + delay_wgrad.
+  ASSERT_EQ(a.harness_ab.size(), 4u);
+  EXPECT_NE(a.harness_ab[0].find("--moe_flex_dispatcher_backend None"), std::string::npos);
+  EXPECT_NE(a.harness_ab[3].find("comm_overlap.delay_wgrad_compute=true"), std::string::npos);
+  // PP without VPP refuses EP overlap: the advice adds VPP.
+  const std::vector<std::string> no_overlap = {"comm_overlap.overlap_moe_expert_parallel_comm=false",
+                                               "comm_overlap.delay_wgrad_compute=false"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), no_overlap.begin(), no_overlap.end());
+    return more;
+  };
+  const Advice pp = advise_on("qwen3_30b_a3b", with({"model.pipeline_model_parallel_size=2", "target.num_gpus=32"}));
+  ASSERT_NE(tip(pp, "EP overlap"), nullptr);
+  ASSERT_FALSE(tip(pp, "EP overlap")->overrides.empty()) << tip(pp, "EP overlap")->advice;
+  EXPECT_EQ(tip(pp, "EP overlap")->overrides.back(), "model.virtual_pipeline_model_parallel_size=2");
+  // Full recompute where selective fits: selective is advised.
+  const Advice full = advise_on("qwen3_30b_a3b", with({"model.recompute_granularity=full", "model.recompute_method=uniform",
+                                                       "model.recompute_num_layers=1"}));
+  ASSERT_NE(tip(full, "recompute"), nullptr);
+  EXPECT_EQ(tip(full, "recompute")->overrides.front(), "model.recompute_granularity=selective") << tip(full, "recompute")->advice;
+}
+
+}  // namespace
+}  // namespace epx
