@@ -15,6 +15,7 @@
 #include "layer_command.hpp"
 #include "plan_command.hpp"
 #include "advise_command.hpp"
+#include "diagnose_command.hpp"
 #include "run_command.hpp"
 
 namespace epx::cli {
@@ -76,6 +77,12 @@ int main(int argc, char** argv) {
                 "tuning, backed by the planner's step time and memory, with an A/B plan of command lines");
   advise_args.add_to(*advise);
 
+  DiagnoseArgs diagnose_args;
+  auto* diagnose = app.add_subcommand(
+      "diagnose", "which wall binds a finished run (memory, communication, compute/host), from its results and trace "
+                  "or a Megatron log, and the fixes for it with the planner's predicted effect");
+  diagnose_args.add_to(*diagnose);
+
   LayerArgs layer_args;
   auto* layer = app.add_subcommand(
       "layer", "run one MoE layer forward (and backward) on safetensors files");
@@ -131,6 +138,7 @@ int main(int argc, char** argv) {
     if (*show) return run_config_show(show_args);
     if (*plan) return run_plan_command(plan_args, mpi.get());
     if (*advise) return run_advise_command(advise_args);
+    if (*diagnose) return run_diagnose_command(diagnose_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -10,6 +12,7 @@
 #include "epx/base/error.hpp"
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
+#include "epx/comm/collectives.hpp"
 #include "epx/train/trainer.hpp"
 
 namespace epx::cli {
@@ -74,6 +77,16 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   // own CPU runtime whatever GPU the config names for `epx check`.
   if (!args.config.flags.num_gpus) loaded.target.num_gpus = mpi.size();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";
+  // Ranks over several nodes (the emulated cluster): the config records the ranks per node, so
+  // the results say where the job ran (`epx diagnose` plans it as it was).
+  const std::vector<int> nodes = node_of_each_rank(mpi.world());
+  std::map<int, int> per_node;
+  for (int n : nodes) ++per_node[n];
+  if (per_node.size() > 1 && !loaded.target.gpus_per_node && !args.config.flags.gpus_per_node) {
+    int most = 0;
+    for (const auto& [node, ranks] : per_node) most = std::max(most, ranks);
+    loaded.target.gpus_per_node = most;
+  }
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const std::string text = format_report(report);
   if (!report.ok()) {

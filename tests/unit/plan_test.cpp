@@ -170,6 +170,7 @@ TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   // counts), and per step the DP reduction plus the grad-norm and loss all-reduces.
   const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu"});
   GpuInfo gpu = *find_gpu("cpu");
+  gpu.rates.nvlink_latency_us = 0;
   const LayoutPlan lp = plan_layout(c, gpu);
   const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
   const CommPlan base = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);

@@ -1,0 +1,234 @@
+// `epx diagnose`: the three walls of the seeds' MoE optimization workflow, measured on a run, and
+// the fixes of its Phase 3 table in priority order, each weighed by the planner.
+#include "epx/plan/diagnose.hpp"
+
+#include <algorithm>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "epx/plan/plan.hpp"
+
+namespace epx {
+namespace {
+
+// Thresholds of the verdict: memory binds near capacity; communication when this share of the
+// step is exposed (the planner's own wall threshold); host gaps or a compute rate this far
+// below the attainable one make the third wall a host-overhead one.
+constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
+
+const Variant* configured(const Plan& p) {
+  for (const Variant& v : p.variants)
+    if (v.as_configured) return &v;
+  return nullptr;
+}
+
+// The planner's as-configured row of `c` with `overrides`, against `base`, in words.
+std::string predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides) {
+  Config changed = c;
+  for (const std::string& o : overrides) apply_override(changed, o);
+  const CheckReport r = run_check(changed);
+  if (!r.ok()) {
+    for (const Finding& f : r.findings)
+      if (f.severity == Severity::error) return fmt::format("epx check refuses it here: [{}] {}", f.rule_id, f.message);
+  }
+  const Plan p = make_plan(r.resolved);
+  const Variant* v = configured(p);
+  if (v == nullptr) return "not planned";
+  return fmt::format("planner: step {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}", base.step_time_s,
+                     v->step_time_s, 100 * (v->step_time_s / base.step_time_s - 1), base.peak_memory_gb,
+                     v->peak_memory_gb, p.fits ? "" : " (does not fit)");
+}
+
+}  // namespace
+
+Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, const GpuInfo* gpu) {
+  Diagnosis d;
+  std::optional<Plan> plan;
+  const Variant* base = nullptr;
+  if (config) {
+    plan = make_plan(*config);
+    base = configured(*plan);
+  } else {
+    d.notes.push_back("no config: the planner's predictions and the fixes' effects are unknown (pass --config)");
+  }
+  const bool epx_runtime = gpu && gpu->name == "cpu";
+  const double step = run.mean_step_s;
+
+  // Memory: the peak against the capacity; and whether only full recompute makes it fit.
+  WallFigure memory{"memory", 0, "", true};
+  bool only_with_full = false;
+  if (gpu && gpu->rates.memory_gb > 0) {
+    memory.share = run.peak_memory_gb / gpu->rates.memory_gb;
+    memory.evidence = fmt::format("peak {:.3g} GiB of {:.3g} GiB ({:.0f}%)", run.peak_memory_gb, gpu->rates.memory_gb,
+                                  100 * memory.share);
+    if (config && config->model.recompute_granularity == std::optional<std::string>("full")) {
+      Config selective = *config;
+      for (const char* o : {"model.recompute_granularity=selective", "model.recompute_method=null",
+                            "model.recompute_num_layers=null"})
+        apply_override(selective, o);
+      const CheckReport r = run_check(selective);
+      only_with_full = r.ok() && !make_plan(r.resolved).fits;
+      memory.evidence += only_with_full ? "; it fits only with full recompute (the planner: selective does not fit)"
+                                        : "; full recompute is on, but selective recompute would fit (the planner)";
+    }
+  } else {
+    memory.evidence = fmt::format("peak {:.3g} GiB; capacity unknown (name the GPU with -g)", run.peak_memory_gb);
+  }
+  d.walls.push_back(memory);
+
+  // Communication: exposed (not covered by compute) share of the step, by kind, from the trace;
+  // else the planner's.
+  WallFigure comm{"communication", 0, "", true};
+  if (run.trace) {
+    const TraceBreakdown& t = *run.trace;
+    comm.share = t.exposed_s / t.step_s;
+    comm.evidence = fmt::format(
+        "{:.3g} s of {:.3g} s per step exposed ({:.0f}%): token exchanges {:.3g} s exposed of {:.3g} s in flight, DP "
+        "gradient reduction {:.3g} of {:.3g} s, other {:.3g} of {:.3g} s (rank 0, iterations {}..{})",
+        t.exposed_s, t.step_s, 100 * comm.share, t.token_exchange_exposed_s, t.token_exchange_s, t.dp_reduce_exposed_s,
+        t.dp_reduce_s, t.other_comm_exposed_s, t.other_comm_s, run.steady_first, run.steady_last);
+  } else if (base) {
+    comm.measured = false;
+    comm.share = base->exposed_comm_s / base->step_time_s;
+    comm.evidence = fmt::format("no trace: the planner predicts {:.3g} s of {:.3g} s exposed ({:.0f}%)",
+                                base->exposed_comm_s, base->step_time_s, 100 * comm.share);
+  } else {
+    comm.evidence = "unknown: no trace and no config";
+  }
+  d.walls.push_back(comm);
+
+  // Compute and host: idle gaps on the compute thread, and the compute rate while computing
+  // against the hardware's attainable rate (its peak at the calibrated GEMM efficiency).
+  WallFigure host{"compute/host", 0, "", true};
+  double rate_share = -1;
+  const double computing = run.trace ? run.trace->compute_s : step;
+  const double achieved = run.tflops_per_gpu * step / std::max(1e-12, computing);
+  if (gpu && gpu->rates.bf16_tflops > 0) {
+    const double attainable = gpu->rates.bf16_tflops * gpu->rates.gemm_efficiency;
+    rate_share = achieved / attainable;
+    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
+                                "gemm_efficiency {:.2g})",
+                                achieved, 100 * rate_share, attainable, gpu->rates.bf16_tflops, gpu->rates.gemm_efficiency);
+  } else {
+    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing; the attainable rate is unknown (-g)", achieved);
+  }
+  if (run.trace) {
+    host.share = run.trace->idle_s / run.trace->step_s;
+    host.evidence += fmt::format("; the compute thread idle {:.0f}% of the step (host gaps)", 100 * host.share);
+  }
+  d.walls.push_back(host);
+
+  // The verdict.
+  if (memory.share >= kMemoryBinds || only_with_full) {
+    d.binding = "memory";
+    d.why = memory.evidence;
+  } else if (comm.share >= kCommBinds) {
+    d.binding = "communication";
+    d.why = comm.evidence;
+  } else {
+    d.binding = "compute/host";
+    const bool host_bound = host.share >= kHostGaps || (rate_share >= 0 && rate_share < kLowRate);
+    d.why = (host_bound ? "host overhead: " : "compute: ") + host.evidence;
+  }
+
+  // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
+  const ModelConfig* m = config ? &config->model : nullptr;
+  const auto add = [&](const std::string& wall, const std::string& what, std::vector<std::string> overrides,
+                       bool on_epx = true) {
+    Fix f{wall, what, std::move(overrides), ""};
+    if (epx_runtime && !on_epx) f.what += " (not in epx's CPU runtime yet)";
+    if (config && base && !f.overrides.empty()) f.predicted = predicted_effect(*config, *base, f.overrides);
+    d.fixes.push_back(f);
+  };
+  if (d.binding == "memory" && m) {
+    if (!m->recompute_granularity)
+      add("memory", "selective recompute first (core_attn, moe_act, layernorm)",
+          {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"});
+    if (!config->ddp.use_distributed_optimizer)
+      add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"},
+          false);
+    if (m->recompute_granularity != std::optional<std::string>("full"))
+      add("memory", "full recompute, only if it still does not fit",
+          {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
+           "comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
+    if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)
+      add("memory", "a deeper pipeline (PP x2) spreads the layers", {fmt::format("model.pipeline_model_parallel_size={}", 2 * m->pipeline_model_parallel_size)},
+          false);
+    add("memory", "FP8 and activation offloading, when recompute and parallelism are not enough", {}, false);
+  } else if (d.binding == "communication" && m) {
+    const bool dp_dominates = run.trace && run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s;
+    std::vector<std::function<void()>> token_fixes = {
+        [&] {
+          if (m->moe_token_dispatcher_type != "flex")
+            add("communication", "a flex dispatcher: DeepEP sends one copy per destination node, not per expert",
+                {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
+        },
+        [&] {
+          if (!m->overlap_moe_expert_parallel_comm)
+            add("communication", "EP overlap with delayed wgrad: the exchanges run under the other micro-batch's compute",
+                {"comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
+        }};
+    std::vector<std::function<void()>> dp_fixes = {[&] {
+      if (!config->ddp.overlap_grad_reduce)
+        add("communication", "overlap the DP gradient reduction with the last backward", {"ddp.overlap_grad_reduce=true"},
+            false);
+    }};
+    for (auto& f : dp_dominates ? dp_fixes : token_fixes) f();
+    for (auto& f : dp_dominates ? token_fixes : dp_fixes) f();
+    if (m->tensor_model_parallel_size > 1)
+      add("communication", "TP communication overlap", {"comm_overlap.tp_comm_overlap=true"}, false);
+  } else if (m) {
+    const Int mbs = config->train.micro_batch_size.value_or(1);
+    if (d.why.rfind("host", 0) == 0) {
+      if (!epx_runtime && m->cuda_graph_impl == "none")
+        add("compute/host", "CUDA graphs over the router and preprocess (launch-bound traces)",
+            {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
+      if (config->train.global_batch_size && *config->train.global_batch_size % (2 * mbs * plan->layout.layout.dp) == 0)
+        add("compute/host", "a larger micro-batch: fewer, larger kernels", {fmt::format("train.micro_batch_size={}", 2 * mbs)});
+      add("compute/host", "--manual-gc and CPU affinity tuning", {}, false);
+    }
+    if (!m->moe_grouped_gemm) add("compute/host", "grouped GEMM for the experts", {"model.moe_grouped_gemm=true"});
+    if (!m->moe_permute_fusion) add("compute/host", "fused permutation", {"model.moe_permute_fusion=true"}, false);
+    add("compute/host", "FP8, and the dispatcher's kernel tuning (SMs)", {}, false);
+  }
+  return d;
+}
+
+std::string format_diagnosis(const RunEvidence& run, const Diagnosis& d) {
+  std::string out = fmt::format("epx diagnose: {} ({}{}), {} iterations, steady {}..{}: {:.3g} s/step, {:.3g} "
+                                "TFLOP/s/GPU, peak {:.3g} GiB\n",
+                                run.source, run.kind, run.layout.empty() ? "" : ", " + run.layout,
+                                run.iterations.size(), run.steady_first, run.steady_last, run.mean_step_s,
+                                run.tflops_per_gpu, run.peak_memory_gb);
+  out += fmt::format("\nbinding wall: {}\n  {}\n\n", d.binding, d.why);
+  for (const WallFigure& w : d.walls)
+    out += fmt::format("  {:<14} {}{}\n", w.wall, w.evidence, w.measured ? "" : " [predicted]");
+  if (!d.fixes.empty()) out += fmt::format("\nfixes for the {} wall, in order:\n", d.binding);
+  for (std::size_t i = 0; i < d.fixes.size(); ++i) {
+    const Fix& f = d.fixes[i];
+    out += fmt::format("  {}. {}\n", i + 1, f.what);
+    for (const std::string& o : f.overrides) out += fmt::format("       {}\n", o);
+    if (!f.predicted.empty()) out += fmt::format("     {}\n", f.predicted);
+  }
+  for (const std::string& n : d.notes) out += fmt::format("note: {}\n", n);
+  return out;
+}
+
+nlohmann::json diagnosis_json(const RunEvidence& run, const Diagnosis& d) {
+  nlohmann::json j;
+  j["run"] = {{"source", run.source}, {"kind", run.kind}, {"mean_step_time_s", run.mean_step_s},
+              {"tflops_per_gpu", run.tflops_per_gpu}, {"peak_memory_gb", run.peak_memory_gb},
+              {"steady_state_iterations", {run.steady_first, run.steady_last}}};
+  j["binding_wall"] = d.binding;
+  j["why"] = d.why;
+  for (const WallFigure& w : d.walls)
+    j["walls"].push_back({{"wall", w.wall}, {"share", w.share}, {"evidence", w.evidence}, {"measured", w.measured}});
+  j["fixes"] = nlohmann::json::array();
+  for (const Fix& f : d.fixes)
+    j["fixes"].push_back({{"wall", f.wall}, {"what", f.what}, {"overrides", f.overrides}, {"predicted", f.predicted}});
+  j["notes"] = d.notes;
+  return j;
+}
+
+}  // namespace epx

@@ -1,0 +1,57 @@
+// What a finished run shows, read from its own files: an `epx run --results` JSON (which carries
+// the resolved config) with its `--trace`, or a Megatron training log (the per-iteration lines,
+// `Step Time`, the memory lines). `epx diagnose` and `epx report` read runs through this.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epx/config/config.hpp"
+
+namespace epx {
+
+struct IterationPoint {
+  int iteration = 0;
+  double step_s = 0, tflops_per_gpu = 0, lm_loss = 0;
+  double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
+};
+
+// Time on one rank's tracks over the steady-state iterations, per iteration: the compute
+// thread's compute, its waits, what it did neither (host gaps), and communication in flight and
+// exposed (not covered by compute, as an interval union), by kind.
+struct TraceBreakdown {
+  int rank = 0, iterations = 0;
+  double step_s = 0, compute_s = 0, wait_s = 0, idle_s = 0;
+  double comm_s = 0, exposed_s = 0;
+  double token_exchange_s = 0, token_exchange_exposed_s = 0;  // dispatch, combine, their backward, counts
+  double dp_reduce_s = 0, dp_reduce_exposed_s = 0;            // the DP / EDP gradient all-reduces
+  double other_comm_s = 0, other_comm_exposed_s = 0;          // grad norm, expert-bias counts, ...
+};
+
+// One event of a rank's timeline, for the report (seconds from the trace's origin).
+struct TraceSpan {
+  int rank = 0;
+  std::string track;  // compute | wait | comm
+  std::string name;
+  double begin_s = 0, end_s = 0;
+};
+
+struct RunEvidence {
+  std::string source;  // the file read
+  std::string kind;    // "epx results" | "Megatron log"
+  std::optional<Config> config;  // the resolved config (epx results carry it)
+  std::vector<IterationPoint> iterations;
+  int steady_first = 0, steady_last = 0;
+  double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
+  int ranks = 1;
+  std::string layout, dispatcher, schedule, recompute;
+  std::optional<TraceBreakdown> trace;  // rank 0, from --trace
+  std::vector<TraceSpan> spans;         // every rank, one steady-state iteration (the report's timeline)
+};
+
+// Reads RUN (epx results JSON or a Megatron log, told apart by content) and, if given, its trace.
+// Throws InputError naming the file (and line) for what cannot be read.
+RunEvidence read_run(const std::string& run_path, const std::optional<std::string>& trace_path);
+
+}  // namespace epx

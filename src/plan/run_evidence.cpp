@@ -1,0 +1,287 @@
+// Readers of a run's evidence: epx's results JSON and trace, and Megatron's training log lines.
+#include "epx/plan/run_evidence.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "epx/base/error.hpp"
+
+namespace epx {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::string read_text(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot read the {}", path, what));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The 1-based line of byte `at` in `text`.
+std::size_t line_of(const std::string& text, std::size_t at) {
+  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + static_cast<long>(std::min(at, text.size())), '\n'));
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& path, const char* what) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{}:{}: not a valid {} (JSON): {}", path, line_of(text, e.byte), what, e.what()));
+  }
+}
+
+double number(const nlohmann::json& j, const char* key, const std::string& path) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number())
+    throw InputError(fmt::format("{}: '{}' is missing or not a number; is this the JSON `epx run --results` writes?", path, key));
+  return it->get<double>();
+}
+
+std::string text_or(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+void read_epx_results(const std::string& text, const std::string& path, RunEvidence& run) {
+  const nlohmann::json j = parse_json(text, path, "epx results file");
+  if (!j.is_object() || !j.contains("summary") || !j.contains("iterations") || !j["iterations"].is_array())
+    throw InputError(fmt::format("{}:1: a JSON file without 'summary' and 'iterations': not an `epx run --results` file", path));
+  run.kind = "epx results";
+  const nlohmann::json& s = j["summary"];
+  for (const nlohmann::json& it : j["iterations"]) {
+    IterationPoint p;
+    p.iteration = static_cast<int>(number(it, "iteration", path));
+    p.step_s = number(it, "step_time_s", path);
+    p.tflops_per_gpu = number(it, "tflops_per_rank", path);
+    p.lm_loss = number(it, "lm_loss", path);
+    p.mem_max_allocated_gb = number(it, "mem_max_allocated_bytes", path) / kGiB;
+    run.iterations.push_back(p);
+  }
+  const auto steady = s.find("steady_state_iterations");
+  if (steady != s.end() && steady->is_array() && steady->size() == 2 && (*steady)[0].is_number() && (*steady)[1].is_number()) {
+    run.steady_first = (*steady)[0].get<int>();
+    run.steady_last = (*steady)[1].get<int>();
+  }
+  run.mean_step_s = number(s, "mean_step_time_s", path);
+  run.tflops_per_gpu = number(s, "tflops_per_rank", path);
+  run.peak_memory_gb = number(s, "peak_memory_bytes", path) / kGiB;
+  run.final_loss = number(s, "final_lm_loss", path);
+  run.layout = text_or(s, "layout");
+  run.dispatcher = text_or(s, "dispatcher");
+  run.schedule = text_or(s, "schedule");
+  run.recompute = text_or(s, "recompute");
+  if (j.contains("ranks") && j["ranks"].is_number_integer()) run.ranks = j["ranks"].get<int>();
+  if (j.contains("config") && j["config"].is_object()) {
+    try {
+      run.config = load_config_text(j["config"].dump(), path);  // JSON is YAML
+    } catch (const ConfigError& e) {
+      throw InputError(fmt::format("{}: its 'config' does not load: {}", path, e.what()));
+    }
+  }
+}
+
+// Megatron-LM's training_log lines, as the seeds' harness prints them (epx run prints the same).
+void read_megatron_log(const std::string& text, const std::string& path, RunEvidence& run) {
+  static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
+  static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
+  static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
+  static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
+  static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
+  run.kind = "Megatron log";
+  std::map<int, double> memory_after;
+  std::istringstream in(text);
+  std::size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    std::smatch m;
+    try {
+      if (std::regex_search(line, m, memory)) {
+        memory_after[std::stoi(m[1])] = std::stod(m[2]) * 1e9 / kGiB;  // Megatron logs bytes / 1e9
+        continue;
+      }
+      if (!std::regex_search(line, m, iteration)) continue;
+      IterationPoint p;
+      p.iteration = std::stoi(m[1]);
+      if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
+      p.step_s = std::stod(m[1]) / 1000;
+      if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
+      if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
+      run.iterations.push_back(p);
+    } catch (const std::exception&) {
+      throw InputError(fmt::format("{}:{}: a number in this log line is out of range: {}", path, line_no, line.substr(0, 120)));
+    }
+  }
+  if (run.iterations.empty())
+    throw InputError(fmt::format("{}: neither an `epx run --results` JSON nor a Megatron training log (no line with "
+                                 "'iteration N/M | ... elapsed time per iteration (ms): T')",
+                                 path));
+  for (IterationPoint& p : run.iterations)
+    if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;
+  // The seeds' steady state: iterations 3.. (all of them for shorter logs).
+  run.steady_last = run.iterations.back().iteration;
+  run.steady_first = run.steady_last >= 3 ? 3 : run.iterations.front().iteration;
+  double sum = 0, flops = 0;
+  int n = 0;
+  for (const IterationPoint& p : run.iterations) {
+    run.peak_memory_gb = std::max(run.peak_memory_gb, p.mem_max_allocated_gb);
+    if (p.iteration < run.steady_first || p.iteration > run.steady_last) continue;
+    sum += p.step_s, flops += p.tflops_per_gpu, ++n;
+  }
+  run.mean_step_s = sum / std::max(1, n);
+  run.tflops_per_gpu = flops / std::max(1, n);
+  run.final_loss = run.iterations.back().lm_loss;
+}
+
+struct Interval {
+  double begin, end;
+};
+
+// The union of `v` as sorted disjoint intervals.
+std::vector<Interval> merged(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  std::vector<Interval> out;
+  for (const Interval& i : v) {
+    if (!out.empty() && i.begin <= out.back().end) out.back().end = std::max(out.back().end, i.end);
+    else out.push_back(i);
+  }
+  return out;
+}
+// `u` less `w` (both sorted and disjoint).
+std::vector<Interval> minus(const std::vector<Interval>& u, const std::vector<Interval>& w) {
+  std::vector<Interval> out;
+  std::size_t j = 0;
+  for (Interval x : u) {
+    while (j < w.size() && w[j].end <= x.begin) ++j;
+    for (std::size_t k = j; k < w.size() && w[k].begin < x.end; ++k) {
+      if (w[k].begin > x.begin) out.push_back({x.begin, w[k].begin});
+      x.begin = std::max(x.begin, w[k].end);
+    }
+    if (x.end > x.begin) out.push_back(x);
+  }
+  return out;
+}
+double length(const std::vector<Interval>& u) {
+  double s = 0;
+  for (const Interval& i : u) s += i.end - i.begin;
+  return s;
+}
+double covered(const Interval& x, const std::vector<Interval>& u) {
+  double s = 0;
+  for (const Interval& i : u) s += std::max(0.0, std::min(x.end, i.end) - std::max(x.begin, i.begin));
+  return s;
+}
+
+bool is_token_exchange(const std::string& name) {
+  return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward" ||
+         name == "dispatch counts";
+}
+bool is_dp_reduce(const std::string& name) { return name.find("gradient all-reduce") != std::string::npos; }
+
+void read_trace(const std::string& path, RunEvidence& run) {
+  const std::string text = read_text(path, "trace");
+  const nlohmann::json j = parse_json(text, path, "trace");
+  const nlohmann::json* events = j.is_array() ? &j : j.contains("traceEvents") ? &j["traceEvents"] : nullptr;
+  if (events == nullptr || !events->is_array())
+    throw InputError(fmt::format("{}:1: not a Chrome trace (an array of events or {{\"traceEvents\": [...]}})", path));
+  std::vector<TraceSpan> all;
+  for (const nlohmann::json& e : *events) {
+    if (!e.is_object() || e.value("ph", "") != "X" || !e.contains("ts") || !e.contains("dur")) continue;
+    TraceSpan s;
+    s.rank = e.value("pid", 0);
+    s.name = e.value("name", "");
+    s.track = e.value("cat", "");
+    if (!e["ts"].is_number() || !e["dur"].is_number())
+      throw InputError(fmt::format("{}: event '{}' has a ts or dur that is not a number", path, s.name));
+    s.begin_s = e["ts"].get<double>() * 1e-6;
+    s.end_s = s.begin_s + e["dur"].get<double>() * 1e-6;
+    all.push_back(s);
+  }
+  // Iterations end with rank 0's optimizer step; the steady state is steady_first..steady_last.
+  std::vector<double> ends;
+  for (const TraceSpan& s : all)
+    if (s.rank == 0 && s.name == "optimizer step") ends.push_back(s.end_s);
+  std::sort(ends.begin(), ends.end());
+  if (ends.empty()) throw InputError(fmt::format("{}: no 'optimizer step' events on rank 0: not an `epx run --trace` file", path));
+  const int last = std::min<int>(run.steady_last > 0 ? run.steady_last : static_cast<int>(ends.size()), static_cast<int>(ends.size()));
+  const int first = std::clamp(run.steady_first > 0 ? run.steady_first : 1, 1, last);
+  double start = 0;
+  if (first >= 2) start = ends[static_cast<std::size_t>(first - 2)];
+  else for (const TraceSpan& s : all) start = std::min(start, s.begin_s);
+  const Interval window{start, ends[static_cast<std::size_t>(last - 1)]};
+
+  TraceBreakdown b;
+  b.iterations = last - first + 1;
+  // Compute spans (a layer's forward, ...) contain the compute thread's waits: compute is their
+  // union less the waits'.
+  std::vector<Interval> compute, waits;
+  for (const TraceSpan& s : all) {
+    if (s.rank != 0) continue;
+    const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
+    if (x.end <= x.begin) continue;
+    if (s.track == "compute") compute.push_back(x);
+    if (s.track == "wait") waits.push_back(x);
+  }
+  compute = merged(compute);
+  waits = merged(waits);
+  std::vector<Interval> busy = compute;
+  busy.insert(busy.end(), waits.begin(), waits.end());
+  busy = merged(busy);
+  compute = minus(compute, waits);
+  b.wait_s = length(waits);
+  b.compute_s = length(compute);
+  b.idle_s = (window.end - window.begin) - length(busy);
+  for (const TraceSpan& s : all) {
+    if (s.rank != 0) continue;
+    const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
+    if (x.end <= x.begin) continue;
+    // The comm stream's tasks, and the counts exchange the compute thread blocks on itself.
+    const bool counts = s.track == "wait" && s.name == "dispatch counts";
+    if (s.track != "comm" && !counts) continue;
+    const double len = x.end - x.begin, exposed = counts ? len : len - covered(x, compute);
+    double* kind_s = is_token_exchange(s.name) ? &b.token_exchange_s : is_dp_reduce(s.name) ? &b.dp_reduce_s : &b.other_comm_s;
+    double* kind_exposed = is_token_exchange(s.name) ? &b.token_exchange_exposed_s
+                           : is_dp_reduce(s.name)    ? &b.dp_reduce_exposed_s
+                                                     : &b.other_comm_exposed_s;
+    *kind_s += len, *kind_exposed += exposed;
+    b.comm_s += len, b.exposed_s += exposed;
+  }
+  const double n = std::max(1, b.iterations);
+  b.step_s = (window.end - window.begin) / n;
+  for (double* v : {&b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_s, &b.token_exchange_s,
+                    &b.token_exchange_exposed_s, &b.dp_reduce_s, &b.dp_reduce_exposed_s, &b.other_comm_s,
+                    &b.other_comm_exposed_s})
+    *v /= n;
+  run.trace = b;
+
+  // The report's timeline: the last steady iteration, every rank, from its start.
+  const double from = last >= 2 ? ends[static_cast<std::size_t>(last - 2)] : window.begin, to = window.end;
+  for (TraceSpan s : all) {
+    if (s.end_s <= from || s.begin_s >= to) continue;
+    s.begin_s = std::max(s.begin_s, from) - from;
+    s.end_s = std::min(s.end_s, to) - from;
+    run.spans.push_back(s);
+  }
+}
+
+}  // namespace
+
+RunEvidence read_run(const std::string& run_path, const std::optional<std::string>& trace_path) {
+  RunEvidence run;
+  run.source = run_path;
+  const std::string text = read_text(run_path, "run file");
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') read_epx_results(text, run_path, run);
+  else read_megatron_log(text, run_path, run);
+  if (trace_path) read_trace(*trace_path, run);
+  return run;
+}
+
+}  // namespace epx

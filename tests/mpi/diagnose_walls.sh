@@ -1,0 +1,49 @@
+#!/bin/bash
+# `epx diagnose` on runs made to hit each wall here: the proxy as it is on 2 ranks (compute),
+# tiny micro-batches on one rank, so that no exchange hides the overheads (host), the first run
+# judged against a memory budget just above its peak (memory); and its own Megatron-format log
+# read back. The emulated cluster's slow link
+# (communication) is tests/cluster/diagnose_slow_link.sh.
+# Usage: diagnose_walls.sh MPIRUN EPX
+set -euo pipefail
+mpirun=$1 epx=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+run() {  # run NAME RANKS OVERRIDES...
+  local name=$1 np=$2; shift 2
+  "$mpirun" --oversubscribe -np "$np" "$epx" run qwen3_30b_a3b_proxy model.vocab_size=1024 train.global_batch_size=16 \
+    --max_steps 4 "$@" --results "$dir/$name.json" --trace "$dir/$name.trace.json" >"$dir/$name.log" 2>&1 ||
+    { cat "$dir/$name.log"; exit 1; }
+}
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {"d": d}))' "$@"; }
+"$mpirun" --oversubscribe -np 2 "$epx" plan qwen3_30b_a3b_proxy --calibrate >"$dir/cpu.yaml"
+run normal 2
+run tiny 1 model.seq_length=16 model.expert_model_parallel_size=1
+"$epx" diagnose "$dir/normal.json" --trace "$dir/normal.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/normal.d.json"
+"$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/tiny.d.json"
+"$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml"
+for f in normal tiny; do echo "$f: $(field "$dir/$f.d.json" 'd["binding_wall"] + " | " + d["why"]')"; done
+[[ $(field "$dir/normal.d.json" 'd["binding_wall"]') == compute/host ]]
+[[ $(field "$dir/normal.d.json" 'd["why"].split(":")[0]') == compute ]]
+[[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "host overhead" ]]
+[[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
+
+# A memory budget 5% above the run's peak.
+budget=$(field "$dir/normal.json" 'd["summary"]["peak_memory_bytes"] / 0.95 / 2**30')
+printf 'cpu:\n  memory_gb: %s\n' "$budget" >"$dir/budget.yaml"
+"$epx" diagnose "$dir/normal.json" --hardware "$dir/cpu.yaml" --hardware "$dir/budget.yaml" --json >"$dir/memory.d.json"
+[[ $(field "$dir/memory.d.json" 'd["binding_wall"]') == memory ]]
+[[ $(field "$dir/memory.d.json" 'd["fixes"][0]["overrides"][0]') == model.recompute_granularity=selective ]]
+[[ $(field "$dir/memory.d.json" 'd["fixes"][0]["predicted"]') == planner:* ]]
+
+# The same run as a Megatron log, with its config named.
+"$epx" diagnose "$dir/normal.log" --config qwen3_30b_a3b_proxy -g cpu --json >"$dir/log.d.json"
+[[ $(field "$dir/log.d.json" 'd["run"]["kind"]') == "Megatron log" ]]
+python3 - "$dir/log.d.json" "$dir/normal.json" <<'PY'
+import json, sys
+log, res = json.load(open(sys.argv[1]))["run"], json.load(open(sys.argv[2]))["summary"]
+assert log["steady_state_iterations"] == [3, 4], log
+assert abs(log["mean_step_time_s"] / res["mean_step_time_s"] - 1) < 0.01, (log, res)
+assert abs(log["peak_memory_gb"] * 2**30 / res["peak_memory_bytes"] - 1) < 0.01, (log, res)
+PY
+echo "diagnose_walls: passed"
