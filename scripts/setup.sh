@@ -11,6 +11,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 util-linux hostname      # the emulated cluster: ip, tc, unshare (scripts/cluster.sh)
+  curl ca-certificates python3      # `epx report`'s plotting library from the npm registry
 )
 
 missing=()
@@ -27,6 +28,28 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# `epx report` inlines plotly.js (the basic bundle) into its pages: fetched once from the npm
+# registry at a pinned version, checked against the registry's sha512 integrity, never committed.
+plotly_version=4.1.1
+plotly_integrity=sha512-1oNF8PeQx2hv/y7tqEVWKD3JGwn/MGEMQ8mL9HUwsaqG9FGy/OU5FHUHvzqbqxN4mnwZGI9abTiE775C4kkjMQ==
+vendor=vendor  # gitignored; every build dir reads it
+if [[ ! -f $vendor/plotly-basic.min.js ]]; then
+  echo "setup: fetching plotly.js-basic-dist-min $plotly_version from the npm registry"
+  mkdir -p "$vendor"
+  tgz=$(mktemp)
+  curl -fsSL --retry 3 -o "$tgz" \
+    "https://registry.npmjs.org/plotly.js-basic-dist-min/-/plotly.js-basic-dist-min-$plotly_version.tgz"
+  got="sha512-$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)"
+  if [[ $got != "$plotly_integrity" ]]; then
+    echo "setup: plotly.js-basic-dist-min $plotly_version: integrity $got, expected $plotly_integrity" >&2
+    rm -f "$tgz"
+    exit 1
+  fi
+  tar -xzf "$tgz" -C "$vendor" --strip-components=1 package/plotly-basic.min.js package/LICENSE
+  mv "$vendor/LICENSE" "$vendor/plotly-LICENSE"
+  rm -f "$tgz"
 fi
 
 build_type=${EPX_BUILD_TYPE:-Release}

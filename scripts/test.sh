@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Test-only: Debian's chromium runs `epx report`'s page headless (report.page_in_headless_chromium).
+if ! command -v chromium >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  echo "test: installing chromium for the report's browser test"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+fi
 # Open MPI refuses to run as root without these; MPI tests use --oversubscribe on 2 cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"

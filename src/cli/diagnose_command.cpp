@@ -7,7 +7,7 @@
 #include "epx/base/error.hpp"
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
-#include "epx/plan/diagnose.hpp"
+#include "run_diagnosis.hpp"
 
 namespace epx::cli {
 
@@ -23,37 +23,12 @@ void DiagnoseArgs::add_to(CLI::App& app) {
 
 int run_diagnose_command(const DiagnoseArgs& args) {
   for (const std::string& file : args.hardware) add_hardware_file(file);
-  const RunEvidence run = read_run(args.run, args.trace);
-  std::optional<Config> config;
-  if (args.config) {
-    Config loaded = load_config_file(resolve_recipe(*args.config));
-    if (args.gpu) loaded.target.gpu = *args.gpu;
-    config = loaded;
-  } else if (run.config) {
-    config = *run.config;
-    if (args.gpu) config->target.gpu = *args.gpu;
-  }
-  if (config) {
-    if (!config->target.num_gpus) config->target.num_gpus = run.ranks;
-    const CheckReport report = run_check(*config);
-    if (!report.ok()) {
-      std::cout << format_report(report) << "epx diagnose: the run's config does not pass the check; fix --config\n";
-      return kExitCheckFailed;
-    }
-    config = report.resolved;
-  }
-  const GpuInfo* gpu = nullptr;
-  if (args.gpu || (config && config->target.gpu)) {
-    const std::string name = args.gpu ? *args.gpu : *config->target.gpu;
-    gpu = find_gpu(name);
-    if (gpu == nullptr) throw ConfigError(fmt::format("-g {}: not in the hardware catalog; see hardware/catalog.yaml", name));
-  }
-  const Diagnosis d = diagnose(run, config, gpu);
+  const DiagnosedRun d = diagnose_run(args.run, args.trace, args.config, args.gpu);
   if (args.json) {
-    std::cout << json_text(diagnosis_json(run, d), 2) << "\n";
+    std::cout << json_text(diagnosis_json(d.run, d.diagnosis), 2) << "\n";
     return kExitOk;
   }
-  std::cout << format_diagnosis(run, d);
+  std::cout << format_diagnosis(d.run, d.diagnosis);
   return kExitOk;
 }
 

@@ -16,6 +16,7 @@
 #include "plan_command.hpp"
 #include "advise_command.hpp"
 #include "diagnose_command.hpp"
+#include "report_command.hpp"
 #include "run_command.hpp"
 
 namespace epx::cli {
@@ -83,6 +84,12 @@ int main(int argc, char** argv) {
                   "or a Megatron log, and the fixes for it with the planner's predicted effect");
   diagnose_args.add_to(*diagnose);
 
+  ReportArgs report_args;
+  auto* report = app.add_subcommand(
+      "report", "one self-contained HTML page of one or more runs: configuration and verdict, step time, loss and "
+                "memory, the three walls, a timeline of one steady-state iteration per rank, side by side");
+  report_args.add_to(*report);
+
   LayerArgs layer_args;
   auto* layer = app.add_subcommand(
       "layer", "run one MoE layer forward (and backward) on safetensors files");
@@ -139,6 +146,7 @@ int main(int argc, char** argv) {
     if (*plan) return run_plan_command(plan_args, mpi.get());
     if (*advise) return run_advise_command(advise_args);
     if (*diagnose) return run_diagnose_command(diagnose_args);
+    if (*report) return run_report_command(report_args);
     if (*layer) return run_layer_command(layer_args, mpi.get());
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);

@@ -32,6 +32,7 @@ inline constexpr EnvKnob kHybridEpTokensPerChunk{"NUM_OF_TOKENS_PER_CHUNK_DISPAT
 // Paths.
 inline constexpr const char* kRecipesDir = "EPX_RECIPES_DIR";  // where recipes are found by name
 inline constexpr const char* kClusterDir = "EPX_CLUSTER_DIR";  // the emulated cluster's state
+inline constexpr const char* kVendorDir = "EPX_VENDOR_DIR";    // scripts/setup.sh's downloads (plotly.js)
 }  // namespace env
 
 // The knob from the process environment, else from `recipe_env` (a recipe's env_vars), else its

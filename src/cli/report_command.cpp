@@ -1,0 +1,119 @@
+#include "report_command.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "epx/base/env.hpp"
+#include "epx/base/error.hpp"
+#include "epx/base/output_file.hpp"
+#include "epx/check/check.hpp"
+#include "report_page.hpp"
+#include "run_diagnosis.hpp"
+
+namespace epx::cli {
+namespace {
+
+// plotly.js-basic-dist-min as scripts/setup.sh leaves it.
+std::string plotly_source() {
+  const std::filesystem::path dir = env_path(env::kVendorDir).value_or(EPX_BUILD_VENDOR_DIR);
+  const std::filesystem::path file = dir / "plotly-basic.min.js";
+  std::ifstream in(file, std::ios::binary);
+  if (!in)
+    throw EnvironmentError(fmt::format("{}: the plotting library is not installed; run scripts/setup.sh (it fetches "
+                                       "plotly.js-basic-dist-min from the npm registry), or set {} to its folder",
+                                       file.string(), env::kVendorDir));
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// `text` safe inside a <script> element: no "</" closes it early.
+std::string script_safe(std::string text) {
+  for (std::size_t at = 0; (at = text.find("</", at)) != std::string::npos; at += 3) text.replace(at, 2, "<\\/");
+  return text;
+}
+
+void replace_once(std::string& page, const std::string& marker, const std::string& with) {
+  const auto at = page.find(marker);
+  if (at == std::string::npos) throw std::logic_error("report page template: no " + marker);
+  page.replace(at, marker.size(), with);
+}
+
+nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
+  const RunEvidence& r = d.run;
+  nlohmann::json j{{"label", label},
+                   {"source", r.source},
+                   {"kind", r.kind},
+                   {"layout", r.layout},
+                   {"dispatcher", r.dispatcher},
+                   {"schedule", r.schedule},
+                   {"recompute", r.recompute.empty() ? "-" : r.recompute},
+                   {"mean_step_s", r.mean_step_s},
+                   {"tflops_per_gpu", r.tflops_per_gpu},
+                   {"peak_memory_gb", r.peak_memory_gb},
+                   {"capacity_gb", d.gpu ? d.gpu->rates.memory_gb : 0.0},
+                   {"final_loss", r.final_loss},
+                   {"config", d.config ? dump_yaml(*d.config) : ""},
+                   {"diagnosis", diagnosis_json(r, d.diagnosis)},
+                   {"iterations", nlohmann::json::array()},
+                   {"spans", nlohmann::json::array()},
+                   {"breakdown", nullptr}};
+  for (const IterationPoint& p : r.iterations)
+    j["iterations"].push_back({{"iteration", p.iteration}, {"step_s", p.step_s}, {"lm_loss", p.lm_loss},
+                               {"mem_max_allocated_gb", p.mem_max_allocated_gb}});
+  if (r.trace) {
+    const TraceBreakdown& t = *r.trace;
+    j["breakdown"] = {{"compute", t.compute_s},
+                      {"token_exchange", t.token_exchange_s},
+                      {"token_exchange_exposed", t.token_exchange_exposed_s},
+                      {"dp_reduce_exposed", t.dp_reduce_exposed_s},
+                      {"other_exposed", t.other_comm_exposed_s},
+                      {"exposed", t.exposed_s},
+                      {"idle", t.idle_s},
+                      {"step", t.step_s}};
+  }
+  for (const TraceSpan& s : r.spans)
+    j["spans"].push_back({{"rank", s.rank}, {"track", s.track}, {"name", s.name}, {"begin", s.begin_s}, {"end", s.end_s}});
+  return j;
+}
+
+}  // namespace
+
+void ReportArgs::add_to(CLI::App& app) {
+  app.add_option("RUN", runs, "RESULTS[:TRACE] of `epx run --results/--trace`, or a Megatron log; several: side by side")
+      ->required();
+  app.add_option("-o,--output", output, "the HTML file to write")->required();
+  app.add_option("--config", config, "the runs' config when a run does not carry it (a Megatron log)");
+  app.add_option("-g,--gpu", gpu, "the hardware the runs ran on (default: the config's target.gpu)");
+  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)");
+}
+
+int run_report_command(const ReportArgs& args) {
+  check_output_path(args.output, "-o");
+  for (const std::string& file : args.hardware) add_hardware_file(file);
+  std::string page = report_page_template();
+  const std::string plotly = plotly_source();
+  nlohmann::json data{{"generated", EPX_VERSION_TEXT}, {"runs", nlohmann::json::array()}};
+  for (const std::string& spec : args.runs) {
+    const auto colon = spec.rfind(':');
+    const bool traced = colon != std::string::npos && colon > 0 && colon + 1 < spec.size();
+    const std::string results = traced ? spec.substr(0, colon) : spec;
+    const std::optional<std::string> trace = traced ? std::optional(spec.substr(colon + 1)) : std::nullopt;
+    const DiagnosedRun d = diagnose_run(results, trace, args.config, args.gpu);
+    const std::string label = std::filesystem::path(results).stem().string();
+    data["runs"].push_back(run_json(d, label));
+  }
+  replace_once(page, "/*EPX_DATA*/", script_safe(data.dump()));
+  replace_once(page, "/*EPX_PLOTLY*/", script_safe(plotly));
+  write_file_atomically(args.output, [&](std::ostream& out) { out << page; });
+  std::cout << fmt::format("wrote {} ({} run{}, {:.2g} MB)\n", args.output, args.runs.size(), args.runs.size() == 1 ? "" : "s",
+                           static_cast<double>(page.size()) / 1e6);
+  return kExitOk;
+}
+
+}  // namespace epx::cli
