@@ -197,6 +197,31 @@ TEST(Cli, PlanPrintsTheTableAndJson) {
   EXPECT_TRUE(has(run("plan qwen3_30b_a3b --ranks 3"), "... 13 more ranks"));
 }
 
+TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
+  const Result advice = run("advise qwen3_30b_a3b --json");
+  ASSERT_EQ(advice.code, 0) << advice.out;
+  EXPECT_EQ(nlohmann::json::parse(advice.out)["recommended"], "deepep");
+  const Result have = run("advise qwen3_30b_a3b --have deepep,nccl");
+  EXPECT_EQ(have.code, 2) << have.out;
+  EXPECT_TRUE(has(have, "'nccl' is not a backend")) << have.out;
+  const Result missing = run("diagnose /nonexistent/results.json");
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_TRUE(has(missing, "/nonexistent/results.json: cannot read the run file")) << missing.out;
+  const std::string junk = ::testing::TempDir() + "epx_cli_junk.log";
+  std::ofstream(junk) << "hello\nnot a training log\n";
+  const Result not_a_log = run("diagnose " + junk);
+  EXPECT_EQ(not_a_log.code, 2) << not_a_log.out;
+  EXPECT_TRUE(has(not_a_log, "neither an `epx run --results` JSON nor a Megatron training log")) << not_a_log.out;
+  std::ofstream(junk) << "{\"summary\": {},\n \"iterations\": [ }";
+  const Result bad_json = run("diagnose " + junk);
+  EXPECT_EQ(bad_json.code, 2) << bad_json.out;
+  EXPECT_TRUE(has(bad_json, junk + ":2: not a valid epx results file")) << bad_json.out;
+  // The output is checked before anything is read or written.
+  const Result out = run("report " + junk + " -o /nonexistent/dir/report.html");
+  EXPECT_EQ(out.code, 2) << out.out;
+  EXPECT_TRUE(has(out, "/nonexistent/dir")) << out.out;
+}
+
 TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   const Result bad = run("plan qwen3_30b_a3b -ng 3");
   EXPECT_EQ(bad.code, 1) << bad.out;
