@@ -6,13 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 epx=${EPX_BIN:-./build/epx}
 ab="model.moe_token_dispatcher_type=alltoall model.moe_permute_fusion=false model.moe_permute_fusion_into_hybridep=false"
+# Published memory is Megatron's log line, mem-max-allocated-gigabytes = bytes / 1e9; the planner
+# prints GiB (bytes / 2^30): the error compares bytes.
 row() {  # row LABEL PUBLISHED_STEP_S PUBLISHED_MEMORY_GB|- OVERRIDES...
   local label=$1 step=$2 mem=$3; shift 3
   "$epx" plan qwen3_30b_a3b "$@" | awk -v l="$label" -v s="$step" -v m="$mem" '$1 == "*" {
     printf "| %s | %.2f | %.2f | %+.1f%% | %s | %.1f | %s |\n", l, s, $5, 100 * ($5 / s - 1),
-      m, $8, (m == "-" ? "-" : sprintf("%+.1f%%", 100 * ($8 / m - 1))) }'
+      (m == "-" ? "-" : sprintf("%s GB = %.2f GiB", m, m / 1.073741824)), $8,
+      (m == "-" ? "-" : sprintf("%+.1f%%", 100 * ($8 * 1.073741824 / m - 1))) }'
 }
-echo "| run | published step (s) | predicted (s) | error | published peak (GiB) | predicted (GiB) | error |"
+echo "| run | published step (s) | predicted (s) | error | published peak | predicted (GiB) | error |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 # shellcheck disable=SC2086
 row "seed A/B, alltoall, no EP overlap" 41.25 - $ab model.cuda_graph_impl=none comm_overlap.overlap_moe_expert_parallel_comm=false

@@ -27,11 +27,7 @@ int run_advise_command(const AdviseArgs& args) {
                                    : args.probe ? read_probe_file(*args.probe)
                                                 : BackendAvailability{};
   for (const std::string& file : args.hardware) add_hardware_file(file);
-  const Config loaded = args.config.load();
-  if (!loaded.target.num_gpus)
-    throw ConfigError("target.num_gpus=None: advice is for a world size; pass -ng N (or set target.num_gpus)");
-  if (!loaded.target.gpu)
-    throw ConfigError("target.gpu=None: advice depends on the hardware; pass -g GPU (h100, b200, gb200, ..., cpu)");
+  const Config loaded = args.config.load_with_world_and_gpu("advice");
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   if (!report.ok()) {
     std::cout << format_report(report) << "epx advise: the check found errors; fix them first\n";

@@ -22,6 +22,16 @@ OptBool parse_bool_flag(const std::string& text) {
 
 }  // namespace
 
+Config ConfigArgs::load_with_world_and_gpu(const std::string& command) const {
+  Config c = load();
+  if (!c.target.num_gpus)
+    throw ConfigError(fmt::format("target.num_gpus=None: {} is for a world size; pass -ng N (or set target.num_gpus)", command));
+  if (!c.target.gpu)
+    throw ConfigError(fmt::format("target.gpu=None: {} needs the hardware's rates; pass -g GPU (h100, b200, gb200, ..., cpu)",
+                                  command));
+  return c;
+}
+
 std::vector<std::string> normalize_harness_flags(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {

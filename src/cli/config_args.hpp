@@ -21,6 +21,9 @@ struct ConfigArgs {
   void add_to(CLI::App& app);
   // Load the recipe, apply overrides, then flags (flags win). Throws ConfigError.
   Config load() const;
+  // load(), for a command that needs the world size and the GPU (plan, advise): a ConfigError
+  // asking for -ng / -g when either is missing.
+  Config load_with_world_and_gpu(const std::string& command) const;
 };
 
 // The harness spells some flags with one dash and two letters (-ep, -tp, ...), which CLI11

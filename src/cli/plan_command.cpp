@@ -38,11 +38,7 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
     return kExitOk;
   }
   for (const std::string& file : args.hardware) add_hardware_file(file);
-  const Config loaded = args.config.load();
-  if (!loaded.target.num_gpus)
-    throw ConfigError("target.num_gpus=None: a plan is for a world size; pass -ng N (or set target.num_gpus)");
-  if (!loaded.target.gpu)
-    throw ConfigError("target.gpu=None: a plan needs the hardware's rates; pass -g GPU (h100, b200, gb200, ..., cpu)");
+  const Config loaded = args.config.load_with_world_and_gpu("a plan");
   if (args.search) {
     const SearchResult r = search_layouts(loaded, args.config.flags.moe_flex_dispatcher_backend);
     std::cout << fmt::format("epx plan --search: {} on {} x {}\n", loaded.source, *loaded.target.num_gpus, *loaded.target.gpu)
