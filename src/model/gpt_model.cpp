@@ -34,6 +34,14 @@ std::vector<Param*> GPTModel::params() {
   return out;
 }
 
+std::vector<std::vector<Param*>> GPTModel::grad_groups() {
+  std::vector<std::vector<Param*>> out{{&final_layernorm}};
+  if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
+  for (int i = spec_.num_layers - 1; i >= 0; --i) out.push_back(layers[static_cast<std::size_t>(i)]->params());
+  out.push_back({&embedding});
+  return out;
+}
+
 std::vector<Param*> GPTModel::expert_params() {
   std::vector<Param*> out;
   for (Param* p : params())
@@ -162,6 +170,7 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   rmsnorm_dgrad(ctx.final_in, final_layernorm.master, ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
   ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
+  grads_ready(0);
   return dx;
 }
 
@@ -183,6 +192,7 @@ void GPTModel::backward(Context& ctx, float dloss) {
     dx = layers[static_cast<std::size_t>(i)]->backward_dgrad(*c, dx);
     layers[static_cast<std::size_t>(i)]->backward_wgrad(*c);
     c.reset();
+    grads_ready(layer_grad_group(i));
   }
   embed_backward(ctx, dx);
 }
@@ -196,6 +206,7 @@ void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   const float* d = dx32.data<float>();
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
+  grads_ready(embedding_grad_group());
 }
 
 }  // namespace epx

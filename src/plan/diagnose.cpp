@@ -171,8 +171,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
         }};
     std::vector<std::function<void()>> dp_fixes = {[&] {
       if (!config->ddp.overlap_grad_reduce)
-        add("communication", "overlap the DP gradient reduction with the last backward", {"ddp.overlap_grad_reduce=true"},
-            false);
+        add("communication", "overlap the DP gradient reduction with the last backward (buckets of ddp.bucket_size)",
+            {"ddp.overlap_grad_reduce=true"});
     }};
     for (auto& f : dp_dominates ? dp_fixes : token_fixes) f();
     for (auto& f : dp_dominates ? token_fixes : dp_fixes) f();

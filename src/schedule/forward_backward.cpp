@@ -35,6 +35,7 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
     auto& c = b->ctx.layers[static_cast<std::size_t>(deferred_dw)];
     model.layers[static_cast<std::size_t>(deferred_dw)]->backward_attn_wgrad(*c);
     c.reset();
+    model.grads_ready(model.layer_grad_group(deferred_dw));
     deferred_dw = -1;
   };
   for (int i = 0; i < L; ++i) {
@@ -84,8 +85,12 @@ void merged_step(GPTModel& model, Pass* f, Pass* b, float dloss, bool delay_wgra
     if (bl) {
       Scope s(Track::compute, delay_wgrad ? "attention dgrad" : "attention dgrad + wgrad", L - 1 - i);
       b->x = bl->backward_attn(*bc, !delay_wgrad);
-      if (delay_wgrad) deferred_dw = L - 1 - i;
-      else b->ctx.layers[static_cast<std::size_t>(L - 1 - i)].reset();
+      if (delay_wgrad) {
+        deferred_dw = L - 1 - i;
+      } else {
+        b->ctx.layers[static_cast<std::size_t>(L - 1 - i)].reset();
+        model.grads_ready(model.layer_grad_group(L - 1 - i));
+      }
     }
   }
   run_deferred_dw();

@@ -271,12 +271,21 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
   return s;
 }
 
+GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
+  GradReduceOptions o;
+  o.overlap = c.ddp.overlap_grad_reduce;
+  if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
+    bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
+  o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);
+  return o;
+}
+
 JobSpec JobSpec::from_config(const Config& c, int world) {
   if (c.target.num_gpus != world)
     throw ConfigError(fmt::format("target.num_gpus={}: the job has {} ranks; launch {} ranks or set -ng {}",
                                   c.target.num_gpus.value_or(0), world, c.target.num_gpus.value_or(0), world));
   JobSpec j{.layout = parallel_layout_from_config(c, world), .model = model_spec_from_config(c), .dispatcher = {},
-            .schedule = schedule_options_from_config(c), .lr = {}};
+            .schedule = schedule_options_from_config(c), .grad_reduce = {}, .lr = {}};
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
   j.iterations = c.train.train_iters.value_or(0);
   if (j.iterations < 1) bad("train.train_iters", opt(c.train.train_iters), "set the number of iterations (or --max_steps)");
@@ -289,6 +298,7 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   j.global_batch = gbs;
   j.micro_batches = gbs / (mbs * dp);
   j.lr = lr_schedule_from_config(c, j.iterations);
+  j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;
 }
 

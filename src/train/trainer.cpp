@@ -18,6 +18,7 @@
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
 #include "epx/train/optimizer.hpp"
+#include "grad_reducer.hpp"
 
 namespace epx {
 namespace {
@@ -25,28 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// Sums `params`' gradients over `group` in one flat all-reduce (a gradient bucket) on the comm
-// stream, then scales them by `scale`.
-void reduce_gradients(const std::vector<Param*>& params, Communicator& group, CommStream& stream, float scale,
-                      const char* name) {
-  std::int64_t n = 0;
-  for (const Param* p : params) n += p->grad.numel();
-  if (n == 0) return;
-  std::vector<float> flat(static_cast<std::size_t>(n));
-  std::int64_t at = 0;
-  for (const Param* p : params) {
-    std::copy_n(p->grad.data<float>(), p->grad.numel(), flat.data() + at);
-    at += p->grad.numel();
-  }
-  if (group.size() > 1) stream.run([&] { group.allreduce(flat.data(), n, DType::F32); }, name);
-  at = 0;
-  for (Param* p : params) {
-    float* g = p->grad.data<float>();
-    for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] = flat[static_cast<std::size_t>(at + i)] * scale;
-    at += p->grad.numel();
-  }
-}
 
 double sum_of_squares(const std::vector<Param*>& params) {
   double s = 0;
@@ -82,11 +61,14 @@ class Trainer {
                 .rank = static_cast<std::uint64_t>(world.rank())}),
         params_(model_.params()),
         experts_(model_.expert_params()),
+        reducer_(model_.grad_groups(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp), grad_stream_,
+                 job_.grad_reduce),
         adam_(params_, cfg.optimizer),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
         dp_rank_(job_.layout.rank_in(GroupKind::dp, world.rank())) {
     model_.init_weights(job_.model.seed);
+    model_.set_grads_ready_hook([this](int group) { reducer_.grads_ready(group); });
     for (Param* p : params_)
       if (!p->expert) dense_.push_back(p);
   }
@@ -108,8 +90,10 @@ class Trainer {
   const JobSpec job_;
   ProcessGroups groups_;
   CommStream stream_;
+  CommStream grad_stream_;  // the gradient reduction's own stream, as Megatron's DDP has
   GPTModel model_;
   const std::vector<Param*> params_, experts_;  // experts_: reduced over EDP
+  GradReducer reducer_;
   std::vector<Param*> dense_;                   // the rest: reduced over DP
   Adam adam_;
   const MockData data_;
@@ -138,11 +122,8 @@ void Trainer::log_start(const TrainResult& r) const {
 // DP (experts over EDP) and scaled by 1 / DP. Returns the gradient norm before clipping.
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
-  Communicator& edp_group = groups_.get(GroupKind::edp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
-  const float scale = 1.f / static_cast<float>(job_.layout.dp);
-  reduce_gradients(dense_, dp_group, stream_, scale, "gradient all-reduce (DP)");
-  reduce_gradients(experts_, edp_group, stream_, scale, "expert gradient all-reduce (EDP)");
+  reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
   for (MoELayer* l : model_.moe_layers())
     if (l->spec().expert_bias) {
       Tensor& counts = l->router.local_tokens_per_expert;
@@ -167,6 +148,7 @@ IterationLog Trainer::train_step(int it) {
   const Clock::time_point t0 = Clock::now();
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
   model_.zero_grad();
+  reducer_.start(static_cast<int>(micro_batches));
   double sums[2] = {0, 0};  // lm loss, load-balancing loss (summed over micro-batches)
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);

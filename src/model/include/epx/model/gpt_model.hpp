@@ -46,6 +46,20 @@ class GPTModel {
   void embed_backward(Context& ctx, const Tensor& dx);
   bool has_full_recompute() const;
 
+  // The groups of weights whose gradients complete together in a backward, in the order they
+  // complete (Megatron registers its DDP grad hooks per parameter; epx per group): the head
+  // (final norm, and the output layer unless tied), the layers last to first, the embedding
+  // (with the tied output layer). Schedules call grads_ready(k) when group k's gradients of the
+  // micro-batch being run backward are complete; the hook (the trainer's gradient reducer) may
+  // start reducing them.
+  std::vector<std::vector<Param*>> grad_groups();
+  int layer_grad_group(int layer) const { return spec_.num_layers - layer; }
+  int embedding_grad_group() const { return spec_.num_layers + 1; }
+  void set_grads_ready_hook(std::function<void(int group)> hook) { grads_ready_hook_ = std::move(hook); }
+  void grads_ready(int group) const {
+    if (grads_ready_hook_) grads_ready_hook_(group);
+  }
+
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();         // every weight of this rank, each once
   std::vector<Param*> expert_params();  // the routed experts' (reduced over EDP)
@@ -64,6 +78,7 @@ class GPTModel {
   void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
 
   ModelSpec spec_;
+  std::function<void(int)> grads_ready_hook_;
   std::vector<int> checkpoint_end_;  // per layer: the end of the checkpoint starting there, or -1
 };
 

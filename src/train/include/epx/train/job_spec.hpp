@@ -33,11 +33,20 @@ ScheduleOptions schedule_options_from_config(const Config& c);
 LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters);
 
 // What `epx run` trains: all of the above for this job's ranks, and the batch arithmetic.
+// ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per group). Megatron's
+// default with overlap: max(40M, 1M x DP) elements.
+struct GradReduceOptions {
+  bool overlap = false;
+  std::int64_t bucket_size = 0;
+};
+GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp);
+
 struct JobSpec {
   ParallelLayout layout;
   ModelSpec model;
   DispatcherOptions dispatcher;
   ScheduleOptions schedule;
+  GradReduceOptions grad_reduce;
   LrSchedule lr;
   std::int64_t iterations = 0;
   std::int64_t global_batch = 0;   // sequences per iteration, over all DP ranks

@@ -1,0 +1,56 @@
+// Megatron-Core's DistributedDataParallel gradient reduction on epx's ranks: gradients summed
+// over DP (dense weights) and EDP (routed experts) in flat FP32 buckets on the comm stream. With
+// ddp.overlap_grad_reduce a bucket starts as soon as the last micro-batch's backward has completed
+// every weight in it (buckets follow the backward's order: head, layers last to first,
+// embedding; GPTModel::grad_groups), so the reductions run under the rest of the backward.
+// Without it, each group's gradients go in one bucket reduced after the backward, in the model's
+// parameter order (the reduction epx always did).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epx/comm/comm.hpp"
+#include "epx/comm/comm_stream.hpp"
+#include "epx/tensor/param.hpp"
+#include "epx/train/job_spec.hpp"
+
+namespace epx {
+
+class GradReducer {
+ public:
+  // `groups`: GPTModel::grad_groups(); `params`: GPTModel::params() (the order without overlap).
+  GradReducer(const std::vector<std::vector<Param*>>& groups, const std::vector<Param*>& params, Communicator& dp,
+              Communicator& edp, CommStream& stream, const GradReduceOptions& options);
+
+  // An iteration of `micro_batches` micro-batches begins.
+  void start(int micro_batches);
+  // The model's hook: group `group` of the micro-batch being run backward is complete. On the
+  // last micro-batch (with overlap), every bucket this completes is launched.
+  void grads_ready(int group);
+  // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
+  // over the group times `scale`.
+  void finish(float scale);
+
+  struct Bucket {
+    std::vector<Param*> params;
+    Communicator* comm = nullptr;
+    const char* name = "";
+    int last_group = 0;  // the bucket is complete when this group is
+    std::vector<float> flat;
+    CommEvent done;
+    bool launched = false;
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void launch(Bucket& b);
+
+  CommStream& stream_;
+  const bool overlap_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> completions_;  // per group, this iteration
+  int micro_batches_ = 1;
+};
+
+}  // namespace epx
