@@ -15,6 +15,8 @@
 #   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT] [REPEATS] [SECTIONS]
 #     SECTIONS: comma list of alltoall, flex, shared, local (default: all)
 #     EPX_BIN=path/to/epx runs another build (an A/B of two builds on the same machine)
+#     EPX_BENCH_OVERRIDES="ddp.overlap_grad_reduce=true ddp.bucket_size=100000" adds overrides to
+#     every row (the issue-20 A/B: overlapped gradient reduction in every row)
 #   (after scripts/setup.sh; needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,8 @@ recipe=qwen3_30b_a3b_proxy
 # The proxy shape: the recipe with a smaller vocabulary (so the LM head and the DP gradient
 # all-reduce, which no EP overlap hides, do not dominate) and 16 micro-batches per rank.
 shape=(model.vocab_size=1024 train.global_batch_size=32)
+read -r -a extra <<<"${EPX_BENCH_OVERRIDES:-}"
+shape+=("${extra[@]}")
 export OMP_NUM_THREADS=1  # one compute thread per rank: 2 ranks on the 2 cores
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -38,25 +42,29 @@ row() {  # row LABEL LAUNCH... -- RUN ARGS...; the first row of a table is its b
   local label=$1; shift
   local i
   for ((i = 0; i < repeats; i++)); do
-    "$@" --max_steps "$steps" --results "$out/r$i.json" --trace "$out/t.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+    "$@" --max_steps "$steps" --results "$out/r$i.json" --trace "$out/t$i.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
     echo "$(field "$out/r$i.json" mean_step_time_s) $i"
   done | sort -n >"$out/times"
-  local r=$out/r$(awk -v m=$(((repeats + 1) / 2)) 'NR == m {print $2}' "$out/times").json n=$((steps - 2))
+  local m; m=$(awk -v m=$(((repeats + 1) / 2)) 'NR == m {print $2}' "$out/times")
+  local r=$out/r$m.json n=$((steps - 2))
   local t; t=$(field "$r" mean_step_time_s)
+  # The DP gradient reduction per iteration, in flight and exposed (epx diagnose reads the trace).
+  $epx diagnose "$r" --trace "$out/t$m.json" --json >"$out/d.json"
+  local dp dpe; dp=$(field "$out/d.json" dp_reduce_s); dpe=$(field "$out/d.json" dp_reduce_exposed_s)
   [ -n "$base" ] || base=$t
   awk -v l="$label" -v t="$t" -v b="$base" -v x="$(field "$r" token_exchange_s)" -v xe="$(field "$r" exposed_token_exchange_s)" \
       -v ce="$(field "$r" exposed_comm_s)" -v mem="$(field "$r" peak_memory_bytes)" -v loss="$(field "$r" final_lm_loss)" \
-      -v n="$n" 'BEGIN {
-    printf "| %s | %.3f | %+.1f%% | %.3f | %.3f | %.0f%% | %.3f | %.1f | %.6f |\n", l, t, 100 * (t / b - 1), x / n, xe / n,
-      (x > 0 ? 100 * (1 - xe / x) : 0), ce / n, mem / 1e6, loss }'
+      -v n="$n" -v dp="$dp" -v dpe="$dpe" 'BEGIN {
+    printf "| %s | %.3f | %+.1f%% | %.3f | %.3f | %.0f%% | %.3f / %.3f | %.3f | %.1f | %.6f |\n", l, t, 100 * (t / b - 1),
+      x / n, xe / n, (x > 0 ? 100 * (1 - xe / x) : 0), dp, dpe, ce / n, mem / 1e6, loss }'
 }
 header() {
   base=""
   echo
   echo "$1"
   echo
-  echo "| run | step time (s) | vs first row | token exchanges in flight (s/iter) | exposed (s/iter) | hidden | all comm exposed (s/iter) | peak memory (MB) | final loss |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| run | step time (s) | vs first row | token exchanges in flight (s/iter) | exposed (s/iter) | hidden | DP reduction in flight / exposed (s/iter) | all comm exposed (s/iter) | peak memory (MB) | final loss |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 }
 ab() {  # ab LABEL LAUNCH... -- RUN ARGS...: the three rows
   local label=$1; shift

@@ -146,8 +146,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
       add("memory", "selective recompute first (core_attn, moe_act, layernorm)",
           {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"});
     if (!config->ddp.use_distributed_optimizer)
-      add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"},
-          false);
+      add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full"))
       add("memory", "full recompute, only if it still does not fit",
           {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
@@ -220,6 +219,19 @@ nlohmann::json diagnosis_json(const RunEvidence& run, const Diagnosis& d) {
   j["run"] = {{"source", run.source}, {"kind", run.kind}, {"mean_step_time_s", run.mean_step_s},
               {"tflops_per_gpu", run.tflops_per_gpu}, {"peak_memory_gb", run.peak_memory_gb},
               {"steady_state_iterations", {run.steady_first, run.steady_last}}};
+  if (run.trace) {
+    const TraceBreakdown& t = *run.trace;
+    j["trace"] = {{"step_s", t.step_s},
+                  {"compute_s", t.compute_s},
+                  {"idle_s", t.idle_s},
+                  {"exposed_s", t.exposed_s},
+                  {"token_exchange_s", t.token_exchange_s},
+                  {"token_exchange_exposed_s", t.token_exchange_exposed_s},
+                  {"dp_reduce_s", t.dp_reduce_s},
+                  {"dp_reduce_exposed_s", t.dp_reduce_exposed_s},
+                  {"other_comm_s", t.other_comm_s},
+                  {"other_comm_exposed_s", t.other_comm_exposed_s}};
+  }
   j["binding_wall"] = d.binding;
   j["why"] = d.why;
   for (const WallFigure& w : d.walls)

@@ -183,7 +183,10 @@ bool is_token_exchange(const std::string& name) {
   return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward" ||
          name == "dispatch counts";
 }
-bool is_dp_reduce(const std::string& name) { return name.find("gradient all-reduce") != std::string::npos; }
+// The DP / EDP gradient reduction, and with the distributed optimizer the parameter all-gather.
+bool is_dp_reduce(const std::string& name) {
+  return name.find("gradient all-reduce") != std::string::npos || name.find("parameter all-gather") != std::string::npos;
+}
 
 void read_trace(const std::string& path, RunEvidence& run) {
   const std::string text = read_text(path, "trace");

@@ -5,21 +5,21 @@
 namespace epx {
 namespace {
 
-constexpr const char* kDenseName = "gradient all-reduce (DP)";
-constexpr const char* kExpertName = "expert gradient all-reduce (EDP)";
+// The trace's names (epx diagnose sorts them by these words).
+const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
+const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 
 }  // namespace
 
 GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, const std::vector<Param*>& params,
                          Communicator& dp, Communicator& edp, CommStream& stream, const GradReduceOptions& options)
-    : stream_(stream), overlap_(options.overlap), completions_(groups.size(), 0) {
+    : stream_(stream), overlap_(options.overlap), distributed_(options.distributed), completions_(groups.size(), 0) {
   const int last = static_cast<int>(groups.size()) - 1;
   for (const bool expert : {false, true}) {
     Communicator& comm = expert ? edp : dp;
-    const char* name = expert ? kExpertName : kDenseName;
     const auto close = [&](Bucket& b, int group) {
       if (b.params.empty()) return;
-      b.comm = &comm, b.name = name, b.last_group = group;
+      b.comm = &comm, b.expert = expert, b.last_group = group;
       buckets_.push_back(std::move(b));
       b = Bucket{};
     };
@@ -38,6 +38,15 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, const s
     }
     close(b, last);
   }
+  for (Bucket& bucket : buckets_) {
+    for (const Param* p : bucket.params) bucket.size += p->grad.numel();
+    const std::int64_t d = bucket.comm->size(), share = (bucket.size + d - 1) / d;
+    for (std::int64_t r = 0; r < d; ++r)
+      bucket.shard_counts.push_back(std::clamp<std::int64_t>(bucket.size - r * share, 0, share));
+    const std::int64_t me = bucket.comm->rank();
+    bucket.shard_begin = std::min(bucket.size, me * share);
+    bucket.shard_end = bucket.shard_begin + bucket.shard_counts[static_cast<std::size_t>(me)];
+  }
 }
 
 void GradReducer::start(int micro_batches) {
@@ -53,8 +62,7 @@ void GradReducer::grads_ready(int group) {
 }
 
 void GradReducer::launch(Bucket& b) {
-  std::int64_t n = 0;
-  for (const Param* p : b.params) n += p->grad.numel();
+  const std::int64_t n = b.size;
   b.flat.resize(static_cast<std::size_t>(n));
   std::int64_t at = 0;
   for (const Param* p : b.params) {
@@ -62,8 +70,16 @@ void GradReducer::launch(Bucket& b) {
     at += p->grad.numel();
   }
   b.launched = true;
-  b.done = b.comm->size() > 1 ? stream_.submit([&b, n] { b.comm->allreduce(b.flat.data(), n, DType::F32); }, b.name)
-                              : CommEvent{};
+  if (b.comm->size() == 1) {
+    b.done = CommEvent{};
+  } else if (distributed_) {
+    b.shard.resize(static_cast<std::size_t>(b.shard_end - b.shard_begin));
+    b.done = stream_.submit(
+        [&b] { b.comm->reduce_scatterv(b.flat.data(), b.shard.data(), b.shard_counts, DType::F32); },
+        reduce_name(b.expert));
+  } else {
+    b.done = stream_.submit([&b, n] { b.comm->allreduce(b.flat.data(), n, DType::F32); }, reduce_name(b.expert));
+  }
 }
 
 void GradReducer::finish(float scale) {
@@ -71,11 +87,50 @@ void GradReducer::finish(float scale) {
     if (!b.launched) launch(b);
   for (Bucket& b : buckets_) {
     b.done.wait();
+    if (distributed_ && b.comm->size() > 1) {  // the shard's sums; the rest is another rank's
+      std::fill(b.flat.begin(), b.flat.end(), 0.f);
+      std::copy(b.shard.begin(), b.shard.end(), b.flat.begin() + b.shard_begin);
+    }
     std::int64_t at = 0;
     for (Param* p : b.params) {
       float* g = p->grad.data<float>();
       for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] = b.flat[static_cast<std::size_t>(at + i)] * scale;
       at += p->grad.numel();
+    }
+  }
+}
+
+std::vector<ParamRange> GradReducer::owned_ranges() const {
+  std::vector<ParamRange> out;
+  for (const Bucket& b : buckets_) {
+    std::int64_t at = 0;
+    for (Param* p : b.params) {
+      const std::int64_t n = p->master.numel();
+      const std::int64_t lo = std::max(at, b.shard_begin), hi = std::min(at + n, b.shard_end);
+      if (lo < hi) out.push_back({p, lo - at, hi - at});
+      at += n;
+    }
+  }
+  return out;
+}
+
+void GradReducer::gather_params() {
+  for (Bucket& b : buckets_) {
+    if (b.comm->size() == 1) continue;
+    std::vector<float> full(static_cast<std::size_t>(b.size)), mine;
+    std::int64_t at = 0;
+    for (const Param* p : b.params) {
+      const float* w = p->master.data<float>();
+      for (std::int64_t i = std::max(at, b.shard_begin); i < std::min(at + p->master.numel(), b.shard_end); ++i)
+        mine.push_back(w[i - at]);
+      at += p->master.numel();
+    }
+    stream_.run([&] { b.comm->allgatherv(mine.data(), full.data(), b.shard_counts, DType::F32); }, gather_name(b.expert));
+    at = 0;
+    for (Param* p : b.params) {
+      std::copy_n(full.data() + at, p->master.numel(), p->master.data<float>());
+      p->refresh();
+      at += p->master.numel();
     }
   }
 }

@@ -4,7 +4,10 @@
 // every weight in it (buckets follow the backward's order: head, layers last to first,
 // embedding; GPTModel::grad_groups), so the reductions run under the rest of the backward.
 // Without it, each group's gradients go in one bucket reduced after the backward, in the model's
-// parameter order (the reduction epx always did).
+// parameter order (the reduction epx always did). With the distributed optimizer each bucket is
+// reduce-scattered instead: this rank keeps the sum of its shard (1/d of the bucket, Megatron's
+// contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
+// weights.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include "epx/comm/comm_stream.hpp"
 #include "epx/tensor/param.hpp"
 #include "epx/train/job_spec.hpp"
+#include "epx/train/optimizer.hpp"
 
 namespace epx {
 
@@ -29,15 +33,22 @@ class GradReducer {
   // last micro-batch (with overlap), every bucket this completes is launched.
   void grads_ready(int group);
   // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
-  // over the group times `scale`.
+  // over the group times `scale` (distributed: in this rank's shard; zero elsewhere).
   void finish(float scale);
+  // Distributed optimizer: the params' elements in this rank's shards (for Adam), and, after
+  // the step, every bucket's weights all-gathered from their owners.
+  std::vector<ParamRange> owned_ranges() const;
+  void gather_params();
 
   struct Bucket {
     std::vector<Param*> params;
     Communicator* comm = nullptr;
-    const char* name = "";
+    bool expert = false;  // reduced over EDP, else DP
     int last_group = 0;  // the bucket is complete when this group is
-    std::vector<float> flat;
+    std::int64_t size = 0;                   // elements
+    std::vector<std::int64_t> shard_counts;  // per rank of comm (distributed)
+    std::int64_t shard_begin = 0, shard_end = 0;
+    std::vector<float> flat, shard;
     CommEvent done;
     bool launched = false;
   };
@@ -47,7 +58,7 @@ class GradReducer {
   void launch(Bucket& b);
 
   CommStream& stream_;
-  const bool overlap_;
+  const bool overlap_, distributed_;
   std::vector<Bucket> buckets_;
   std::vector<int> completions_;  // per group, this iteration
   int micro_batches_ = 1;

@@ -274,6 +274,7 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
 GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   GradReduceOptions o;
   o.overlap = c.ddp.overlap_grad_reduce;
+  o.distributed = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
     bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
   o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);

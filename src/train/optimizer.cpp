@@ -18,11 +18,25 @@ double LrSchedule::at(std::int64_t step) const {
 }
 
 
-Adam::Adam(std::vector<Param*> params, const OptimizerConfig& config) : config_(config) {
+namespace {
+
+std::vector<ParamRange> whole(const std::vector<Param*>& params) {
+  std::vector<ParamRange> out;
+  for (Param* p : params) out.push_back({p, 0, p->master.numel()});
+  return out;
+}
+
+}  // namespace
+
+Adam::Adam(std::vector<Param*> params, const OptimizerConfig& config) : Adam(whole(params), config) {}
+
+Adam::Adam(std::vector<ParamRange> ranges, const OptimizerConfig& config) : config_(config) {
   if (config.optimizer != "adam")
     throw ConfigError(fmt::format("optimizer.optimizer={}: epx implements adam; set optimizer.optimizer=adam", config.optimizer));
-  for (Param* p : params)
-    states_.push_back({p, Tensor(p->master.shape(), DType::F32), Tensor(p->master.shape(), DType::F32), p->master.rank() > 1});
+  for (const ParamRange& r : ranges) {
+    const std::int64_t n = r.end - r.begin;
+    if (n > 0) states_.push_back({r, Tensor({n}, DType::F32), Tensor({n}, DType::F32), r.param->master.rank() > 1});
+  }
 }
 
 void Adam::step(double lr) {
@@ -30,11 +44,11 @@ void Adam::step(double lr) {
   const double b1 = config_.adam_beta1, b2 = config_.adam_beta2, eps = config_.adam_eps;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(steps_)), c2 = 1.0 - std::pow(b2, static_cast<double>(steps_));
   for (State& s : states_) {
-    float* w = s.param->master.data<float>();
-    const float* g = s.param->grad.data<float>();
+    float* w = s.range.param->master.data<float>() + s.range.begin;
+    const float* g = s.range.param->grad.data<float>() + s.range.begin;
     float *m = s.m.data<float>(), *v = s.v.data<float>();
     const double wd = s.decay ? config_.weight_decay : 0.0;
-    const std::int64_t n = s.param->master.numel();
+    const std::int64_t n = s.range.end - s.range.begin;
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {
       m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
@@ -42,7 +56,7 @@ void Adam::step(double lr) {
       const double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
       w[i] = static_cast<float>(w[i] - lr * update);
     }
-    s.param->refresh();
+    s.range.param->refresh();
   }
 }
 

@@ -63,7 +63,7 @@ class Trainer {
         experts_(model_.expert_params()),
         reducer_(model_.grad_groups(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp), grad_stream_,
                  job_.grad_reduce),
-        adam_(params_, cfg.optimizer),
+        adam_(job_.grad_reduce.distributed ? Adam(reducer_.owned_ranges(), cfg.optimizer) : Adam(params_, cfg.optimizer)),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
         dp_rank_(job_.layout.rank_in(GroupKind::dp, world.rank())) {
@@ -130,9 +130,19 @@ double Trainer::finalize_gradients() {
       if (dp_group.size() > 1) stream_.run([&] { dp_group.allreduce(counts.raw(), counts.numel(), DType::F32); }, "expert-bias counts");
       l->router.update_expert_bias();
     }
-  float expert_sq = static_cast<float>(sum_of_squares(experts_));  // each rank's own experts
+  // The norm over every weight once: each rank's own experts (summed over EP); with the
+  // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
+  float expert_sq = static_cast<float>(sum_of_squares(experts_));
+  double dense_sq = sum_of_squares(dense_);
+  if (job_.grad_reduce.distributed) {
+    Communicator& edp_group = groups_.get(GroupKind::edp);
+    float shard_sq = static_cast<float>(dense_sq);
+    if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(&shard_sq, 1, DType::F32); }, "grad norm (DP)");
+    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(&expert_sq, 1, DType::F32); }, "grad norm (EDP)");
+    dense_sq = shard_sq;
+  }
   if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(&expert_sq, 1, DType::F32); }, "grad norm (EP)");
-  const double grad_norm = std::sqrt(sum_of_squares(dense_) + expert_sq);
+  const double grad_norm = std::sqrt(dense_sq + expert_sq);
   const double clip = cfg_.optimizer.clip_grad;
   if (clip > 0 && grad_norm > clip) {
     const float c = static_cast<float>(clip / (grad_norm + 1e-6));
@@ -162,6 +172,7 @@ IterationLog Trainer::train_step(int it) {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norm = finalize_gradients();
     adam_.step(job_.lr.at(it - 1));
+    if (job_.grad_reduce.distributed) reducer_.gather_params();
   }
   float reduced[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
   world_.allreduce(reduced, 2, DType::F32);

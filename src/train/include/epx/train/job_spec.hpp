@@ -33,10 +33,13 @@ ScheduleOptions schedule_options_from_config(const Config& c);
 LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters);
 
 // What `epx run` trains: all of the above for this job's ranks, and the batch arithmetic.
-// ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per group). Megatron's
-// default with overlap: max(40M, 1M x DP) elements.
+// ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per group; Megatron's
+// default with overlap: max(40M, 1M x DP) elements), and the distributed optimizer
+// (ddp.use_distributed_optimizer: gradients reduce-scattered, Adam on this rank's shard, the
+// parameters all-gathered).
 struct GradReduceOptions {
   bool overlap = false;
+  bool distributed = false;
   std::int64_t bucket_size = 0;
 };
 GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp);

@@ -21,17 +21,26 @@ struct LrSchedule {
   double at(std::int64_t step) const;
 };
 
+// The elements [begin, end) of a param's flat master that one Adam updates: the whole param, or
+// this rank's shard of it with the distributed optimizer.
+struct ParamRange {
+  Param* param = nullptr;
+  std::int64_t begin = 0, end = 0;
+};
+
 class Adam {
  public:
   // Norm gammas (1-D tensors) get no weight decay, as in Megatron.
   Adam(std::vector<Param*> params, const OptimizerConfig& config);
-  // One step on every param's grad with learning rate `lr`; refreshes the compute copies.
+  // Only `ranges` (the distributed optimizer's shard): their state alone is kept.
+  Adam(std::vector<ParamRange> ranges, const OptimizerConfig& config);
+  // One step on the ranges' grads with learning rate `lr`; refreshes the compute copies.
   void step(double lr);
   std::int64_t state_bytes() const;
 
  private:
   struct State {
-    Param* param;
+    ParamRange range;
     Tensor m, v;
     bool decay;
   };
