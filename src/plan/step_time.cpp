@@ -93,7 +93,11 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
   // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
   s.optimizer = 30 * memory.optimizer_params / hbm;
-  s.dp = c.ddp.overlap_grad_reduce ? 0.1 * comm.dp_s : comm.dp_s;
+  // overlap_grad_reduce starts the buckets under the last micro-batch's backward (about two
+  // thirds of its compute) and nowhere else: what does not fit there stays exposed (measured on
+  // epx's runtime, bench/RESULTS.md "issue 20").
+  const double last_backward = 2.0 / 3.0 * (s.compute + s.memory_bound + s.host);
+  s.dp = c.ddp.overlap_grad_reduce ? std::max(0.0, comm.dp_s - last_backward) : comm.dp_s;
   return s;
 }
 

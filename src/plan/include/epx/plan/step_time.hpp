@@ -12,7 +12,7 @@ struct StepCosts {
   double host = 0;          // launches and host syncs per MoE layer
   double exchange = 0;      // the token exchanges (plan_comm)
   double tp_cp_pp = 0;      // TP / CP collectives and PP point-to-point
-  double dp = 0;            // per step: the exposed gradient reduction
+  double dp = 0;            // per step: the gradient reduction the last backward does not hide
   double optimizer = 0;     // per step: the optimizer step
 };
 // Seconds of a materialised attention (rates.attention_fp32_tflops > 0: epx's cpu runtime),
