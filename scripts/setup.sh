@@ -38,18 +38,21 @@ vendor=vendor  # gitignored; every build dir reads it
 if [[ ! -f $vendor/plotly-basic.min.js ]]; then
   echo "setup: fetching plotly.js-basic-dist-min $plotly_version from the npm registry"
   mkdir -p "$vendor"
-  tgz=$(mktemp)
-  curl -fsSL --retry 3 -o "$tgz" \
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  curl -fsSL --retry 3 -o "$tmp/plotly.tgz" \
     "https://registry.npmjs.org/plotly.js-basic-dist-min/-/plotly.js-basic-dist-min-$plotly_version.tgz"
-  got="sha512-$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)"
+  got="sha512-$(openssl dgst -sha512 -binary "$tmp/plotly.tgz" | base64 -w0)"
   if [[ $got != "$plotly_integrity" ]]; then
     echo "setup: plotly.js-basic-dist-min $plotly_version: integrity $got, expected $plotly_integrity" >&2
-    rm -f "$tgz"
     exit 1
   fi
-  tar -xzf "$tgz" -C "$vendor" --strip-components=1 package/plotly-basic.min.js package/LICENSE
-  mv "$vendor/LICENSE" "$vendor/plotly-LICENSE"
-  rm -f "$tgz"
+  # Unpacked aside, then moved in: an interrupted setup never leaves a truncated file behind.
+  tar -xzf "$tmp/plotly.tgz" -C "$tmp" --strip-components=1 package/plotly-basic.min.js package/LICENSE
+  mv "$tmp/LICENSE" "$vendor/plotly-LICENSE"
+  mv "$tmp/plotly-basic.min.js" "$vendor/plotly-basic.min.js"
+  rm -rf "$tmp"
+  trap - EXIT
 fi
 
 build_type=${EPX_BUILD_TYPE:-Release}

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -32,10 +33,24 @@ std::string plotly_source() {
   return s.str();
 }
 
-// `text` safe inside a <script> element: no "</" closes it early.
+// The library's text safe inside a <script> element: no "</" closes it early.
 std::string script_safe(std::string text) {
   for (std::size_t at = 0; (at = text.find("</", at)) != std::string::npos; at += 3) text.replace(at, 2, "<\\/");
   return text;
+}
+
+// JSON safe inside a <script> element whatever its strings hold: every '<' (only ever inside a
+// string) as \u003c, so neither "</script" nor "<!--" can change how the page parses; bytes that
+// are not UTF-8 (a path in another encoding) replaced.
+std::string json_in_script(const nlohmann::json& j) {
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '<') out += "\\u003c";
+    else out += c;
+  }
+  return out;
 }
 
 void replace_once(std::string& page, const std::string& marker, const std::string& with) {
@@ -78,7 +93,8 @@ nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
                       {"step", t.step_s}};
   }
   for (const TraceSpan& s : r.spans)
-    j["spans"].push_back({{"rank", s.rank}, {"track", s.track}, {"name", s.name}, {"begin", s.begin_s}, {"end", s.end_s}});
+    j["spans"].push_back({{"rank", s.rank}, {"thread", s.thread}, {"track", s.track}, {"name", s.name},
+                          {"begin", s.begin_s}, {"end", s.end_s}});
   return j;
 }
 
@@ -99,16 +115,20 @@ int run_report_command(const ReportArgs& args) {
   std::string page = report_page_template();
   const std::string plotly = plotly_source();
   nlohmann::json data{{"generated", EPX_VERSION_TEXT}, {"runs", nlohmann::json::array()}};
+  std::map<std::string, int> labels;
   for (const std::string& spec : args.runs) {
+    // RESULTS:TRACE, unless the whole argument is a file (a name with a colon).
     const auto colon = spec.rfind(':');
-    const bool traced = colon != std::string::npos && colon > 0 && colon + 1 < spec.size();
+    const bool traced = !std::filesystem::exists(spec) && colon != std::string::npos && colon > 0 && colon + 1 < spec.size();
     const std::string results = traced ? spec.substr(0, colon) : spec;
     const std::optional<std::string> trace = traced ? std::optional(spec.substr(colon + 1)) : std::nullopt;
     const DiagnosedRun d = diagnose_run(results, trace, args.config, args.gpu);
-    const std::string label = std::filesystem::path(results).stem().string();
+    // Labels name the runs in the plots: the file's stem, numbered when two runs share it.
+    std::string label = std::filesystem::path(results).stem().string();
+    if (const int seen = labels[label]++; seen > 0) label += fmt::format(" ({})", seen + 1);
     data["runs"].push_back(run_json(d, label));
   }
-  replace_once(page, "/*EPX_DATA*/", script_safe(data.dump()));
+  replace_once(page, "/*EPX_DATA*/", json_in_script(data));
   replace_once(page, "/*EPX_PLOTLY*/", script_safe(plotly));
   write_file_atomically(args.output, [&](std::ostream& out) { out << page; });
   std::cout << fmt::format("wrote {} ({} run{}, {:.2g} MB)\n", args.output, args.runs.size(), args.runs.size() == 1 ? "" : "s",

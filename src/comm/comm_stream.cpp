@@ -36,7 +36,7 @@ bool CommEvent::ready() const {
   return state_->done;
 }
 
-CommStream::CommStream() : thread_([this] { loop(); }) {}
+CommStream::CommStream(trace::Track track) : track_(track), thread_([this] { loop(); }) {}
 
 CommStream::~CommStream() {
   {
@@ -92,7 +92,7 @@ void CommStream::loop() {
     const double cpu = thread_cpu_seconds() - cpu0;
     const auto wall1 = std::chrono::steady_clock::now();
     const double wall = std::chrono::duration<double>(wall1 - wall0).count();
-    trace::record(trace::Track::comm, name, wall0, wall1);
+    trace::record(track_, name, wall0, wall1);
 
     lock.lock();
     stats_.tasks += 1;

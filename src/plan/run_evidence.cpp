@@ -173,11 +173,6 @@ double length(const std::vector<Interval>& u) {
   for (const Interval& i : u) s += i.end - i.begin;
   return s;
 }
-double covered(const Interval& x, const std::vector<Interval>& u) {
-  double s = 0;
-  for (const Interval& i : u) s += std::max(0.0, std::min(x.end, i.end) - std::max(x.begin, i.begin));
-  return s;
-}
 
 bool is_token_exchange(const std::string& name) {
   return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward" ||
@@ -196,11 +191,20 @@ void read_trace(const std::string& path, RunEvidence& run) {
     throw InputError(fmt::format("{}:1: not a Chrome trace (an array of events or {{\"traceEvents\": [...]}})", path));
   std::vector<TraceSpan> all;
   for (const nlohmann::json& e : *events) {
-    if (!e.is_object() || e.value("ph", "") != "X" || !e.contains("ts") || !e.contains("dur")) continue;
+    const auto text = [&](const char* key) {
+      const auto it = e.find(key);
+      return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    const auto integer = [&](const char* key) {
+      const auto it = e.find(key);
+      return it != e.end() && it->is_number_integer() ? it->get<int>() : 0;
+    };
+    if (!e.is_object() || text("ph") != "X" || !e.contains("ts") || !e.contains("dur")) continue;
     TraceSpan s;
-    s.rank = e.value("pid", 0);
-    s.name = e.value("name", "");
-    s.track = e.value("cat", "");
+    s.rank = integer("pid");
+    s.thread = integer("tid");
+    s.name = text("name");
+    s.track = text("cat");
     if (!e["ts"].is_number() || !e["dur"].is_number())
       throw InputError(fmt::format("{}: event '{}' has a ts or dur that is not a number", path, s.name));
     s.begin_s = e["ts"].get<double>() * 1e-6;
@@ -241,21 +245,29 @@ void read_trace(const std::string& path, RunEvidence& run) {
   b.wait_s = length(waits);
   b.compute_s = length(compute);
   b.idle_s = (window.end - window.begin) - length(busy);
+  // Communication by kind, as unions (the token exchanges' stream and the gradient reduction's
+  // run at once), each stretch charged once: token exchanges first, then the DP reduction, then
+  // the rest. The counts exchange the compute thread blocks on itself counts whole.
+  std::vector<Interval> kinds[3];
   for (const TraceSpan& s : all) {
     if (s.rank != 0) continue;
     const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
-    if (x.end <= x.begin) continue;
-    // The comm stream's tasks, and the counts exchange the compute thread blocks on itself.
     const bool counts = s.track == "wait" && s.name == "dispatch counts";
-    if (s.track != "comm" && !counts) continue;
-    const double len = x.end - x.begin, exposed = counts ? len : len - covered(x, compute);
-    double* kind_s = is_token_exchange(s.name) ? &b.token_exchange_s : is_dp_reduce(s.name) ? &b.dp_reduce_s : &b.other_comm_s;
-    double* kind_exposed = is_token_exchange(s.name) ? &b.token_exchange_exposed_s
-                           : is_dp_reduce(s.name)    ? &b.dp_reduce_exposed_s
-                                                     : &b.other_comm_exposed_s;
-    *kind_s += len, *kind_exposed += exposed;
-    b.comm_s += len, b.exposed_s += exposed;
+    if (x.end <= x.begin || (s.track != "comm" && !counts)) continue;
+    kinds[is_token_exchange(s.name) ? 0 : is_dp_reduce(s.name) ? 1 : 2].push_back(x);
   }
+  std::vector<Interval> charged;
+  double* in_flight[3] = {&b.token_exchange_s, &b.dp_reduce_s, &b.other_comm_s};
+  double* exposed[3] = {&b.token_exchange_exposed_s, &b.dp_reduce_exposed_s, &b.other_comm_exposed_s};
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<Interval> u = merged(kinds[k]);
+    *in_flight[k] = length(u);
+    *exposed[k] = length(minus(minus(u, compute), charged));
+    charged.insert(charged.end(), u.begin(), u.end());
+    charged = merged(charged);
+  }
+  b.comm_s = length(charged);
+  b.exposed_s = length(minus(charged, compute));
   const double n = std::max(1, b.iterations);
   b.step_s = (window.end - window.begin) / n;
   for (double* v : {&b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_s, &b.token_exchange_s,

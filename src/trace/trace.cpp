@@ -75,19 +75,20 @@ Summary summarize(Clock::time_point since) {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events) {
       if (e.begin < since) continue;
-      (e.track == Track::compute ? compute : e.track == Track::comm ? comm : wait).emplace_back(e.begin, e.end);
-      if (e.track == Track::comm && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
+      const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
+      (e.track == Track::compute ? compute : communication ? comm : wait).emplace_back(e.begin, e.end);
+      if (communication && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
     }
   }
   const Intervals busy = minus(merged(compute), merged(wait));
   Summary s;
   const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (const auto& [b, e] : busy) s.compute_s += sec(e - b);
+  // Unions: the two streams' tasks may run at the same time.
   const auto add = [&](const Intervals& v, double& total, double& exposed) {
-    for (const auto& [b, e] : v) {
-      total += sec(e - b);
-      for (const auto& [xb, xe] : minus({{b, e}}, busy)) exposed += sec(xe - xb);
-    }
+    const Intervals all = merged(v);
+    for (const auto& [b, e] : all) total += sec(e - b);
+    for (const auto& [b, e] : minus(all, busy)) exposed += sec(e - b);
   };
   add(comm, s.comm_s, s.exposed_comm_s);
   add(exchange, s.token_exchange_s, s.exposed_token_exchange_s);
@@ -98,14 +99,16 @@ std::string take_events_json(int rank, Clock::time_point origin) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-  for (int tid : {0, 1})
+  for (int tid : {0, 1, 2})
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
-                      {"args", {{"name", tid == 0 ? "compute" : "communication"}}}});
+                      {"args", {{"name", tid == 0 ? "compute" : tid == 1 ? "communication" : "gradient reduction"}}}});
   std::lock_guard lock(g_mu);
-  for (const Event& e : g_events)
-    events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : e.track == Track::comm ? "comm" : "wait"},
-                      {"ph", "X"}, {"pid", rank}, {"tid", e.track == Track::comm ? 1 : 0}, {"ts", us(e.begin, origin)},
-                      {"dur", us(e.end, e.begin)}});
+  for (const Event& e : g_events) {
+    const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
+    events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : communication ? "comm" : "wait"},
+                      {"ph", "X"}, {"pid", rank}, {"tid", e.track == Track::comm ? 1 : e.track == Track::grad_comm ? 2 : 0},
+                      {"ts", us(e.begin, origin)}, {"dur", us(e.end, e.begin)}});
+  }
   g_events.clear();
   return json_text(events);
 }

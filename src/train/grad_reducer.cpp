@@ -63,22 +63,23 @@ void GradReducer::grads_ready(int group) {
 
 void GradReducer::launch(Bucket& b) {
   const std::int64_t n = b.size;
-  b.flat.resize(static_cast<std::size_t>(n));
+  b.flat = Tensor::uninitialized({n}, DType::F32);
+  float* flat = b.flat.data<float>();
   std::int64_t at = 0;
   for (const Param* p : b.params) {
-    std::copy_n(p->grad.data<float>(), p->grad.numel(), b.flat.data() + at);
+    std::copy_n(p->grad.data<float>(), p->grad.numel(), flat + at);
     at += p->grad.numel();
   }
   b.launched = true;
   if (b.comm->size() == 1) {
     b.done = CommEvent{};
   } else if (distributed_) {
-    b.shard.resize(static_cast<std::size_t>(b.shard_end - b.shard_begin));
+    b.shard = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, DType::F32);
     b.done = stream_.submit(
-        [&b] { b.comm->reduce_scatterv(b.flat.data(), b.shard.data(), b.shard_counts, DType::F32); },
+        [&b] { b.comm->reduce_scatterv(b.flat.raw(), b.shard.raw(), b.shard_counts, DType::F32); },
         reduce_name(b.expert));
   } else {
-    b.done = stream_.submit([&b, n] { b.comm->allreduce(b.flat.data(), n, DType::F32); }, reduce_name(b.expert));
+    b.done = stream_.submit([&b, n] { b.comm->allreduce(b.flat.raw(), n, DType::F32); }, reduce_name(b.expert));
   }
 }
 
@@ -87,16 +88,18 @@ void GradReducer::finish(float scale) {
     if (!b.launched) launch(b);
   for (Bucket& b : buckets_) {
     b.done.wait();
+    float* flat = b.flat.data<float>();
     if (distributed_ && b.comm->size() > 1) {  // the shard's sums; the rest is another rank's
-      std::fill(b.flat.begin(), b.flat.end(), 0.f);
-      std::copy(b.shard.begin(), b.shard.end(), b.flat.begin() + b.shard_begin);
+      std::fill_n(flat, b.size, 0.f);
+      std::copy_n(b.shard.data<float>(), b.shard_end - b.shard_begin, flat + b.shard_begin);
     }
     std::int64_t at = 0;
     for (Param* p : b.params) {
       float* g = p->grad.data<float>();
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] = b.flat[static_cast<std::size_t>(at + i)] * scale;
+      for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] = flat[at + i] * scale;
       at += p->grad.numel();
     }
+    b.flat = b.shard = Tensor();
   }
 }
 

@@ -48,7 +48,7 @@ class GradReducer {
     std::int64_t size = 0;                   // elements
     std::vector<std::int64_t> shard_counts;  // per rank of comm (distributed)
     std::int64_t shard_begin = 0, shard_end = 0;
-    std::vector<float> flat, shard;
+    Tensor flat, shard;  // F32, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;
   };

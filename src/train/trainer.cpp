@@ -56,6 +56,7 @@ class Trainer {
         out_(out),
         job_(JobSpec::from_config(cfg, world.size())),
         groups_(world, job_.layout),
+        grad_stream_(trace::Track::grad_comm),
         model_(job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
                {.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
                 .rank = static_cast<std::uint64_t>(world.rank())}),
@@ -232,8 +233,8 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
   result.tflops_per_rank = flops_per_iteration_ / result.mean_step_s / world_.size() / 1e12;
   result.peak_memory_bytes = max_over(world_, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
-  result.comm_in_flight_s = stream_.stats().busy_s;
-  result.comm_thread_cpu_s = stream_.stats().cpu_s;
+  result.comm_in_flight_s = stream_.stats().busy_s + grad_stream_.stats().busy_s;
+  result.comm_thread_cpu_s = stream_.stats().cpu_s + grad_stream_.stats().cpu_s;
   if (options_.trace_path) {
     result.traced = trace::summarize(steady_begin);
     trace::enable(false);
@@ -282,6 +283,7 @@ TrainResult Trainer::run() {
   for (int it = 1; it <= iters; ++it) {
     if (it == result.steady_first) {
       stream_.reset_stats();
+      grad_stream_.reset_stats();
       steady_begin = Clock::now();
     }
     result.iterations.push_back(train_step(it));

@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 
+#include "epx/trace/trace.hpp"
+
 namespace epx {
 
 class CommEvent {
@@ -39,7 +41,8 @@ class CommEvent {
 
 class CommStream {
  public:
-  CommStream();
+  // `track`: where its tasks appear on the trace (Track::grad_comm for the gradient reduction's).
+  explicit CommStream(trace::Track track = trace::Track::comm);
   ~CommStream();  // finishes the queued tasks, then joins
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
@@ -71,6 +74,7 @@ class CommStream {
   std::deque<Task> queue_;
   bool stopping_ = false;
   Stats stats_;
+  trace::Track track_;
   std::thread thread_;
 };
 

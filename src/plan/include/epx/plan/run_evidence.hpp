@@ -31,7 +31,7 @@ struct TraceBreakdown {
 
 // One event of a rank's timeline, for the report (seconds from the trace's origin).
 struct TraceSpan {
-  int rank = 0;
+  int rank = 0, thread = 0;  // thread: the trace's tid (0 compute, 1 exchanges, 2 gradient reduction)
   std::string track;  // compute | wait | comm
   std::string name;
   double begin_s = 0, end_s = 0;

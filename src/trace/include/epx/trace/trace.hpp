@@ -12,7 +12,8 @@ namespace epx::trace {
 
 // compute and wait share the compute thread's track: a wait is the compute thread blocked on
 // communication, so it does not count as compute covering it.
-enum class Track { compute = 0, comm = 1, wait = 2 };
+// grad_comm is the gradient reduction's own stream: communication too, on a track of its own.
+enum class Track { compute = 0, comm = 1, wait = 2, grad_comm = 3 };
 using Clock = std::chrono::steady_clock;
 
 void enable(bool on);
@@ -45,9 +46,9 @@ inline constexpr const char* kDispatchBackward = "dispatch backward";
 inline constexpr const char* kCombineBackward = "combine backward";
 bool is_token_exchange(const std::string& task_name);
 
-// Summed lengths of this rank's recorded intervals since `since`: compute (less its waits),
-// communication, and the part of it during which the compute thread was not computing (the
-// exposed communication); the same for the MoE token exchanges alone.
+// This rank's recorded time since `since`: compute (less its waits), communication in flight on
+// either stream, and the part of it during which the compute thread was not computing (the
+// exposed communication), as interval unions; the same for the MoE token exchanges alone.
 struct Summary {
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
   double token_exchange_s = 0, exposed_token_exchange_s = 0;
