@@ -139,7 +139,10 @@ int main(int argc, char** argv) {
       epx::share_cores_with_local_ranks();
       const std::optional<double>& given = *layer ? layer_args.collective_timeout : run_args.collective_timeout;
       const bool has_option = *layer || *run;  // bench has no --collective-timeout
-      mpi = std::make_unique<epx::MpiSession>(has_option && given ? *given : epx::collective_timeout_from_env());
+      // --calibrate: the other ranks wait while rank 0 trains the model alone, for minutes on a
+      // large proxy; an hour unless EPX_COLLECTIVE_TIMEOUT says otherwise.
+      const double fallback = *plan ? 3600 : epx::kDefaultCollectiveTimeoutS;
+      mpi = std::make_unique<epx::MpiSession>(has_option && given ? *given : epx::collective_timeout_from_env(fallback));
     }
     if (*check) return run_check_command(check_args, json, list_rules);
     if (*show) return run_config_show(show_args);
