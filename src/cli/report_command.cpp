@@ -76,22 +76,10 @@ nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
                    {"config", d.config ? dump_yaml(*d.config) : ""},
                    {"diagnosis", diagnosis_json(r, d.diagnosis)},
                    {"iterations", nlohmann::json::array()},
-                   {"spans", nlohmann::json::array()},
-                   {"breakdown", nullptr}};
+                   {"spans", nlohmann::json::array()}};
   for (const IterationPoint& p : r.iterations)
     j["iterations"].push_back({{"iteration", p.iteration}, {"step_s", p.step_s}, {"lm_loss", p.lm_loss},
                                {"mem_max_allocated_gb", p.mem_max_allocated_gb}});
-  if (r.trace) {
-    const TraceBreakdown& t = *r.trace;
-    j["breakdown"] = {{"compute", t.compute_s},
-                      {"token_exchange", t.token_exchange_s},
-                      {"token_exchange_exposed", t.token_exchange_exposed_s},
-                      {"dp_reduce_exposed", t.dp_reduce_exposed_s},
-                      {"other_exposed", t.other_comm_exposed_s},
-                      {"exposed", t.exposed_s},
-                      {"idle", t.idle_s},
-                      {"step", t.step_s}};
-  }
   for (const TraceSpan& s : r.spans)
     j["spans"].push_back({{"rank", s.rank}, {"thread", s.thread}, {"track", s.track}, {"name", s.name},
                           {"begin", s.begin_s}, {"end", s.end_s}});
