@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "epx/base/error.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
 namespace {
@@ -178,10 +179,6 @@ bool is_token_exchange(const std::string& name) {
   return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward" ||
          name == "dispatch counts";
 }
-// The DP / EDP gradient reduction, and with the distributed optimizer the parameter all-gather.
-bool is_dp_reduce(const std::string& name) {
-  return name.find("gradient all-reduce") != std::string::npos || name.find("parameter all-gather") != std::string::npos;
-}
 
 void read_trace(const std::string& path, RunEvidence& run) {
   const std::string text = read_text(path, "trace");
@@ -254,7 +251,7 @@ void read_trace(const std::string& path, RunEvidence& run) {
     const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
     const bool counts = s.track == "wait" && s.name == "dispatch counts";
     if (x.end <= x.begin || (s.track != "comm" && !counts)) continue;
-    kinds[is_token_exchange(s.name) ? 0 : is_dp_reduce(s.name) ? 1 : 2].push_back(x);
+    kinds[is_token_exchange(s.name) ? 0 : trace::is_dp_reduction(s.name) ? 1 : 2].push_back(x);
   }
   std::vector<Interval> charged;
   double* in_flight[3] = {&b.token_exchange_s, &b.dp_reduce_s, &b.other_comm_s};

@@ -59,6 +59,10 @@ bool is_token_exchange(const std::string& name) {
   return name == kDispatch || name == kCombine || name == kDispatchBackward || name == kCombineBackward;
 }
 
+bool is_dp_reduction(const std::string& name) {
+  return name.find("gradient all-reduce") != std::string::npos || name.find("parameter all-gather") != std::string::npos;
+}
+
 void enable(bool on) { g_enabled = on; }
 bool enabled() { return g_enabled; }
 
@@ -70,7 +74,7 @@ void record(Track track, std::string name, Clock::time_point begin, Clock::time_
 }
 
 Summary summarize(Clock::time_point since) {
-  Intervals compute, comm, wait, exchange;
+  Intervals compute, comm, wait, exchange, dp;
   {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events) {
@@ -78,6 +82,7 @@ Summary summarize(Clock::time_point since) {
       const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
       (e.track == Track::compute ? compute : communication ? comm : wait).emplace_back(e.begin, e.end);
       if (communication && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
+      if (communication && is_dp_reduction(e.name)) dp.emplace_back(e.begin, e.end);
     }
   }
   const Intervals busy = minus(merged(compute), merged(wait));
@@ -92,6 +97,9 @@ Summary summarize(Clock::time_point since) {
   };
   add(comm, s.comm_s, s.exposed_comm_s);
   add(exchange, s.token_exchange_s, s.exposed_token_exchange_s);
+  const Intervals dp_all = merged(dp);
+  for (const auto& [b, e] : dp_all) s.dp_reduce_s += sec(e - b);
+  for (const auto& [b, e] : minus(minus(dp_all, busy), merged(exchange))) s.exposed_dp_reduce_s += sec(e - b);
   return s;
 }
 

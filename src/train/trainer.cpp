@@ -248,7 +248,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
       "  peak memory: {:.4f} GB (mem-max-allocated, max over ranks)\n"
       "  final lm loss: {:.6f} (iteration {})\n"
-      "  communication stream (rank 0): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}",
+      "  communication stream (rank 0): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       result.final_loss, job_.iterations, result.comm_in_flight_s, result.comm_thread_cpu_s,
@@ -258,6 +258,11 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
                         "{:.3f} s exposed ({:.0f}% hidden)\n",
                         result.traced->token_exchange_s, result.traced->exposed_token_exchange_s,
                         100 * (1 - result.traced->exposed_token_exchange_s / result.traced->token_exchange_s))
+          : "",
+      result.traced && result.traced->dp_reduce_s > 0
+          ? fmt::format("  DP gradient reduction (rank 0): {:.3f} s in flight, {:.3f} s exposed ({:.0f}% hidden)\n",
+                        result.traced->dp_reduce_s, result.traced->exposed_dp_reduce_s,
+                        100 * (1 - result.traced->exposed_dp_reduce_s / result.traced->dp_reduce_s))
           : "");
   if (options_.trace_path) out_ << "wrote the trace to " << *options_.trace_path << "\n";
 }
@@ -319,6 +324,8 @@ nlohmann::json TrainResult::to_json() const {
     summary["traced_comm_s"] = traced->comm_s;
     summary["token_exchange_s"] = traced->token_exchange_s;
     summary["exposed_token_exchange_s"] = traced->exposed_token_exchange_s;
+    summary["dp_reduce_s"] = traced->dp_reduce_s;
+    summary["exposed_dp_reduce_s"] = traced->exposed_dp_reduce_s;
   }
   return {{"summary", summary}, {"iterations", its}};
 }

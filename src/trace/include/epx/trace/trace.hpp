@@ -52,7 +52,11 @@ bool is_token_exchange(const std::string& task_name);
 struct Summary {
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
   double token_exchange_s = 0, exposed_token_exchange_s = 0;
+  // The DP / EDP gradient reduction (and the distributed optimizer's parameter all-gather); a
+  // stretch exposed while a token exchange is exposed too counts as the exchange's.
+  double dp_reduce_s = 0, exposed_dp_reduce_s = 0;
 };
+bool is_dp_reduction(const std::string& task_name);
 Summary summarize(Clock::time_point since);
 
 // This rank's events as a JSON array (Chrome trace events of process `rank`, times relative to
