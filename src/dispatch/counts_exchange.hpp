@@ -14,7 +14,7 @@ namespace epx {
 
 // Every rank's `n` counts, in rank order.
 inline std::vector<std::int64_t> allgather_counts(Communicator& counts, const std::int64_t* mine, std::int64_t n) {
-  trace::Scope wait(trace::Track::wait, "dispatch counts");
+  trace::Scope wait(trace::Track::wait, trace::kDispatchCounts);
   std::vector<std::int64_t> all(static_cast<std::size_t>(n * counts.size()));
   counts.allgatherv(mine, all.data(), std::vector<std::int64_t>(static_cast<std::size_t>(counts.size()), n), DType::I64);
   return all;

@@ -89,15 +89,6 @@ std::string describe(const Variant& v) {
                      v.ep_overlap ? (v.delay_wgrad ? "EP overlap + delay_wgrad" : "EP overlap") : "no EP overlap");
 }
 
-// The plan of `c` with `overrides` if `epx check` passes it.
-std::optional<Plan> plan_with(const Config& c, const std::vector<std::string>& overrides) {
-  Config changed = c;
-  for (const std::string& o : overrides) apply_override(changed, o);
-  const CheckReport r = run_check(changed);
-  if (!r.ok()) return std::nullopt;
-  return make_plan(r.resolved);
-}
-
 std::string harness_family(const std::string& recipe) {
   if (recipe.rfind("qwen", 0) == 0) return "qwen";
   if (recipe.rfind("deepseek", 0) == 0) return "deepseek";
@@ -201,18 +192,13 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
     const std::vector<std::string> selective = {"model.recompute_granularity=selective",
                                                 "model.recompute_modules=[core_attn,moe_act,layernorm]",
                                                 "model.recompute_method=null", "model.recompute_num_layers=null"};
-    if (const auto p = plan_with(c, selective); p && p->fits) {
-      const Variant* now = nullptr;
-      const Variant* then = nullptr;
-      for (const Variant& v : a.plan.variants) if (v.as_configured) now = &v;
-      for (const Variant& v : p->variants) if (v.as_configured) then = &v;
-      if (now && then)
-        tips.push_back({"recompute",
-                        fmt::format("full recompute is set, but selective recompute (core_attn, moe_act, layernorm) "
-                                    "fits: {:.1f} GiB of {:.0f}, {:.3g} s/step instead of {:.3g} s",
-                                    then->peak_memory_gb, a.plan.gpu.rates.memory_gb, then->step_time_s,
-                                    now->step_time_s),
-                        selective});
+    if (const Replanned p = replan(c, selective); p.plan && p.plan->fits) {
+      const Variant &now = a.plan.configured(), &then = p.plan->configured();
+      tips.push_back({"recompute",
+                      fmt::format("full recompute is set, but selective recompute (core_attn, moe_act, layernorm) "
+                                  "fits: {:.1f} GiB of {:.0f}, {:.3g} s/step instead of {:.3g} s",
+                                  then.peak_memory_gb, a.plan.gpu.rates.memory_gb, then.step_time_s, now.step_time_s),
+                      selective});
     } else {
       tips.push_back({"recompute", "full recompute is set and selective recompute does not fit: keep full", {}});
     }
@@ -307,7 +293,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   });
 
   // The gate.
-  const bool cpu = a.plan.gpu.name == "cpu";
+  const bool cpu = !a.plan.gpu.cuda();  // epx's own runtime
   if (cpu && !have.stated()) {
     a.gate.push_back("epx's CPU runtime has all three dispatchers (the flex backends are its emulations)");
   } else if (!have.stated()) {

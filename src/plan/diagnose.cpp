@@ -3,7 +3,6 @@
 #include "epx/plan/diagnose.hpp"
 
 #include <algorithm>
-#include <functional>
 
 #include <fmt/format.h>
 
@@ -17,27 +16,14 @@ namespace {
 // below the attainable one make the third wall a host-overhead one.
 constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
 
-const Variant* configured(const Plan& p) {
-  for (const Variant& v : p.variants)
-    if (v.as_configured) return &v;
-  return nullptr;
-}
-
 // The planner's as-configured row of `c` with `overrides`, against `base`, in words.
 std::string predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides) {
-  Config changed = c;
-  for (const std::string& o : overrides) apply_override(changed, o);
-  const CheckReport r = run_check(changed);
-  if (!r.ok()) {
-    for (const Finding& f : r.findings)
-      if (f.severity == Severity::error) return fmt::format("epx check refuses it here: [{}] {}", f.rule_id, f.message);
-  }
-  const Plan p = make_plan(r.resolved);
-  const Variant* v = configured(p);
-  if (v == nullptr) return "not planned";
+  const Replanned r = replan(c, overrides);
+  if (!r.plan) return "epx check refuses it here: " + r.refusal;
+  const Variant& v = r.plan->configured();
   return fmt::format("planner: step {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}", base.step_time_s,
-                     v->step_time_s, 100 * (v->step_time_s / base.step_time_s - 1), base.peak_memory_gb,
-                     v->peak_memory_gb, p.fits ? "" : " (does not fit)");
+                     v.step_time_s, 100 * (v.step_time_s / base.step_time_s - 1), base.peak_memory_gb,
+                     v.peak_memory_gb, r.plan->fits ? "" : " (does not fit)");
 }
 
 }  // namespace
@@ -48,11 +34,11 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   const Variant* base = nullptr;
   if (config) {
     plan = make_plan(*config);
-    base = configured(*plan);
+    base = &plan->configured();
   } else {
     d.notes.push_back("no config: the planner's predictions and the fixes' effects are unknown (pass --config)");
   }
-  const bool epx_runtime = gpu && gpu->name == "cpu";
+  const bool epx_runtime = gpu && !gpu->cuda();
   const double step = run.mean_step_s;
 
   // Memory: the peak against the capacity; and whether only full recompute makes it fit.
@@ -63,12 +49,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     memory.evidence = fmt::format("peak {:.3g} GiB of {:.3g} GiB ({:.0f}%)", run.peak_memory_gb, gpu->rates.memory_gb,
                                   100 * memory.share);
     if (config && config->model.recompute_granularity == std::optional<std::string>("full")) {
-      Config selective = *config;
-      for (const char* o : {"model.recompute_granularity=selective", "model.recompute_method=null",
-                            "model.recompute_num_layers=null"})
-        apply_override(selective, o);
-      const CheckReport r = run_check(selective);
-      only_with_full = r.ok() && !make_plan(r.resolved).fits;
+      const Replanned selective = replan(*config, {"model.recompute_granularity=selective", "model.recompute_method=null",
+                                                   "model.recompute_num_layers=null"});
+      only_with_full = selective.plan && !selective.plan->fits;
       memory.evidence += only_with_full ? "; it fits only with full recompute (the planner: selective does not fit)"
                                         : "; full recompute is on, but selective recompute would fit (the planner)";
     }
@@ -157,24 +140,22 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     add("memory", "FP8 and activation offloading, when recompute and parallelism are not enough", {}, false);
   } else if (d.binding == "communication" && m) {
     const bool dp_dominates = run.trace && run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s;
-    std::vector<std::function<void()>> token_fixes = {
-        [&] {
-          if (m->moe_token_dispatcher_type != "flex")
-            add("communication", "a flex dispatcher: DeepEP sends one copy per destination node, not per expert",
-                {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
-        },
-        [&] {
-          if (!m->overlap_moe_expert_parallel_comm)
-            add("communication", "EP overlap with delayed wgrad: the exchanges run under the other micro-batch's compute",
-                {"comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
-        }};
-    std::vector<std::function<void()>> dp_fixes = {[&] {
+    const auto token_fixes = [&] {
+      if (m->moe_token_dispatcher_type != "flex")
+        add("communication", "a flex dispatcher: DeepEP sends one copy per destination node, not per expert",
+            {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
+      if (!m->overlap_moe_expert_parallel_comm)
+        add("communication", "EP overlap with delayed wgrad: the exchanges run under the other micro-batch's compute",
+            {"comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
+    };
+    const auto dp_fixes = [&] {
       if (!config->ddp.overlap_grad_reduce)
         add("communication", "overlap the DP gradient reduction with the last backward (buckets of ddp.bucket_size)",
             {"ddp.overlap_grad_reduce=true"});
-    }};
-    for (auto& f : dp_dominates ? dp_fixes : token_fixes) f();
-    for (auto& f : dp_dominates ? token_fixes : dp_fixes) f();
+    };
+    // The kind that leaves more exposed first.
+    if (dp_dominates) dp_fixes(), token_fixes();
+    else token_fixes(), dp_fixes();
     if (m->tensor_model_parallel_size > 1)
       add("communication", "TP communication overlap", {"comm_overlap.tp_comm_overlap=true"}, false);
   } else if (m) {

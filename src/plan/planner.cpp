@@ -36,6 +36,21 @@ std::string override_for(const ModelConfig& m, const Variant& v) {
 
 }  // namespace
 
+const Variant& Plan::configured() const {
+  for (const Variant& v : variants)
+    if (v.as_configured) return v;
+  throw std::logic_error("make_plan: no variant as configured");
+}
+
+Replanned replan(const Config& resolved, const std::vector<std::string>& overrides) {
+  Config changed = resolved;
+  for (const std::string& o : overrides) apply_override(changed, o);
+  const CheckReport r = run_check(changed);
+  for (const Finding& f : r.findings)
+    if (f.severity == Severity::error) return {std::nullopt, fmt::format("[{}] {}", f.rule_id, f.message)};
+  return {make_plan(r.resolved), ""};
+}
+
 Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;

@@ -175,9 +175,9 @@ double length(const std::vector<Interval>& u) {
   return s;
 }
 
+// The token exchanges on the comm stream, and the counts exchange the compute thread blocks on.
 bool is_token_exchange(const std::string& name) {
-  return name == "dispatch" || name == "combine" || name == "dispatch backward" || name == "combine backward" ||
-         name == "dispatch counts";
+  return trace::is_token_exchange(name) || name == trace::kDispatchCounts;
 }
 
 void read_trace(const std::string& path, RunEvidence& run) {
@@ -249,7 +249,7 @@ void read_trace(const std::string& path, RunEvidence& run) {
   for (const TraceSpan& s : all) {
     if (s.rank != 0) continue;
     const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
-    const bool counts = s.track == "wait" && s.name == "dispatch counts";
+    const bool counts = s.track == "wait" && s.name == trace::kDispatchCounts;
     if (x.end <= x.begin || (s.track != "comm" && !counts)) continue;
     kinds[is_token_exchange(s.name) ? 0 : trace::is_dp_reduction(s.name) ? 1 : 2].push_back(x);
   }

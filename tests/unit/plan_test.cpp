@@ -23,12 +23,6 @@ Config resolved(const std::string& recipe, const std::vector<std::string>& overr
   return r.resolved;
 }
 
-const Variant& configured(const Plan& p) {
-  for (const Variant& v : p.variants)
-    if (v.as_configured) return v;
-  throw std::logic_error("no variant as configured");
-}
-
 double rel(double predicted, double measured) { return std::abs(predicted / measured - 1); }
 
 TEST(Plan, ModelFlopsAreMegatrons) {
@@ -67,7 +61,7 @@ TEST(Plan, SeedRunsOnSixteenH100) {
   };
   for (const Row& r : rows) {
     const Plan p = make_plan(resolved("qwen3_30b_a3b", r.overrides));
-    const Variant& v = configured(p);
+    const Variant& v = p.configured();
     EXPECT_LT(rel(v.step_time_s, r.step_s), 0.15) << testing::PrintToString(r.overrides) << ": " << v.step_time_s;
     if (r.memory_gb > 0) {
       EXPECT_LT(rel(v.peak_memory_gb * 1073741824.0 / 1e9, r.memory_gb), 0.15) << v.peak_memory_gb << " GiB";

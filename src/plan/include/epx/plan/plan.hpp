@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,9 +88,17 @@ struct Plan {
   MemoryPlan memory;               // as configured
   bool fits = false;
   std::vector<Variant> variants;
+  const Variant& configured() const;  // the one row `as_configured`
 };
 // The plan of a config that passed `epx check` (resolved, world size and GPU given).
 Plan make_plan(const Config& resolved);
+// `resolved` with `overrides` applied and checked again (what advise and diagnose weigh): its
+// plan, or, when `epx check` refuses it, the first error as "[rule] message".
+struct Replanned {
+  std::optional<Plan> plan;
+  std::string refusal;
+};
+Replanned replan(const Config& resolved, const std::vector<std::string>& overrides);
 std::string format_plan(const Plan& p);
 nlohmann::json plan_json(const Plan& p);
 

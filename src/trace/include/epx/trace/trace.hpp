@@ -44,6 +44,8 @@ inline constexpr const char* kDispatch = "dispatch";
 inline constexpr const char* kCombine = "combine";
 inline constexpr const char* kDispatchBackward = "dispatch backward";
 inline constexpr const char* kCombineBackward = "combine backward";
+// The compute thread's own wait on the dispatchers' token-count exchange (Track::wait).
+inline constexpr const char* kDispatchCounts = "dispatch counts";
 bool is_token_exchange(const std::string& task_name);
 
 // This rank's recorded time since `since`: compute (less its waits), communication in flight on
