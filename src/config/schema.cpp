@@ -332,6 +332,8 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, pipeline_model_parallel_layout),
       EPX_FIELD(kModel, account_for_embedding_in_pipeline_split),
       EPX_FIELD(kModel, account_for_loss_in_pipeline_split),
+      EPX_FIELD(kModel, num_layers_in_first_pipeline_stage),
+      EPX_FIELD(kModel, num_layers_in_last_pipeline_stage),
       EPX_FIELD(kModel, num_layers),
       EPX_FIELD(kModel, hidden_size),
       EPX_FIELD(kModel, ffn_hidden_size),

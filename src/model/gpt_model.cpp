@@ -11,34 +11,55 @@
 
 namespace epx {
 
+namespace {
+
+ModelChunk resolved(ModelChunk c, int num_layers) {
+  if (c.layers.end < 0) c.layers.end = num_layers;
+  if (c.layers.first < 0 || c.layers.first > c.layers.end || c.layers.end > num_layers)
+    throw std::invalid_argument(fmt::format("model: chunk layers [{}, {}) outside the model's {}", c.layers.first,
+                                            c.layers.end, num_layers));
+  return c;
+}
+
+}  // namespace
+
 GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
-                   const MoELayerOptions& moe_options)
-    : embedding("embedding.word_embeddings.weight", {spec.vocab, spec.hidden}, spec.dtype),
-      final_layernorm("decoder.final_layernorm.weight", {spec.hidden}, DType::F32),
-      output_layer("output_layer.weight", {spec.tie_embeddings ? 0 : spec.vocab, spec.hidden}, spec.dtype),
+                   const MoELayerOptions& moe_options, ModelChunk chunk)
+    : embedding("embedding.word_embeddings.weight", {chunk.pre_process ? spec.vocab : 0, spec.hidden}, spec.dtype),
+      final_layernorm("decoder.final_layernorm.weight", {chunk.post_process ? spec.hidden : 0}, DType::F32),
+      output_layer("output_layer.weight", {spec.tie_embeddings || !chunk.post_process ? 0 : spec.vocab, spec.hidden},
+                   spec.dtype),
       spec_(spec),
-      checkpoint_end_(static_cast<std::size_t>(spec.num_layers), -1) {
-  for (int i = 0; i < spec.num_layers; ++i)
+      chunk_(resolved(chunk, spec.num_layers)),
+      checkpoint_end_(static_cast<std::size_t>(chunk_.layers.size()), -1) {
+  if (spec.tie_embeddings && chunk_.pre_process != chunk_.post_process)
+    throw std::invalid_argument("model: tied embeddings need the embedding and the head in one chunk");
+  for (int i = chunk_.layers.first; i < chunk_.layers.end; ++i)
     layers.push_back(std::make_unique<TransformerLayer>(
         i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
-  for (const auto& [first, last] : spec.recompute.checkpoints(spec.num_layers))
+  // Megatron checkpoints within each chunk: its recompute_num_layers count the chunk's layers.
+  for (const auto& [first, last] : spec.recompute.checkpoints(num_local_layers()))
     checkpoint_end_[static_cast<std::size_t>(first)] = last;
 }
 
 std::vector<Param*> GPTModel::params() {
-  std::vector<Param*> out{&embedding};
+  std::vector<Param*> out;
+  if (chunk_.pre_process) out.push_back(&embedding);
   for (auto& l : layers)
     for (Param* p : l->params()) out.push_back(p);
-  out.push_back(&final_layernorm);
-  if (!spec_.tie_embeddings) out.push_back(&output_layer);
+  if (chunk_.post_process) out.push_back(&final_layernorm);
+  if (chunk_.post_process && !spec_.tie_embeddings) out.push_back(&output_layer);
   return out;
 }
 
 std::vector<std::vector<Param*>> GPTModel::grad_groups() {
-  std::vector<std::vector<Param*>> out{{&final_layernorm}};
-  if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
-  for (int i = spec_.num_layers - 1; i >= 0; --i) out.push_back(layers[static_cast<std::size_t>(i)]->params());
-  out.push_back({&embedding});
+  std::vector<std::vector<Param*>> out;
+  if (chunk_.post_process) {
+    out.push_back({&final_layernorm});
+    if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
+  }
+  for (int i = num_local_layers() - 1; i >= 0; --i) out.push_back(layers[static_cast<std::size_t>(i)]->params());
+  if (chunk_.pre_process) out.push_back({&embedding});
   return out;
 }
 
@@ -62,10 +83,11 @@ void GPTModel::zero_grad() {
 
 void GPTModel::init_weights(std::uint64_t seed) {
   for (Param* p : {&embedding, &output_layer}) {
+    if (p->master.numel() == 0) continue;
     p->master.copy_from(random_normal(p->master.shape(), DType::F32, seed, stream_of(p->name), spec_.init_std));
     p->refresh();
   }
-  final_layernorm.master.fill(1.f);
+  if (final_layernorm.master.numel() > 0) final_layernorm.master.fill(1.f);
   for (auto& l : layers) l->init_weights(seed);
 }
 
@@ -90,18 +112,18 @@ Tensor GPTModel::layer_output(int i, Context& ctx) {
 Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
   const auto u = static_cast<std::size_t>(i);
   ctx.layers[u] = std::make_unique<TransformerLayer::Context>();
-  trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", i);
+  trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", global_layer(i));
   Tensor y = layers[u]->forward(x, *ctx.layers[u], recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
   if (!recompute) record_router(i, ctx);  // a recompute neither counts its losses nor draws anew
   return y;
 }
 
-Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
-  const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
+void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+  const std::int64_t T = tokens.numel();
   if (T != spec_.seq_length * spec_.micro_batch || targets.numel() != T)
     throw std::invalid_argument(fmt::format("model: {} tokens, expected seq_length x micro_batch = {}", T,
                                             spec_.seq_length * spec_.micro_batch));
-  const auto L = static_cast<std::size_t>(spec_.num_layers);
+  const auto L = static_cast<std::size_t>(num_local_layers());
   ctx.tokens = tokens;
   ctx.targets = targets;
   ctx.layers.clear();
@@ -109,7 +131,11 @@ Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx
   ctx.checkpoint_input.assign(L, Tensor());
   ctx.router_draw.assign(L, 0);
   ctx.aux_loss = ctx.z_loss = 0;
+}
 
+Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+  const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
+  begin(tokens, targets, ctx);
   trace::Scope scope(trace::Track::compute, "embedding forward");
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   const std::int64_t* tok = tokens.data<std::int64_t>();
@@ -124,8 +150,11 @@ Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx
 }
 
 double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& ctx) {
-  Tensor x = embed(tokens, targets, ctx);
-  for (int i = 0; i < spec_.num_layers;) {
+  return head_forward(forward_layers(embed(tokens, targets, ctx), ctx), ctx);
+}
+
+Tensor GPTModel::forward_layers(Tensor x, Context& ctx) {
+  for (int i = 0; i < num_local_layers();) {
     const int end = checkpoint_end_[static_cast<std::size_t>(i)];
     if (end < 0) {
       x = run_layer(i, x, ctx, false);
@@ -138,7 +167,7 @@ double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& c
       ctx.layers[static_cast<std::size_t>(i)].reset();
     }
   }
-  return head_forward(x, ctx);
+  return x;
 }
 
 double GPTModel::head_forward(const Tensor& x, Context& ctx) {
@@ -175,12 +204,16 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
 }
 
 void GPTModel::backward(Context& ctx, float dloss) {
-  Tensor dx = head_backward(ctx, dloss);
+  embed_backward(ctx, backward_layers(ctx, head_backward(ctx, dloss)));
+}
+
+Tensor GPTModel::backward_layers(Context& ctx, Tensor dx) {
   // Layers last to first; a checkpointed run is recomputed from its input first.
-  std::vector<int> start_of(static_cast<std::size_t>(spec_.num_layers), -1);
-  for (int i = 0; i < spec_.num_layers; ++i)
+  const int L = num_local_layers();
+  std::vector<int> start_of(static_cast<std::size_t>(L), -1);
+  for (int i = 0; i < L; ++i)
     if (checkpoint_end_[static_cast<std::size_t>(i)] >= 0) start_of[static_cast<std::size_t>(checkpoint_end_[static_cast<std::size_t>(i)] - 1)] = i;
-  for (int i = spec_.num_layers - 1; i >= 0; --i) {
+  for (int i = L - 1; i >= 0; --i) {
     const int first = start_of[static_cast<std::size_t>(i)];
     if (first >= 0) {
       Tensor x = ctx.checkpoint_input[static_cast<std::size_t>(first)];
@@ -188,13 +221,13 @@ void GPTModel::backward(Context& ctx, float dloss) {
       for (int j = first; j <= i; ++j) x = run_layer(j, x, ctx, true);
     }
     auto& c = ctx.layers[static_cast<std::size_t>(i)];
-    trace::Scope scope(trace::Track::compute, "layer backward", i);
+    trace::Scope scope(trace::Track::compute, "layer backward", global_layer(i));
     dx = layers[static_cast<std::size_t>(i)]->backward_dgrad(*c, dx);
     layers[static_cast<std::size_t>(i)]->backward_wgrad(*c);
     c.reset();
     grads_ready(layer_grad_group(i));
   }
-  embed_backward(ctx, dx);
+  return dx;
 }
 
 void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {

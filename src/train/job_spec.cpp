@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/base/env.hpp"
+#include "epx/schedule/pipeline.hpp"
 
 namespace epx {
 namespace {
@@ -21,15 +22,13 @@ std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 
 ParallelLayout parallel_layout_from_config(const Config& c, int world) {
   const ModelConfig& m = c.model;
-  if (m.pipeline_model_parallel_size != 1)
-    bad("model.pipeline_model_parallel_size", std::to_string(m.pipeline_model_parallel_size),
-        "epx runs with PP = 1; set it to 1");
   if (m.tensor_model_parallel_size != 1 || m.context_parallel_size != 1)
     throw ConfigError(fmt::format(
         "model.tensor_model_parallel_size={}, model.context_parallel_size={}: epx splits attention "
         "by data parallelism only; set both to 1 (expert_tensor_parallel_size still splits the experts)",
         m.tensor_model_parallel_size, m.context_parallel_size));
-  return ParallelLayout::make(world, 1, 1, 1, static_cast<int>(m.expert_model_parallel_size),
+  return ParallelLayout::make(world, 1, 1, static_cast<int>(m.pipeline_model_parallel_size),
+                              static_cast<int>(m.expert_model_parallel_size),
                               static_cast<int>(effective_etp(m)));
 }
 
@@ -245,6 +244,27 @@ DispatcherOptions dispatcher_options_from_config(const Config& c) {
   return o;
 }
 
+PipelineSpec pipeline_spec_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (m.pipeline_model_parallel_layout)
+    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+        "epx splits the layers by num_layers_in_first/last_pipeline_stage or evenly; remove the layout");
+  const auto to_int = [](const OptInt& v) { return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt; };
+  const int pp = static_cast<int>(m.pipeline_model_parallel_size);
+  PipelineSpec p = PipelineSpec::split(static_cast<int>(m.num_layers), pp, to_int(m.virtual_pipeline_model_parallel_size),
+                                       to_int(m.num_layers_in_first_pipeline_stage), to_int(m.num_layers_in_last_pipeline_stage),
+                                       m.account_for_embedding_in_pipeline_split, m.account_for_loss_in_pipeline_split);
+  if (pp > 1 && m.share_embeddings_and_output_weights)
+    bad("model.share_embeddings_and_output_weights", "true",
+        "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "
+        "across stages; set it to false (as the MoE recipes do) or pipeline_model_parallel_size=1");
+  if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !p.interleaved)
+    bad("model.virtual_pipeline_model_parallel_size", "None",
+        "[ep_overlap.pp_needs_vpp] If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
+        "specified when pipeline_model_parallel_size > 1; set it (e.g. 2)");
+  return p;
+}
+
 ScheduleOptions schedule_options_from_config(const Config& c) {
   return {c.model.overlap_moe_expert_parallel_comm, c.model.delay_wgrad_compute};
 }
@@ -285,7 +305,7 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   if (c.target.num_gpus != world)
     throw ConfigError(fmt::format("target.num_gpus={}: the job has {} ranks; launch {} ranks or set -ng {}",
                                   c.target.num_gpus.value_or(0), world, c.target.num_gpus.value_or(0), world));
-  JobSpec j{.layout = parallel_layout_from_config(c, world), .model = model_spec_from_config(c), .dispatcher = {},
+  JobSpec j{.layout = parallel_layout_from_config(c, world), .model = model_spec_from_config(c), .pipeline = {}, .dispatcher = {},
             .schedule = schedule_options_from_config(c), .grad_reduce = {}, .lr = {}};
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
   j.iterations = c.train.train_iters.value_or(0);
@@ -298,6 +318,14 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
         gbs, mbs, dp, mbs * dp, std::max<std::int64_t>(1, gbs / (mbs * dp)) * mbs * dp));
   j.global_batch = gbs;
   j.micro_batches = gbs / (mbs * dp);
+  j.pipeline = pipeline_spec_from_config(c);
+  if (const auto why = pipeline_micro_batch_error(j.pipeline, static_cast<int>(j.micro_batches)))
+    throw ConfigError(fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
+                                  mbs * dp * j.pipeline.stages));
+  if (j.pipeline.stages > 1 && j.schedule.ep_overlap && j.model.recompute.method.size())
+    bad("model.recompute_granularity", "full",
+        "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
+        "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
   j.lr = lr_schedule_from_config(c, j.iterations);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;

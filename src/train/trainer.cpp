@@ -14,6 +14,7 @@
 #include "epx/comm/comm_stream.hpp"
 #include "epx/comm/process_groups.hpp"
 #include "epx/model/gpt_model.hpp"
+#include "epx/schedule/pipeline.hpp"
 #include "epx/schedule/schedule.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
@@ -57,19 +58,22 @@ class Trainer {
         job_(JobSpec::from_config(cfg, world.size())),
         groups_(world, job_.layout),
         grad_stream_(trace::Track::grad_comm),
-        model_(job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
-               {.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
-                .rank = static_cast<std::uint64_t>(world.rank())}),
-        params_(model_.params()),
-        experts_(model_.expert_params()),
-        reducer_(model_.grad_groups(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp), grad_stream_,
+        stage_(job_.layout.rank_in(GroupKind::pp, world.rank())),
+        chunks_(build_chunks()),
+        params_(all_of(&GPTModel::params)),
+        experts_(all_of(&GPTModel::expert_params)),
+        reducer_(grad_groups(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp), grad_stream_,
                  job_.grad_reduce),
         adam_(job_.grad_reduce.distributed ? Adam(reducer_.owned_ranges(), cfg.optimizer) : Adam(params_, cfg.optimizer)),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
         dp_rank_(job_.layout.rank_in(GroupKind::dp, world.rank())) {
-    model_.init_weights(job_.model.seed);
-    model_.set_grads_ready_hook([this](int group) { reducer_.grads_ready(group); });
+    int offset = 0;  // each chunk's groups follow the previous chunk's in the reducer
+    for (auto& chunk : chunks_) {
+      chunk->init_weights(job_.model.seed);
+      chunk->set_grads_ready_hook([this, offset](int group) { reducer_.grads_ready(offset + group); });
+      offset += static_cast<int>(chunk->grad_groups().size());
+    }
     for (Param* p : params_)
       if (!p->expert) dense_.push_back(p);
   }
@@ -77,6 +81,17 @@ class Trainer {
   TrainResult run();
 
  private:
+  std::vector<std::unique_ptr<GPTModel>> build_chunks();
+  template <class F>
+  std::vector<Param*> all_of(F chunk_params) {
+    std::vector<Param*> out;
+    for (auto& c : chunks_)
+      for (Param* p : ((*c).*chunk_params)()) out.push_back(p);
+    return out;
+  }
+  std::vector<std::vector<Param*>> grad_groups();
+  std::vector<MoELayer*> moe_layers();
+  std::vector<MicroBatchLosses> forward_backward_step(int it);
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
   IterationLog train_step(int it);
@@ -92,7 +107,8 @@ class Trainer {
   ProcessGroups groups_;
   CommStream stream_;
   CommStream grad_stream_;  // the gradient reduction's own stream, as Megatron's DDP has
-  GPTModel model_;
+  const int stage_;         // this rank's pipeline stage
+  std::vector<std::unique_ptr<GPTModel>> chunks_;  // this stage's model chunks (one without VPP)
   const std::vector<Param*> params_, experts_;  // experts_: reduced over EDP
   GradReducer reducer_;
   std::vector<Param*> dense_;                   // the rest: reduced over DP
@@ -100,7 +116,35 @@ class Trainer {
   const MockData data_;
   const double flops_per_iteration_;
   const int dp_rank_;
+  PipelineTiming pipeline_timing_;  // steady state
 };
+
+std::vector<std::unique_ptr<GPTModel>> Trainer::build_chunks() {
+  const PipelineSpec& pl = job_.pipeline;
+  std::vector<std::unique_ptr<GPTModel>> out;
+  for (int v = 0; v < pl.chunks; ++v)
+    out.push_back(std::make_unique<GPTModel>(
+        job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
+        MoELayerOptions{.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
+                        .rank = static_cast<std::uint64_t>(world_.rank())},
+        ModelChunk{pl.layers[static_cast<std::size_t>(stage_)][static_cast<std::size_t>(v)], pl.first_virtual(stage_, v),
+                   pl.last_virtual(stage_, v)}));
+  return out;
+}
+
+std::vector<std::vector<Param*>> Trainer::grad_groups() {
+  std::vector<std::vector<Param*>> out;
+  for (auto& c : chunks_)
+    for (auto& g : c->grad_groups()) out.push_back(std::move(g));
+  return out;
+}
+
+std::vector<MoELayer*> Trainer::moe_layers() {
+  std::vector<MoELayer*> out;
+  for (auto& c : chunks_)
+    for (MoELayer* l : c->moe_layers()) out.push_back(l);
+  return out;
+}
 
 std::string Trainer::schedule_name() const {
   const ScheduleOptions& s = job_.schedule;
@@ -120,12 +164,13 @@ void Trainer::log_start(const TrainResult& r) const {
 }
 
 // Megatron's finalize_model_grads, then the expert-bias update and clipping: gradients summed over
-// DP (experts over EDP) and scaled by 1 / DP. Returns the gradient norm before clipping.
+// DP (experts over EDP) and scaled by 1 / DP. Returns the gradient norm before clipping (over
+// every stage's weights).
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
   reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
-  for (MoELayer* l : model_.moe_layers())
+  for (MoELayer* l : moe_layers())
     if (l->spec().expert_bias) {
       Tensor& counts = l->router.local_tokens_per_expert;
       if (dp_group.size() > 1) stream_.run([&] { dp_group.allreduce(counts.raw(), counts.numel(), DType::F32); }, "expert-bias counts");
@@ -143,7 +188,13 @@ double Trainer::finalize_gradients() {
     dense_sq = shard_sq;
   }
   if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(&expert_sq, 1, DType::F32); }, "grad norm (EP)");
-  const double grad_norm = std::sqrt(dense_sq + expert_sq);
+  double sq = dense_sq + expert_sq;
+  if (Communicator& pp_group = groups_.get(GroupKind::pp); pp_group.size() > 1) {  // each stage's weights
+    float stage_sq = static_cast<float>(sq);
+    stream_.run([&] { pp_group.allreduce(&stage_sq, 1, DType::F32); }, "grad norm (PP)");
+    sq = stage_sq;
+  }
+  const double grad_norm = std::sqrt(sq);
   const double clip = cfg_.optimizer.clip_grad;
   if (clip > 0 && grad_norm > clip) {
     const float c = static_cast<float>(clip / (grad_norm + 1e-6));
@@ -158,13 +209,25 @@ double Trainer::finalize_gradients() {
 IterationLog Trainer::train_step(int it) {
   const Clock::time_point t0 = Clock::now();
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
-  model_.zero_grad();
+  for (auto& c : chunks_) c->zero_grad();
   reducer_.start(static_cast<int>(micro_batches));
   double sums[2] = {0, 0};  // lm loss, load-balancing loss (summed over micro-batches)
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);
   };
-  for (const MicroBatchLosses& l : forward_backward(model_, static_cast<int>(micro_batches), micro_batch, job_.schedule)) {
+  std::vector<MicroBatchLosses> losses;
+  if (job_.pipeline.stages == 1) {
+    losses = forward_backward(*chunks_.front(), static_cast<int>(micro_batches), micro_batch, job_.schedule);
+  } else {
+    std::vector<GPTModel*> chunks;
+    for (auto& c : chunks_) chunks.push_back(c.get());
+    PipelineTiming timing;
+    losses = forward_backward_pipelining(chunks, groups_.get(GroupKind::pp), job_.pipeline, static_cast<int>(micro_batches),
+                                         micro_batch, job_.schedule, &timing);
+    pipeline_timing_.schedule_s += timing.schedule_s;
+    pipeline_timing_.wait_s += timing.wait_s;
+  }
+  for (const MicroBatchLosses& l : losses) {
     sums[0] += l.lm_loss;
     sums[1] += l.aux_loss;
   }
@@ -185,8 +248,11 @@ IterationLog Trainer::train_step(int it) {
   log.step_s = step_s;
   log.tflops_per_rank = flops_per_iteration_ / step_s / world_.size() / 1e12;
   log.lr = job_.lr.at(it - 1);
-  log.lm_loss = reduced[0] / static_cast<double>(micro_batches * world_.size());
-  log.load_balancing_loss = reduced[1] / static_cast<double>(micro_batches * world_.size());
+  // Every stage's ranks hold one replica's worth: the LM loss on the last stage, each stage its
+  // own layers' share of the load-balancing loss.
+  const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);
+  log.lm_loss = reduced[0] / (static_cast<double>(micro_batches) * replicas);
+  log.load_balancing_loss = reduced[1] / (static_cast<double>(micro_batches) * replicas);
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
   log.mem_allocated = mem.allocated_bytes;
@@ -271,7 +337,14 @@ TrainResult Trainer::run() {
   const int iters = static_cast<int>(job_.iterations);
   TrainResult result;
   result.layout = job_.layout.describe();
-  result.dispatcher = model_.moe_layers().empty() ? "none" : model_.moe_layers().front()->dispatcher().name();
+  // A pipeline stage may hold no MoE layer: name the dispatcher of the first rank that has one.
+  result.dispatcher = "none";
+  const std::vector<MoELayer*> moe = moe_layers();
+  for (const std::string& name : allgather_text(world_, moe.empty() ? "" : moe.front()->dispatcher().name()))
+    if (!name.empty()) {
+      result.dispatcher = name;
+      break;
+    }
   result.recompute = job_.model.recompute.describe();
   result.schedule = schedule_name();
   result.flops_per_iteration = flops_per_iteration_;
@@ -289,6 +362,7 @@ TrainResult Trainer::run() {
     if (it == result.steady_first) {
       stream_.reset_stats();
       grad_stream_.reset_stats();
+      pipeline_timing_ = {};
       steady_begin = Clock::now();
     }
     result.iterations.push_back(train_step(it));

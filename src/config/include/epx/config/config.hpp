@@ -52,6 +52,8 @@ struct ModelConfig {
   OptString pipeline_model_parallel_layout;
   bool account_for_embedding_in_pipeline_split = false;  // count the embedding as a layer
   bool account_for_loss_in_pipeline_split = false;       // count the loss as a layer
+  OptInt num_layers_in_first_pipeline_stage;  // uneven stages: the first / last stage's layers,
+  OptInt num_layers_in_last_pipeline_stage;   // the rest split evenly over the middle stages
 
   // Architecture (TransformerConfig / GPTModelProvider).
   Int num_layers = 0;

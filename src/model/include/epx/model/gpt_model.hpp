@@ -1,7 +1,9 @@
-// The GPT model `epx run` trains (Megatron-Core's GPTModel at PP = 1): token embedding, the
-// transformer layers, a final RMSNorm, the LM head and the token-mean cross-entropy. Full
-// recompute keeps only the input of each checkpointed run of layers and recomputes their forward
-// in the backward (Megatron's CheckpointFunction).
+// The GPT model `epx run` trains (Megatron-Core's GPTModel): token embedding, the transformer
+// layers, a final RMSNorm, the LM head and the token-mean cross-entropy. With pipeline
+// parallelism one GPTModel is one model chunk: a range of the layers, with the embedding only on
+// the first virtual stage (pre_process) and the head and loss only on the last (post_process).
+// Full recompute keeps only the input of each checkpointed run of the chunk's layers and
+// recomputes their forward in the backward (Megatron's CheckpointFunction).
 #pragma once
 
 #include <functional>
@@ -9,16 +11,24 @@
 #include <vector>
 
 #include "epx/model/model_spec.hpp"
+#include "epx/model/pipeline_spec.hpp"
 #include "epx/model/transformer_layer.hpp"
 
 namespace epx {
 
+// Which part of the model a GPTModel builds (the whole model by default).
+struct ModelChunk {
+  LayerRange layers{0, -1};  // end -1: every layer
+  bool pre_process = true;   // the embedding
+  bool post_process = true;  // the final norm, the LM head and the loss
+};
+
 class GPTModel {
  public:
   // `make_dispatcher` is called once per MoE layer, in layer order; every MoE layer runs with
-  // `moe_options` (aux-loss scale, rank).
+  // `moe_options` (aux-loss scale, rank). Layers keep their whole-model numbers (names, seeds).
   GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
-           const MoELayerOptions& moe_options = {});
+           const MoELayerOptions& moe_options = {}, ModelChunk chunk = {});
 
   struct Context {
     Tensor tokens, targets;
@@ -29,16 +39,27 @@ class GPTModel {
     double loss = 0, aux_loss = 0, z_loss = 0;  // aux and z summed over the MoE layers
   };
 
-  // tokens, targets [S * B] (I64, Megatron's [S, B] order). Returns the mean cross-entropy.
+  // The whole model (pre and post process): tokens, targets [S * B] (I64, Megatron's [S, B]
+  // order). Returns the mean cross-entropy.
   double forward(const Tensor& tokens, const Tensor& targets, Context& ctx);
   // Backward of `dloss` times this micro-batch's loss; accumulates into every Param::grad.
   void backward(Context& ctx, float dloss);
 
+  // A pipeline stage's chunk: begin starts a micro-batch's context (embed does too);
+  // forward_layers runs the chunk's layers on their input; backward_layers takes the gradient of
+  // their output and returns their input's.
+  void begin(const Tensor& tokens, const Tensor& targets, Context& ctx);
+  Tensor forward_layers(Tensor x, Context& ctx);
+  Tensor backward_layers(Context& ctx, Tensor dy);
+  const ModelChunk& chunk() const { return chunk_; }
+  int num_local_layers() const { return static_cast<int>(layers.size()); }
+  int global_layer(int local) const { return chunk_.layers.first + local; }  // for trace labels
+
   // The pieces around the layers, for schedules that run the layers node by node (Megatron's
   // pre_process and post_process): embed starts a micro-batch's context and returns layer 0's
-  // input; layer_output finishes layer i's forward (TransformerLayer::forward_output) and records
-  // its router losses; head_forward returns the loss; head_backward the gradient of the last
-  // layer's output; embed_backward takes layer 0's input gradient.
+  // input; layer_output finishes local layer i's forward (TransformerLayer::forward_output) and
+  // records its router losses; head_forward returns the loss; head_backward the gradient of the
+  // last layer's output; embed_backward takes layer 0's input gradient.
   Tensor embed(const Tensor& tokens, const Tensor& targets, Context& ctx);
   Tensor layer_output(int i, Context& ctx);
   double head_forward(const Tensor& x, Context& ctx);
@@ -48,38 +69,40 @@ class GPTModel {
 
   // The groups of weights whose gradients complete together in a backward, in the order they
   // complete (Megatron registers its DDP grad hooks per parameter; epx per group): the head
-  // (final norm, and the output layer unless tied), the layers last to first, the embedding
-  // (with the tied output layer). Schedules call grads_ready(k) when group k's gradients of the
-  // micro-batch being run backward are complete; the hook (the trainer's gradient reducer) may
-  // start reducing them.
+  // (final norm, and the output layer unless tied; post_process only), the chunk's layers last to
+  // first, the embedding (with the tied output layer; pre_process only). Schedules call
+  // grads_ready(k) when group k's gradients of the micro-batch being run backward are complete;
+  // the hook (the trainer's gradient reducer) may start reducing them.
   std::vector<std::vector<Param*>> grad_groups();
-  int layer_grad_group(int layer) const { return spec_.num_layers - layer; }
-  int embedding_grad_group() const { return spec_.num_layers + 1; }
+  int layer_grad_group(int layer) const { return head_groups() + num_local_layers() - 1 - layer; }
+  int embedding_grad_group() const { return head_groups() + num_local_layers(); }
   void set_grads_ready_hook(std::function<void(int group)> hook) { grads_ready_hook_ = std::move(hook); }
   void grads_ready(int group) const {
     if (grads_ready_hook_) grads_ready_hook_(group);
   }
 
   void init_weights(std::uint64_t seed);
-  std::vector<Param*> params();         // every weight of this rank, each once
+  std::vector<Param*> params();         // every weight of this chunk, each once
   std::vector<Param*> expert_params();  // the routed experts' (reduced over EDP)
   std::vector<MoELayer*> moe_layers();
   void zero_grad();
   const ModelSpec& spec() const { return spec_; }
 
-  Param embedding;  // embedding.word_embeddings.weight [V, H]
-  std::vector<std::unique_ptr<TransformerLayer>> layers;
-  Param final_layernorm;  // decoder.final_layernorm.weight [H]
+  Param embedding;  // embedding.word_embeddings.weight [V, H]; empty without pre_process
+  std::vector<std::unique_ptr<TransformerLayer>> layers;  // the chunk's, in order
+  Param final_layernorm;  // decoder.final_layernorm.weight [H]; empty without post_process
   Param output_layer;     // output_layer.weight [V, H]; unused with tied embeddings
 
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
+  int head_groups() const { return chunk_.post_process ? 1 : 0; }
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
   void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
 
   ModelSpec spec_;
+  ModelChunk chunk_;
   std::function<void(int)> grads_ready_hook_;
-  std::vector<int> checkpoint_end_;  // per layer: the end of the checkpoint starting there, or -1
+  std::vector<int> checkpoint_end_;  // per local layer: the end of the checkpoint starting there, or -1
 };
 
 }  // namespace epx

@@ -10,14 +10,15 @@
 #include "epx/config/config.hpp"
 #include "epx/dispatch/dispatcher.hpp"
 #include "epx/model/model_spec.hpp"
+#include "epx/model/pipeline_spec.hpp"
 #include "epx/moe/moe_spec.hpp"
 #include "epx/schedule/schedule.hpp"
 #include "epx/train/optimizer.hpp"
 
 namespace epx {
 
-// The rank grid for `world` ranks. epx runs attention with data parallelism only and PP = 1, so
-// TP, CP and PP must be 1; ETP and EP split the experts.
+// The rank grid for `world` ranks. epx runs attention with data and pipeline parallelism only, so
+// TP and CP must be 1; ETP and EP split the experts.
 ParallelLayout parallel_layout_from_config(const Config& c, int world);
 // One MoE layer's shape and routing.
 MoESpec moe_spec_from_config(const Config& c);
@@ -27,6 +28,10 @@ ModelSpec model_spec_from_config(const Config& c);
 // variables (the process's, else the recipe's env_vars). A backend this build lacks is an
 // EnvironmentError.
 DispatcherOptions dispatcher_options_from_config(const Config& c);
+// Which layers each pipeline stage and model chunk builds (model.pipeline_model_parallel_size,
+// virtual_pipeline_model_parallel_size, num_layers_in_first/last_pipeline_stage,
+// account_for_embedding/loss_in_pipeline_split); refuses what epx cannot run with PP > 1.
+PipelineSpec pipeline_spec_from_config(const Config& c);
 // comm_overlap as resolved onto the model: EP overlap, delayed wgrad.
 ScheduleOptions schedule_options_from_config(const Config& c);
 // Megatron's OptimizerParamScheduler from optimizer.* and scheduler.*.
@@ -47,6 +52,7 @@ GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp
 struct JobSpec {
   ParallelLayout layout;
   ModelSpec model;
+  PipelineSpec pipeline;
   DispatcherOptions dispatcher;
   ScheduleOptions schedule;
   GradReduceOptions grad_reduce;
@@ -55,7 +61,8 @@ struct JobSpec {
   std::int64_t global_batch = 0;   // sequences per iteration, over all DP ranks
   std::int64_t micro_batches = 0;  // per DP rank per iteration (gradient accumulation)
 
-  // Also requires target.num_gpus to equal `world` and the batch to divide over DP.
+  // Also requires target.num_gpus to equal `world`, the batch to divide over DP, and the
+  // micro-batch count to suit the pipeline schedule.
   static JobSpec from_config(const Config& resolved, int world);
 };
 

@@ -1,0 +1,37 @@
+// Megatron-Core's pipeline split: which transformer layers each pipeline stage builds, as one or
+// more model chunks (virtual stages). Chunk v of stage p is virtual stage v * PP + p: a
+// micro-batch's forward runs virtual stages 0, 1, ... in order, so stage PP-1's chunk v feeds
+// stage 0's chunk v+1 (get_transformer_layer_offset / get_num_layers_to_build).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace epx {
+
+struct LayerRange {
+  int first = 0, end = 0;  // [first, end) in the whole model's layer numbering
+  int size() const { return end - first; }
+};
+
+struct PipelineSpec {
+  int stages = 1;            // pipeline_model_parallel_size
+  int chunks = 1;            // virtual_pipeline_model_parallel_size (model chunks per stage)
+  bool interleaved = false;  // VPP set (even to 1): Megatron's interleaved schedule
+  std::vector<std::vector<LayerRange>> layers;  // [stage][chunk]
+
+  // The split of `num_layers`: evenly over PP x VPP virtual stages, or with the first / last
+  // stage's layer counts given (the rest even over the middle stages, each stage's layers even
+  // over its chunks); the embedding / loss may count as a layer of the first / last virtual
+  // stage. Throws ConfigError naming the field when the layers do not split so.
+  static PipelineSpec split(int num_layers, int pp, std::optional<int> vpp, std::optional<int> first_stage_layers,
+                            std::optional<int> last_stage_layers, bool embedding_counts, bool loss_counts);
+
+  int virtual_stages() const { return stages * chunks; }
+  bool first_virtual(int stage, int chunk) const { return stage == 0 && chunk == 0; }
+  bool last_virtual(int stage, int chunk) const { return stage == stages - 1 && chunk == chunks - 1; }
+  std::string describe() const;  // "PP 2 x VPP 2: stage 0 [0,2) [4,6), stage 1 [2,4) [6,8)"
+};
+
+}  // namespace epx

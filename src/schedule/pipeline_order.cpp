@@ -1,0 +1,57 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "epx/schedule/pipeline.hpp"
+
+namespace epx {
+
+std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage, int micro_batches, bool merge) {
+  const int PP = pipeline.stages, V = pipeline.chunks;
+  using Pass = PipelineStep::Pass;
+  std::vector<Pass> forwards, backwards;  // this stage's k-th forward and backward
+  int warmup = 0;
+  if (!pipeline.interleaved) {
+    for (int j = 0; j < micro_batches; ++j) forwards.push_back({0, j});
+    backwards = forwards;
+    warmup = PP - stage - 1;
+  } else {
+    // get_schedule_table: groups of PP micro-batches (the last group takes the rest), each run
+    // through every chunk in turn.
+    for (int first = 0; first < micro_batches; first += PP) {
+      const int end = first + PP >= micro_batches ? micro_batches : first + PP;
+      for (int v = 0; v < V; ++v)
+        for (int j = first; j < end; ++j) forwards.push_back({v, j});
+    }
+    for (const Pass& f : forwards) backwards.push_back({V - 1 - f.chunk, f.micro_batch});
+    warmup = 2 * (PP - stage - 1) + (V - 1) * PP + (merge ? 1 : 0);
+  }
+  const int total = static_cast<int>(forwards.size());
+  warmup = std::min(warmup, total);
+
+  std::vector<PipelineStep> steps;
+  for (int k = 0; k < warmup; ++k) steps.push_back({forwards[static_cast<std::size_t>(k)], std::nullopt});
+  for (int k = 0; k < total - warmup; ++k) {
+    const Pass& f = forwards[static_cast<std::size_t>(warmup + k)];
+    const Pass& b = backwards[static_cast<std::size_t>(k)];
+    if (merge) {
+      steps.push_back({f, b});
+    } else {
+      steps.push_back({f, std::nullopt});
+      steps.push_back({std::nullopt, b});
+    }
+  }
+  for (int k = total - warmup; k < total; ++k) steps.push_back({std::nullopt, backwards[static_cast<std::size_t>(k)]});
+  return steps;
+}
+
+std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches) {
+  if (!pipeline.interleaved || (micro_batches >= pipeline.stages && micro_batches % pipeline.stages == 0))
+    return std::nullopt;
+  return fmt::format(
+      "the interleaved pipeline schedule runs micro-batches in groups of PP = {} (Megatron's "
+      "microbatch_group_size_per_vp_stage), so the {} micro-batches per iteration must be a multiple of {}",
+      pipeline.stages, micro_batches, pipeline.stages);
+}
+
+}  // namespace epx
