@@ -17,9 +17,11 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, const s
   const int last = static_cast<int>(groups.size()) - 1;
   for (const bool expert : {false, true}) {
     Communicator& comm = expert ? edp : dp;
+    int first = 0;  // the bucket's first group
     const auto close = [&](Bucket& b, int group) {
       if (b.params.empty()) return;
-      b.comm = &comm, b.expert = expert, b.last_group = group;
+      b.comm = &comm, b.expert = expert, b.first_group = first, b.last_group = group;
+      first = group + 1;
       buckets_.push_back(std::move(b));
       b = Bucket{};
     };
@@ -57,8 +59,15 @@ void GradReducer::start(int micro_batches) {
 
 void GradReducer::grads_ready(int group) {
   if (!overlap_ || ++completions_[static_cast<std::size_t>(group)] != micro_batches_) return;
+  // Groups need not complete in order (model chunks run their backward last chunk first): a
+  // bucket starts once all of its groups are complete.
+  const auto complete = [&](int g) { return completions_[static_cast<std::size_t>(g)] == micro_batches_; };
   for (Bucket& b : buckets_)
-    if (b.last_group == group && !b.launched) launch(b);
+    if (!b.launched && b.first_group <= group && group <= b.last_group) {
+      bool all = true;
+      for (int g = b.first_group; g <= b.last_group && all; ++g) all = complete(g);
+      if (all) launch(b);
+    }
 }
 
 void GradReducer::launch(Bucket& b) {

@@ -23,7 +23,8 @@ namespace epx {
 
 class GradReducer {
  public:
-  // `groups`: GPTModel::grad_groups(); `params`: GPTModel::params() (the order without overlap).
+  // `groups`: every model chunk's GPTModel::grad_groups(), chunk after chunk; `params`: their
+  // params() (the order without overlap).
   GradReducer(const std::vector<std::vector<Param*>>& groups, const std::vector<Param*>& params, Communicator& dp,
               Communicator& edp, CommStream& stream, const GradReduceOptions& options);
 
@@ -44,7 +45,7 @@ class GradReducer {
     std::vector<Param*> params;
     Communicator* comm = nullptr;
     bool expert = false;  // reduced over EDP, else DP
-    int last_group = 0;  // the bucket is complete when this group is
+    int first_group = 0, last_group = 0;  // the bucket is complete when these groups all are
     std::int64_t size = 0;                   // elements
     std::vector<std::int64_t> shard_counts;  // per rank of comm (distributed)
     std::int64_t shard_begin = 0, shard_end = 0;
