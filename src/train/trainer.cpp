@@ -98,6 +98,7 @@ class Trainer {
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
   void summarize(TrainResult& r, trace::Clock::time_point origin, trace::Clock::time_point steady_begin);
+  PipelineStats pipeline_stats(int iterations);
 
   const Config& cfg_;
   Communicator& world_;
@@ -291,6 +292,26 @@ void Trainer::training_log(const IterationLog& log) const {
 }
 
 // The steady-state figures, the trace, and the summary lines.
+// Every rank's steady-state pipeline timing, averaged per stage (collective).
+PipelineStats Trainer::pipeline_stats(int iterations) {
+  const int ranks = world_.size(), stages = job_.pipeline.stages;
+  std::vector<float> all(static_cast<std::size_t>(2 * ranks), 0.f);
+  all[static_cast<std::size_t>(2 * world_.rank())] = static_cast<float>(pipeline_timing_.schedule_s / iterations);
+  all[static_cast<std::size_t>(2 * world_.rank() + 1)] = static_cast<float>(pipeline_timing_.wait_s / iterations);
+  world_.allreduce(all.data(), static_cast<std::int64_t>(all.size()), DType::F32);
+  PipelineStats p{.stages = stages, .chunks = job_.pipeline.chunks, .micro_batches = static_cast<int>(job_.micro_batches),
+                  .ideal_bubble = static_cast<double>(stages - 1) / (job_.pipeline.chunks * job_.micro_batches),
+                  .schedule_s = std::vector<double>(static_cast<std::size_t>(stages), 0.0),
+                  .wait_s = std::vector<double>(static_cast<std::size_t>(stages), 0.0)};
+  const double per_stage = static_cast<double>(ranks / stages);
+  for (int r = 0; r < ranks; ++r) {
+    const auto s = static_cast<std::size_t>(job_.layout.rank_in(GroupKind::pp, r));
+    p.schedule_s[s] += all[static_cast<std::size_t>(2 * r)] / per_stage;
+    p.wait_s[s] += all[static_cast<std::size_t>(2 * r + 1)] / per_stage;
+  }
+  return p;
+}
+
 void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, trace::Clock::time_point steady_begin) {
   double total = 0;
   for (const IterationLog& l : result.iterations)
@@ -299,6 +320,8 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
   result.tflops_per_rank = flops_per_iteration_ / result.mean_step_s / world_.size() / 1e12;
   result.peak_memory_bytes = max_over(world_, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
+  if (job_.pipeline.stages > 1)  // pipeline_timing_ runs from steady_first to the last iteration
+    result.pipeline = pipeline_stats(static_cast<int>(job_.iterations) - result.steady_first + 1);
   result.comm_in_flight_s = stream_.stats().busy_s + grad_stream_.stats().busy_s;
   result.comm_thread_cpu_s = stream_.stats().cpu_s + grad_stream_.stats().cpu_s;
   if (options_.trace_path) {
@@ -330,6 +353,15 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
                         result.traced->dp_reduce_s, result.traced->exposed_dp_reduce_s,
                         100 * (1 - result.traced->exposed_dp_reduce_s / result.traced->dp_reduce_s))
           : "");
+  if (const auto& p = result.pipeline) {
+    out_ << fmt::format("  pipeline {}, {} micro-batches: ideal bubble (PP-1)/({}m) = {:.1f}% of the compute\n",
+                        job_.pipeline.describe(), p->micro_batches, p->chunks > 1 || job_.pipeline.interleaved ? "VPP x " : "",
+                        100 * p->ideal_bubble);
+    for (int s = 0; s < p->stages; ++s)
+      out_ << fmt::format("    stage {}: {:.3f} s per iteration in the schedule, {:.3f} s of it waiting on the neighbouring "
+                          "stages (bubble + exposed p2p: {:.1f}% of the compute)\n",
+                          s, p->schedule_s[static_cast<std::size_t>(s)], p->wait_s[static_cast<std::size_t>(s)], 100 * p->bubble(s));
+  }
   if (options_.trace_path) out_ << "wrote the trace to " << *options_.trace_path << "\n";
 }
 
@@ -374,6 +406,11 @@ TrainResult Trainer::run() {
 
 }  // namespace
 
+double PipelineStats::bubble(int stage) const {
+  const double wait = wait_s[static_cast<std::size_t>(stage)], busy = schedule_s[static_cast<std::size_t>(stage)] - wait;
+  return busy > 0 ? wait / busy : 0;
+}
+
 nlohmann::json TrainResult::to_json() const {
   nlohmann::json its = nlohmann::json::array();
   for (const IterationLog& i : iterations)
@@ -400,6 +437,17 @@ nlohmann::json TrainResult::to_json() const {
     summary["exposed_token_exchange_s"] = traced->exposed_token_exchange_s;
     summary["dp_reduce_s"] = traced->dp_reduce_s;
     summary["exposed_dp_reduce_s"] = traced->exposed_dp_reduce_s;
+  }
+  if (pipeline) {
+    nlohmann::json bubbles = nlohmann::json::array();
+    for (int s = 0; s < pipeline->stages; ++s) bubbles.push_back(pipeline->bubble(s));
+    summary["pipeline"] = {{"stages", pipeline->stages},
+                           {"virtual_stages_per_stage", pipeline->chunks},
+                           {"micro_batches", pipeline->micro_batches},
+                           {"ideal_bubble", pipeline->ideal_bubble},
+                           {"stage_schedule_s", pipeline->schedule_s},
+                           {"stage_wait_s", pipeline->wait_s},
+                           {"stage_bubble", bubbles}};
   }
   return {{"summary", summary}, {"iterations", its}};
 }

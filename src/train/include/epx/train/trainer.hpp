@@ -37,6 +37,16 @@ struct IterationLog {
   std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
 };
 
+// Pipeline parallelism in the steady state, per stage (the mean over its ranks): the schedule's
+// wall time per iteration and the time its compute thread waited on the neighbouring stages (the
+// bubble and exposed transfers), against the ideal bubble, (PP - 1) / (VPP x m) of the compute.
+struct PipelineStats {
+  int stages = 1, chunks = 1, micro_batches = 0;
+  double ideal_bubble = 0;
+  std::vector<double> schedule_s, wait_s;
+  double bubble(int stage) const;  // wait / (schedule - wait)
+};
+
 struct TrainResult {
   std::vector<IterationLog> iterations;  // identical losses on every rank
   int steady_first = 0, steady_last = 0;
@@ -46,6 +56,7 @@ struct TrainResult {
   double comm_in_flight_s = 0;           // this rank's communication stream, steady state
   double comm_thread_cpu_s = 0;          // the CPU time its thread used meanwhile
   std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
+  std::optional<PipelineStats> pipeline;  // with PP > 1
   std::string layout, dispatcher, schedule, recompute;
   nlohmann::json to_json() const;
 };
