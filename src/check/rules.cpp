@@ -199,11 +199,26 @@ std::vector<Rule> build_rules() {
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",
        "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_layout",
-       "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"},
+       "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split",
+       "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage"},
       kMcore, "layers split evenly over pipeline (and virtual pipeline) stages",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.pipeline_model_parallel_layout || m.num_layers == 0) return pass();
+        if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage) {
+          // Uneven: the first / last stage as given, the rest even over the middle stages.
+          const Int pp = m.pipeline_model_parallel_size, vpp = m.virtual_pipeline_model_parallel_size.value_or(1);
+          const Int first = m.num_layers_in_first_pipeline_stage.value_or(0), last = m.num_layers_in_last_pipeline_stage.value_or(0);
+          const Int middle_stages = pp - (m.num_layers_in_first_pipeline_stage ? 1 : 0) - (m.num_layers_in_last_pipeline_stage ? 1 : 0);
+          const Int middle = m.num_layers - first - last;
+          const bool even = middle >= 0 && (middle_stages <= 0 ? middle == 0 : middle % middle_stages == 0) &&
+                            first % vpp == 0 && last % vpp == 0 && (middle_stages <= 0 || (middle / middle_stages) % vpp == 0);
+          return fail_if(!even,
+                         fmt::format("num_layers ({}) less the first ({}) and last ({}) stage's layers must split evenly "
+                                     "over the {} middle stage(s), and every stage's layers over VPP = {}",
+                                     m.num_layers, first, last, middle_stages, vpp),
+                         "model.num_layers_in_first_pipeline_stage=<n>");
+        }
         const Int stages =
             m.pipeline_model_parallel_size * m.virtual_pipeline_model_parallel_size.value_or(1);
         const Int layers = m.num_layers + (m.account_for_embedding_in_pipeline_split ? 1 : 0) +
@@ -214,6 +229,22 @@ std::vector<Rule> build_rules() {
                                    "pipeline_model_parallel_layout for uneven stages)",
                                    layers, stages),
                        "model.pipeline_model_parallel_layout=<layout>");
+      });
+  add("pipeline.interleaved_microbatches", E,
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size", "train.global_batch_size",
+       "train.micro_batch_size", "target.num_gpus"},
+      "Megatron-Core pipeline_parallel/schedules.py",
+      "the interleaved schedule runs micro-batches in groups of PP", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int pp = m.pipeline_model_parallel_size;
+        if (pp <= 1 || !m.virtual_pipeline_model_parallel_size) return pass();
+        if (!c.world()) return world_not_given(c);
+        const Int n = microbatches(c.cfg);
+        return fail_if(n > 0 && (n < pp || n % pp != 0),
+                       fmt::format("{} micro-batches per step with the interleaved schedule: Megatron's "
+                                   "microbatch_group_size_per_vp_stage (= PP = {}) must divide them",
+                                   n, pp),
+                       "train.global_batch_size=<a multiple of micro_batch_size x DP x PP>");
       });
   add("parallel.ep_tp_needs_sp", W,
       {"model.expert_model_parallel_size", "model.tensor_model_parallel_size",

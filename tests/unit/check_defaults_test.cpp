@@ -54,10 +54,13 @@ Ids operator+(Ids a, const Ids& b) {
   return a;
 }
 
+// The dump's layout has PP > 1 with VPP: the interleaved schedule's micro-batch count needs the world too.
+const Ids kDumpWorldRules = kWorldRules + Ids{"pipeline.interleaved_microbatches"};
+
 TEST(CheckDefaults, BridgeDumpAloneGuessesNothing) {
   const CheckReport r = check_dump({});
   EXPECT_EQ(environment_errors(r), Ids{});
-  EXPECT_EQ(unchecked(r), kWorldRules + kVersionRules + Ids{"flex.deepep_gpu"});
+  EXPECT_EQ(unchecked(r), kDumpWorldRules + kVersionRules + Ids{"flex.deepep_gpu"});
   EXPECT_TRUE(r.ok());
   const std::string text = format_report(r);
   EXPECT_NE(text.find("world size: not given"), std::string::npos) << text;
@@ -77,10 +80,10 @@ TEST(CheckDefaults, VersionsApplyWithoutANamedGpu) {
   // and Megatron-Core assert on that container; the GPU-architecture rule waits for -g.
   const CheckReport old = check_dump({"target.torch_version=2.5.1", "target.te_version=2.6.0"});
   EXPECT_EQ(environment_errors(old), kVersionRules);
-  EXPECT_EQ(unchecked(old), kWorldRules + Ids{"flex.deepep_gpu"});
+  EXPECT_EQ(unchecked(old), kDumpWorldRules + Ids{"flex.deepep_gpu"});
   const CheckReport fresh = check_dump({"target.torch_version=2.6.0", "target.te_version=2.12.0"});
   EXPECT_EQ(environment_errors(fresh), Ids{});
-  EXPECT_EQ(unchecked(fresh), kWorldRules + Ids{"flex.deepep_gpu"});
+  EXPECT_EQ(unchecked(fresh), kDumpWorldRules + Ids{"flex.deepep_gpu"});
   // Between the two: TE 2.7 meets the grad-reduce and fusion asserts, not the CUDA-graph ones.
   const CheckReport mid = check_dump({"target.torch_version=2.6.0", "target.te_version=2.7.0"});
   EXPECT_EQ(environment_errors(mid),
@@ -106,7 +109,7 @@ TEST(CheckDefaults, GpuRulesWhenTheGpuIsNamed) {
   EXPECT_EQ(environment_errors(h100), Ids{});
   EXPECT_EQ(unchecked(h100).count("flex.deepep_gpu"), 0u);
   // A named GPU without versions: the version rules stay unchecked, not passed.
-  EXPECT_EQ(unchecked(h100), kWorldRules + kVersionRules);
+  EXPECT_EQ(unchecked(h100), kDumpWorldRules + kVersionRules);
 }
 
 TEST(CheckDefaults, AnEpxRecipeWithoutTargetIsACpuJob) {
