@@ -112,6 +112,7 @@ Tensor GPTModel::layer_output(int i, Context& ctx) {
 Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
   const auto u = static_cast<std::size_t>(i);
   ctx.layers[u] = std::make_unique<TransformerLayer::Context>();
+  if (!recompute) params_needed(layer_grad_group(i));
   trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", global_layer(i));
   Tensor y = layers[u]->forward(x, *ctx.layers[u], recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
   if (!recompute) record_router(i, ctx);  // a recompute neither counts its losses nor draws anew
@@ -136,6 +137,7 @@ void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) 
 Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
   const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
   begin(tokens, targets, ctx);
+  params_needed(embedding_grad_group());
   trace::Scope scope(trace::Track::compute, "embedding forward");
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   const std::int64_t* tok = tokens.data<std::int64_t>();
@@ -171,6 +173,8 @@ Tensor GPTModel::forward_layers(Tensor x, Context& ctx) {
 }
 
 double GPTModel::head_forward(const Tensor& x, Context& ctx) {
+  params_needed(0);
+  if (spec_.tie_embeddings) params_needed(embedding_grad_group());
   trace::Scope scope(trace::Track::compute, "lm head + loss forward");
   const std::int64_t T = x.dim(0), V = spec_.vocab;
   ctx.final_in = x;

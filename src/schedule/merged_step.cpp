@@ -47,6 +47,7 @@ void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad)
         Scope s(Track::compute, "unpermute + residual", fm->global_layer(i - 1));
         f->x = fm->layer_output(i - 1, f->ctx);  // the previous layer's combine
       }
+      fm->params_needed(fm->layer_grad_group(i));
       {
         Scope s(Track::compute, fl->moe ? "attention + router forward" : "attention forward", fm->global_layer(i));
         fl->forward_attn(f->x, *fc);

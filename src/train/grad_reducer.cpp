@@ -126,25 +126,53 @@ std::vector<ParamRange> GradReducer::owned_ranges() const {
   return out;
 }
 
-void GradReducer::gather_params() {
-  for (Bucket& b : buckets_) {
+void GradReducer::gather_params(bool overlap) {
+  // In the order the forward needs them: the buckets of the latest groups (embedding, first
+  // layers) first, as Megatron dispatches its all-gathers.
+  std::vector<Bucket*> order;
+  for (Bucket& b : buckets_) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(), [](const Bucket* x, const Bucket* y) { return x->last_group > y->last_group; });
+  for (Bucket* bp : order) {
+    Bucket& b = *bp;
     if (b.comm->size() == 1) continue;
-    std::vector<float> full(static_cast<std::size_t>(b.size)), mine;
+    b.mine = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, DType::F32);
+    b.gathered = Tensor::uninitialized({b.size}, DType::F32);
+    float* mine = b.mine.data<float>();
     std::int64_t at = 0;
     for (const Param* p : b.params) {
       const float* w = p->master.data<float>();
       for (std::int64_t i = std::max(at, b.shard_begin); i < std::min(at + p->master.numel(), b.shard_end); ++i)
-        mine.push_back(w[i - at]);
+        *mine++ = w[i - at];
       at += p->master.numel();
     }
-    stream_.run([&] { b.comm->allgatherv(mine.data(), full.data(), b.shard_counts, DType::F32); }, gather_name(b.expert));
-    at = 0;
-    for (Param* p : b.params) {
-      std::copy_n(full.data() + at, p->master.numel(), p->master.data<float>());
-      p->refresh();
-      at += p->master.numel();
-    }
+    b.gathering = true;
+    b.gather_done = stream_.submit([&b] { b.comm->allgatherv(b.mine.raw(), b.gathered.raw(), b.shard_counts, DType::F32); },
+                                   gather_name(b.expert));
+    if (!overlap) finish_gather(b);
   }
+}
+
+void GradReducer::finish_gather(Bucket& b) {
+  b.gather_done.wait();
+  const float* full = b.gathered.data<float>();
+  std::int64_t at = 0;
+  for (Param* p : b.params) {
+    std::copy_n(full + at, p->master.numel(), p->master.data<float>());
+    p->refresh();
+    at += p->master.numel();
+  }
+  b.mine = b.gathered = Tensor();
+  b.gathering = false;
+}
+
+void GradReducer::params_needed(int group) {
+  for (Bucket& b : buckets_)
+    if (b.gathering && b.first_group <= group && group <= b.last_group) finish_gather(b);
+}
+
+void GradReducer::finish_param_gathers() {
+  for (Bucket& b : buckets_)
+    if (b.gathering) finish_gather(b);
 }
 
 }  // namespace epx

@@ -7,7 +7,7 @@
 // parameter order (the reduction epx always did). With the distributed optimizer each bucket is
 // reduce-scattered instead: this rank keeps the sum of its shard (1/d of the bucket, Megatron's
 // contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
-// weights.
+// weights (with ddp.overlap_param_gather, in the background until the next forward needs them).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,12 @@ class GradReducer {
   // Distributed optimizer: the params' elements in this rank's shards (for Adam), and, after
   // the step, every bucket's weights all-gathered from their owners.
   std::vector<ParamRange> owned_ranges() const;
-  void gather_params();
+  // With `overlap` (ddp.overlap_param_gather) the all-gathers are only started here, each bucket
+  // on the comm stream, and params_needed(group) completes those holding the group's weights
+  // when the next forward first needs them; finish_param_gathers completes the rest.
+  void gather_params(bool overlap = false);
+  void params_needed(int group);
+  void finish_param_gathers();
 
   struct Bucket {
     std::vector<Param*> params;
@@ -52,11 +57,15 @@ class GradReducer {
     Tensor flat, shard;  // F32, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;
+    Tensor mine, gathered;  // the parameter all-gather's buffers, while it is in flight
+    CommEvent gather_done;
+    bool gathering = false;
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
   void launch(Bucket& b);
+  void finish_gather(Bucket& b);
 
   CommStream& stream_;
   const bool overlap_, distributed_;

@@ -295,6 +295,9 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   GradReduceOptions o;
   o.overlap = c.ddp.overlap_grad_reduce;
   o.distributed = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
+  // Megatron's overlap_param_gather needs the distributed optimizer; Bridge's comm_overlap
+  // defaults it on with DP > 1 whatever the optimizer, so without one it has nothing to gather.
+  o.overlap_param_gather = o.distributed && (c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather);
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
     bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
   o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);

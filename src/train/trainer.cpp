@@ -72,6 +72,7 @@ class Trainer {
     for (auto& chunk : chunks_) {
       chunk->init_weights(job_.model.seed);
       chunk->set_grads_ready_hook([this, offset](int group) { reducer_.grads_ready(offset + group); });
+      chunk->set_params_needed_hook([this, offset](int group) { reducer_.params_needed(offset + group); });
       offset += static_cast<int>(chunk->grad_groups().size());
     }
     for (Param* p : params_)
@@ -237,7 +238,7 @@ IterationLog Trainer::train_step(int it) {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norm = finalize_gradients();
     adam_.step(job_.lr.at(it - 1));
-    if (job_.grad_reduce.distributed) reducer_.gather_params();
+    if (job_.grad_reduce.distributed) reducer_.gather_params(job_.grad_reduce.overlap_param_gather);
   }
   float reduced[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
   world_.allreduce(reduced, 2, DType::F32);
@@ -400,6 +401,7 @@ TrainResult Trainer::run() {
     result.iterations.push_back(train_step(it));
     training_log(result.iterations.back());
   }
+  reducer_.finish_param_gathers();  // the last step's weights, gathered in the background
   summarize(result, origin, steady_begin);
   return result;
 }

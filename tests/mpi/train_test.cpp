@@ -66,7 +66,7 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
           std::vector<std::string>{"model.num_layers_in_first_pipeline_stage=1", pp == 2 ? "model.num_layers_in_last_pipeline_stage=3"
                                                                                        : "model.num_layers_in_last_pipeline_stage=1"},
           std::vector<std::string>{"ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
-                                   "model.virtual_pipeline_model_parallel_size=1"}}) {
+                                   "ddp.overlap_param_gather=true", "model.virtual_pipeline_model_parallel_size=1"}}) {
       if (pp == 4 && knobs.front() == "model.num_layers_in_first_pipeline_stage=1") continue;  // 2 left over 2 middle stages
       std::vector<std::string> o = model;
       o.insert(o.end(), {"model.pipeline_model_parallel_size=" + std::to_string(pp),
@@ -135,7 +135,8 @@ TEST(Training, OverlappedGradientReductionGivesThePlainResult) {
 }
 
 TEST(Training, DistributedOptimizerGivesThePlainResult) {
-  // Gradients reduce-scattered in buckets, Adam on each rank's shard, weights all-gathered: the
+  // Gradients reduce-scattered in buckets, Adam on each rank's shard, weights all-gathered (or,
+  // with overlap_param_gather, completed bucket by bucket as the next forward needs them): the
   // same elementwise arithmetic as the plain path. The gradient norm is summed from the shards
   // in another order, so clipping (when it triggers) may differ in the last bits.
   std::vector<std::string> o{"model.bf16=true", "train.train_iters=4"};
@@ -143,7 +144,9 @@ TEST(Training, DistributedOptimizerGivesThePlainResult) {
   for (const std::vector<std::string>& knobs :
        {std::vector<std::string>{"ddp.use_distributed_optimizer=true"},
         std::vector<std::string>{"ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
-                                 "model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"}}) {
+                                 "model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"},
+        std::vector<std::string>{"ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
+                                 "ddp.overlap_param_gather=true"}}) {
     std::vector<std::string> with = o;
     with.insert(with.end(), knobs.begin(), knobs.end());
     const std::vector<double> sharded = losses(mpi().world(), with);

@@ -80,6 +80,12 @@ class GPTModel {
   void grads_ready(int group) const {
     if (grads_ready_hook_) grads_ready_hook_(group);
   }
+  // The forward calls params_needed(k) before it first uses group k's weights (Megatron's
+  // forward pre-hook): with overlap_param_gather the hook waits for their all-gather.
+  void set_params_needed_hook(std::function<void(int group)> hook) { params_needed_hook_ = std::move(hook); }
+  void params_needed(int group) const {
+    if (params_needed_hook_) params_needed_hook_(group);
+  }
 
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();         // every weight of this chunk, each once
@@ -101,7 +107,7 @@ class GPTModel {
 
   ModelSpec spec_;
   ModelChunk chunk_;
-  std::function<void(int)> grads_ready_hook_;
+  std::function<void(int)> grads_ready_hook_, params_needed_hook_;
   std::vector<int> checkpoint_end_;  // per local layer: the end of the checkpoint starting there, or -1
 };
 

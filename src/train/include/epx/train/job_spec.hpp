@@ -45,6 +45,7 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters);
 struct GradReduceOptions {
   bool overlap = false;
   bool distributed = false;
+  bool overlap_param_gather = false;  // ddp.overlap_param_gather (distributed optimizer only)
   std::int64_t bucket_size = 0;
 };
 GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp);
