@@ -69,7 +69,7 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
   // Each cited id is a row of the checker's table.
   const std::string table = format_rule_table();
   for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
-                         "hybridep.domain_divides_ep"})
+                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp"})
     EXPECT_NE(table.find(id), std::string::npos) << id;
 }
 
@@ -79,6 +79,34 @@ TEST(JobSpec, OneLayoutForRunAndLayer) {
   EXPECT_EQ(l.ep, 2);
   EXPECT_NE(error_of([] { parallel_layout_from_config(resolved({"model.tensor_model_parallel_size=2"}), 4); })
                 .find("model.tensor_model_parallel_size=2"),
+            std::string::npos);
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(JobSpec, PipelineSplitAndItsRefusals) {
+  const std::vector<std::string> pp2{"model.num_layers=4", "model.pipeline_model_parallel_size=2", "target.num_gpus=4"};
+  const JobSpec j = JobSpec::from_config(resolved(with(pp2, {"model.virtual_pipeline_model_parallel_size=2"})), 4);
+  EXPECT_EQ(j.layout.pp, 2);
+  EXPECT_TRUE(j.pipeline.interleaved);
+  EXPECT_EQ(j.pipeline.layers[1][0].first, 1);  // stage 1's first chunk: virtual stage 1
+  // PP without VPP refuses EP overlap at run time too, citing the check rule.
+  EXPECT_NE(error_of([&] {
+              pipeline_spec_from_config(resolved(with(pp2, {"comm_overlap.overlap_moe_expert_parallel_comm=true"})));
+            }).find("[ep_overlap.pp_needs_vpp]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true"})));
+            }).find("model.share_embeddings_and_output_weights=true"),
+            std::string::npos);
+  // The interleaved schedule's micro-batches: 2 / (1 x DP 2) = 1 per rank, fewer than PP.
+  EXPECT_NE(error_of([&] {
+              JobSpec::from_config(resolved(with(pp2, {"model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=2"})),
+                                   4);
+            }).find("train.global_batch_size=2: the interleaved"),
             std::string::npos);
 }
 
