@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "bench_command.hpp"
+#include "bench_layer_command.hpp"
 #include "config_args.hpp"
 #include "epx/base/error.hpp"
 #include "epx/base/omp_env.hpp"
@@ -113,6 +114,10 @@ int main(int argc, char** argv) {
   auto* bench_dispatch = bench->add_subcommand(
       "dispatch", "dispatch + combine time and bytes inside / across nodes for each dispatcher");
   bench_dispatch_args.add_to(*bench_dispatch);
+  BenchLayerArgs bench_layer_args;
+  auto* bench_layer = bench->add_subcommand(
+      "layer", "the MoE layer's forward + backward repeated: time per phase, model GFLOP/s, the dense GEMM rate");
+  bench_layer_args.add_to(*bench_layer);
 
   try {
     auto args = normalize_harness_flags(argc, argv);
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
-    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *run || (*plan && plan_args.calibrate)) {
+    if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *bench_layer || *run || (*plan && plan_args.calibrate)) {
       epx::share_cores_with_local_ranks();
       const std::optional<double>& given = *layer ? layer_args.collective_timeout : run_args.collective_timeout;
       const bool has_option = *layer || *run;  // bench has no --collective-timeout
@@ -154,6 +159,7 @@ int main(int argc, char** argv) {
     if (*run) return run_run_command(run_args, *mpi);
     if (*launch) return run_launch_command(launch_args);
     if (*bench_dispatch) return run_bench_dispatch(bench_dispatch_args, *mpi);
+    if (*bench_layer) return run_bench_layer(bench_layer_args, *mpi);
     if (*list) {
       for (const auto& name : epx::list_recipes()) std::cout << name << "\n";
       return 0;

@@ -9,8 +9,12 @@
 #include "epx/base/error.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "epx/tensor/random.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
+
+using trace::Scope;
+using trace::Track;
 
 std::int64_t MoELayer::expert_ffn_shard(const MoESpec& spec, int etp) {
   if (spec.ffn % etp != 0)
@@ -65,11 +69,16 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
   ctx.x = x.reshape({x.numel() / spec_.hidden, spec_.hidden});
   // Megatron computes the shared expert first, on the main stream, when it is not overlapped.
   if (shared_experts && !spec_.shared_expert_overlap) forward_shared(ctx);
-  ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay_draw);
+  {
+    Scope s(Track::compute, trace::kRouter);
+    ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay_draw);
+  }
+  Scope s(Track::compute, trace::kPermute);  // with the alltoall dispatcher's counts exchange (a wait)
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, {ctx.routing.routing_map, ctx.routing.probs});
 }
 
 void MoELayer::forward_shared(Context& ctx) {
+  Scope s(Track::compute, trace::kSharedExpert);
   ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
 }
 
@@ -78,16 +87,28 @@ void MoELayer::launch_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.d
 void MoELayer::forward_experts(Context& ctx) {
   if (shared_experts && spec_.shared_expert_overlap) forward_shared(ctx);  // while the dispatch flies
   DispatchState& d = ctx.dispatch;
-  dispatcher_->dispatch_postprocess(d);
-  Tensor y = experts.forward(d.hidden, d.tokens_per_local_expert, std::move(d.probs), ctx.experts);
+  {
+    Scope s(Track::compute, trace::kPermute);  // the regroup by local expert, after the exchange
+    dispatcher_->dispatch_postprocess(d);
+  }
+  Tensor y;
+  {
+    Scope s(Track::compute, trace::kExpertGemms);
+    y = experts.forward(d.hidden, d.tokens_per_local_expert, std::move(d.probs), ctx.experts);
+  }
   d.hidden = Tensor();
+  Scope s(Track::compute, trace::kUnpermute);
   dispatcher_->combine_preprocess(d, std::move(y));
 }
 
 void MoELayer::launch_combine(Context& ctx) { dispatcher_->token_combine(ctx.dispatch); }
 
 Tensor MoELayer::forward_output(Context& ctx) {
-  Tensor out = dispatcher_->combine_postprocess(ctx.dispatch);
+  Tensor out;
+  {
+    Scope s(Track::compute, trace::kUnpermute);
+    out = dispatcher_->combine_postprocess(ctx.dispatch);
+  }
   if (shared_experts) {
     // Routed + shared summed in FP32, rounded once to the layer's dtype.
     add(out, ctx.shared_output, out);
@@ -121,7 +142,10 @@ void MoELayer::launch_combine_backward(Context& ctx, const Tensor& dy) {
     throw InputError(fmt::format("output gradient has shape {}; the output is {}",
                                  shape_string(dy.shape()), shape_string(ctx.input_shape)));
   const Tensor g = (dy.dtype() == spec_.dtype ? dy : dy.to(spec_.dtype)).reshape(ctx.x.shape());
-  dispatcher_->combine_postprocess_backward(ctx.dispatch, g);
+  {
+    Scope s(Track::compute, trace::kUnpermute);
+    dispatcher_->combine_postprocess_backward(ctx.dispatch, g);
+  }
   dispatcher_->token_combine_backward(ctx.dispatch);
   if (shared_experts) {
     ctx.dy = g;
@@ -130,16 +154,25 @@ void MoELayer::launch_combine_backward(Context& ctx, const Tensor& dy) {
 }
 
 void MoELayer::backward_shared(Context& ctx) {
+  Scope s(Track::compute, trace::kSharedExpert);
   ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, ctx.dy, nullptr);
   ctx.dy = Tensor();
 }
 
 void MoELayer::backward_experts(Context& ctx) {
   DispatchState& d = ctx.dispatch;
-  dispatcher_->combine_preprocess_backward(d);
+  {
+    Scope s(Track::compute, trace::kUnpermute);
+    dispatcher_->combine_preprocess_backward(d);
+  }
   std::vector<float> dprobs;
-  Tensor dx = experts.backward_dgrad(ctx.experts, d.grad, &dprobs);
+  Tensor dx;
+  {
+    Scope s(Track::compute, trace::kExpertGemms);
+    dx = experts.backward_dgrad(ctx.experts, d.grad, &dprobs);
+  }
   d.grad = Tensor();
+  Scope s(Track::compute, trace::kPermute);
   dispatcher_->dispatch_postprocess_backward(d, std::move(dx), std::move(dprobs));
 }
 
@@ -147,10 +180,18 @@ void MoELayer::launch_dispatch_backward(Context& ctx) { dispatcher_->token_dispa
 
 Tensor MoELayer::backward_route(Context& ctx) {
   ctx.dprobs = Tensor({ctx.x.dim(0), spec_.num_experts}, DType::F32);
-  Tensor dx = dispatcher_->dispatch_preprocess_backward(ctx.dispatch, ctx.dprobs);
+  Tensor dx;
+  {
+    Scope s(Track::compute, trace::kPermute);
+    dx = dispatcher_->dispatch_preprocess_backward(ctx.dispatch, ctx.dprobs);
+  }
   // Not overlapped, Megatron's autograd reaches the shared expert after the routed path.
   if (shared_experts && !spec_.shared_expert_overlap) backward_shared(ctx);
-  const Tensor dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
+  Tensor dx_router;
+  {
+    Scope s(Track::compute, trace::kRouter);
+    dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
+  }
   // dx = dispatch path + router path (+ shared expert), summed in FP32, rounded once.
   for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) {
     float v = dx.get(i) + dx_router.get(i);
@@ -162,10 +203,17 @@ Tensor MoELayer::backward_route(Context& ctx) {
   return dx.reshape(ctx.input_shape);
 }
 
-void MoELayer::backward_expert_wgrad(Context& ctx) { experts.backward_wgrad(ctx.experts); }
+void MoELayer::backward_expert_wgrad(Context& ctx) {
+  Scope s(Track::compute, trace::kExpertGemms);
+  experts.backward_wgrad(ctx.experts);
+}
 
 void MoELayer::backward_dense_wgrad(Context& ctx) {
-  if (shared_experts) shared_experts->backward_wgrad(ctx.shared);
+  if (shared_experts) {
+    Scope s(Track::compute, trace::kSharedExpert);
+    shared_experts->backward_wgrad(ctx.shared);
+  }
+  Scope s(Track::compute, trace::kRouter);
   router.backward_wgrad(ctx.routing);
 }
 

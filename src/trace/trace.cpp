@@ -103,6 +103,14 @@ Summary summarize(Clock::time_point since) {
   return s;
 }
 
+std::map<std::string, double> seconds_by_name(Track track, Clock::time_point since) {
+  std::map<std::string, double> out;
+  std::lock_guard lock(g_mu);
+  for (const Event& e : g_events)
+    if (e.track == track && e.begin >= since) out[e.name] += std::chrono::duration<double>(e.end - e.begin).count();
+  return out;
+}
+
 std::string take_events_json(int rank, Clock::time_point origin) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});

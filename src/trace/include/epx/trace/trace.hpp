@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,16 @@ struct Summary {
 };
 bool is_dp_reduction(const std::string& task_name);
 Summary summarize(Clock::time_point since);
+// The time of each name recorded since `since`, summed over its intervals (nested ones count in
+// both), per track: what `epx bench layer` reads per phase.
+std::map<std::string, double> seconds_by_name(Track track, Clock::time_point since);
+
+// The MoE layer's compute phases (Track::compute), as `epx bench layer` groups them.
+inline constexpr const char* kRouter = "router";
+inline constexpr const char* kPermute = "permute";
+inline constexpr const char* kUnpermute = "unpermute";
+inline constexpr const char* kExpertGemms = "expert GEMMs";
+inline constexpr const char* kSharedExpert = "shared expert";
 
 // This rank's events as a JSON array (Chrome trace events of process `rank`, times relative to
 // `origin`), and clears them.
