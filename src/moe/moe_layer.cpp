@@ -193,11 +193,7 @@ Tensor MoELayer::backward_route(Context& ctx) {
     dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
   }
   // dx = dispatch path + router path (+ shared expert), summed in FP32, rounded once.
-  for (std::int64_t i = 0, n = dx.numel(); i < n; ++i) {
-    float v = dx.get(i) + dx_router.get(i);
-    if (shared_experts) v += ctx.dx_shared.get(i);
-    dx.set(i, v);
-  }
+  add_f32(dx, dx_router, shared_experts ? &ctx.dx_shared : nullptr, dx);
   ctx.dx_shared = Tensor();
   ctx.dprobs = Tensor();
   return dx.reshape(ctx.input_shape);

@@ -79,6 +79,9 @@ void logsumexp_rows(const float* x, float* out, std::int64_t rows, std::int64_t 
 // residual adds, and the MoE layer's routed + shared sums.
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+// out = a + b_f32 (+ c): a, c and out share the activation dtype, b is F32; summed in FP32 in
+// that order and rounded once (the MoE layer's input gradient from its paths).
+void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out);
 
 // ------------------------------------------------------- RMSNorm (src/kernels/rmsnorm.cpp)
 
