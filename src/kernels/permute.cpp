@@ -8,7 +8,31 @@
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
 
+#define EPX_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 namespace epx {
+namespace {
+
+// acc += row, and row = acc rounded: the unpermutation's inner loops, compiled per ISA (sums in
+// the same order in every variant, so the same results on every CPU).
+template <class T>
+[[gnu::always_inline]] inline void accumulate(const T* row, std::int64_t h, float* acc) {
+  for (std::int64_t j = 0; j < h; ++j) acc[j] += detail::ld(row, j);
+}
+template <class T>
+[[gnu::always_inline]] inline void store(const float* acc, std::int64_t h, T* row) {
+  for (std::int64_t j = 0; j < h; ++j) detail::st(row, j, acc[j]);
+}
+EPX_CPU_CLONES void accumulate_f32(const float* row, std::int64_t h, float* acc) { accumulate(row, h, acc); }
+EPX_CPU_CLONES void accumulate_bf16(const std::uint16_t* row, std::int64_t h, float* acc) { accumulate(row, h, acc); }
+EPX_CPU_CLONES void store_f32(const float* acc, std::int64_t h, float* row) { store(acc, h, row); }
+EPX_CPU_CLONES void store_bf16(const float* acc, std::int64_t h, std::uint16_t* row) { store(acc, h, row); }
+void accumulate_row(const float* row, std::int64_t h, float* acc) { accumulate_f32(row, h, acc); }
+void accumulate_row(const std::uint16_t* row, std::int64_t h, float* acc) { accumulate_bf16(row, h, acc); }
+void store_row(const float* acc, std::int64_t h, float* row) { store_f32(acc, h, row); }
+void store_row(const float* acc, std::int64_t h, std::uint16_t* row) { store_bf16(acc, h, row); }
+
+}  // namespace
 
 Permutation make_permutation(const std::uint8_t* routing_map, std::int64_t num_tokens,
                              std::int64_t num_experts) {
@@ -79,11 +103,9 @@ void unpermute_rows(const Tensor& y, const Permutation& p, Tensor& out) {
 #pragma omp for schedule(static)
       for (std::int64_t t = 0; t < p.num_tokens; ++t) {
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (auto i = start[static_cast<std::size_t>(t)]; i < start[static_cast<std::size_t>(t) + 1]; ++i) {
-          const std::int64_t r = rows_of[static_cast<std::size_t>(i)];
-          for (std::int64_t j = 0; j < h; ++j) acc[static_cast<std::size_t>(j)] += detail::ld(yp, r * h + j);
-        }
-        for (std::int64_t j = 0; j < h; ++j) detail::st(op, t * h + j, acc[static_cast<std::size_t>(j)]);
+        for (auto i = start[static_cast<std::size_t>(t)]; i < start[static_cast<std::size_t>(t) + 1]; ++i)
+          accumulate_row(yp + rows_of[static_cast<std::size_t>(i)] * h, h, acc.data());
+        store_row(acc.data(), h, op + t * h);
       }
     }
   }, y, out);
