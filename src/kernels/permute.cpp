@@ -5,10 +5,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "epx/base/cpu_clones.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
 
-#define EPX_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 namespace epx {
 namespace {

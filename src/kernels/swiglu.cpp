@@ -3,20 +3,18 @@
 // expert output p * Expert(x), so combine is a plain sum.
 //
 // The rows are the experts' hot elementwise work (the whole [T k, 2F] fc1 output, forward and
-// backward), so each row is one function compiled for AVX-512, AVX2 and the baseline, picked at
-// run time (target_clones), with an exp the compiler can vectorise: the same IEEE operations in
-// every variant (this file is built without FMA contraction), so the results do not depend on the
-// CPU. The exp is Cephes' expf (Cody-Waite reduction, degree-6 polynomial), within 2 ulp of libm's;
+// backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with an exp the
+// compiler can vectorise. The exp is Cephes' expf (Cody-Waite reduction, degree-6 polynomial), within 2 ulp of libm's;
 // epx used std::exp before and its results moved by that much.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <vector>
 
+#include "epx/base/cpu_clones.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
 
-#define EPX_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 namespace epx {
 namespace {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <vector>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -16,17 +18,32 @@ MatMut f32_mut(float* p, std::int64_t rows, std::int64_t cols) { return {p, DTyp
 
 // Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb): for i < d/2 and angle
 // a = pos * base^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
-// `inverse` applies the transpose (the backward).
-void rotate(const float* in, float* out, std::int64_t d, std::int64_t pos, double base, bool inverse) {
-  const std::int64_t half = d / 2;
-  for (std::int64_t i = 0; i < half; ++i) {
-    const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
-    const float x0 = in[i], x1 = in[i + half];
-    out[i] = x0 * c - x1 * s;
-    out[i + half] = x1 * c + x0 * s;
+// The cosines and sines of every (position, i), computed once per call rather than per head.
+struct RopeTable {
+  std::int64_t half = 0;
+  std::vector<float> cos, sin;  // [S, d/2]
+  RopeTable(std::int64_t seq, std::int64_t d, double base) : half(d / 2) {
+    cos.resize(static_cast<std::size_t>(seq * half));
+    sin.resize(cos.size());
+    for (std::int64_t pos = 0; pos < seq; ++pos)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+        cos[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::cos(a));
+        sin[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::sin(a));
+      }
   }
-}
+  // `inverse` applies the transpose (the backward).
+  void rotate(const float* in, float* out, std::int64_t pos, bool inverse) const {
+    const float* c = cos.data() + pos * half;
+    const float* sn = sin.data() + pos * half;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float s = inverse ? -sn[i] : sn[i];
+      const float x0 = in[i], x1 = in[i + half];
+      out[i] = x0 * c[i] - x1 * s;
+      out[i + half] = x1 * c[i] + x0 * s;
+    }
+  }
+};
 
 }  // namespace
 
@@ -111,6 +128,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx, b
     rmsnorm_forward(ctx.q_raw, q_layernorm.master, spec_.eps, qn, ctx.q_rstd);
     rmsnorm_forward(ctx.k_raw, k_layernorm.master, spec_.eps, kn, ctx.k_rstd);
   }
+  const std::optional<RopeTable> rope = spec_.rope ? std::optional<RopeTable>(std::in_place, S, d, spec_.rope_base) : std::nullopt;
   const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
     const float* f = from.data<float>();
     float* o = to.data<float>();
@@ -119,7 +137,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx, b
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t s = t / B, b = t % B;
         float* dst = o + ((b * heads + h) * S + s) * d;
-        if (spec_.rope) rotate(f + (t * heads + h) * d, dst, d, s, spec_.rope_base, false);
+        if (rope) rope->rotate(f + (t * heads + h) * d, dst, s, false);
         else std::copy_n(f + (t * heads + h) * d, d, dst);
       }
   };
@@ -188,6 +206,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
   const std::int64_t width = (nh + 2 * ng) * d;
+  const std::optional<RopeTable> rope = spec_.rope ? std::optional<RopeTable>(std::in_place, S, d, spec_.rope_base) : std::nullopt;
   const auto unplace = [&](const Tensor& from, std::int64_t heads) {
     Tensor out = Tensor::uninitialized({T * heads, d}, DType::F32);
     const float* f = from.data<float>();
@@ -197,7 +216,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t s = t / B, b = t % B;
         const float* g = f + ((b * heads + h) * S + s) * d;
-        if (spec_.rope) rotate(g, o + (t * heads + h) * d, d, s, spec_.rope_base, true);
+        if (rope) rope->rotate(g, o + (t * heads + h) * d, s, true);
         else std::copy_n(g, d, o + (t * heads + h) * d);
       }
     return out;

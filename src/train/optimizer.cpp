@@ -1,9 +1,12 @@
 #include "epx/train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include <fmt/format.h>
+
+#include "epx/base/cpu_clones.hpp"
 
 namespace epx {
 
@@ -19,6 +22,18 @@ double LrSchedule::at(std::int64_t step) const {
 
 
 namespace {
+
+// One Adam update of n elements, in FP64 as before, vectorised per ISA (the same operations in
+// every variant).
+EPX_CPU_CLONES void adam_update(float* w, const float* g, float* m, float* v, std::int64_t n, double b1, double b2,
+                                double c1, double c2, double eps, double wd, double lr) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
+    v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * static_cast<double>(g[i]) * g[i]);
+    const double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
+    w[i] = static_cast<float>(w[i] - lr * update);
+  }
+}
 
 std::vector<ParamRange> whole(const std::vector<Param*>& params) {
   std::vector<ParamRange> out;
@@ -49,13 +64,10 @@ void Adam::step(double lr) {
     float *m = s.m.data<float>(), *v = s.v.data<float>();
     const double wd = s.decay ? config_.weight_decay : 0.0;
     const std::int64_t n = s.range.end - s.range.begin;
+    constexpr std::int64_t kBlock = 16384;  // elements per thread's task
 #pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      m[i] = static_cast<float>(b1 * m[i] + (1 - b1) * g[i]);
-      v[i] = static_cast<float>(b2 * v[i] + (1 - b2) * static_cast<double>(g[i]) * g[i]);
-      const double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + eps) + wd * w[i];
-      w[i] = static_cast<float>(w[i] - lr * update);
-    }
+    for (std::int64_t i = 0; i < n; i += kBlock)
+      adam_update(w + i, g + i, m + i, v + i, std::min(kBlock, n - i), b1, b2, c1, c2, eps, wd, lr);
     s.range.param->refresh();
   }
 }

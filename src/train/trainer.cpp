@@ -32,7 +32,8 @@ double sum_of_squares(const std::vector<Param*>& params) {
   double s = 0;
   for (const Param* p : params) {
     const float* g = p->grad.data<float>();
-    for (std::int64_t i = 0; i < p->grad.numel(); ++i) s += static_cast<double>(g[i]) * g[i];
+    const std::int64_t n = p->grad.numel();
+    for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
   }
   return s;
 }
@@ -202,7 +203,8 @@ double Trainer::finalize_gradients() {
     const float c = static_cast<float>(clip / (grad_norm + 1e-6));
     for (Param* p : params_) {
       float* g = p->grad.data<float>();
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= c;
+      const std::int64_t n = p->grad.numel();
+      for (std::int64_t i = 0; i < n; ++i) g[i] *= c;
     }
   }
   return grad_norm;
