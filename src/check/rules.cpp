@@ -205,7 +205,12 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.pipeline_model_parallel_layout || m.num_layers == 0) return pass();
-        if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage) {
+        if (m.pipeline_model_parallel_size > 1 &&
+            (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)) {
+          if (m.account_for_embedding_in_pipeline_split || m.account_for_loss_in_pipeline_split)
+            return fail("num_layers_in_first/last_pipeline_stage cannot be combined with "
+                        "account_for_embedding/loss_in_pipeline_split",
+                        "model.account_for_embedding_in_pipeline_split=false");
           // Uneven: the first / last stage as given, the rest even over the middle stages.
           const Int pp = m.pipeline_model_parallel_size, vpp = m.virtual_pipeline_model_parallel_size.value_or(1);
           const Int first = m.num_layers_in_first_pipeline_stage.value_or(0), last = m.num_layers_in_last_pipeline_stage.value_or(0);
@@ -229,6 +234,16 @@ std::vector<Rule> build_rules() {
                                    "pipeline_model_parallel_layout for uneven stages)",
                                    layers, stages),
                        "model.pipeline_model_parallel_layout=<layout>");
+      });
+  add("parallel.vpp_needs_pp", E,
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
+      "Megatron-Core parallel_state.py", "the interleaved schedule (VPP) needs PP > 1",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.pipeline_model_parallel_size == 1 && m.virtual_pipeline_model_parallel_size.has_value(),
+                       "virtual_pipeline_model_parallel_size is set with pipeline_model_parallel_size = 1: the "
+                       "interleaved schedule needs pipeline parallelism",
+                       "model.virtual_pipeline_model_parallel_size=null");
       });
   add("pipeline.interleaved_microbatches", E,
       {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size", "train.global_batch_size",

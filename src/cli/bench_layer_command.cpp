@@ -104,7 +104,7 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   const MoESpec spec = moe_spec_from_config(cfg);
   Communicator& world = mpi.world();
   const std::int64_t T = args.tokens.value_or(spec.tokens());
-  ProcessGroups groups(world, parallel_layout_from_config(cfg, world.size()));
+  ProcessGroups groups(world, layer_layout_from_config(cfg, world.size()));
   CommStream stream;
   MoELayer layer(spec, make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, groups, stream),
                  {.rank = static_cast<std::uint64_t>(world.rank())});

@@ -32,7 +32,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // The ranks of a distributed run: process groups from the config's sizes, and a comm stream.
 struct Distributed {
-  Distributed(MpiSession& mpi, const Config& cfg) : groups(mpi.world(), parallel_layout_from_config(cfg, mpi.size())) {}
+  Distributed(MpiSession& mpi, const Config& cfg) : groups(mpi.world(), layer_layout_from_config(cfg, mpi.size())) {}
   ProcessGroups groups;
   CommStream stream;
 };

@@ -1,4 +1,6 @@
 // Elementwise sums of activations (F32 or BF16), in FP32.
+#include <stdexcept>
+
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
 
@@ -35,6 +37,7 @@ void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out)
   detail::expect_shape("add_f32", "b", b_f32, a.shape());
   if (b_f32.dtype() != DType::F32) throw std::invalid_argument("add_f32: b must be F32");
   if (c) detail::expect_shape("add_f32", "c", *c, a.shape());
+  if (c && c->dtype() != a.dtype()) throw std::invalid_argument("add_f32: c must have a's dtype");
   if (out.numel() != a.numel()) detail::expect_shape("add_f32", "out", out, a.shape());
   detail::with_dtype("add_f32", [&](auto tag) {
     using T = decltype(tag);

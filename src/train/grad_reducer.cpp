@@ -1,6 +1,8 @@
 #include "grad_reducer.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <utility>
 
 namespace epx {
 namespace {
@@ -11,17 +13,22 @@ const char* gather_name(bool expert) { return expert ? "parameter all-gather (ED
 
 }  // namespace
 
-GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, const std::vector<Param*>& params,
-                         Communicator& dp, Communicator& edp, CommStream& stream, const GradReduceOptions& options)
-    : stream_(stream), overlap_(options.overlap), distributed_(options.distributed), completions_(groups.size(), 0) {
+GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
+                         const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
+                         const GradReduceOptions& options)
+    : stream_(stream),
+      overlap_(options.overlap),
+      distributed_(options.distributed),
+      group_chunk_(std::move(group_chunk)),
+      completions_(groups.size(), 0) {
+  if (group_chunk_.size() != groups.size()) throw std::logic_error("GradReducer: one chunk per group");
   const int last = static_cast<int>(groups.size()) - 1;
   for (const bool expert : {false, true}) {
     Communicator& comm = expert ? edp : dp;
-    int first = 0;  // the bucket's first group
+    int first = 0;  // the group of the bucket's first weight
     const auto close = [&](Bucket& b, int group) {
       if (b.params.empty()) return;
       b.comm = &comm, b.expert = expert, b.first_group = first, b.last_group = group;
-      first = group + 1;
       buckets_.push_back(std::move(b));
       b = Bucket{};
     };
@@ -35,7 +42,10 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, const s
     std::int64_t n = 0;
     for (int g = 0; g <= last; ++g) {
       for (Param* p : groups[static_cast<std::size_t>(g)])
-        if (p->expert == expert) b.params.push_back(p), n += p->grad.numel();
+        if (p->expert == expert) {
+          if (b.params.empty()) first = g;
+          b.params.push_back(p), n += p->grad.numel();
+        }
       if (options.bucket_size > 0 && n >= options.bucket_size) close(b, g), n = 0;
     }
     close(b, last);
@@ -127,14 +137,18 @@ std::vector<ParamRange> GradReducer::owned_ranges() const {
 }
 
 void GradReducer::gather_params(bool overlap) {
-  // In the order the forward needs them: the buckets of the latest groups (embedding, first
-  // layers) first, as Megatron dispatches its all-gathers.
+  // In the order the forward needs them, as Megatron dispatches its all-gathers: chunk by chunk,
+  // and within a chunk the latest groups (embedding, first layers) first.
   std::vector<Bucket*> order;
   for (Bucket& b : buckets_) order.push_back(&b);
-  std::stable_sort(order.begin(), order.end(), [](const Bucket* x, const Bucket* y) { return x->last_group > y->last_group; });
+  const auto chunk = [&](const Bucket* b) { return group_chunk_[static_cast<std::size_t>(b->last_group)]; };
+  std::stable_sort(order.begin(), order.end(), [&](const Bucket* x, const Bucket* y) {
+    return chunk(x) != chunk(y) ? chunk(x) < chunk(y) : x->last_group > y->last_group;
+  });
   for (Bucket* bp : order) {
     Bucket& b = *bp;
     if (b.comm->size() == 1) continue;
+    if (b.gathering) finish_gather(b);  // the previous step's, if no forward needed it yet
     b.mine = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, DType::F32);
     b.gathered = Tensor::uninitialized({b.size}, DType::F32);
     float* mine = b.mine.data<float>();

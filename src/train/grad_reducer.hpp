@@ -23,10 +23,11 @@ namespace epx {
 
 class GradReducer {
  public:
-  // `groups`: every model chunk's GPTModel::grad_groups(), chunk after chunk; `params`: their
-  // params() (the order without overlap).
-  GradReducer(const std::vector<std::vector<Param*>>& groups, const std::vector<Param*>& params, Communicator& dp,
-              Communicator& edp, CommStream& stream, const GradReduceOptions& options);
+  // `groups`: every model chunk's GPTModel::grad_groups(), chunk after chunk, and each group's
+  // chunk; `params`: their params() (the order without overlap).
+  GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
+              const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
+              const GradReduceOptions& options);
 
   // An iteration of `micro_batches` micro-batches begins.
   void start(int micro_batches);
@@ -69,6 +70,7 @@ class GradReducer {
 
   CommStream& stream_;
   const bool overlap_, distributed_;
+  const std::vector<int> group_chunk_;
   std::vector<Bucket> buckets_;
   std::vector<int> completions_;  // per group, this iteration
   int micro_batches_ = 1;

@@ -32,6 +32,13 @@ ParallelLayout parallel_layout_from_config(const Config& c, int world) {
                               static_cast<int>(effective_etp(m)));
 }
 
+ParallelLayout layer_layout_from_config(const Config& c, int world) {
+  if (c.model.pipeline_model_parallel_size != 1)
+    bad("model.pipeline_model_parallel_size", std::to_string(c.model.pipeline_model_parallel_size),
+        "one MoE layer has no pipeline stages; set it to 1 (epx run trains with PP)");
+  return parallel_layout_from_config(c, world);
+}
+
 MoESpec moe_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
   MoESpec s;
@@ -251,6 +258,9 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
         "epx splits the layers by num_layers_in_first/last_pipeline_stage or evenly; remove the layout");
   const auto to_int = [](const OptInt& v) { return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt; };
   const int pp = static_cast<int>(m.pipeline_model_parallel_size);
+  if (pp == 1 && m.virtual_pipeline_model_parallel_size)
+    bad("model.virtual_pipeline_model_parallel_size", opt(m.virtual_pipeline_model_parallel_size),
+        "[parallel.vpp_needs_pp] the interleaved schedule needs pipeline_model_parallel_size > 1; set it to null");
   PipelineSpec p = PipelineSpec::split(static_cast<int>(m.num_layers), pp, to_int(m.virtual_pipeline_model_parallel_size),
                                        to_int(m.num_layers_in_first_pipeline_stage), to_int(m.num_layers_in_last_pipeline_stage),
                                        m.account_for_embedding_in_pipeline_split, m.account_for_loss_in_pipeline_split);

@@ -63,8 +63,8 @@ class Trainer {
         chunks_(build_chunks()),
         params_(all_of(&GPTModel::params)),
         experts_(all_of(&GPTModel::expert_params)),
-        reducer_(grad_groups(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp), grad_stream_,
-                 job_.grad_reduce),
+        reducer_(grad_groups(), group_chunks(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp),
+                 grad_stream_, job_.grad_reduce),
         adam_(job_.grad_reduce.distributed ? Adam(reducer_.owned_ranges(), cfg.optimizer) : Adam(params_, cfg.optimizer)),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
@@ -92,8 +92,8 @@ class Trainer {
     return out;
   }
   std::vector<std::vector<Param*>> grad_groups();
+  std::vector<int> group_chunks();  // each of grad_groups()'s chunk
   std::vector<MoELayer*> moe_layers();
-  std::vector<MicroBatchLosses> forward_backward_step(int it);
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
   IterationLog train_step(int it);
@@ -139,6 +139,12 @@ std::vector<std::vector<Param*>> Trainer::grad_groups() {
   std::vector<std::vector<Param*>> out;
   for (auto& c : chunks_)
     for (auto& g : c->grad_groups()) out.push_back(std::move(g));
+  return out;
+}
+
+std::vector<int> Trainer::group_chunks() {
+  std::vector<int> out;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) out.insert(out.end(), chunks_[c]->grad_groups().size(), static_cast<int>(c));
   return out;
 }
 

@@ -69,7 +69,7 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
   // Each cited id is a row of the checker's table.
   const std::string table = format_rule_table();
   for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
-                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp"})
+                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp"})
     EXPECT_NE(table.find(id), std::string::npos) << id;
 }
 
@@ -101,6 +101,12 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
   EXPECT_NE(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true"})));
             }).find("model.share_embeddings_and_output_weights=true"),
+            std::string::npos);
+  // VPP without PP: refused, citing the check rule (and epx layer refuses PP).
+  EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved({"model.virtual_pipeline_model_parallel_size=2"})); })
+                .find("[parallel.vpp_needs_pp]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { layer_layout_from_config(resolved(pp2), 4); }).find("model.pipeline_model_parallel_size=2"),
             std::string::npos);
   // The interleaved schedule's micro-batches: 2 / (1 x DP 2) = 1 per rank, fewer than PP.
   EXPECT_NE(error_of([&] {

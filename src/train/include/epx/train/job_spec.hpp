@@ -20,6 +20,8 @@ namespace epx {
 // The rank grid for `world` ranks. epx runs attention with data and pipeline parallelism only, so
 // TP and CP must be 1; ETP and EP split the experts.
 ParallelLayout parallel_layout_from_config(const Config& c, int world);
+// The same for one MoE layer (`epx layer`, `epx bench layer`): PP must be 1 too.
+ParallelLayout layer_layout_from_config(const Config& c, int world);
 // One MoE layer's shape and routing.
 MoESpec moe_spec_from_config(const Config& c);
 // The whole GPT model, its MoE layers (moe_spec_from_config) and the recompute plan.
