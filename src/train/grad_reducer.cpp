@@ -1,6 +1,7 @@
 #include "grad_reducer.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 
@@ -19,6 +20,7 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     : stream_(stream),
       overlap_(options.overlap),
       distributed_(options.distributed),
+      reduce_dtype_(options.reduce_dtype),
       group_chunk_(std::move(group_chunk)),
       completions_(groups.size(), 0) {
   if (group_chunk_.size() != groups.size()) throw std::logic_error("GradReducer: one chunk per group");
@@ -82,23 +84,29 @@ void GradReducer::grads_ready(int group) {
 
 void GradReducer::launch(Bucket& b) {
   const std::int64_t n = b.size;
-  b.flat = Tensor::uninitialized({n}, DType::F32);
-  float* flat = b.flat.data<float>();
+  const DType dt = b.comm->size() == 1 ? DType::F32 : reduce_dtype_;  // nothing to send: no rounding
+  b.flat = Tensor::uninitialized({n}, dt);
   std::int64_t at = 0;
   for (const Param* p : b.params) {
-    std::copy_n(p->grad.data<float>(), p->grad.numel(), flat + at);
+    const float* g = p->grad.data<float>();
+    if (dt == DType::F32) {
+      std::copy_n(g, p->grad.numel(), b.flat.data<float>() + at);
+    } else {
+      std::uint16_t* f = b.flat.data<std::uint16_t>() + at;
+      for (std::int64_t i = 0; i < p->grad.numel(); ++i) f[i] = float_to_bf16(g[i]);
+    }
     at += p->grad.numel();
   }
   b.launched = true;
   if (b.comm->size() == 1) {
     b.done = CommEvent{};
   } else if (distributed_) {
-    b.shard = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, DType::F32);
+    b.shard = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, dt);
     b.done = stream_.submit(
-        [&b] { b.comm->reduce_scatterv(b.flat.raw(), b.shard.raw(), b.shard_counts, DType::F32); },
+        [&b, dt] { b.comm->reduce_scatterv(b.flat.raw(), b.shard.raw(), b.shard_counts, dt); },
         reduce_name(b.expert));
   } else {
-    b.done = stream_.submit([&b, n] { b.comm->allreduce(b.flat.raw(), n, DType::F32); }, reduce_name(b.expert));
+    b.done = stream_.submit([&b, n, dt] { b.comm->allreduce(b.flat.raw(), n, dt); }, reduce_name(b.expert));
   }
 }
 
@@ -107,16 +115,25 @@ void GradReducer::finish(float scale) {
     if (!b.launched) launch(b);
   for (Bucket& b : buckets_) {
     b.done.wait();
-    float* flat = b.flat.data<float>();
-    if (distributed_ && b.comm->size() > 1) {  // the shard's sums; the rest is another rank's
-      std::fill_n(flat, b.size, 0.f);
-      std::copy_n(b.shard.data<float>(), b.shard_end - b.shard_begin, flat + b.shard_begin);
+    const Tensor& sums = b.flat;  // every element's sum; distributed: only the shard's, the rest zero
+    if (distributed_ && b.comm->size() > 1) {
+      const std::size_t es = dtype_size(sums.dtype());
+      std::memset(b.flat.raw(), 0, static_cast<std::size_t>(b.size) * es);
+      std::memcpy(static_cast<std::byte*>(b.flat.raw()) + static_cast<std::size_t>(b.shard_begin) * es, b.shard.raw(),
+                  static_cast<std::size_t>(b.shard_end - b.shard_begin) * es);
     }
     std::int64_t at = 0;
     for (Param* p : b.params) {
       float* g = p->grad.data<float>();
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i) g[i] = flat[at + i] * scale;
-      at += p->grad.numel();
+      const std::int64_t n = p->grad.numel();
+      if (sums.dtype() == DType::F32) {
+        const float* f = sums.data<float>() + at;
+        for (std::int64_t i = 0; i < n; ++i) g[i] = f[i] * scale;
+      } else {
+        const std::uint16_t* f = sums.data<std::uint16_t>() + at;
+        for (std::int64_t i = 0; i < n; ++i) g[i] = bf16_to_float(f[i]) * scale;
+      }
+      at += n;
     }
     b.flat = b.shard = Tensor();
   }

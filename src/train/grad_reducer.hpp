@@ -1,5 +1,6 @@
 // Megatron-Core's DistributedDataParallel gradient reduction on epx's ranks: gradients summed
-// over DP (dense weights) and EDP (routed experts) in flat FP32 buckets on the comm stream. With
+// over DP (dense weights) and EDP (routed experts) in flat buckets on the comm stream, FP32 or,
+// for a BF16 model without ddp.grad_reduce_in_fp32, BF16 (half the bytes, as Megatron sends). With
 // ddp.overlap_grad_reduce a bucket starts as soon as the last micro-batch's backward has completed
 // every weight in it (buckets follow the backward's order: head, layers last to first,
 // embedding; GPTModel::grad_groups), so the reductions run under the rest of the backward.
@@ -55,7 +56,7 @@ class GradReducer {
     std::int64_t size = 0;                   // elements
     std::vector<std::int64_t> shard_counts;  // per rank of comm (distributed)
     std::int64_t shard_begin = 0, shard_end = 0;
-    Tensor flat, shard;  // F32, from the accounted allocator; held from launch to finish
+    Tensor flat, shard;  // the reduce dtype, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;
     Tensor mine, gathered;  // the parameter all-gather's buffers, while it is in flight
@@ -70,6 +71,7 @@ class GradReducer {
 
   CommStream& stream_;
   const bool overlap_, distributed_;
+  const DType reduce_dtype_;
   const std::vector<int> group_chunk_;
   std::vector<Bucket> buckets_;
   std::vector<int> completions_;  // per group, this iteration

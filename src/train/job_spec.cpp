@@ -308,6 +308,7 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   // Megatron's overlap_param_gather needs the distributed optimizer; Bridge's comm_overlap
   // defaults it on with DP > 1 whatever the optimizer, so without one it has nothing to gather.
   o.overlap_param_gather = o.distributed && (c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather);
+  o.reduce_dtype = c.model.bf16 && !c.ddp.grad_reduce_in_fp32 ? DType::BF16 : DType::F32;
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
     bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
   o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);

@@ -156,6 +156,19 @@ TEST(Training, DistributedOptimizerGivesThePlainResult) {
   }
 }
 
+TEST(Training, Bf16GradientReductionFollowsGradReduceInFp32) {
+  // A BF16 model reduces its gradients in BF16 buckets unless ddp.grad_reduce_in_fp32 (Megatron's
+  // DDP): close to the FP32 reduction, and not the same once there is a DP group to reduce over.
+  if (mpi().size() < 2) GTEST_SKIP() << "no DP reduction on one rank";
+  const std::vector<std::string> o{"model.bf16=true", "model.expert_model_parallel_size=1"};
+  std::vector<std::string> fp32 = o;
+  fp32.push_back("ddp.grad_reduce_in_fp32=true");
+  const std::vector<double> in_bf16 = losses(mpi().world(), o), in_fp32 = losses(mpi().world(), fp32);
+  ASSERT_EQ(in_bf16.size(), in_fp32.size());
+  for (std::size_t i = 0; i < in_bf16.size(); ++i) EXPECT_NEAR(in_bf16[i], in_fp32[i], 2e-3 * in_fp32[i]) << i;
+  EXPECT_NE(in_bf16, in_fp32);
+}
+
 TEST(Training, RecomputeGivesTheSameLosses) {
   const std::vector<double> none = losses(mpi().world(), {});
   EXPECT_EQ(none, losses(mpi().world(), {"model.recompute_granularity=full", "model.recompute_method=uniform",

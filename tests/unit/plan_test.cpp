@@ -172,8 +172,12 @@ TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   const CommPlan slow = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
   EXPECT_NEAR(slow.token_exchange_s - base.token_exchange_s, 2 * 5 * 100e-6, 1e-12);
   EXPECT_NEAR(slow.dp_s - base.dp_s, 3 * 100e-6, 1e-12);
-  // epx's CPU runtime reduces FP32 gradients whatever ddp.grad_reduce_in_fp32 says.
-  EXPECT_NEAR(base.dp_bytes, 4 * mem.dense_params, 1);
+  // The proxy is BF16 with grad_reduce_in_fp32 false: BF16 buckets, as epx's runtime sends them;
+  // FP32 with the flag.
+  EXPECT_NEAR(base.dp_bytes, 2 * mem.dense_params, 1);
+  Config fp32 = c;
+  fp32.ddp.grad_reduce_in_fp32 = true;
+  EXPECT_NEAR(plan_comm(fp32, lp, gpu, Dispatcher::alltoall, mem).dp_bytes, 4 * mem.dense_params, 1);
 }
 
 }  // namespace

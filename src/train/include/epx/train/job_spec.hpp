@@ -48,6 +48,9 @@ struct GradReduceOptions {
   bool overlap = false;
   bool distributed = false;
   bool overlap_param_gather = false;  // ddp.overlap_param_gather (distributed optimizer only)
+  // The buckets' dtype: BF16 for a BF16 model unless ddp.grad_reduce_in_fp32, as Megatron's DDP
+  // (epx accumulates the micro-batches' gradients in FP32 either way).
+  DType reduce_dtype = DType::F32;
   std::int64_t bucket_size = 0;
 };
 GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp);
