@@ -68,9 +68,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     comm.share = t.exposed_s / t.step_s;
     comm.evidence = fmt::format(
         "{:.3g} s of {:.3g} s per step exposed ({:.0f}%): token exchanges {:.3g} s exposed of {:.3g} s in flight, DP "
-        "gradient reduction {:.3g} of {:.3g} s, other {:.3g} of {:.3g} s (rank 0, iterations {}..{})",
+        "gradient reduction {:.3g} of {:.3g} s, other {:.3g} of {:.3g} s{} (rank 0, iterations {}..{})",
         t.exposed_s, t.step_s, 100 * comm.share, t.token_exchange_exposed_s, t.token_exchange_s, t.dp_reduce_exposed_s,
-        t.dp_reduce_s, t.other_comm_exposed_s, t.other_comm_s, run.steady_first, run.steady_last);
+        t.dp_reduce_s, t.other_comm_exposed_s, t.other_comm_s,
+        t.pipeline_wait_s > 0 ? fmt::format(", waiting on the other pipeline stages (bubble + p2p) {:.3g} s", t.pipeline_wait_s)
+                              : "",
+        run.steady_first, run.steady_last);
   } else if (base) {
     comm.measured = false;
     comm.share = base->exposed_comm_s / base->step_time_s;
@@ -211,7 +214,8 @@ nlohmann::json diagnosis_json(const RunEvidence& run, const Diagnosis& d) {
                   {"dp_reduce_s", t.dp_reduce_s},
                   {"dp_reduce_exposed_s", t.dp_reduce_exposed_s},
                   {"other_comm_s", t.other_comm_s},
-                  {"other_comm_exposed_s", t.other_comm_exposed_s}};
+                  {"other_comm_exposed_s", t.other_comm_exposed_s},
+                  {"pipeline_wait_s", t.pipeline_wait_s}};
   }
   j["binding_wall"] = d.binding;
   j["why"] = d.why;

@@ -244,19 +244,22 @@ void read_trace(const std::string& path, RunEvidence& run) {
   b.idle_s = (window.end - window.begin) - length(busy);
   // Communication by kind, as unions (the token exchanges' stream and the gradient reduction's
   // run at once), each stretch charged once: token exchanges first, then the DP reduction, then
-  // the rest. The counts exchange the compute thread blocks on itself counts whole.
-  std::vector<Interval> kinds[3];
+  // the rest, then the pipeline waits. The counts exchange and the pipeline transfers the compute
+  // thread blocks on count whole (the p2p transfers are not traced apart from those waits).
+  std::vector<Interval> kinds[4];
   for (const TraceSpan& s : all) {
     if (s.rank != 0) continue;
     const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
     const bool counts = s.track == "wait" && s.name == trace::kDispatchCounts;
-    if (x.end <= x.begin || (s.track != "comm" && !counts)) continue;
-    kinds[is_token_exchange(s.name) ? 0 : trace::is_dp_reduction(s.name) ? 1 : 2].push_back(x);
+    const bool pipeline = s.track == "wait" && trace::is_pipeline_wait(s.name);
+    if (x.end <= x.begin || (s.track != "comm" && !counts && !pipeline)) continue;
+    kinds[pipeline ? 3 : is_token_exchange(s.name) ? 0 : trace::is_dp_reduction(s.name) ? 1 : 2].push_back(x);
   }
   std::vector<Interval> charged;
-  double* in_flight[3] = {&b.token_exchange_s, &b.dp_reduce_s, &b.other_comm_s};
-  double* exposed[3] = {&b.token_exchange_exposed_s, &b.dp_reduce_exposed_s, &b.other_comm_exposed_s};
-  for (int k = 0; k < 3; ++k) {
+  double pipeline_exposed = 0;
+  double* in_flight[4] = {&b.token_exchange_s, &b.dp_reduce_s, &b.other_comm_s, &b.pipeline_wait_s};
+  double* exposed[4] = {&b.token_exchange_exposed_s, &b.dp_reduce_exposed_s, &b.other_comm_exposed_s, &pipeline_exposed};
+  for (int k = 0; k < 4; ++k) {
     const std::vector<Interval> u = merged(kinds[k]);
     *in_flight[k] = length(u);
     *exposed[k] = length(minus(minus(u, compute), charged));
@@ -269,7 +272,7 @@ void read_trace(const std::string& path, RunEvidence& run) {
   b.step_s = (window.end - window.begin) / n;
   for (double* v : {&b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_s, &b.token_exchange_s,
                     &b.token_exchange_exposed_s, &b.dp_reduce_s, &b.dp_reduce_exposed_s, &b.other_comm_s,
-                    &b.other_comm_exposed_s})
+                    &b.other_comm_exposed_s, &b.pipeline_wait_s})
     *v /= n;
   run.trace = b;
 

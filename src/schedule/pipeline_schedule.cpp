@@ -43,7 +43,7 @@ class StageTransfers {
   }
   // Waits for every send to complete (the neighbours' receives).
   void finish() {
-    for (auto& [t, r] : outgoing_) wait(r, "pipeline send");
+    for (auto& [t, r] : outgoing_) wait(r, trace::kPipelineSend);
     outgoing_.clear();
   }
   double wait_s() const { return wait_s_; }
@@ -61,7 +61,7 @@ class StageTransfers {
   }
   Tensor take(int tag) {
     auto it = incoming_.find(tag);
-    wait(it->second.second, "pipeline recv");
+    wait(it->second.second, trace::kPipelineRecv);
     Tensor t = std::move(it->second.first);
     incoming_.erase(it);
     return t;

@@ -1,6 +1,7 @@
 #!/bin/bash
 # `epx run` with PP 2 x VPP 2 on 2 ranks: the summary names each stage's wait and the ideal
-# bubble, and the results JSON carries them per stage.
+# bubble, the results JSON carries them per stage, and `epx diagnose` reads the waits from the
+# trace as the pipeline's part of the communication wall.
 # Usage: run_pipeline_summary.sh MPIRUN EPX
 set -euo pipefail
 mpirun=$1 epx=$2
@@ -12,7 +13,8 @@ trap 'rm -rf "$dir"' EXIT
 grep -q "pipeline PP 2 x VPP 2: stage 0 \[0,1) \[2,3), stage 1 \[1,2) \[3,4), 8 micro-batches: ideal bubble" "$dir/log" ||
   { cat "$dir/log"; exit 1; }
 grep -q "    stage 1: .* waiting on the neighbouring stages" "$dir/log" || { cat "$dir/log"; exit 1; }
-python3 - "$dir/r.json" "$dir/t.json" <<'PY'
+"$epx" diagnose "$dir/r.json" --trace "$dir/t.json" --json >"$dir/d.json"
+python3 - "$dir/r.json" "$dir/t.json" "$dir/d.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))["summary"]["pipeline"]
 assert p["stages"] == 2 and p["virtual_stages_per_stage"] == 2 and p["micro_batches"] == 8, p
@@ -23,5 +25,9 @@ assert all(s > 0 for s in p["stage_schedule_s"]), p
 ev = json.load(open(sys.argv[2]))["traceEvents"]
 waits = {e["pid"] for e in ev if e.get("ph") == "X" and e["name"] == "pipeline recv"}
 assert waits == {0, 1}, waits
-print("stage waits", p["stage_wait_s"], "bubbles", p["stage_bubble"])
+d = json.load(open(sys.argv[3]))
+assert d["trace"]["pipeline_wait_s"] > 0, d["trace"]
+comm = [w for w in d["walls"] if w["wall"] == "communication"][0]
+assert "pipeline stages (bubble + p2p)" in comm["evidence"], comm
+print("stage waits", p["stage_wait_s"], "bubbles", p["stage_bubble"], "diagnose:", d["trace"]["pipeline_wait_s"])
 PY

@@ -27,6 +27,7 @@ struct TraceBreakdown {
   double token_exchange_s = 0, token_exchange_exposed_s = 0;  // dispatch, combine, their backward, counts
   double dp_reduce_s = 0, dp_reduce_exposed_s = 0;            // the DP / EDP gradient all-reduces
   double other_comm_s = 0, other_comm_exposed_s = 0;          // grad norm, expert-bias counts, ...
+  double pipeline_wait_s = 0;  // waiting on the neighbouring pipeline stages (bubble + p2p), all exposed
 };
 
 // One event of a rank's timeline, for the report (seconds from the trace's origin).

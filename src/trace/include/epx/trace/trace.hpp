@@ -48,6 +48,11 @@ inline constexpr const char* kCombineBackward = "combine backward";
 // The compute thread's own wait on the dispatchers' token-count exchange (Track::wait).
 inline constexpr const char* kDispatchCounts = "dispatch counts";
 bool is_token_exchange(const std::string& task_name);
+// A pipeline stage's compute thread waiting on its neighbours' activations / gradients, and on its
+// sends at the end of the schedule (Track::wait): the pipeline bubble plus exposed p2p.
+inline constexpr const char* kPipelineRecv = "pipeline recv";
+inline constexpr const char* kPipelineSend = "pipeline send";
+inline bool is_pipeline_wait(const std::string& name) { return name == kPipelineRecv || name == kPipelineSend; }
 
 // This rank's recorded time since `since`: compute (less its waits), communication in flight on
 // either stream, and the part of it during which the compute thread was not computing (the
