@@ -1,4 +1,4 @@
-// The forward/backward schedule of one training iteration at PP = 1 (Megatron-Core's
+// The forward/backward schedule of one training iteration at PP = 1 (pipeline.hpp has PP > 1; Megatron-Core's
 // forward_backward_no_pipelining, and combined_1f1b_schedule_for_no_pipelining when
 // comm_overlap.overlap_moe_expert_parallel_comm is on).
 //

@@ -1,9 +1,11 @@
 // `epx run`'s training loop: mock pretraining of the GPT model on this job's MPI ranks, as
-// Megatron's pretrain() with PP = 1. Attention and dense weights are replicated over the
-// data-parallel ranks; each MoE layer's experts are split over EP (and ETP) and replicated over
-// EDP. Per iteration: global_batch_size / (micro_batch_size x DP) micro-batches of forward and
-// backward (gradient accumulation), gradients summed over DP (experts over EDP) and scaled by
-// 1 / DP, the expert-bias update, gradient clipping, then Adam at the scheduled learning rate.
+// Megatron's pretrain(). With PP > 1 each rank holds one pipeline stage's model chunks. Attention
+// and dense weights are replicated over the data-parallel ranks; each MoE layer's experts are
+// split over EP (and ETP) and replicated over EDP. Per iteration: global_batch_size /
+// (micro_batch_size x DP) micro-batches of forward and backward (gradient accumulation; with PP
+// through the 1F1B or interleaved schedule), gradients summed over DP (experts over EDP) and
+// scaled by 1 / DP, the expert-bias update, gradient clipping (the norm over every stage), then
+// Adam at the scheduled learning rate.
 #pragma once
 
 #include <cstdint>
