@@ -1,6 +1,6 @@
-// The forward/backward schedule of one training iteration at PP = 1 (pipeline.hpp has PP > 1; Megatron-Core's
+// The forward/backward schedule of one training iteration at PP = 1 (Megatron-Core's
 // forward_backward_no_pipelining, and combined_1f1b_schedule_for_no_pipelining when
-// comm_overlap.overlap_moe_expert_parallel_comm is on).
+// comm_overlap.overlap_moe_expert_parallel_comm is on); pipeline.hpp runs PP > 1.
 //
 // Without EP overlap every micro-batch runs forward then backward, each layer's dispatch and
 // combine exchanges exposed. With it (megatron/core/pipeline_parallel/combined_1f1b.py): F(0); then
