@@ -1,11 +1,10 @@
 // What `epx plan -g cpu` needs of this machine, measured: the BF16 GEMM rate of one core (the
-// peak the planner scales), the memory bandwidth of one core, the end-to-end efficiency of
-// epx's own runtime against that peak (`epx run`'s training loop on one rank and one core, the
-// mean steady-state step against Megatron's model FLOPs), what ranks side by side cost each
-// other, the cores, and the link between ranks 0 and 1 when launched on two or more ranks (their
-// MPI all-to-all at the recipe's exchange size: the intra-node rate when they share a node, the
-// network when they do not; one process keeps the catalog's and cluster.env's).
-#include "calibrate_command.hpp"
+// peak the planner scales), the memory bandwidth of one core, the GEMMs' efficiency against that
+// peak (the one at which the planner predicts `epx run`'s training loop on one rank and one core,
+// its mean steady-state step, with everything else costed as the planner does), what ranks side
+// by side cost each other, the cores, and the link between ranks 0 and 1 when launched on two or
+// more ranks (their MPI all-to-all at the recipe's exchange size: the intra-node rate when they
+// share a node, the network when they do not; one process keeps the catalog's and cluster.env's).
 
 #include <omp.h>
 
@@ -13,9 +12,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <ostream>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -26,7 +28,7 @@
 #include "epx/kernels/kernels.hpp"
 #include "epx/model/gpt_model.hpp"
 #include "epx/plan/flops.hpp"
-#include "epx/plan/step_time.hpp"
+#include "epx/plan/plan.hpp"
 #include "epx/tensor/random.hpp"
 #include "epx/train/job_spec.hpp"
 #include "epx/train/mock_data.hpp"
@@ -175,14 +177,6 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     together = static_cast<double>(max_over(world, static_cast<std::int64_t>(model_step_s() * 1e9))) / 1e9;
   }
   if (world.rank() != 0) return {};
-  // The GEMMs' efficiency: the step, less its materialised attention (costed apart at its own
-  // rates, as the planner does), against the rest of Megatron's model FLOPs at the peak.
-  const double step_tokens = static_cast<double>(spec.seq_length) * static_cast<double>(*base.train.global_batch_size);
-  const double attention_s =
-      materialised_attention_s(base.model, static_cast<double>(spec.num_layers), step_tokens, attention_rate, bandwidth);
-  const ModelFlops f = model_flops(base);
-  const double efficiency =
-      (f.per_token() - f.attention_core) * step_tokens / std::max(0.1 * step_s, step_s - attention_s) / peak;
   const double shared = std::min(1.0, alone / together);
 
   // The network: measured across nodes, else the emulated cluster's configured rate.
@@ -204,10 +198,11 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     network_from = "cluster.env's link_gbit at 0.85";
   }
   const bool intra_measured = world.size() >= 2 && !pair_across_nodes;
-  return fmt::format(
+  const auto entry = [&](double efficiency) {
+    return fmt::format(
       "# Measured by `epx plan --calibrate` ({} on {} cores): one core's BF16 GEMM (1024^3) and\n"
-      "# memcpy; epx run's {} on one rank and core, {:.3g} s per step against Megatron's model\n"
-      "# FLOPs; its attention's FP32 GEMMs at the model's head size; one micro-batch {:.3g} s\n"
+      "# memcpy; epx run's {} on one rank and core, {:.3g} s per step, which the planner reproduces\n"
+      "# (gemm_efficiency); its attention's FP32 GEMMs at the model's head size; one micro-batch {:.3g} s\n"
       "# alone, {:.3g} s with every core running one ({});\n"
       "# intra-node link: {};\n"
       "# network: {}.\n"
@@ -230,6 +225,22 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
                                    pair_latency_s * 1e6)
                      : "",
       network_gb_s, network_efficiency, network_latency_s * 1e6);
+  };
+  // The GEMMs' efficiency: the one at which the planner predicts the measured step of this very
+  // run. Its GEMM time scales as 1 / efficiency and the rest (attention, memory-bound work, the
+  // optimizer) does not, so two plans (efficiency 1 and 1/2) separate them.
+  const auto planned_step_s = [&](double efficiency) {
+    char path[] = "/tmp/epx-calibrate-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) throw EnvironmentError("epx plan --calibrate: cannot create a temporary file in /tmp");
+    close(fd);
+    std::ofstream(path) << entry(efficiency);
+    add_hardware_file(path);
+    std::remove(path);
+    return make_plan(base).configured().step_time_s;
+  };
+  const double at_1 = planned_step_s(1), gemm_at_1 = planned_step_s(0.5) - at_1;
+  return entry(gemm_at_1 / std::max(0.1 * step_s, step_s - (at_1 - gemm_at_1)));
 }
 
 }  // namespace epx::cli
