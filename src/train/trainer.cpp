@@ -157,8 +157,13 @@ std::vector<MoELayer*> Trainer::moe_layers() {
 
 std::string Trainer::schedule_name() const {
   const ScheduleOptions& s = job_.schedule;
-  if (s.ep_overlap) return s.delay_wgrad ? "EP overlap (merged 1F1B) + delayed wgrad" : "EP overlap (merged 1F1B)";
-  return job_.model.moe && job_.model.moe->shared_expert_overlap ? "shared-expert overlap" : "no overlap";
+  const PipelineSpec& p = job_.pipeline;
+  const std::string pipeline = p.stages == 1 ? ""
+                               : p.interleaved ? fmt::format("interleaved pipeline (VPP {}), ", p.chunks)
+                                               : "1F1B pipeline, ";
+  if (s.ep_overlap)
+    return pipeline + (s.delay_wgrad ? "EP overlap (merged 1F1B) + delayed wgrad" : "EP overlap (merged 1F1B)");
+  return pipeline + (job_.model.moe && job_.model.moe->shared_expert_overlap ? "shared-expert overlap" : "no overlap");
 }
 
 void Trainer::log_start(const TrainResult& r) const {
