@@ -146,13 +146,7 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   trace::enable(false);
   trace::take_events_json(world.rank(), Clock::now());  // drop them
   // The slowest rank's pass is the layer's time.
-  for (double& t : totals) {
-    float v = static_cast<float>(t);
-    std::vector<float> all(static_cast<std::size_t>(world.size()), 0.f);
-    all[static_cast<std::size_t>(world.rank())] = v;
-    world.allreduce(all.data(), static_cast<std::int64_t>(all.size()), DType::F32);
-    t = *std::max_element(all.begin(), all.end());
-  }
+  for (double& t : totals) t = static_cast<double>(max_over(world, static_cast<std::int64_t>(t * 1e9))) / 1e9;
   const double dense = dense_gemm_flops_per_s(spec, T, std::max(3, args.repeat / 2));
   if (world.rank() != 0) return 0;
 

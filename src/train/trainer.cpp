@@ -236,11 +236,8 @@ IterationLog Trainer::train_step(int it) {
   } else {
     std::vector<GPTModel*> chunks;
     for (auto& c : chunks_) chunks.push_back(c.get());
-    PipelineTiming timing;
     losses = forward_backward_pipelining(chunks, groups_.get(GroupKind::pp), job_.pipeline, static_cast<int>(micro_batches),
-                                         micro_batch, job_.schedule, &timing);
-    pipeline_timing_.schedule_s += timing.schedule_s;
-    pipeline_timing_.wait_s += timing.wait_s;
+                                         micro_batch, job_.schedule, &pipeline_timing_);
   }
   for (const MicroBatchLosses& l : losses) {
     sums[0] += l.lm_loss;

@@ -33,15 +33,19 @@ std::vector<double> losses(Communicator& world, const std::vector<std::string>& 
   return l;
 }
 
+// Every iteration's loss within `rel` of the reference's (relative to the reference).
+void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], rel * want[i]) << what << " iteration " << i + 1;
+}
+
 TEST(Training, EveryLayoutGivesTheSingleRankLossCurve) {
   for (const char* dispatcher : {"alltoall", "flex"}) {
     const std::vector<std::string> o{std::string("model.moe_token_dispatcher_type=") + dispatcher};
     const std::vector<double> distributed = losses(mpi().world(), o);
     auto self = mpi().world().split(mpi().rank(), 0, "self");
     const std::vector<double> single = losses(*self, o);
-    ASSERT_EQ(distributed.size(), single.size());
-    for (std::size_t i = 0; i < single.size(); ++i)
-      EXPECT_NEAR(distributed[i], single[i], 2e-4 * single[i]) << dispatcher << " iteration " << i + 1;
+    expect_losses_near(distributed, single, 2e-4, dispatcher);
   }
 }
 
@@ -73,9 +77,7 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
                          "model.expert_model_parallel_size=" + std::to_string(world / pp)});
       o.insert(o.end(), knobs.begin(), knobs.end());
       const std::vector<double> piped = losses(mpi().world(), o);
-      ASSERT_EQ(piped.size(), single.size());
-      for (std::size_t i = 0; i < single.size(); ++i)
-        EXPECT_NEAR(piped[i], single[i], 2e-4 * single[i]) << testing::PrintToString(o) << " iteration " << i + 1;
+      expect_losses_near(piped, single, 2e-4, testing::PrintToString(o));
     }
   }
 }
@@ -128,8 +130,7 @@ TEST(Training, OverlappedGradientReductionGivesThePlainResult) {
     if (mpi().size() <= 2) {
       EXPECT_EQ(plain, overlapped) << "EP overlap " << ep_overlap;
     } else {
-      ASSERT_EQ(plain.size(), overlapped.size());
-      for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(plain[i], overlapped[i], 1e-5 * plain[i]) << i;
+      expect_losses_near(overlapped, plain, 1e-5, "EP overlap " + std::to_string(ep_overlap));
     }
   }
 }
@@ -150,9 +151,7 @@ TEST(Training, DistributedOptimizerGivesThePlainResult) {
     std::vector<std::string> with = o;
     with.insert(with.end(), knobs.begin(), knobs.end());
     const std::vector<double> sharded = losses(mpi().world(), with);
-    ASSERT_EQ(plain.size(), sharded.size());
-    for (std::size_t i = 0; i < plain.size(); ++i)
-      EXPECT_NEAR(plain[i], sharded[i], 1e-6 * plain[i]) << testing::PrintToString(knobs) << " iteration " << i + 1;
+    expect_losses_near(sharded, plain, 1e-6, testing::PrintToString(knobs));
   }
 }
 
@@ -164,8 +163,7 @@ TEST(Training, Bf16GradientReductionFollowsGradReduceInFp32) {
   std::vector<std::string> fp32 = o;
   fp32.push_back("ddp.grad_reduce_in_fp32=true");
   const std::vector<double> in_bf16 = losses(mpi().world(), o), in_fp32 = losses(mpi().world(), fp32);
-  ASSERT_EQ(in_bf16.size(), in_fp32.size());
-  for (std::size_t i = 0; i < in_bf16.size(); ++i) EXPECT_NEAR(in_bf16[i], in_fp32[i], 2e-3 * in_fp32[i]) << i;
+  expect_losses_near(in_bf16, in_fp32, 2e-3, "BF16 against FP32 reduction");
   EXPECT_NE(in_bf16, in_fp32);
 }
 

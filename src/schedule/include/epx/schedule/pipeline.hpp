@@ -42,7 +42,7 @@ std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage
 // (microbatch_group_size_per_vp_stage = PP). Empty when `micro_batches` can run, else why not.
 std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches);
 
-// This stage's time in one call of forward_backward_pipelining: its wall time, and the time its
+// This stage's time in forward_backward_pipelining (each call adds to it): its wall time, and the time its
 // compute thread waited on the neighbouring stages (the pipeline bubble plus exposed transfers).
 struct PipelineTiming {
   double schedule_s = 0, wait_s = 0;
