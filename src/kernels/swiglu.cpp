@@ -4,37 +4,22 @@
 //
 // The rows are the experts' hot elementwise work (the whole [T k, 2F] fc1 output, forward and
 // backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with an exp the
-// compiler can vectorise. The exp is Cephes' expf (Cody-Waite reduction, degree-6 polynomial), within 2 ulp of libm's;
-// epx used std::exp before and its results moved by that much.
+// compiler can vectorise (exp_poly.hpp), within 2 ulp of libm's; epx used std::exp before and
+// its results moved by that much.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <vector>
 
 #include "epx/base/cpu_clones.hpp"
 #include "epx/kernels/kernels.hpp"
+#include "exp_poly.hpp"
 #include "float_access.hpp"
 
 
 namespace epx {
 namespace {
 
-[[gnu::always_inline]] inline float exp_poly(float x) {
-  x = std::min(std::max(x, -87.f), 88.f);
-  const float t = x * 1.44269504088896341f + 0x1.8p23f;  // round(x / ln 2), by the magic number
-  const float n = t - 0x1.8p23f;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // x - n ln 2, in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
-}
-
-[[gnu::always_inline]] inline float sigmoid(float x) { return 1.f / (1.f + exp_poly(-x)); }
+[[gnu::always_inline]] inline float sigmoid(float x) { return 1.f / (1.f + detail::exp_poly(-x)); }
 
 template <class T>
 [[gnu::always_inline]] inline void forward_row(const T* h, float p, std::int64_t f, T* out) {

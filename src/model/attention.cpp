@@ -13,9 +13,6 @@
 namespace epx {
 namespace {
 
-MatRef f32_mat(const float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
-MatMut f32_mut(float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
-
 // Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb): for i < d/2 and angle
 // a = pos * base^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
 // The cosines and sines of every (position, i), computed once per call rather than per head.
@@ -70,28 +67,7 @@ std::vector<Param*> SelfAttention::params() {
   return out;
 }
 
-void SelfAttention::core_probs(Context& ctx) const {
-  const std::int64_t S = ctx.seq, B = ctx.batch, nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  ctx.probs = Tensor::uninitialized({B, nh, S, S}, DType::F32);
-  float* probs = ctx.probs.data<float>();
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const std::int64_t g = h / (nh / ng);
-      float* p = probs + (b * nh + h) * S * S;
-      gemm(f32_mat(ctx.q.data<float>() + (b * nh + h) * S * d, S, d), Trans::N,
-           f32_mat(ctx.k.data<float>() + (b * ng + g) * S * d, S, d), Trans::T, f32_mut(p, S, S));
-#pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < S; ++i) {
-        float* row = p + i * S;
-        for (std::int64_t j = 0; j <= i; ++j) row[j] *= scale;
-        softmax_rows(row, row, 1, i + 1);
-        for (std::int64_t j = i + 1; j < S; ++j) row[j] = 0.f;  // causal mask
-      }
-    }
-}
-
-Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx, bool recompute_core_attn) const {
+Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
   const std::int64_t T = x.dim(0), nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
   if (x.rank() != 2 || x.dim(1) != spec_.hidden || x.dtype() != spec_.dtype || seq < 1 || T % seq != 0)
     throw std::invalid_argument(fmt::format("attention: input {} {} is not [S * B, {}] {}", shape_string(x.shape()),
@@ -145,18 +121,22 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx, b
   place(kn, ctx.k, ng);
   if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only QK-norm's backward reads them
 
-  core_probs(ctx);
+  // Each (sequence, key/value group) is one task; its query heads run in turn.
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
   Tensor o32 = Tensor::uninitialized({T, nh * d}, DType::F32);
-  std::vector<float> tmp(static_cast<std::size_t>(S * d));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const std::int64_t g = h / (nh / ng);
-      gemm(f32_mat(ctx.probs.data<float>() + (b * nh + h) * S * S, S, S), Trans::N,
-           f32_mat(ctx.v.data<float>() + (b * ng + g) * S * d, S, d), Trans::N, f32_mut(tmp.data(), S, d));
+  ctx.lse = Tensor::uninitialized({B, nh, S}, DType::F32);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t task = 0; task < B * ng; ++task) {
+    const std::int64_t b = task / ng, g = task % ng;
+    std::vector<float> head_out(static_cast<std::size_t>(S * d));
+    for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
+      causal_attention_forward(ctx.q.data<float>() + (b * nh + h) * S * d, ctx.k.data<float>() + (b * ng + g) * S * d,
+                               ctx.v.data<float>() + (b * ng + g) * S * d, S, d, scale, head_out.data(),
+                               ctx.lse.data<float>() + (b * nh + h) * S);
       for (std::int64_t s = 0; s < S; ++s)
-        std::copy_n(tmp.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
+        std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
     }
-  if (recompute_core_attn) ctx.probs = Tensor();
+  }
   ctx.o = o32.to(spec_.dtype);
   Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
   gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
@@ -170,39 +150,37 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   ctx.dy = dy;
   Tensor d_o = Tensor::uninitialized({T, nh * d}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
-  if (!ctx.probs.defined()) core_probs(ctx);  // recompute_modules: core_attn
+
+  // delta = rowsum(dO * O) per (token, head), from the output as linear_proj saw it.
+  const Tensor o = ctx.o.to(DType::F32);
+  Tensor delta = Tensor::uninitialized({B, nh, S}, DType::F32);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const float* a = d_o.data<float>() + t * nh * d + h * d;
+      const float* c = o.data<float>() + t * nh * d + h * d;
+      float sum = 0.f;
+      for (std::int64_t j = 0; j < d; ++j) sum += a[j] * c[j];
+      delta.data<float>()[((t % B) * nh + h) * S + t / B] = sum;
+    }
 
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  Tensor dq({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
-  std::vector<float> dob(static_cast<std::size_t>(S * d)), dp(static_cast<std::size_t>(S * S));
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const std::int64_t g = h / (nh / ng);
-      const float* p = ctx.probs.data<float>() + (b * nh + h) * S * S;
-      const float* qb = ctx.q.data<float>() + (b * nh + h) * S * d;
-      const float* kb = ctx.k.data<float>() + (b * ng + g) * S * d;
-      const float* vb = ctx.v.data<float>() + (b * ng + g) * S * d;
-      for (std::int64_t s = 0; s < S; ++s)
-        std::copy_n(d_o.data<float>() + (s * B + b) * nh * d + h * d, d, dob.data() + s * d);
-      // dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P)) / sqrt(d).
-      gemm(f32_mat(p, S, S), Trans::T, f32_mat(dob.data(), S, d), Trans::N,
-           f32_mut(dv.data<float>() + (b * ng + g) * S * d, S, d), true);
-      gemm(f32_mat(dob.data(), S, d), Trans::N, f32_mat(vb, S, d), Trans::T, f32_mut(dp.data(), S, S));
+  Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
 #pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < S; ++i) {
-        float* row = dp.data() + i * S;
-        double dot = 0;
-        for (std::int64_t j = 0; j <= i; ++j) dot += static_cast<double>(row[j]) * p[i * S + j];
-        for (std::int64_t j = 0; j < S; ++j)
-          row[j] = j <= i ? p[i * S + j] * (row[j] - static_cast<float>(dot)) * scale : 0.f;
-      }
-      // dQ = dS K;  dK += dS^T Q.
-      gemm(f32_mat(dp.data(), S, S), Trans::N, f32_mat(kb, S, d), Trans::N,
-           f32_mut(dq.data<float>() + (b * nh + h) * S * d, S, d));
-      gemm(f32_mat(dp.data(), S, S), Trans::T, f32_mat(qb, S, d), Trans::N,
-           f32_mut(dk.data<float>() + (b * ng + g) * S * d, S, d), true);
+  for (std::int64_t task = 0; task < B * ng; ++task) {
+    const std::int64_t b = task / ng, g = task % ng;
+    std::vector<float> dout(static_cast<std::size_t>(S * d));
+    for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
+      for (std::int64_t s = 0; s < S; ++s)
+        std::copy_n(d_o.data<float>() + (s * B + b) * nh * d + h * d, d, dout.data() + s * d);
+      const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
+      causal_attention_backward(ctx.q.data<float>() + head * d, ctx.k.data<float>() + group * d,
+                                ctx.v.data<float>() + group * d, ctx.lse.data<float>() + head,
+                                delta.data<float>() + head, dout.data(), S, d, scale, dq.data<float>() + head * d,
+                                dk.data<float>() + group * d, dv.data<float>() + group * d);
     }
-  ctx.probs = ctx.q = ctx.k = ctx.v = Tensor();
+  }
+  ctx.lse = ctx.q = ctx.k = ctx.v = Tensor();
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
   const std::int64_t width = (nh + 2 * ng) * d;

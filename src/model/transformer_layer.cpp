@@ -93,7 +93,7 @@ void TransformerLayer::forward_attn(const Tensor& x, Context& ctx, std::optional
   const std::int64_t S = spec_.seq_length, T = x.dim(0), H = spec_.hidden;
   ctx.x = x;
   const Tensor n1 = norm(x, input_layernorm, ctx.rstd1);
-  const Tensor a = attention.forward(n1, S, ctx.attn, spec_.recompute.core_attn);
+  const Tensor a = attention.forward(n1, S, ctx.attn);
   ctx.h = Tensor::uninitialized(x.shape(), x.dtype());
   add(x, a, ctx.h);
   Tensor n2 = norm(ctx.h, pre_mlp_layernorm, ctx.rstd2);

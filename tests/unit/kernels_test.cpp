@@ -1,4 +1,8 @@
 // Kernels against naive references and finite differences.
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "epx/kernels/kernels.hpp"
@@ -123,6 +127,76 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
   softmax_rows(x.data<float>(), y.data<float>(), r, c);
   softmax_backward_rows(y.data<float>(), g.data<float>(), dx.data<float>(), r, c);
   expect_directional_derivative(loss, x, dx, 14, "softmax dx");
+}
+
+// The blocked causal attention against the textbook one in double: every row's full softmax over
+// its prefix, and the backward by the chain rule, for block sizes that cut the sequence into one
+// block, uneven blocks and single rows. dk and dv are accumulated into (they start at one).
+TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
+  const std::int64_t S = 37, d = 8;
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  const Tensor q = randn({S, d}, 21), k = randn({S, d}, 22), v = randn({S, d}, 23), dout = randn({S, d}, 24);
+  const auto at = [](const Tensor& t, std::int64_t i, std::int64_t j) { return static_cast<double>(t.get(i * t.dim(1) + j)); };
+  std::vector<double> p(static_cast<std::size_t>(S * S), 0.0), lse(S), delta(S);
+  Tensor want_o({S, d}, DType::F32), want_dq({S, d}, DType::F32), want_dk({S, d}, DType::F32), want_dv({S, d}, DType::F32);
+  for (std::int64_t i = 0; i < S; ++i) {
+    std::vector<double> s(static_cast<std::size_t>(i + 1));
+    double mx = -1e300, sum = 0;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      for (std::int64_t c = 0; c < d; ++c) s[j] += at(q, i, c) * at(k, j, c) * scale;
+      mx = std::max(mx, s[j]);
+    }
+    for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+    lse[i] = mx + std::log(sum);
+    for (std::int64_t j = 0; j <= i; ++j) p[i * S + j] = std::exp(s[j] - lse[i]);
+    for (std::int64_t c = 0; c < d; ++c) {
+      double o = 0;
+      for (std::int64_t j = 0; j <= i; ++j) o += p[i * S + j] * at(v, j, c);
+      want_o.set(i * d + c, static_cast<float>(o));
+    }
+  }
+  std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(dq.size(), 1.0);
+  for (std::int64_t i = 0; i < S; ++i) {
+    std::vector<double> dp(static_cast<std::size_t>(i + 1));
+    double row_dot = 0;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      for (std::int64_t c = 0; c < d; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
+      row_dot += p[i * S + j] * dp[j];
+    }
+    delta[i] = row_dot;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      const double ds = p[i * S + j] * (dp[j] - row_dot) * scale;
+      for (std::int64_t c = 0; c < d; ++c) {
+        dq[i * d + c] += ds * at(k, j, c);
+        dk[j * d + c] += ds * at(q, i, c);
+        dv[j * d + c] += p[i * S + j] * at(dout, i, c);
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < S * d; ++i) {
+    want_dq.set(i, static_cast<float>(dq[i]));
+    want_dk.set(i, static_cast<float>(dk[i]));
+    want_dv.set(i, static_cast<float>(dv[i]));
+  }
+  std::vector<float> delta32(delta.begin(), delta.end());
+
+  for (const std::int64_t block : {1, 8, 128}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    Tensor o({S, d}, DType::F32), got_lse({S}, DType::F32), got_dq({S, d}, DType::F32), got_dk({S, d}, DType::F32),
+        got_dv({S, d}, DType::F32);
+    got_dk.fill(1.f);
+    got_dv.fill(1.f);
+    causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, static_cast<float>(scale),
+                             o.data<float>(), got_lse.data<float>(), block);
+    expect_close(o, want_o, 1e-5);
+    for (std::int64_t i = 0; i < S; ++i) ASSERT_NEAR(got_lse.get(i), lse[i], 1e-5 * (1 + std::abs(lse[i]))) << "row " << i;
+    causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), got_lse.data<float>(), delta32.data(),
+                              dout.data<float>(), S, d, static_cast<float>(scale), got_dq.data<float>(),
+                              got_dk.data<float>(), got_dv.data<float>(), block);
+    expect_close(got_dq, want_dq, 1e-5);
+    expect_close(got_dk, want_dk, 1e-5);
+    expect_close(got_dv, want_dv, 1e-5);
+  }
 }
 
 TEST(TopK, LargestFirstAndTiesGoToTheLowerIndex) {

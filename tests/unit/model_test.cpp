@@ -58,18 +58,16 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   const Tensor r = randn({S * B, 16}, 5);
   const auto f = [&] {
     SelfAttention::Context c;
-    return test::dot(attn.forward(x, S, c, false), r);
+    return test::dot(attn.forward(x, S, c), r);
   };
-  for (bool recompute : {false, true}) {
-    for (Param* p : attn.params()) p->grad.zero();
-    SelfAttention::Context ctx;
-    attn.forward(x, S, ctx, recompute);
-    const Tensor dx = attn.backward_dgrad(ctx, r);
-    attn.backward_wgrad(ctx);
-    expect_directional_derivative(f, x, dx, 11, "dx");
-    for (Param* p : attn.params())
-      expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
-  }
+  for (Param* p : attn.params()) p->grad.zero();
+  SelfAttention::Context ctx;
+  attn.forward(x, S, ctx);
+  const Tensor dx = attn.backward_dgrad(ctx, r);
+  attn.backward_wgrad(ctx);
+  expect_directional_derivative(f, x, dx, 11, "dx");
+  for (Param* p : attn.params())
+    expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
 }
 
 TEST(Attention, IsCausal) {
@@ -79,9 +77,9 @@ TEST(Attention, IsCausal) {
   attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2));
   Tensor x = randn({6, 8}, 3);
   SelfAttention::Context c1, c2;
-  const Tensor y1 = attn.forward(x, 6, c1, false);
+  const Tensor y1 = attn.forward(x, 6, c1);
   for (std::int64_t j = 0; j < 8; ++j) x.set(5 * 8 + j, 9.f);  // change the last token only
-  const Tensor y2 = attn.forward(x, 6, c2, false);
+  const Tensor y2 = attn.forward(x, 6, c2);
   for (std::int64_t i = 0; i < 5 * 8; ++i) ASSERT_EQ(y1.get(i), y2.get(i)) << "earlier tokens saw a later one";
 }
 
@@ -105,8 +103,8 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
                                   [p] { p->refresh(); });
 }
 
-// Every recompute mode gives the same loss and gradients as none, bit for bit, and the full
-// modes hold less memory at the peak.
+// Every recompute mode gives the same loss and gradients as none, bit for bit, and holds less
+// memory at the peak; but core_attn, which has nothing to drop from the blocked attention.
 TEST(GPTModel, RecomputeChangesNothingButMemory) {
   const auto run = [](std::vector<std::string> overrides, std::int64_t* peak) {
     overrides.insert(overrides.end(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.seq_length=32"});
@@ -138,7 +136,8 @@ TEST(GPTModel, RecomputeChangesNothingButMemory) {
     EXPECT_EQ(l, loss) << mode[1];
     for (std::size_t i = 0; i < g.size(); ++i)
       ASSERT_EQ(0, std::memcmp(g[i].raw(), grads[i].raw(), g[i].nbytes())) << mode[1] << " gradient " << i;
-    EXPECT_LT(peak, base_peak) << mode[1] << " should lower the peak";
+    if (mode[1] == "model.recompute_modules=[core_attn]") EXPECT_EQ(peak, base_peak);
+    else EXPECT_LT(peak, base_peak) << mode[1] << " should lower the peak";
   }
 }
 

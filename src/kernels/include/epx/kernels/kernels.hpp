@@ -1,7 +1,8 @@
 // The numerical kernels under every layer: GEMM and grouped GEMM (oneDNN), SwiGLU, softmax,
-// sigmoid and top-k, RMSNorm, cross-entropy, and the expert-major permutation. Each has its
-// backward; ops with weights expose dgrad and wgrad as separate calls so that wgrad can run now
-// or be queued (delayed wgrad). Activations are F32 or BF16; the math inside is FP32.
+// sigmoid and top-k, blocked causal attention, RMSNorm, cross-entropy, and the expert-major
+// permutation. Each has its backward; ops with weights expose dgrad and wgrad as separate calls
+// so that wgrad can run now or be queued (delayed wgrad). Activations are F32 or BF16; the math
+// inside is FP32.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +73,19 @@ void sigmoid(const float* x, float* y, std::int64_t n);
 void topk_rows(const float* x, std::int64_t rows, std::int64_t cols, int k, std::int32_t* idx);
 // log(sum(exp(x))) per row.
 void logsumexp_rows(const float* x, float* out, std::int64_t rows, std::int64_t cols);
+
+// ------------------------------------- causal attention (src/kernels/causal_attention.cpp)
+
+// One head's causal softmax(q k^T * scale) v in query blocks of `block` rows, never S x S (each
+// block's scores are a [block, keys it sees] strip). q, k, v, out [seq, d] F32, row-major; lse
+// [seq] gets each row's log-sum-exp of the scaled scores, which the backward needs.
+void causal_attention_forward(const float* q, const float* k, const float* v, std::int64_t seq, std::int64_t d,
+                              float scale, float* out, float* lse, std::int64_t block = 128);
+// From dout [seq, d] and delta [seq] = rowsum(dout * out): dq [seq, d] is written, dk and dv
+// [seq, d] are accumulated into (query heads that share a key/value group add up).
+void causal_attention_backward(const float* q, const float* k, const float* v, const float* lse, const float* delta,
+                               const float* dout, std::int64_t seq, std::int64_t d, float scale, float* dq, float* dk,
+                               float* dv, std::int64_t block = 128);
 
 // ------------------------------------------------ elementwise (src/kernels/elementwise.cpp)
 

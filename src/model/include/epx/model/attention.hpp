@@ -2,7 +2,8 @@
 // SelfAttention with TE's DotProductAttention, at TP = CP = 1):
 //   qkv = x Wqkv^T, laid out [q heads | k groups | v groups] per token;
 //   q, k = RoPE(RMSNorm_d(q)), RoPE(RMSNorm_d(k))   (per head over head_dim, one gamma each);
-//   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups);
+//   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups), in
+//       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp);
 //   y = o Wproj^T.
 // Linear layers run in the compute dtype with FP32 accumulation; the core attention is FP32.
 // Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
@@ -37,14 +38,15 @@ class SelfAttention {
     Tensor q_raw, k_raw;      // [T, heads|groups, d] F32 before QK-norm
     Tensor q_rstd, k_rstd;    // QK-norm's 1/rms per row
     Tensor q, k, v;           // [B, heads|groups, S, d] F32, after norm and RoPE
-    Tensor probs;             // [B, heads, S, S] F32; dropped under core_attn recompute
+    Tensor lse;               // [B, heads, S] F32: each query row's log-sum-exp
     Tensor o;                 // [T, heads * d] compute dtype (linear_proj's input)
     Tensor dy, dqkv;          // kept by dgrad for wgrad
   };
 
-  // x [S * B, H] in the compute dtype. `recompute_core_attn`: drop the attention probabilities
-  // and recompute them in the backward (recompute_modules: core_attn).
-  Tensor forward(const Tensor& x, std::int64_t seq, Context& ctx, bool recompute_core_attn) const;
+  // x [S * B, H] in the compute dtype. The core attention keeps only its inputs, its output and
+  // the log-sum-exp, and its backward recomputes the probabilities block by block (as flash
+  // attention does), so recompute_modules' core_attn has nothing left to drop.
+  Tensor forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
   // dy [T, H] -> dx [T, H]. The QK-norm gammas' gradients are accumulated here (they are tiny);
   // the linear layers' weight gradients wait for backward_wgrad.
   Tensor backward_dgrad(Context& ctx, const Tensor& dy);
@@ -56,8 +58,6 @@ class SelfAttention {
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
 
  private:
-  void core_probs(Context& ctx) const;  // probs from q and k
-
   AttentionSpec spec_;
 };
 

@@ -16,6 +16,9 @@ namespace epx {
 
 // Megatron's activation recompute. Selective: the modules of recompute_modules drop what they
 // would save and recompute it in the backward. Full: whole layers keep only their input.
+// core_attn is kept for the description only: the blocked attention already recomputes its
+// probabilities in every backward and keeps nothing a recompute could drop (attention.hpp), as
+// with flash attention on a GPU.
 struct RecomputeSpec {
   bool layernorm = false, core_attn = false, moe_act = false, mlp = false, shared_experts = false;
   std::string method;  // full recompute: "uniform" or "block"; empty = no full recompute
