@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -142,15 +143,22 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     const double copy_s = seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); });
     bandwidth = 2.0 * static_cast<double>(src.size()) / copy_s;  // read + write
 
-    // The attention's FP32 GEMMs at the model's shape, one head: scores = Q K^T, out = P V.
+    // The blocked attention kernel at the model's shape, one head, forward and backward, at
+    // Megatron's causal FLOP count (6 S^2 d).
     const std::int64_t S = spec.seq_length, d = spec.attention.head_dim;
-    const Tensor q = random_normal({S, d}, DType::F32, 1, 3), p = random_normal({S, S}, DType::F32, 1, 4);
-    Tensor scores({S, S}, DType::F32), out({S, d}, DType::F32);
+    const Tensor q = random_normal({S, d}, DType::F32, 1, 3), k = random_normal({S, d}, DType::F32, 1, 4),
+                 v = random_normal({S, d}, DType::F32, 1, 5), dout = random_normal({S, d}, DType::F32, 1, 6);
+    Tensor out({S, d}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
+        dk({S, d}, DType::F32), dv({S, d}, DType::F32);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
     const double attention_s = seconds_per_call([&] {
-      gemm(mat(q), Trans::N, mat(q), Trans::T, mat_mut(scores));
-      gemm(mat(p), Trans::N, mat(q), Trans::N, mat_mut(out));
+      causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, out.data<float>(),
+                               lse.data<float>());
+      causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
+                                delta.data<float>(), dout.data<float>(), S, d, scale, dq.data<float>(),
+                                dk.data<float>(), dv.data<float>());
     });
-    attention_rate = 4.0 * static_cast<double>(S * S * d) / attention_s;
+    attention_rate = 6.0 * static_cast<double>(S * S * d) / attention_s;
 
     // epx run's own loop on one rank and one core: the mean of iterations 3..6 (the recipe's
     // global batch as micro-batches), optimizer and all.
@@ -202,7 +210,7 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     return fmt::format(
       "# Measured by `epx plan --calibrate` ({} on {} cores): one core's BF16 GEMM (1024^3) and\n"
       "# memcpy; epx run's {} on one rank and core, {:.3g} s per step, which the planner reproduces\n"
-      "# (gemm_efficiency); its attention's FP32 GEMMs at the model's head size; one micro-batch {:.3g} s\n"
+      "# (gemm_efficiency); its blocked attention at the model's head size; one micro-batch {:.3g} s\n"
       "# alone, {:.3g} s with every core running one ({});\n"
       "# intra-node link: {};\n"
       "# network: {}.\n"

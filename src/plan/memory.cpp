@@ -115,13 +115,8 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
     return m.recompute_granularity == std::optional<std::string>("selective") &&
            std::find(modules.begin(), modules.end(), mod) != modules.end();
   };
-  // A materialised attention (epx's cpu runtime) also keeps every head's FP32 probabilities for
-  // the backward unless core attention is recomputed.
-  const double scores = target_gpu(c).rates.attention_fp32_tflops > 0 && !has("core_attn")
-                            ? 4 * static_cast<double>(m.num_attention_heads) * s * static_cast<double>(m.seq_length) * b
-                            : 0;
   const auto layer_bytes = [&](double f, bool moe) {
-    double attn = 18 * s * b * h + scores, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
+    double attn = 18 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
     if (has("layernorm")) attn -= 4 * s * b * h;                // both norms' outputs recomputed
     if (moe && has("moe_act")) mlp /= 2;                       // the activation, from fc1's output
     if (!moe && has("mlp")) mlp = 0;                           // the whole MLP recomputed

@@ -31,19 +31,10 @@ double efficiency(const HardwareRates& hw, double rows) {
   return std::max(1e-3, hw.gemm_efficiency * rows / (rows + hw.gemm_half_rows));
 }
 
-// Bytes per score element, forward and backward: FP32 scores written, scaled and masked,
-// softmaxed (read and write), read by PV; the backward reads the probabilities twice and writes
-// and rereads the score gradient.
-constexpr double kScoreBytes = 48;
-
 }  // namespace
 
-double materialised_attention_s(const ModelConfig& m, double layers, double tokens, double fp32_flops_per_s,
-                                double bytes_per_s) {
-  // Megatron counts the causal half (attention_macs' core); the unmasked square is twice that.
-  const double flops = 2 * 6 * attention_macs(m).core * layers * tokens;
-  const double scores = layers * tokens * static_cast<double>(m.num_attention_heads) * static_cast<double>(m.seq_length);
-  return flops / std::max(1.0, fp32_flops_per_s) + kScoreBytes * scores / std::max(1.0, bytes_per_s);
+double cpu_attention_s(const ModelConfig& m, double layers, double tokens, double flops_per_s) {
+  return 6 * attention_macs(m).core * layers * tokens / std::max(1.0, flops_per_s);
 }
 
 StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, const CommPlan& comm,
@@ -69,10 +60,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   double other = f.per_token() - routed;
   const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
   StepCosts s;
-  if (hw.attention_fp32_tflops > 0) {  // epx's materialised attention, apart from the GEMMs
+  if (hw.attention_fp32_tflops > 0) {  // epx's blocked FP32 attention, apart from the GEMMs
     other -= f.attention_core;
-    s.compute = materialised_attention_s(m, static_cast<double>(m.num_layers + m.mtp_num_layers.value_or(0)), per_rank,
-                                         hw.attention_fp32_tflops * 1e12 * cores, hbm);
+    s.compute = cpu_attention_s(m, static_cast<double>(m.num_layers + m.mtp_num_layers.value_or(0)), per_rank,
+                                hw.attention_fp32_tflops * 1e12 * cores);
   }
   s.compute += per_rank * (other / (peak * efficiency(hw, tokens)) + routed / (peak * efficiency(hw, expert_rows)));
   // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.

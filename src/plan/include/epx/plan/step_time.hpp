@@ -15,12 +15,11 @@ struct StepCosts {
   double dp = 0;            // per step: the gradient reduction the last backward does not hide
   double optimizer = 0;     // per step: the optimizer step
 };
-// Seconds of a materialised attention (rates.attention_fp32_tflops > 0: epx's cpu runtime),
-// forward and backward, for `layers` layers and `tokens` tokens of one rank: the QK^T and PV
-// GEMMs over the whole S x S square (no causal skipping) at `fp32_flops_per_s`, and the scores'
-// elementwise passes (scale, mask, softmax and their backward) at `bytes_per_s`.
-double materialised_attention_s(const ModelConfig& m, double layers, double tokens, double fp32_flops_per_s,
-                                double bytes_per_s);
+// Seconds of epx's blocked FP32 attention (rates.attention_fp32_tflops > 0: the cpu runtime),
+// forward and backward, for `layers` layers and `tokens` tokens of one rank: Megatron's causal
+// attention FLOPs at the rate `epx plan --calibrate` measures for the kernel itself (its strip
+// GEMMs, softmax and the backward's recomputed probabilities together).
+double cpu_attention_s(const ModelConfig& m, double layers, double tokens, double flops_per_s);
 StepCosts step_costs(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, const CommPlan& comm,
                      const MemoryPlan& memory, Dispatcher dispatcher);
 
