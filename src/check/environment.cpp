@@ -27,7 +27,7 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
       {"network_gb_s", &g.rates.network_gb_s},   {"network_efficiency", &g.rates.network_efficiency},
       {"gemm_efficiency", &g.rates.gemm_efficiency}, {"gemm_half_rows", &g.rates.gemm_half_rows},
       {"nvlink_latency_us", &g.rates.nvlink_latency_us}, {"network_latency_us", &g.rates.network_latency_us},
-      {"attention_fp32_tflops", &g.rates.attention_fp32_tflops},
+      {"attention_tflops", &g.rates.attention_tflops},
       {"cores", &g.rates.cores}, {"shared_core_efficiency", &g.rates.shared_core_efficiency}};
   const std::map<std::string, int*> counts = {
       {"compute_capability", &g.major}, {"gpus_per_node", &g.gpus_per_node}, {"nvlink_domain", &g.nvlink_domain}};

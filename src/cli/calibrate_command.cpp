@@ -143,20 +143,24 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     const double copy_s = seconds_per_call([&] { std::memcpy(dst.data(), src.data(), src.size()); });
     bandwidth = 2.0 * static_cast<double>(src.size()) / copy_s;  // read + write
 
-    // The blocked attention kernel at the model's shape, one head, forward and backward, at
-    // Megatron's causal FLOP count (6 S^2 d).
+    // The blocked attention kernel at the model's shape and compute dtype, one head, forward and
+    // backward, at Megatron's causal FLOP count (6 S^2 d).
     const std::int64_t S = spec.seq_length, d = spec.attention.head_dim;
-    const Tensor q = random_normal({S, d}, DType::F32, 1, 3), k = random_normal({S, d}, DType::F32, 1, 4),
-                 v = random_normal({S, d}, DType::F32, 1, 5), dout = random_normal({S, d}, DType::F32, 1, 6);
+    const DType dtype = spec.attention.dtype;
+    const Tensor q = random_normal({S, d}, dtype, 1, 3), k = random_normal({S, d}, dtype, 1, 4),
+                 v = random_normal({S, d}, dtype, 1, 5), dout = random_normal({S, d}, dtype, 1, 6);
     Tensor out({S, d}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
         dk({S, d}, DType::F32), dv({S, d}, DType::F32);
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    const auto attention = [&](auto tag) {
+      using E = decltype(tag);
+      causal_attention_forward(q.data<E>(), k.data<E>(), v.data<E>(), S, d, scale, out.data<float>(), lse.data<float>());
+      causal_attention_backward(q.data<E>(), k.data<E>(), v.data<E>(), lse.data<float>(), delta.data<float>(),
+                                dout.data<E>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>());
+    };
     const double attention_s = seconds_per_call([&] {
-      causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, out.data<float>(),
-                               lse.data<float>());
-      causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
-                                delta.data<float>(), dout.data<float>(), S, d, scale, dq.data<float>(),
-                                dk.data<float>(), dv.data<float>());
+      if (dtype == DType::BF16) attention(std::uint16_t{});
+      else attention(float{});
     });
     attention_rate = 6.0 * static_cast<double>(S * S * d) / attention_s;
 
@@ -220,7 +224,7 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
       "  bf16_tflops: {:.6f}\n"
       "  hbm_tb_s: {:.6f}\n"
       "  gemm_efficiency: {:.4f}\n"
-      "  attention_fp32_tflops: {:.6f}\n"
+      "  attention_tflops: {:.6f}\n"
       "  gemm_half_rows: 0\n"
       "{}"
       "  network_gb_s: {:.4f}\n"

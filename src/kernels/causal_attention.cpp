@@ -1,10 +1,15 @@
-// Blocked causal attention for one head, FP32. Query block i (rows [r0, r0 + rows)) only sees
-// keys [0, r0 + rows), so its scores are a [rows, r0 + rows] strip: one GEMM against the keys it
-// can see, a softmax of each row over its unmasked prefix, one GEMM with the values. No S x S
-// matrix exists, the key blocks above the diagonal are never multiplied (the causal half of the
-// FLOPs, plus half of each diagonal block), and the strip stays in cache. The backward recomputes
-// each strip's probabilities from the saved log-sum-exp (as flash attention does) and accumulates
-// dK and dV over the query blocks in order, so results do not depend on threads.
+// Blocked causal attention for one head. Query block i (rows [r0, r0 + rows)) only sees keys
+// [0, r0 + rows), so its scores are a [rows, r0 + rows] strip: one GEMM against the keys it can
+// see, a softmax of each row over its unmasked prefix, one GEMM with the values. No S x S matrix
+// exists, the key blocks above the diagonal are never multiplied (the causal half of the FLOPs,
+// plus half of each diagonal block), and the strip stays in cache. The backward recomputes each
+// strip's probabilities from the saved log-sum-exp (as flash attention does) and accumulates dK
+// and dV over the query blocks in order, so results do not depend on threads.
+//
+// In BF16 (a BF16 model) the GEMMs take BF16 operands with FP32 accumulation, as flash attention
+// does on a GPU: q, k, v and dO come in BF16, the probabilities and the score gradient are
+// rounded to BF16 for the GEMMs that read them, and the softmax, the log-sum-exp and every
+// output and accumulator stay FP32.
 //
 // The row loops are compiled per ISA (EPX_CPU_CLONES, built without FMA contraction) and their
 // sums run in 16 fixed lanes, so they vectorise and give the same bits on every CPU.
@@ -13,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,18 +26,22 @@
 #include "epx/base/cpu_clones.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "exp_poly.hpp"
+#include "float_access.hpp"
 
 namespace epx {
 namespace {
 
 constexpr int kLanes = 16;
 
-MatRef f32_mat(const float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
+template <class T> constexpr DType dtype_of = DType::F32;
+template <> constexpr DType dtype_of<std::uint16_t> = DType::BF16;
+template <class T> MatRef as_mat(const T* p, std::int64_t rows, std::int64_t cols) { return {p, dtype_of<T>, rows, cols}; }
 MatMut f32_mut(float* p, std::int64_t rows, std::int64_t cols) { return {p, DType::F32, rows, cols}; }
 
-// A scaled score row -> probabilities: row[j] = exp(row[j] * scale - max) / sum for j < valid,
-// 0 for valid <= j < n. Returns the row's log-sum-exp of the scaled scores.
-EPX_CPU_CLONES float softmax_prefix_row(float* row, std::int64_t valid, std::int64_t n, float scale) {
+// A score row -> probabilities: p[j] = exp(row[j] * scale - max) / sum for j < valid, 0 for
+// valid <= j < n (p may be the row itself). Returns the row's log-sum-exp of the scaled scores.
+template <class T>
+[[gnu::always_inline]] inline float softmax_prefix(float* row, std::int64_t valid, std::int64_t n, float scale, T* p) {
   float lane[kLanes];
   for (float& l : lane) l = -std::numeric_limits<float>::infinity();
   std::int64_t j = 0;
@@ -50,21 +60,61 @@ EPX_CPU_CLONES float softmax_prefix_row(float* row, std::int64_t valid, std::int
   float sum = 0.f;
   for (const float l : lane) sum += l;
   const float inv = 1.f / sum;
-  for (j = 0; j < valid; ++j) row[j] *= inv;
-  for (; j < n; ++j) row[j] = 0.f;
+  for (j = 0; j < valid; ++j) detail::st(p, j, row[j] * inv);
+  for (; j < n; ++j) detail::st(p, j, 0.f);
   return mx + std::log(sum);
 }
 
-// The backward's probabilities from the saved log-sum-exp.
-EPX_CPU_CLONES void probs_from_lse_row(float* row, std::int64_t valid, std::int64_t n, float scale, float lse) {
+// The backward's probabilities from the saved log-sum-exp, in place in FP32 and, for BF16, rounded
+// into p as well.
+template <class T>
+[[gnu::always_inline]] inline void probs_from_lse(float* row, std::int64_t valid, std::int64_t n, float scale, float lse,
+                                                  T* p) {
   std::int64_t j = 0;
   for (; j < valid; ++j) row[j] = detail::exp_poly(row[j] * scale - lse);
   for (; j < n; ++j) row[j] = 0.f;
+  if constexpr (!std::is_same_v<T, float>)
+    for (j = 0; j < n; ++j) detail::st(p, j, row[j]);
 }
 
-// dS = P * (dP - delta) * scale, in place over dP (zero where P is masked).
-EPX_CPU_CLONES void score_grad_row(const float* p, float* dp, std::int64_t n, float delta, float scale) {
-  for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * scale;
+// dS = P * (dP - delta) * scale (zero where P is masked), into ds (which may be dp).
+template <class T>
+[[gnu::always_inline]] inline void score_grad(const float* p, const float* dp, std::int64_t n, float delta, float scale,
+                                              T* ds) {
+  for (std::int64_t j = 0; j < n; ++j) detail::st(ds, j, p[j] * (dp[j] - delta) * scale);
+}
+
+EPX_CPU_CLONES float softmax_prefix_f32(float* row, std::int64_t valid, std::int64_t n, float scale, float* p) {
+  return softmax_prefix(row, valid, n, scale, p);
+}
+EPX_CPU_CLONES float softmax_prefix_bf16(float* row, std::int64_t valid, std::int64_t n, float scale, std::uint16_t* p) {
+  return softmax_prefix(row, valid, n, scale, p);
+}
+EPX_CPU_CLONES void probs_from_lse_f32(float* row, std::int64_t valid, std::int64_t n, float scale, float lse, float* p) {
+  probs_from_lse(row, valid, n, scale, lse, p);
+}
+EPX_CPU_CLONES void probs_from_lse_bf16(float* row, std::int64_t valid, std::int64_t n, float scale, float lse,
+                                        std::uint16_t* p) {
+  probs_from_lse(row, valid, n, scale, lse, p);
+}
+EPX_CPU_CLONES void score_grad_f32(const float* p, const float* dp, std::int64_t n, float delta, float scale, float* ds) {
+  score_grad(p, dp, n, delta, scale, ds);
+}
+EPX_CPU_CLONES void score_grad_bf16(const float* p, const float* dp, std::int64_t n, float delta, float scale,
+                                    std::uint16_t* ds) {
+  score_grad(p, dp, n, delta, scale, ds);
+}
+float softmax_prefix_of(float* r, std::int64_t v, std::int64_t n, float s, float* p) { return softmax_prefix_f32(r, v, n, s, p); }
+float softmax_prefix_of(float* r, std::int64_t v, std::int64_t n, float s, std::uint16_t* p) {
+  return softmax_prefix_bf16(r, v, n, s, p);
+}
+void probs_from_lse_of(float* r, std::int64_t v, std::int64_t n, float s, float l, float* p) { probs_from_lse_f32(r, v, n, s, l, p); }
+void probs_from_lse_of(float* r, std::int64_t v, std::int64_t n, float s, float l, std::uint16_t* p) {
+  probs_from_lse_bf16(r, v, n, s, l, p);
+}
+void score_grad_of(const float* p, const float* dp, std::int64_t n, float d, float s, float* ds) { score_grad_f32(p, dp, n, d, s, ds); }
+void score_grad_of(const float* p, const float* dp, std::int64_t n, float d, float s, std::uint16_t* ds) {
+  score_grad_bf16(p, dp, n, d, s, ds);
 }
 
 void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64_t block) {
@@ -72,40 +122,86 @@ void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64
     throw std::invalid_argument(fmt::format("{}: seq {}, head_dim {}, block {} must be positive", kernel, seq, d, block));
 }
 
+// The strips of one query block: FP32 scores (and FP32 probabilities in the backward), and for
+// BF16 the GEMM operand copies; for FP32 the operands are the FP32 strips themselves.
+template <class T>
+struct Strips {
+  std::vector<float> scores, grad;
+  std::vector<T> op, grad_op;
+  Strips(std::int64_t seq, std::int64_t block, bool backward) {
+    const std::size_t n = static_cast<std::size_t>(std::min(block, seq) * seq);
+    scores.resize(n);
+    if (backward) grad.resize(n);
+    if constexpr (!std::is_same_v<T, float>) {
+      op.resize(n);
+      if (backward) grad_op.resize(n);
+    }
+  }
+  T* probs() {
+    if constexpr (std::is_same_v<T, float>) return scores.data();
+    else return op.data();
+  }
+  T* score_grad() {
+    if constexpr (std::is_same_v<T, float>) return grad.data();
+    else return grad_op.data();
+  }
+};
+
+template <class T>
+void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t d, float scale, float* out, float* lse,
+             std::int64_t block) {
+  check_args("causal_attention_forward", seq, d, block);
+  Strips<T> strip(seq, block, false);
+  for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
+    const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;
+    gemm(as_mat(q + r0 * d, rows, d), Trans::N, as_mat(k, keys, d), Trans::T, f32_mut(strip.scores.data(), rows, keys));
+    for (std::int64_t r = 0; r < rows; ++r)
+      lse[r0 + r] = softmax_prefix_of(strip.scores.data() + r * keys, r0 + r + 1, keys, scale, strip.probs() + r * keys);
+    gemm(as_mat(strip.probs(), rows, keys), Trans::N, as_mat(v, keys, d), Trans::N, f32_mut(out + r0 * d, rows, d));
+  }
+}
+
+template <class T>
+void backward(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout, std::int64_t seq,
+              std::int64_t d, float scale, float* dq, float* dk, float* dv, std::int64_t block) {
+  check_args("causal_attention_backward", seq, d, block);
+  Strips<T> strip(seq, block, true);
+  for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
+    const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;
+    float* p = strip.scores.data();
+    float* dp = strip.grad.data();
+    gemm(as_mat(q + r0 * d, rows, d), Trans::N, as_mat(k, keys, d), Trans::T, f32_mut(p, rows, keys));
+    for (std::int64_t r = 0; r < rows; ++r)
+      probs_from_lse_of(p + r * keys, r0 + r + 1, keys, scale, lse[r0 + r], strip.probs() + r * keys);
+    // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta) scale;  dQ = dS K;  dK += dS^T Q.
+    gemm(as_mat(strip.probs(), rows, keys), Trans::T, as_mat(dout + r0 * d, rows, d), Trans::N, f32_mut(dv, keys, d), true);
+    gemm(as_mat(dout + r0 * d, rows, d), Trans::N, as_mat(v, keys, d), Trans::T, f32_mut(dp, rows, keys));
+    for (std::int64_t r = 0; r < rows; ++r)
+      score_grad_of(p + r * keys, dp + r * keys, keys, delta[r0 + r], scale, strip.score_grad() + r * keys);
+    gemm(as_mat(strip.score_grad(), rows, keys), Trans::N, as_mat(k, keys, d), Trans::N, f32_mut(dq + r0 * d, rows, d));
+    gemm(as_mat(strip.score_grad(), rows, keys), Trans::T, as_mat(q + r0 * d, rows, d), Trans::N, f32_mut(dk, keys, d), true);
+  }
+}
+
 }  // namespace
 
 void causal_attention_forward(const float* q, const float* k, const float* v, std::int64_t seq, std::int64_t d,
                               float scale, float* out, float* lse, std::int64_t block) {
-  check_args("causal_attention_forward", seq, d, block);
-  std::vector<float> strip(static_cast<std::size_t>(std::min(block, seq) * seq));
-  for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
-    const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;
-    gemm(f32_mat(q + r0 * d, rows, d), Trans::N, f32_mat(k, keys, d), Trans::T, f32_mut(strip.data(), rows, keys));
-    for (std::int64_t r = 0; r < rows; ++r)
-      lse[r0 + r] = softmax_prefix_row(strip.data() + r * keys, r0 + r + 1, keys, scale);
-    gemm(f32_mat(strip.data(), rows, keys), Trans::N, f32_mat(v, keys, d), Trans::N, f32_mut(out + r0 * d, rows, d));
-  }
+  forward(q, k, v, seq, d, scale, out, lse, block);
 }
-
+void causal_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, std::int64_t seq,
+                              std::int64_t d, float scale, float* out, float* lse, std::int64_t block) {
+  forward(q, k, v, seq, d, scale, out, lse, block);
+}
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* lse, const float* delta,
                                const float* dout, std::int64_t seq, std::int64_t d, float scale, float* dq, float* dk,
                                float* dv, std::int64_t block) {
-  check_args("causal_attention_backward", seq, d, block);
-  const std::size_t strip_size = static_cast<std::size_t>(std::min(block, seq) * seq);
-  std::vector<float> p(strip_size), dp(strip_size);
-  for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
-    const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;
-    gemm(f32_mat(q + r0 * d, rows, d), Trans::N, f32_mat(k, keys, d), Trans::T, f32_mut(p.data(), rows, keys));
-    for (std::int64_t r = 0; r < rows; ++r)
-      probs_from_lse_row(p.data() + r * keys, r0 + r + 1, keys, scale, lse[r0 + r]);
-    // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta) scale;  dQ = dS K;  dK += dS^T Q.
-    gemm(f32_mat(p.data(), rows, keys), Trans::T, f32_mat(dout + r0 * d, rows, d), Trans::N, f32_mut(dv, keys, d), true);
-    gemm(f32_mat(dout + r0 * d, rows, d), Trans::N, f32_mat(v, keys, d), Trans::T, f32_mut(dp.data(), rows, keys));
-    for (std::int64_t r = 0; r < rows; ++r)
-      score_grad_row(p.data() + r * keys, dp.data() + r * keys, keys, delta[r0 + r], scale);
-    gemm(f32_mat(dp.data(), rows, keys), Trans::N, f32_mat(k, keys, d), Trans::N, f32_mut(dq + r0 * d, rows, d));
-    gemm(f32_mat(dp.data(), rows, keys), Trans::T, f32_mat(q + r0 * d, rows, d), Trans::N, f32_mut(dk, keys, d), true);
-  }
+  backward(q, k, v, lse, delta, dout, seq, d, scale, dq, dk, dv, block);
+}
+void causal_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const float* lse,
+                               const float* delta, const std::uint16_t* dout, std::int64_t seq, std::int64_t d,
+                               float scale, float* dq, float* dk, float* dv, std::int64_t block) {
+  backward(q, k, v, lse, delta, dout, seq, d, scale, dq, dk, dv, block);
 }
 
 }  // namespace epx

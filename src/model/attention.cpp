@@ -2,20 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "epx/kernels/kernels.hpp"
+#include "epx/tensor/tensor.hpp"
 
 namespace epx {
 namespace {
 
 // Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb): for i < d/2 and angle
 // a = pos * base^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
-// The cosines and sines of every (position, i), computed once per call rather than per head.
+// The cosines and sines of every (position, i), computed once per shape (rope_table) and shared by
+// every layer, forward and backward.
 struct RopeTable {
   std::int64_t half = 0;
   std::vector<float> cos, sin;  // [S, d/2]
@@ -41,6 +47,31 @@ struct RopeTable {
     }
   }
 };
+
+// The core attention's operand element: BF16 (std::uint16_t) for a BF16 model, else float.
+template <class F>
+void with_operand_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16) f(std::uint16_t{});
+  else f(float{});
+}
+template <class E>
+E as(float x) {
+  if constexpr (std::is_same_v<E, float>) return x;
+  else return float_to_bf16(x);
+}
+template <class E>
+const E* at(const Tensor& t, std::int64_t offset) {
+  return static_cast<const E*>(t.raw()) + offset;
+}
+
+const RopeTable& rope_table(std::int64_t seq, std::int64_t d, double base) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::int64_t, std::int64_t, double>, std::unique_ptr<const RopeTable>> tables;
+  std::lock_guard lock(mu);
+  auto& table = tables[{seq, d, base}];
+  if (!table) table = std::make_unique<const RopeTable>(seq, d, base);
+  return *table;
+}
 
 }  // namespace
 
@@ -104,7 +135,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     rmsnorm_forward(ctx.q_raw, q_layernorm.master, spec_.eps, qn, ctx.q_rstd);
     rmsnorm_forward(ctx.k_raw, k_layernorm.master, spec_.eps, kn, ctx.k_rstd);
   }
-  const std::optional<RopeTable> rope = spec_.rope ? std::optional<RopeTable>(std::in_place, S, d, spec_.rope_base) : std::nullopt;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, d, spec_.rope_base) : nullptr;
   const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
     const float* f = from.data<float>();
     float* o = to.data<float>();
@@ -120,23 +151,31 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   place(qn, ctx.q, nh);
   place(kn, ctx.k, ng);
   if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only QK-norm's backward reads them
+  if (spec_.dtype == DType::BF16) {  // BF16 operands for the core attention's GEMMs, as flash attention
+    ctx.q = ctx.q.to(DType::BF16);
+    ctx.k = ctx.k.to(DType::BF16);
+    ctx.v = ctx.v.to(DType::BF16);
+  }
 
   // Each (sequence, key/value group) is one task; its query heads run in turn.
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   Tensor o32 = Tensor::uninitialized({T, nh * d}, DType::F32);
   ctx.lse = Tensor::uninitialized({B, nh, S}, DType::F32);
+  with_operand_type(spec_.dtype, [&](auto tag) {
+    using E = decltype(tag);
 #pragma omp parallel for schedule(static)
-  for (std::int64_t task = 0; task < B * ng; ++task) {
-    const std::int64_t b = task / ng, g = task % ng;
-    std::vector<float> head_out(static_cast<std::size_t>(S * d));
-    for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
-      causal_attention_forward(ctx.q.data<float>() + (b * nh + h) * S * d, ctx.k.data<float>() + (b * ng + g) * S * d,
-                               ctx.v.data<float>() + (b * ng + g) * S * d, S, d, scale, head_out.data(),
-                               ctx.lse.data<float>() + (b * nh + h) * S);
-      for (std::int64_t s = 0; s < S; ++s)
-        std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
+    for (std::int64_t task = 0; task < B * ng; ++task) {
+      const std::int64_t b = task / ng, g = task % ng;
+      std::vector<float> head_out(static_cast<std::size_t>(S * d));
+      for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
+        causal_attention_forward(at<E>(ctx.q, (b * nh + h) * S * d), at<E>(ctx.k, (b * ng + g) * S * d),
+                                 at<E>(ctx.v, (b * ng + g) * S * d), S, d, scale, head_out.data(),
+                                 ctx.lse.data<float>() + (b * nh + h) * S);
+        for (std::int64_t s = 0; s < S; ++s)
+          std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
+      }
     }
-  }
+  });
   ctx.o = o32.to(spec_.dtype);
   Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
   gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
@@ -166,25 +205,29 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
+  with_operand_type(spec_.dtype, [&](auto tag) {
+    using E = decltype(tag);
 #pragma omp parallel for schedule(static)
-  for (std::int64_t task = 0; task < B * ng; ++task) {
-    const std::int64_t b = task / ng, g = task % ng;
-    std::vector<float> dout(static_cast<std::size_t>(S * d));
-    for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
-      for (std::int64_t s = 0; s < S; ++s)
-        std::copy_n(d_o.data<float>() + (s * B + b) * nh * d + h * d, d, dout.data() + s * d);
-      const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
-      causal_attention_backward(ctx.q.data<float>() + head * d, ctx.k.data<float>() + group * d,
-                                ctx.v.data<float>() + group * d, ctx.lse.data<float>() + head,
-                                delta.data<float>() + head, dout.data(), S, d, scale, dq.data<float>() + head * d,
-                                dk.data<float>() + group * d, dv.data<float>() + group * d);
+    for (std::int64_t task = 0; task < B * ng; ++task) {
+      const std::int64_t b = task / ng, g = task % ng;
+      std::vector<E> dout(static_cast<std::size_t>(S * d));
+      for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
+        for (std::int64_t s = 0; s < S; ++s)
+          for (std::int64_t j = 0; j < d; ++j)
+            dout[static_cast<std::size_t>(s * d + j)] = as<E>(d_o.data<float>()[(s * B + b) * nh * d + h * d + j]);
+        const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
+        causal_attention_backward(at<E>(ctx.q, head * d), at<E>(ctx.k, group * d), at<E>(ctx.v, group * d),
+                                  ctx.lse.data<float>() + head, delta.data<float>() + head, dout.data(), S, d, scale,
+                                  dq.data<float>() + head * d, dk.data<float>() + group * d,
+                                  dv.data<float>() + group * d);
+      }
     }
-  }
+  });
   ctx.lse = ctx.q = ctx.k = ctx.v = Tensor();
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
   const std::int64_t width = (nh + 2 * ng) * d;
-  const std::optional<RopeTable> rope = spec_.rope ? std::optional<RopeTable>(std::in_place, S, d, spec_.rope_base) : std::nullopt;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, d, spec_.rope_base) : nullptr;
   const auto unplace = [&](const Tensor& from, std::int64_t heads) {
     Tensor out = Tensor::uninitialized({T * heads, d}, DType::F32);
     const float* f = from.data<float>();

@@ -60,10 +60,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   double other = f.per_token() - routed;
   const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
   StepCosts s;
-  if (hw.attention_fp32_tflops > 0) {  // epx's blocked FP32 attention, apart from the GEMMs
+  if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
     other -= f.attention_core;
     s.compute = cpu_attention_s(m, static_cast<double>(m.num_layers + m.mtp_num_layers.value_or(0)), per_rank,
-                                hw.attention_fp32_tflops * 1e12 * cores);
+                                hw.attention_tflops * 1e12 * cores);
   }
   s.compute += per_rank * (other / (peak * efficiency(hw, tokens)) + routed / (peak * efficiency(hw, expert_rows)));
   // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.

@@ -9,7 +9,7 @@ trap 'rm -rf "$dir"' EXIT
 "$mpirun" --oversubscribe -np 2 "$epx" plan qwen3_30b_a3b_proxy --calibrate >"$dir/cpu.yaml"
 cat "$dir/cpu.yaml"
 expect() { grep -qE "$2" "$1" || { echo "missing in $1: $2"; exit 1; }; }
-for key in cores shared_core_efficiency bf16_tflops hbm_tb_s gemm_efficiency attention_fp32_tflops nvlink_gb_s nvlink_latency_us; do
+for key in cores shared_core_efficiency bf16_tflops hbm_tb_s gemm_efficiency attention_tflops nvlink_gb_s nvlink_latency_us; do
   expect "$dir/cpu.yaml" "^  $key: [0-9.]+$"
 done
 expect "$dir/cpu.yaml" 'intra-node link: ranks 0 and 1 on one node, measured'

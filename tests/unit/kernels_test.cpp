@@ -129,16 +129,21 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
   expect_directional_derivative(loss, x, dx, 14, "softmax dx");
 }
 
-// The blocked causal attention against the textbook one in double: every row's full softmax over
-// its prefix, and the backward by the chain rule, for block sizes that cut the sequence into one
-// block, uneven blocks and single rows. dk and dv are accumulated into (they start at one).
-TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
-  const std::int64_t S = 37, d = 8;
+// The textbook causal attention of one head in double: every row's softmax over its prefix, and
+// the backward by the chain rule; dk and dv start at one (the kernel accumulates into them).
+struct NaiveAttention {
+  Tensor o, dq, dk, dv;
+  std::vector<double> lse;
+  std::vector<float> delta;
+};
+NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout) {
+  const std::int64_t S = q.dim(0), d = q.dim(1);
   const double scale = 1 / std::sqrt(static_cast<double>(d));
-  const Tensor q = randn({S, d}, 21), k = randn({S, d}, 22), v = randn({S, d}, 23), dout = randn({S, d}, 24);
   const auto at = [](const Tensor& t, std::int64_t i, std::int64_t j) { return static_cast<double>(t.get(i * t.dim(1) + j)); };
-  std::vector<double> p(static_cast<std::size_t>(S * S), 0.0), lse(S), delta(S);
-  Tensor want_o({S, d}, DType::F32), want_dq({S, d}, DType::F32), want_dk({S, d}, DType::F32), want_dv({S, d}, DType::F32);
+  NaiveAttention r{Tensor({S, d}, DType::F32), Tensor({S, d}, DType::F32), Tensor({S, d}, DType::F32),
+                   Tensor({S, d}, DType::F32), std::vector<double>(S), std::vector<float>(S)};
+  std::vector<double> p(static_cast<std::size_t>(S * S), 0.0);
+  std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(dq.size(), 1.0);
   for (std::int64_t i = 0; i < S; ++i) {
     std::vector<double> s(static_cast<std::size_t>(i + 1));
     double mx = -1e300, sum = 0;
@@ -147,23 +152,20 @@ TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
       mx = std::max(mx, s[j]);
     }
     for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-    lse[i] = mx + std::log(sum);
-    for (std::int64_t j = 0; j <= i; ++j) p[i * S + j] = std::exp(s[j] - lse[i]);
+    r.lse[i] = mx + std::log(sum);
+    for (std::int64_t j = 0; j <= i; ++j) p[i * S + j] = std::exp(s[j] - r.lse[i]);
     for (std::int64_t c = 0; c < d; ++c) {
       double o = 0;
       for (std::int64_t j = 0; j <= i; ++j) o += p[i * S + j] * at(v, j, c);
-      want_o.set(i * d + c, static_cast<float>(o));
+      r.o.set(i * d + c, static_cast<float>(o));
     }
-  }
-  std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(dq.size(), 1.0);
-  for (std::int64_t i = 0; i < S; ++i) {
     std::vector<double> dp(static_cast<std::size_t>(i + 1));
     double row_dot = 0;
     for (std::int64_t j = 0; j <= i; ++j) {
       for (std::int64_t c = 0; c < d; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
       row_dot += p[i * S + j] * dp[j];
     }
-    delta[i] = row_dot;
+    r.delta[i] = static_cast<float>(row_dot);
     for (std::int64_t j = 0; j <= i; ++j) {
       const double ds = p[i * S + j] * (dp[j] - row_dot) * scale;
       for (std::int64_t c = 0; c < d; ++c) {
@@ -174,28 +176,51 @@ TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
     }
   }
   for (std::int64_t i = 0; i < S * d; ++i) {
-    want_dq.set(i, static_cast<float>(dq[i]));
-    want_dk.set(i, static_cast<float>(dk[i]));
-    want_dv.set(i, static_cast<float>(dv[i]));
+    r.dq.set(i, static_cast<float>(dq[i]));
+    r.dk.set(i, static_cast<float>(dk[i]));
+    r.dv.set(i, static_cast<float>(dv[i]));
   }
-  std::vector<float> delta32(delta.begin(), delta.end());
+  return r;
+}
 
-  for (const std::int64_t block : {1, 8, 128}) {
-    SCOPED_TRACE("block " + std::to_string(block));
-    Tensor o({S, d}, DType::F32), got_lse({S}, DType::F32), got_dq({S, d}, DType::F32), got_dk({S, d}, DType::F32),
-        got_dv({S, d}, DType::F32);
-    got_dk.fill(1.f);
-    got_dv.fill(1.f);
-    causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, static_cast<float>(scale),
-                             o.data<float>(), got_lse.data<float>(), block);
-    expect_close(o, want_o, 1e-5);
-    for (std::int64_t i = 0; i < S; ++i) ASSERT_NEAR(got_lse.get(i), lse[i], 1e-5 * (1 + std::abs(lse[i]))) << "row " << i;
-    causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), got_lse.data<float>(), delta32.data(),
-                              dout.data<float>(), S, d, static_cast<float>(scale), got_dq.data<float>(),
-                              got_dk.data<float>(), got_dv.data<float>(), block);
-    expect_close(got_dq, want_dq, 1e-5);
-    expect_close(got_dk, want_dk, 1e-5);
-    expect_close(got_dv, want_dv, 1e-5);
+// The blocked kernel against it, for blocks that cut the sequence into one block, uneven blocks
+// and single rows; in FP32 tightly, in BF16 (the reference then takes the rounded inputs) within
+// what rounding the probabilities and score gradients to BF16 costs.
+TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
+  const std::int64_t S = 37, d = 8;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (const DType dtype : {DType::F32, DType::BF16}) {
+    const Tensor q = randn({S, d}, 21).to(dtype), k = randn({S, d}, 22).to(dtype), v = randn({S, d}, 23).to(dtype),
+                 dout = randn({S, d}, 24).to(dtype);
+    const NaiveAttention want = naive_attention(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), dout.to(DType::F32));
+    const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
+    for (const std::int64_t block : {1, 8, 128}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " block " + std::to_string(block));
+      Tensor o({S, d}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
+          dv({S, d}, DType::F32);
+      dk.fill(1.f);
+      dv.fill(1.f);
+      if (dtype == DType::F32) {
+        causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, o.data<float>(),
+                                 lse.data<float>(), block);
+        causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
+                                  want.delta.data(), dout.data<float>(), S, d, scale, dq.data<float>(),
+                                  dk.data<float>(), dv.data<float>(), block);
+      } else {
+        using U = std::uint16_t;
+        causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, scale, o.data<float>(), lse.data<float>(),
+                                 block);
+        causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), want.delta.data(),
+                                  dout.data<U>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                                  block);
+      }
+      expect_close(o, want.o, tol);
+      for (std::int64_t i = 0; i < S; ++i)
+        ASSERT_NEAR(lse.get(i), want.lse[i], 1e-5 * (1 + std::abs(want.lse[i]))) << "row " << i;
+      expect_close(dq, want.dq, tol);
+      expect_close(dk, want.dk, tol);
+      expect_close(dv, want.dv, tol);
+    }
   }
 }
 
@@ -236,6 +261,30 @@ TEST(CrossEntropy, ValueAndGradient) {
   expect_directional_derivative(loss, logits, dlogits, 21, "cross-entropy dlogits");
   targets.data<std::int64_t>()[0] = v;
   EXPECT_THROW(loss(), std::invalid_argument);
+}
+
+// A vocabulary wider than the 16 lanes, with a tail, against the loss and softmax in double.
+TEST(CrossEntropy, WideRowsMatchTheNaiveSoftmaxInDouble) {
+  const std::int64_t t = 4, v = 1003;
+  const Tensor logits = randn({t, v}, 30, 3.0);
+  Tensor targets({t}, DType::I64), lse({t}, DType::F32), dlogits({t, v}, DType::F32);
+  for (std::int64_t i = 0; i < t; ++i) targets.data<std::int64_t>()[i] = (i * 331) % v;
+  double want = 0;
+  std::vector<double> want_lse(t);
+  for (std::int64_t r = 0; r < t; ++r) {
+    double mx = -1e300, sum = 0;
+    for (std::int64_t c = 0; c < v; ++c) mx = std::max(mx, static_cast<double>(logits.get(r * v + c)));
+    for (std::int64_t c = 0; c < v; ++c) sum += std::exp(logits.get(r * v + c) - mx);
+    want_lse[r] = mx + std::log(sum);
+    want += want_lse[r] - logits.get(r * v + targets.data<std::int64_t>()[r]);
+  }
+  EXPECT_NEAR(cross_entropy_forward(logits, targets, lse), want / t, 1e-5);
+  cross_entropy_backward(logits, targets, lse, 2.f, dlogits);
+  for (std::int64_t r = 0; r < t; ++r)
+    for (std::int64_t c = 0; c < v; ++c) {
+      const double p = std::exp(logits.get(r * v + c) - want_lse[r]) - (c == targets.data<std::int64_t>()[r] ? 1 : 0);
+      ASSERT_NEAR(dlogits.get(r * v + c), p * 2 / t, 1e-6) << "row " << r << " column " << c;
+    }
 }
 
 TEST(Permute, ExpertMajorRoundTripAndAdjoint) {

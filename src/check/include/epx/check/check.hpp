@@ -24,7 +24,7 @@ struct HardwareRates {
   double memory_gb = 0, bf16_tflops = 0, fp8_tflops = 0, hbm_tb_s = 0;
   double nvlink_gb_s = 0, nvlink_efficiency = 1, network_gb_s = 0, network_efficiency = 1;
   double nvlink_latency_us = 0, network_latency_us = 0;  // per exchange (0: in the host costs)
-  double attention_fp32_tflops = 0;  // > 0: epx's blocked FP32 attention (the cpu runtime)
+  double attention_tflops = 0;  // > 0: epx's blocked attention (the cpu runtime)
   double gemm_efficiency = 1, gemm_half_rows = 0;
   double cores = 0;  // cpu: the machine's cores, shared by its ranks (rates are per core)
   double shared_core_efficiency = 1;  // cpu: a rank's speed while every core runs one

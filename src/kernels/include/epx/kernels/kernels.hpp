@@ -77,15 +77,22 @@ void logsumexp_rows(const float* x, float* out, std::int64_t rows, std::int64_t 
 // ------------------------------------- causal attention (src/kernels/causal_attention.cpp)
 
 // One head's causal softmax(q k^T * scale) v in query blocks of `block` rows, never S x S (each
-// block's scores are a [block, keys it sees] strip). q, k, v, out [seq, d] F32, row-major; lse
+// block's scores are a [block, keys it sees] strip). q, k, v [seq, d] row-major, F32 or BF16
+// (std::uint16_t; BF16 GEMMs with FP32 accumulation, as flash attention); out [seq, d] F32; lse
 // [seq] gets each row's log-sum-exp of the scaled scores, which the backward needs.
 void causal_attention_forward(const float* q, const float* k, const float* v, std::int64_t seq, std::int64_t d,
                               float scale, float* out, float* lse, std::int64_t block = 128);
-// From dout [seq, d] and delta [seq] = rowsum(dout * out): dq [seq, d] is written, dk and dv
-// [seq, d] are accumulated into (query heads that share a key/value group add up).
+void causal_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, std::int64_t seq,
+                              std::int64_t d, float scale, float* out, float* lse, std::int64_t block = 128);
+// From dout [seq, d] (the dtype of q, k, v) and delta [seq] = rowsum(dout * out): dq [seq, d] F32
+// is written, dk and dv [seq, d] F32 are accumulated into (query heads that share a key/value
+// group add up).
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* lse, const float* delta,
                                const float* dout, std::int64_t seq, std::int64_t d, float scale, float* dq, float* dk,
                                float* dv, std::int64_t block = 128);
+void causal_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const float* lse,
+                               const float* delta, const std::uint16_t* dout, std::int64_t seq, std::int64_t d,
+                               float scale, float* dq, float* dk, float* dv, std::int64_t block = 128);
 
 // ------------------------------------------------ elementwise (src/kernels/elementwise.cpp)
 

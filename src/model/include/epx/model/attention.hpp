@@ -5,7 +5,8 @@
 //   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups), in
 //       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp);
 //   y = o Wproj^T.
-// Linear layers run in the compute dtype with FP32 accumulation; the core attention is FP32.
+// Linear layers run in the compute dtype with FP32 accumulation; so do the core attention's GEMMs
+// (BF16 operands for a BF16 model, as flash attention), its softmax is FP32.
 // Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
 #pragma once
 
@@ -37,7 +38,7 @@ class SelfAttention {
     Tensor x;                 // [T, H] input (the linear_qkv wgrad reads it)
     Tensor q_raw, k_raw;      // [T, heads|groups, d] F32 before QK-norm
     Tensor q_rstd, k_rstd;    // QK-norm's 1/rms per row
-    Tensor q, k, v;           // [B, heads|groups, S, d] F32, after norm and RoPE
+    Tensor q, k, v;           // [B, heads|groups, S, d] after norm and RoPE, in the compute dtype
     Tensor lse;               // [B, heads, S] F32: each query row's log-sum-exp
     Tensor o;                 // [T, heads * d] compute dtype (linear_proj's input)
     Tensor dy, dqkv;          // kept by dgrad for wgrad

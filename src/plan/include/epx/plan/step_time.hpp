@@ -15,7 +15,7 @@ struct StepCosts {
   double dp = 0;            // per step: the gradient reduction the last backward does not hide
   double optimizer = 0;     // per step: the optimizer step
 };
-// Seconds of epx's blocked FP32 attention (rates.attention_fp32_tflops > 0: the cpu runtime),
+// Seconds of epx's blocked attention (rates.attention_tflops > 0: the cpu runtime),
 // forward and backward, for `layers` layers and `tokens` tokens of one rank: Megatron's causal
 // attention FLOPs at the rate `epx plan --calibrate` measures for the kernel itself (its strip
 // GEMMs, softmax and the backward's recomputed probabilities together).
