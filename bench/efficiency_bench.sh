@@ -4,8 +4,9 @@
 #     top-4, BF16, EP 2) for each dispatcher: the layer's forward + backward per phase, its model
 #     GFLOP/s against the dense BF16 GEMM measured in the same processes ([T k x H] x [H x 2F]),
 #     and permutation + unpermutation against dispatch + combine.
-#  2. `epx run` of the proxy and the medium recipe: model TFLOP/s per rank against that dense
-#     GEMM rate (from step 1's alltoall run), step time and peak memory.
+#  2. `epx run` of the proxy and the medium recipe (and the medium recipe force-balanced): model
+#     TFLOP/s per rank against that dense GEMM rate (from step 1's alltoall run), step time and
+#     peak memory.
 #   bash bench/efficiency_bench.sh [STEPS] [REPEAT]     (after scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,9 +46,13 @@ echo "epx run, 2 local ranks, $steps iterations (mean of 3..$steps); dense GEMM 
 echo
 echo "| recipe | step time (s) | model TFLOP/s per rank | of the dense GEMM rate | peak memory (MB) |"
 echo "| --- | --- | --- | --- | --- |"
-for recipe in qwen3_30b_a3b_proxy qwen3_30b_a3b_medium; do
-  $epx launch -n 2 -- $epx run $recipe --max_steps "$steps" --results "$out/r.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
-  awk -v n="$recipe" -v t="$(num "$out/r.json" mean_step_time_s)" -v f="$(num "$out/r.json" tflops_per_rank)" \
+# The last row routes as Bridge's perf recipes do (moe_router_force_load_balancing): the recipe's
+# aux-loss routing leaves one rank's experts with up to a quarter more tokens, and the other
+# rank waits for them at every exchange.
+for row in qwen3_30b_a3b_proxy qwen3_30b_a3b_medium "qwen3_30b_a3b_medium model.moe_router_force_load_balancing=true"; do
+  read -r -a run <<<"$row"
+  $epx launch -n 2 -- $epx run "${run[@]}" --max_steps "$steps" --results "$out/r.json" >"$out/log" 2>&1 || { cat "$out/log"; exit 1; }
+  awk -v n="$row" -v t="$(num "$out/r.json" mean_step_time_s)" -v f="$(num "$out/r.json" tflops_per_rank)" \
       -v m="$(num "$out/r.json" peak_memory_bytes)" -v dn="$dense" 'BEGIN {
     printf "| %s | %.3f | %.4f | %.0f%% | %.1f |\n", n, t, f, 100 * f * 1e3 / dn, m / 1e6 }'
 done
