@@ -93,7 +93,7 @@ void GradReducer::launch(Bucket& b) {
       std::copy_n(g, p->grad.numel(), b.flat.data<float>() + at);
     } else {
       std::uint16_t* f = b.flat.data<std::uint16_t>() + at;
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i) f[i] = float_to_bf16(g[i]);
+      for (std::int64_t i = 0, n = p->grad.numel(); i < n; ++i) f[i] = float_to_bf16(g[i]);
     }
     at += p->grad.numel();
   }

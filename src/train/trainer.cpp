@@ -13,6 +13,7 @@
 #include "epx/comm/collectives.hpp"
 #include "epx/comm/comm_stream.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/kernels/kernels.hpp"
 #include "epx/model/gpt_model.hpp"
 #include "epx/schedule/pipeline.hpp"
 #include "epx/schedule/schedule.hpp"
@@ -30,11 +31,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 double sum_of_squares(const std::vector<Param*>& params) {
   double s = 0;
-  for (const Param* p : params) {
-    const float* g = p->grad.data<float>();
-    const std::int64_t n = p->grad.numel();
-    for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(g[i]) * g[i];
-  }
+  for (const Param* p : params) s += epx::sum_of_squares(p->grad.data<float>(), p->grad.numel());
   return s;
 }
 

@@ -224,6 +224,15 @@ TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
   }
 }
 
+TEST(SumOfSquares, MatchesTheRunningSumWithTails) {
+  for (const std::int64_t n : {0, 1, 15, 16, 17, 1000}) {
+    const Tensor x = randn({std::max<std::int64_t>(n, 1)}, 40 + static_cast<std::uint64_t>(n));
+    double want = 0;
+    for (std::int64_t i = 0; i < n; ++i) want += static_cast<double>(x.get(i)) * x.get(i);
+    EXPECT_NEAR(sum_of_squares(x.data<float>(), n), want, 1e-12 * (1 + want)) << n << " elements";
+  }
+}
+
 TEST(TopK, LargestFirstAndTiesGoToTheLowerIndex) {
   const std::vector<float> x{0.5f, 2.f, 2.f, -1.f, 3.f};
   std::vector<std::int32_t> idx(3);

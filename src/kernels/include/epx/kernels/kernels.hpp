@@ -104,6 +104,11 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
 // that order and rounded once (the MoE layer's input gradient from its paths).
 void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out);
 
+// ------------------------------------------ sum of squares (src/kernels/sum_of_squares.cpp)
+
+// sum(x[i]^2) in FP64, in a fixed order (the same bits on every CPU): the gradient norm.
+double sum_of_squares(const float* x, std::int64_t n);
+
 // ------------------------------------------------------- RMSNorm (src/kernels/rmsnorm.cpp)
 
 // y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps); x, y [T, H]; gamma [H] F32; rstd [T].

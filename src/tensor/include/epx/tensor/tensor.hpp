@@ -22,11 +22,11 @@ std::string_view dtype_name(DType d);  // safetensors spelling: "F32", "BF16", "
 inline float bf16_to_float(std::uint16_t b) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
+// Branch-free (a select), so loops of conversions vectorise; NaNs stay quiet NaNs.
 inline std::uint16_t float_to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
