@@ -5,6 +5,8 @@
 #include <exception>
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string_view>
 #include <vector>
 #include <stdexcept>
 #include <tuple>
@@ -45,19 +47,32 @@ dnnl::memory::desc op_desc(std::int64_t r, std::int64_t c, DType d, Trans t) {
   if (t == Trans::N) return dnnl::memory::desc({r, c}, to_dnnl(d), {c, 1});
   return dnnl::memory::desc({c, r}, to_dnnl(d), {1, c});
 }
+// op(X) with its dimensions and leading dimension given at execution, the layout (row-major, or
+// transposed) fixed: with runtime strides as well oneDNN 2.6 falls back to its reference kernel.
+dnnl::memory::desc runtime_desc(DType d, Trans t) {
+  constexpr dnnl::memory::dim r = DNNL_RUNTIME_DIM_VAL;
+  return dnnl::memory::desc({r, r}, to_dnnl(d), t == Trans::N ? dnnl::memory::dims{r, 1} : dnnl::memory::dims{1, r});
+}
 
 // Primitive creation costs 5-300 us; a per-thread cache keyed by the problem makes a repeated
-// shape (weights, fixed token counts, drop-and-pad) cost a map lookup. Dropless expert counts
-// vary step to step; those misses fall through to oneDNN's own primitive cache (5-15 us).
+// shape (weights, fixed token counts) cost a map lookup. The experts' GEMMs (grouped_gemm) see a
+// new token count per expert nearly every micro-batch when dropless: with fixed shapes that was
+// a new primitive, JIT-compiled, 100-300 times an iteration on the proxy (about a tenth of its
+// step). Those GEMMs use one primitive per transpose and dtype with every dimension given at run
+// time (oneDNN's gemm-based matmul), shape = 0 in the key; where oneDNN has only its reference
+// kernel for that (hundreds of times slower), they fall back to fixed shapes.
 using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, int, bool>;
 constexpr std::size_t kMaxCached = 4096;
 
 dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c,
-                        bool accumulate, std::int64_t n) {
+                        bool accumulate, std::int64_t n, bool runtime_shape) {
   thread_local std::map<Key, dnnl::matmul> cache;
+  thread_local std::set<Key> reference_only;  // runtime-shape keys oneDNN has only `ref` for
   // (a.rows, a.cols, ta) fix M, K and A's strides; n and tb fix B's.
-  const Key key{a.rows, a.cols, n, static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c.dtype),
+  const Key key{runtime_shape ? 0 : a.rows, runtime_shape ? 0 : a.cols, runtime_shape ? 0 : n,
+                static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c.dtype),
                 static_cast<int>(ta), static_cast<int>(tb), accumulate};
+  if (runtime_shape && reference_only.count(key)) return primitive(a, ta, b, tb, c, accumulate, n, false);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxCached) cache.clear();
@@ -67,14 +82,20 @@ dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, co
     ops.append_sum(1.f);
     attr.set_post_ops(ops);
   }
-  const auto md_a = op_desc(a.rows, a.cols, a.dtype, ta);
-  const auto md_b = op_desc(b.rows, b.cols, b.dtype, tb);
-  const dnnl::memory::desc md_c({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
+  const auto md_a = runtime_shape ? runtime_desc(a.dtype, ta) : op_desc(a.rows, a.cols, a.dtype, ta);
+  const auto md_b = runtime_shape ? runtime_desc(b.dtype, tb) : op_desc(b.rows, b.cols, b.dtype, tb);
+  const dnnl::memory::desc md_c = runtime_shape ? runtime_desc(c.dtype, Trans::N)
+                                                : dnnl::memory::desc({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_b, md_c), attr, engine().engine);
+  if (runtime_shape && std::string_view(pd.impl_info_str()).starts_with("ref")) {
+    reference_only.insert(key);
+    return primitive(a, ta, b, tb, c, accumulate, n, false);
+  }
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
-void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate) {
+void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
+         bool runtime_shape = false) {
   const std::int64_t m = ta == Trans::N ? a.rows : a.cols;
   const std::int64_t k = ta == Trans::N ? a.cols : a.rows;
   const std::int64_t kb = tb == Trans::N ? b.rows : b.cols;
@@ -89,7 +110,7 @@ void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, 
     return;
   }
   auto& e = engine();
-  auto& mm = primitive(a, ta, b, tb, c, accumulate, n);
+  auto& mm = primitive(a, ta, b, tb, c, accumulate, n, runtime_shape);
   const auto md_a = op_desc(a.rows, a.cols, a.dtype, ta);
   const auto md_b = op_desc(b.rows, b.cols, b.dtype, tb);
   const dnnl::memory::desc md_c({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
@@ -155,7 +176,7 @@ void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, boo
   for (std::int64_t i = 0; i < n; ++i) {
     const auto& p = problems[order[static_cast<std::size_t>(i)]];
     try {
-      run(p.a, ta, p.b, tb, p.c, accumulate);
+      run(p.a, ta, p.b, tb, p.c, accumulate, true);
     } catch (...) {
 #pragma omp critical(epx_grouped_gemm_error)
       if (!error) error = std::current_exception();
