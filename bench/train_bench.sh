@@ -42,6 +42,8 @@ echo "| recompute (qwen3_30b_a3b_proxy, 2 local ranks) | step time (s) | TFLOP/s
 echo "| --- | --- | --- | --- | --- |"
 r=model.recompute_granularity
 row "none" $epx launch -n 2 -- epx run qwen3_30b_a3b_proxy
+# core_attn: accepted as Megatron's default, and since the blocked attention (issue 21) the same
+# as none (nothing S x S is kept); its row shows that.
 for m in layernorm core_attn moe_act "layernorm,core_attn,moe_act"; do
   row "selective [$m]" $epx launch -n 2 -- epx run qwen3_30b_a3b_proxy $r=selective "model.recompute_modules=[$m]"
 done

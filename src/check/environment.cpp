@@ -47,6 +47,10 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
         const int x = v.as<int>();
         if (x < 0 || x > 1 << 20) throw YAML::Exception(v.Mark(), "");
         *c->second = x;
+      } else if (key == "attention_fp32_tflops") {
+        throw ConfigError(fmt::format("{}: renamed attention_tflops, and it now means the blocked attention "
+                                      "kernel's rate at Megatron's causal FLOPs; run `epx plan --calibrate` again",
+                                      where(kv.first, key)));
       } else {
         throw ConfigError(fmt::format("{}: unknown field; the fields are device_name, compute_capability, "
                                       "gpus_per_node, nvlink_domain and the rates of hardware/catalog.yaml",

@@ -1,8 +1,8 @@
 // Blocked causal attention for one head. Query block i (rows [r0, r0 + rows)) only sees keys
 // [0, r0 + rows), so its scores are a [rows, r0 + rows] strip: one GEMM against the keys it can
 // see, a softmax of each row over its unmasked prefix, one GEMM with the values. No S x S matrix
-// exists, the key blocks above the diagonal are never multiplied (the causal half of the FLOPs,
-// plus half of each diagonal block), and the strip stays in cache. The backward recomputes each
+// exists, the key blocks above the diagonal are never multiplied (the diagonal blocks are, whole:
+// the causal half of the FLOPs plus half a block per block row), and the strip stays in cache. The backward recomputes each
 // strip's probabilities from the saved log-sum-exp (as flash attention does) and accumulates dK
 // and dV over the query blocks in order, so results do not depend on threads.
 //
@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -27,11 +26,10 @@
 #include "epx/kernels/kernels.hpp"
 #include "exp_poly.hpp"
 #include "float_access.hpp"
+#include "lanes.hpp"
 
 namespace epx {
 namespace {
-
-constexpr int kLanes = 16;
 
 template <class T> constexpr DType dtype_of = DType::F32;
 template <> constexpr DType dtype_of<std::uint16_t> = DType::BF16;
@@ -42,18 +40,11 @@ MatMut f32_mut(float* p, std::int64_t rows, std::int64_t cols) { return {p, DTyp
 // valid <= j < n (p may be the row itself). Returns the row's log-sum-exp of the scaled scores.
 template <class T>
 [[gnu::always_inline]] inline float softmax_prefix(float* row, std::int64_t valid, std::int64_t n, float scale, T* p) {
-  float lane[kLanes];
-  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  using detail::kLanes;
+  const float mx = detail::max_in_lanes(row, valid) * scale;  // scale > 0: the largest scaled score
   std::int64_t j = 0;
-  for (; j + kLanes <= valid; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], row[j + l]);
-  for (; j < valid; ++j) lane[0] = std::max(lane[0], row[j]);
-  float mx = lane[0];
-  for (int l = 1; l < kLanes; ++l) mx = std::max(mx, lane[l]);
-  mx *= scale;  // scale > 0: the largest scaled score
-
-  for (j = 0; j < valid; ++j) row[j] = detail::exp_poly(row[j] * scale - mx);
-  for (float& l : lane) l = 0.f;
+  for (; j < valid; ++j) row[j] = detail::exp_poly(row[j] * scale - mx);
+  float lane[kLanes] = {};
   for (j = 0; j + kLanes <= valid; j += kLanes)
     for (int l = 0; l < kLanes; ++l) lane[l] += row[j + l];
   for (; j < valid; ++j) lane[0] += row[j];
@@ -117,9 +108,10 @@ void score_grad_of(const float* p, const float* dp, std::int64_t n, float d, flo
   score_grad_bf16(p, dp, n, d, s, ds);
 }
 
-void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64_t block) {
-  if (seq < 1 || d < 1 || block < 1)
-    throw std::invalid_argument(fmt::format("{}: seq {}, head_dim {}, block {} must be positive", kernel, seq, d, block));
+void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64_t block, float scale) {
+  if (seq < 1 || d < 1 || block < 1 || !(scale > 0.f && std::isfinite(scale)))  // the softmax's max needs scale > 0
+    throw std::invalid_argument(
+        fmt::format("{}: seq {}, head_dim {}, block {} and scale {} must be positive", kernel, seq, d, block, scale));
 }
 
 // The strips of one query block: FP32 scores (and FP32 probabilities in the backward), and for
@@ -150,7 +142,7 @@ struct Strips {
 template <class T>
 void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t d, float scale, float* out, float* lse,
              std::int64_t block) {
-  check_args("causal_attention_forward", seq, d, block);
+  check_args("causal_attention_forward", seq, d, block, scale);
   Strips<T> strip(seq, block, false);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;
@@ -164,7 +156,7 @@ void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t 
 template <class T>
 void backward(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout, std::int64_t seq,
               std::int64_t d, float scale, float* dq, float* dk, float* dv, std::int64_t block) {
-  check_args("causal_attention_backward", seq, d, block);
+  check_args("causal_attention_backward", seq, d, block, scale);
   Strips<T> strip(seq, block, true);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), keys = r0 + rows;

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -16,24 +15,18 @@
 #include "epx/kernels/kernels.hpp"
 #include "exp_poly.hpp"
 #include "float_access.hpp"
+#include "lanes.hpp"
 
 namespace epx {
 namespace {
 
-constexpr int kLanes = 16;
-
 template <class T>
 [[gnu::always_inline]] inline float row_lse(const T* x, std::int64_t v) {
-  float lane[kLanes];
-  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  using detail::kLanes;
+  const float mx = detail::max_in_lanes(x, v);
+  float lane[kLanes] = {};
   std::int64_t c = 0;
   for (; c + kLanes <= v; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], detail::ld(x, c + l));
-  for (; c < v; ++c) lane[0] = std::max(lane[0], detail::ld(x, c));
-  float mx = lane[0];
-  for (int l = 1; l < kLanes; ++l) mx = std::max(mx, lane[l]);
-  for (float& l : lane) l = 0.f;
-  for (c = 0; c + kLanes <= v; c += kLanes)
     for (int l = 0; l < kLanes; ++l) lane[l] += detail::exp_poly(detail::ld(x, c + l) - mx);
   for (; c < v; ++c) lane[0] += detail::exp_poly(detail::ld(x, c) - mx);
   float sum = 0.f;
@@ -41,12 +34,13 @@ template <class T>
   return mx + std::log(sum);
 }
 
-// dx = (softmax(x) - onehot(target)) * scale.
+// dx = (softmax(x) - onehot(target)) * scale (dx may be x: the target's logit is read first).
 template <class T>
 [[gnu::always_inline]] inline void row_grad(const T* x, float lse, std::int64_t target, float scale, std::int64_t v,
                                             T* dx) {
+  const float at_target = detail::ld(x, target);
   for (std::int64_t c = 0; c < v; ++c) detail::st(dx, c, detail::exp_poly(detail::ld(x, c) - lse) * scale);
-  detail::st(dx, target, (detail::exp_poly(detail::ld(x, target) - lse) - 1.f) * scale);
+  detail::st(dx, target, (detail::exp_poly(at_target - lse) - 1.f) * scale);
 }
 
 EPX_CPU_CLONES float row_lse_f32(const float* x, std::int64_t v) { return row_lse(x, v); }
@@ -67,6 +61,12 @@ void row_grad_of(const std::uint16_t* x, float lse, std::int64_t t, float s, std
   row_grad_bf16(x, lse, t, s, v, dx);
 }
 
+void check_targets(const std::int64_t* tgt, std::int64_t t, std::int64_t v) {
+  for (std::int64_t r = 0; r < t; ++r)
+    if (tgt[r] < 0 || tgt[r] >= v)
+      throw std::invalid_argument(fmt::format("cross_entropy: target {} of token {} is outside the vocabulary [0, {})", tgt[r], r, v));
+}
+
 }  // namespace
 
 double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& lse) {
@@ -74,9 +74,7 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor
   detail::expect_shape("cross_entropy", "targets", targets, {t});
   detail::expect_shape("cross_entropy", "lse", lse, {t});
   const std::int64_t* tgt = targets.data<std::int64_t>();
-  for (std::int64_t r = 0; r < t; ++r)
-    if (tgt[r] < 0 || tgt[r] >= v)
-      throw std::invalid_argument(fmt::format("cross_entropy: target {} of token {} is outside the vocabulary [0, {})", tgt[r], r, v));
+  check_targets(tgt, t, v);
   float* l = lse.data<float>();
   double total = 0;
   detail::with_dtype("cross_entropy_forward", [&](auto tag) {
@@ -96,6 +94,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   detail::expect_shape("cross_entropy_backward", "lse", lse, {t});
   detail::expect_shape("cross_entropy_backward", "dlogits", dlogits, logits.shape());
   const std::int64_t* tgt = targets.data<std::int64_t>();
+  check_targets(tgt, t, v);
   const float* l = lse.data<float>();
   const float scale = t == 0 ? 0.f : dloss / static_cast<float>(t);
   detail::with_dtype("cross_entropy_backward", [&](auto tag) {

@@ -5,6 +5,7 @@
 #include <exception>
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -61,15 +62,16 @@ dnnl::memory::desc runtime_desc(DType d, Trans t) {
 // step). Those GEMMs use one primitive per transpose and dtype with every dimension given at run
 // time (oneDNN's gemm-based matmul), shape = 0 in the key; where oneDNN has only its reference
 // kernel for that (hundreds of times slower), they fall back to fixed shapes.
-using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, int, int, bool>;
+using Key = std::tuple<bool, std::int64_t, std::int64_t, std::int64_t, int, int, int, int, int, bool>;
 constexpr std::size_t kMaxCached = 4096;
 
 dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c,
                         bool accumulate, std::int64_t n, bool runtime_shape) {
   thread_local std::map<Key, dnnl::matmul> cache;
   thread_local std::set<Key> reference_only;  // runtime-shape keys oneDNN has only `ref` for
-  // (a.rows, a.cols, ta) fix M, K and A's strides; n and tb fix B's.
-  const Key key{runtime_shape ? 0 : a.rows, runtime_shape ? 0 : a.cols, runtime_shape ? 0 : n,
+  // A fixed shape: (a.rows, a.cols, ta) fix M, K and A's strides, n and tb fix B's. A run-time
+  // shape: only the transposes and dtypes.
+  const Key key{runtime_shape, runtime_shape ? 0 : a.rows, runtime_shape ? 0 : a.cols, runtime_shape ? 0 : n,
                 static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c.dtype),
                 static_cast<int>(ta), static_cast<int>(tb), accumulate};
   if (runtime_shape && reference_only.count(key)) return primitive(a, ta, b, tb, c, accumulate, n, false);
@@ -86,11 +88,19 @@ dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, co
   const auto md_b = runtime_shape ? runtime_desc(b.dtype, tb) : op_desc(b.rows, b.cols, b.dtype, tb);
   const dnnl::memory::desc md_c = runtime_shape ? runtime_desc(c.dtype, Trans::N)
                                                 : dnnl::memory::desc({c.rows, c.cols}, to_dnnl(c.dtype), {c.cols, 1});
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_b, md_c), attr, engine().engine);
-  if (runtime_shape && std::string_view(pd.impl_info_str()).starts_with("ref")) {
-    reference_only.insert(key);
-    return primitive(a, ta, b, tb, c, accumulate, n, false);
+  if (runtime_shape) {
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      pd.emplace(dnnl::matmul::desc(md_a, md_b, md_c), attr, engine().engine);
+    } catch (const dnnl::error&) {  // no implementation takes run-time shapes here
+    }
+    if (!pd || std::string_view(pd->impl_info_str()).starts_with("ref")) {
+      reference_only.insert(key);
+      return primitive(a, ta, b, tb, c, accumulate, n, false);
+    }
+    return cache.emplace(key, dnnl::matmul(*pd)).first->second;
   }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_b, md_c), attr, engine().engine);
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 

@@ -1,17 +1,17 @@
-// sum(x^2) in FP64 over 16 fixed lanes, compiled per ISA (EPX_CPU_CLONES, no FMA contraction): the
+// sum(x^2) in FP64 over fixed lanes (lanes.hpp), compiled per ISA (EPX_CPU_CLONES, no FMA contraction): the
 // gradient norm walks every gradient each step, and a single running sum is one long chain of
 // dependent adds. The lanes are summed in a fixed order, so every CPU gives the same bits.
 #include <cstdint>
 
 #include "epx/base/cpu_clones.hpp"
 #include "epx/kernels/kernels.hpp"
+#include "lanes.hpp"
 
 namespace epx {
 namespace {
 
-constexpr int kLanes = 16;
-
 EPX_CPU_CLONES double sum_of_squares_lanes(const float* x, std::int64_t n) {
+  using detail::kLanes;
   double lane[kLanes] = {};
   std::int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)

@@ -6,7 +6,6 @@
 // backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with an exp the
 // compiler can vectorise (exp_poly.hpp), within 2 ulp of libm's; epx used std::exp before and
 // its results moved by that much.
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 

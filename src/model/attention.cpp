@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,8 +61,30 @@ E as(float x) {
   else return float_to_bf16(x);
 }
 template <class E>
+float to_float(E x) {
+  if constexpr (std::is_same_v<E, float>) return x;
+  else return bf16_to_float(x);
+}
+template <class E>
 const E* at(const Tensor& t, std::int64_t offset) {
   return static_cast<const E*>(t.raw()) + offset;
+}
+
+// fn(task) for task in [0, n) over the OpenMP threads (one task per sequence and key/value group);
+// the first exception is rethrown after the loop, since one must not leave an OpenMP region.
+template <class F>
+void for_each_group_task(std::int64_t n, F&& fn) {
+  std::exception_ptr error;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t task = 0; task < n; ++task) {
+    try {
+      fn(task);
+    } catch (...) {
+#pragma omp critical(epx_attention_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 const RopeTable& rope_table(std::int64_t seq, std::int64_t d, double base) {
@@ -163,8 +186,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   ctx.lse = Tensor::uninitialized({B, nh, S}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t task = 0; task < B * ng; ++task) {
+    for_each_group_task(B * ng, [&](std::int64_t task) {
       const std::int64_t b = task / ng, g = task % ng;
       std::vector<float> head_out(static_cast<std::size_t>(S * d));
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
@@ -174,7 +196,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
         for (std::int64_t s = 0; s < S; ++s)
           std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
       }
-    }
+    });
   });
   ctx.o = o32.to(spec_.dtype);
   Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
@@ -190,38 +212,35 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   Tensor d_o = Tensor::uninitialized({T, nh * d}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
 
-  // delta = rowsum(dO * O) per (token, head), from the output as linear_proj saw it.
-  const Tensor o = ctx.o.to(DType::F32);
-  Tensor delta = Tensor::uninitialized({B, nh, S}, DType::F32);
-#pragma omp parallel for schedule(static)
-  for (std::int64_t t = 0; t < T; ++t)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const float* a = d_o.data<float>() + t * nh * d + h * d;
-      const float* c = o.data<float>() + t * nh * d + h * d;
-      float sum = 0.f;
-      for (std::int64_t j = 0; j < d; ++j) sum += a[j] * c[j];
-      delta.data<float>()[((t % B) * nh + h) * S + t / B] = sum;
-    }
-
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);
-#pragma omp parallel for schedule(static)
-    for (std::int64_t task = 0; task < B * ng; ++task) {
+    for_each_group_task(B * ng, [&](std::int64_t task) {
       const std::int64_t b = task / ng, g = task % ng;
       std::vector<E> dout(static_cast<std::size_t>(S * d));
+      std::vector<float> delta(static_cast<std::size_t>(S));
+      const E* o = at<E>(ctx.o, 0);
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
-        for (std::int64_t s = 0; s < S; ++s)
-          for (std::int64_t j = 0; j < d; ++j)
-            dout[static_cast<std::size_t>(s * d + j)] = as<E>(d_o.data<float>()[(s * B + b) * nh * d + h * d + j]);
+        // This head's dO in the operand dtype, and delta = rowsum(dO * O) from that same dO and
+        // the output as linear_proj saw it (so each row of dS sums to zero, as flash attention).
+        for (std::int64_t s = 0; s < S; ++s) {
+          const std::int64_t t = s * B + b;
+          float sum = 0.f;
+          for (std::int64_t j = 0; j < d; ++j) {
+            const E x = as<E>(d_o.data<float>()[t * nh * d + h * d + j]);
+            dout[static_cast<std::size_t>(s * d + j)] = x;
+            sum += to_float(x) * to_float(o[t * nh * d + h * d + j]);
+          }
+          delta[static_cast<std::size_t>(s)] = sum;
+        }
         const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
         causal_attention_backward(at<E>(ctx.q, head * d), at<E>(ctx.k, group * d), at<E>(ctx.v, group * d),
-                                  ctx.lse.data<float>() + head, delta.data<float>() + head, dout.data(), S, d, scale,
+                                  ctx.lse.data<float>() + head, delta.data(), dout.data(), S, d, scale,
                                   dq.data<float>() + head * d, dk.data<float>() + group * d,
                                   dv.data<float>() + group * d);
       }
-    }
+    });
   });
   ctx.lse = ctx.q = ctx.k = ctx.v = Tensor();
 

@@ -29,9 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-double sum_of_squares(const std::vector<Param*>& params) {
+double grad_sum_of_squares(const std::vector<Param*>& params) {
   double s = 0;
-  for (const Param* p : params) s += epx::sum_of_squares(p->grad.data<float>(), p->grad.numel());
+  for (const Param* p : params) s += sum_of_squares(p->grad.data<float>(), p->grad.numel());
   return s;
 }
 
@@ -189,8 +189,8 @@ double Trainer::finalize_gradients() {
     }
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
-  float expert_sq = static_cast<float>(sum_of_squares(experts_));
-  double dense_sq = sum_of_squares(dense_);
+  float expert_sq = static_cast<float>(grad_sum_of_squares(experts_));
+  double dense_sq = grad_sum_of_squares(dense_);
   if (job_.grad_reduce.distributed) {
     Communicator& edp_group = groups_.get(GroupKind::edp);
     float shard_sq = static_cast<float>(dense_sq);

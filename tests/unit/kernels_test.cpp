@@ -79,6 +79,7 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   const std::int64_t k = 16, n = 8, rows = 9;
   const Tensor x = randn({rows, k}, 5), w = randn({4, n, k}, 6);
   Tensor y({rows, n}, DType::F32), dw({4, n, k}, DType::F32);
+  dw.fill(1.f);  // the wgrad accumulates into it
   std::vector<GemmProblem> fwd, wgrad;
   std::int64_t r0 = 0;
   for (std::int64_t g = 0; g < 4; ++g) {
@@ -96,7 +97,7 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
     const Tensor yg = naive_gemm(xg, Trans::N, wg, Trans::T);
     for (std::int64_t i = 0; i < counts[g] * n; ++i) EXPECT_NEAR(y.get(r0 * n + i), yg.get(i), 1e-4);
     const Tensor dwg = naive_gemm(yg, Trans::T, xg, Trans::N);  // zero for the empty group
-    for (std::int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(dw.get(g * n * k + i), dwg.get(i), 1e-3);
+    for (std::int64_t i = 0; i < n * k; ++i) EXPECT_NEAR(dw.get(g * n * k + i), 1 + dwg.get(i), 1e-3);
     r0 += counts[g];
   }
 }
@@ -198,6 +199,8 @@ TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " block " + std::to_string(block));
       Tensor o({S, d}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
           dv({S, d}, DType::F32);
+      o.fill(7.f);  // written, not accumulated into
+      dq.fill(7.f);
       dk.fill(1.f);
       dv.fill(1.f);
       if (dtype == DType::F32) {

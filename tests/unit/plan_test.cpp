@@ -138,6 +138,13 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   EXPECT_EQ(find_gpu("bad"), nullptr);
   std::ofstream(path) << "? [a, b]\n: 1\n";
   EXPECT_THROW(add_hardware_file(path.string()), ConfigError);
+  std::ofstream(path) << "cpu:\n  attention_fp32_tflops: 0.2\n";  // a calibration from before the rename
+  try {
+    add_hardware_file(path.string());
+    FAIL() << "the old attention key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("renamed attention_tflops"), std::string::npos) << e.what();
+  }
   std::ofstream(path) << "h100:\n  bf16_tflops: 989\n";  // back to the catalog's
   add_hardware_file(path.string());
   std::filesystem::remove(path);
