@@ -6,6 +6,9 @@
 //   token_dispatch        all-to-all-v over EP (tokens, then probabilities), all-gather-v over ETP
 //   dispatch_postprocess  permutation 2: chunks [ETP][EP][local expert] -> [local expert][ETP][EP]
 //   combine_preprocess    the inverse of permutation 2
+// With ETP = 1 and several local experts, permutation 2 and its inverse are fused into the
+// exchanges: each (rank, local expert) chunk is its own message, received where the expert-major
+// (or the token side's EP-rank-major) layout puts it, so no pass over the rows is left to do.
 //   token_combine         reduce-scatter-v over ETP (FP32 sums of the partial FFN outputs),
 //                         all-to-all-v over EP back to the tokens' ranks
 //   combine_postprocess   un-permutation 1: the k copies of a token summed
@@ -14,6 +17,7 @@
 // Communication phases submit one task to the comm stream and return; the next phase waits on
 // its event. A task refers to the DispatchState, which the MoE layer's Context keeps alive until
 // that wait.
+#include <cstddef>
 #include <numeric>
 
 #include "counts_exchange.hpp"
@@ -72,6 +76,18 @@ class AlltoallDispatcher final : public DispatcherBase {
   }
 
   void token_dispatch(DispatchState& s) override {
+    if (fused_regroup()) {
+      s.pending = stream_.submit([this, &s] {
+        const std::int64_t h = s.hidden_size;
+        auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
+        std::vector<float> p(static_cast<std::size_t>(x.dim(0)));
+        count_ep(s.send_rows, h * dtype_size(x.dtype()), 4);
+        exchange_chunks(s, s.hidden.raw(), x.raw(), h, x.dtype(), true, s.probs.data(), p.data());
+        s.hidden = std::move(x);
+        s.probs = std::move(p);
+      }, trace::kDispatch);
+      return;
+    }
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
@@ -100,17 +116,27 @@ class AlltoallDispatcher final : public DispatcherBase {
 
   void dispatch_postprocess(DispatchState& s) override {
     s.pending.wait();
-    if (num_local_experts_ > 1) {
+    if (num_local_experts_ > 1 && !fused_regroup()) {
       s.hidden = regrouped(s, s.hidden, true);
       s.probs = regrouped(s, s.probs, true);
     }
   }
 
   void combine_preprocess(DispatchState& s, Tensor expert_output) override {
-    s.hidden = num_local_experts_ > 1 ? regrouped(s, expert_output, false) : std::move(expert_output);
+    s.hidden = num_local_experts_ > 1 && !fused_regroup() ? regrouped(s, expert_output, false) : std::move(expert_output);
   }
 
   void token_combine(DispatchState& s) override {
+    if (fused_regroup()) {
+      s.pending = stream_.submit([this, &s] {
+        const std::int64_t h = s.hidden_size;
+        count_ep(s.recv_rows, h * dtype_size(s.hidden.dtype()), 0);
+        auto out = Tensor::uninitialized({s.perm.rows(), h}, s.hidden.dtype());
+        exchange_chunks(s, s.hidden.raw(), out.raw(), h, out.dtype(), false);
+        s.hidden = std::move(out);
+      }, trace::kCombine);
+      return;
+    }
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       Tensor y = std::move(s.hidden);
@@ -140,6 +166,16 @@ class AlltoallDispatcher final : public DispatcherBase {
   void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override { permute_token_grads(s, dy); }
 
   void token_combine_backward(DispatchState& s) override {
+    if (fused_regroup()) {
+      s.pending = stream_.submit([this, &s] {
+        const std::int64_t h = s.hidden_size;
+        auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
+        count_ep(s.send_rows, h * dtype_size(g.dtype()), 0);
+        exchange_chunks(s, s.grad.raw(), g.raw(), h, g.dtype(), true);
+        s.grad = std::move(g);
+      }, trace::kCombineBackward);
+      return;
+    }
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
@@ -157,15 +193,28 @@ class AlltoallDispatcher final : public DispatcherBase {
 
   void combine_preprocess_backward(DispatchState& s) override {
     s.pending.wait();
-    if (num_local_experts_ > 1) s.grad = regrouped(s, s.grad, true);
+    if (num_local_experts_ > 1 && !fused_regroup()) s.grad = regrouped(s, s.grad, true);
   }
 
   void dispatch_postprocess_backward(DispatchState& s, Tensor dx, std::vector<float> dprobs) override {
-    s.grad = num_local_experts_ > 1 ? regrouped(s, dx, false) : std::move(dx);
-    s.grad_probs = num_local_experts_ > 1 ? regrouped(s, dprobs, false) : std::move(dprobs);
+    const bool regroup = num_local_experts_ > 1 && !fused_regroup();
+    s.grad = regroup ? regrouped(s, dx, false) : std::move(dx);
+    s.grad_probs = regroup ? regrouped(s, dprobs, false) : std::move(dprobs);
   }
 
   void token_dispatch_backward(DispatchState& s) override {
+    if (fused_regroup()) {
+      s.pending = stream_.submit([this, &s] {
+        const std::int64_t h = s.hidden_size;
+        auto out = Tensor::uninitialized({s.perm.rows(), h}, s.grad.dtype());
+        std::vector<float> out_p(static_cast<std::size_t>(s.perm.rows()));
+        count_ep(s.recv_rows, h * dtype_size(out.dtype()), 4);
+        exchange_chunks(s, s.grad.raw(), out.raw(), h, out.dtype(), false, s.grad_probs.data(), out_p.data());
+        s.grad = std::move(out);
+        s.grad_probs = std::move(out_p);
+      }, trace::kDispatchBackward);
+      return;
+    }
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       Tensor g = std::move(s.grad);
@@ -200,6 +249,60 @@ class AlltoallDispatcher final : public DispatcherBase {
   }
 
  private:
+  bool fused_regroup() const { return etp_.size() == 1 && num_local_experts_ > 1; }
+
+  // The all-to-all with permutation 2 fused (ETP = 1): chunk (p, l) is the rows of local expert
+  // l of EP rank p. On the token side they sit EP-rank-major (the permutation's expert order:
+  // tokens_per_expert[p * local + l] rows); on the expert side expert-major ([l][p]:
+  // chunk_rows[p * local + l] rows). `to_experts`: from the token side to the expert side
+  // (dispatch, combine backward), else back. Every nonempty chunk is one message tagged with its
+  // local expert; all receives are posted before any send. `probs`, when given, travel the same
+  // way one float per row (the tag offset by the local expert count).
+  void exchange_chunks(const DispatchState& s, const void* send, void* recv, std::int64_t h, DType dt, bool to_experts,
+                       const float* probs = nullptr, float* recv_probs = nullptr) {
+    const int ep = ep_.size();
+    const std::int64_t local = num_local_experts_;
+    const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(dt);
+    // Row offsets of each chunk on both sides.
+    std::vector<std::int64_t> token_at(static_cast<std::size_t>(ep * local)), expert_at(token_at.size());
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < token_at.size(); ++i) {
+      token_at[i] = at;
+      at += s.perm.tokens_per_expert[i];
+    }
+    at = 0;
+    for (std::int64_t l = 0; l < local; ++l)
+      for (int p = 0; p < ep; ++p) {
+        expert_at[static_cast<std::size_t>(p * local + l)] = at;
+        at += s.chunk_rows[static_cast<std::size_t>(p * local + l)];
+      }
+    const auto rows_token = [&](std::size_t i) { return s.perm.tokens_per_expert[i]; };
+    const auto rows_expert = [&](std::size_t i) { return s.chunk_rows[i]; };
+    std::vector<Request> requests;
+    const auto post = [&](bool receive) {
+      for (int p = 0; p < ep; ++p)
+        for (std::int64_t l = 0; l < local; ++l) {
+          const std::size_t i = static_cast<std::size_t>(p * local + l);
+          // A receive takes this side's layout of its destination; a send reads this side's.
+          const bool expert_side = receive == to_experts;
+          const std::int64_t rows = expert_side ? rows_expert(i) : rows_token(i);
+          const std::int64_t row0 = expert_side ? expert_at[i] : token_at[i];
+          if (rows == 0) continue;
+          const int tag = static_cast<int>(l);
+          if (receive) {
+            requests.push_back(ep_.start_recv(static_cast<std::byte*>(recv) + row0 * row_bytes, rows * h, dt, p, tag));
+            if (recv_probs) requests.push_back(ep_.start_recv(recv_probs + row0, rows, DType::F32, p, tag + static_cast<int>(local)));
+          } else {
+            requests.push_back(ep_.start_send(static_cast<const std::byte*>(send) + row0 * row_bytes, rows * h, dt, p, tag));
+            if (probs) requests.push_back(ep_.start_send(probs + row0, rows, DType::F32, p, tag + static_cast<int>(local)));
+          }
+        }
+    };
+    post(true);
+    post(false);
+    for (Request& r : requests) ep_.wait(r);
+  }
+
   // Traffic: `rows[p]` rows to EP rank p, or to ETP rank t, of row_bytes payload and meta_bytes
   // metadata each.
   void count_ep(const std::vector<std::int64_t>& rows, std::int64_t row_bytes, std::int64_t meta_bytes) {
