@@ -96,6 +96,11 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
                                 "gemm_efficiency {:.2g})",
                                 achieved, 100 * rate_share, attainable, gpu->rates.bf16_tflops, gpu->rates.gemm_efficiency);
+    // One efficiency for every model: calibrated on a narrower one (the cpu catalog entry's proxy),
+    // it under-rates a wider model's GEMMs.
+    if (rate_share > 1.05)
+      host.evidence += "; above it: the GEMM efficiency was measured on another model or machine "
+                       "(`epx plan CONFIG --calibrate` on this one for a fair figure)";
   } else {
     host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing; the attainable rate is unknown (-g)", achieved);
   }

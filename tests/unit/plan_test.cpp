@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "epx/plan/diagnose.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
 #include "test_support.hpp"
@@ -164,6 +165,20 @@ TEST(Plan, CpuAttentionKeepsNoScores) {
                                          "model.recompute_modules=[core_attn]"});
   EXPECT_NEAR(cpu, recomputed, 1);
   EXPECT_NEAR(activations({"target.gpu=h100"}), cpu, 1);
+}
+
+TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
+  RunEvidence run;
+  run.mean_step_s = 1;
+  const GpuInfo& cpu = *find_gpu("cpu");
+  const double attainable = cpu.rates.bf16_tflops * cpu.rates.gemm_efficiency;
+  for (const double share : {0.5, 1.5}) {
+    run.tflops_per_gpu = share * attainable;
+    const Diagnosis d = diagnose(run, std::nullopt, &cpu);
+    const auto& host = d.walls.back();
+    ASSERT_EQ(host.wall, "compute/host");
+    EXPECT_EQ(host.evidence.find("--calibrate") != std::string::npos, share > 1) << host.evidence;
+  }
 }
 
 TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
