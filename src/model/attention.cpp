@@ -221,6 +221,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
       std::vector<E> dout(static_cast<std::size_t>(S * d));
       std::vector<float> delta(static_cast<std::size_t>(S));
       const E* o = at<E>(ctx.o, 0);
+      const float* grad_o = d_o.data<float>();
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
         // This head's dO in the operand dtype, and delta = rowsum(dO * O) from that same dO and
         // the output as linear_proj saw it (so each row of dS sums to zero, as flash attention).
@@ -228,7 +229,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
           const std::int64_t t = s * B + b;
           float sum = 0.f;
           for (std::int64_t j = 0; j < d; ++j) {
-            const E x = as<E>(d_o.data<float>()[t * nh * d + h * d + j]);
+            const E x = as<E>(grad_o[t * nh * d + h * d + j]);
             dout[static_cast<std::size_t>(s * d + j)] = x;
             sum += to_float(x) * to_float(o[t * nh * d + h * d + j]);
           }
