@@ -76,18 +76,7 @@ class AlltoallDispatcher final : public DispatcherBase {
   }
 
   void token_dispatch(DispatchState& s) override {
-    if (fused_regroup()) {
-      s.pending = stream_.submit([this, &s] {
-        const std::int64_t h = s.hidden_size;
-        auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
-        std::vector<float> p(static_cast<std::size_t>(x.dim(0)));
-        count_ep(s.send_rows, h * dtype_size(x.dtype()), 4);
-        exchange_chunks(s, s.hidden.raw(), x.raw(), h, x.dtype(), true, s.probs.data(), p.data());
-        s.hidden = std::move(x);
-        s.probs = std::move(p);
-      }, trace::kDispatch);
-      return;
-    }
+    if (fused_regroup()) return submit_fused(s, s.hidden, &s.probs, true, trace::kDispatch);
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
@@ -127,16 +116,7 @@ class AlltoallDispatcher final : public DispatcherBase {
   }
 
   void token_combine(DispatchState& s) override {
-    if (fused_regroup()) {
-      s.pending = stream_.submit([this, &s] {
-        const std::int64_t h = s.hidden_size;
-        count_ep(s.recv_rows, h * dtype_size(s.hidden.dtype()), 0);
-        auto out = Tensor::uninitialized({s.perm.rows(), h}, s.hidden.dtype());
-        exchange_chunks(s, s.hidden.raw(), out.raw(), h, out.dtype(), false);
-        s.hidden = std::move(out);
-      }, trace::kCombine);
-      return;
-    }
+    if (fused_regroup()) return submit_fused(s, s.hidden, nullptr, false, trace::kCombine);
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       Tensor y = std::move(s.hidden);
@@ -166,16 +146,7 @@ class AlltoallDispatcher final : public DispatcherBase {
   void combine_postprocess_backward(DispatchState& s, const Tensor& dy) override { permute_token_grads(s, dy); }
 
   void token_combine_backward(DispatchState& s) override {
-    if (fused_regroup()) {
-      s.pending = stream_.submit([this, &s] {
-        const std::int64_t h = s.hidden_size;
-        auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
-        count_ep(s.send_rows, h * dtype_size(g.dtype()), 0);
-        exchange_chunks(s, s.grad.raw(), g.raw(), h, g.dtype(), true);
-        s.grad = std::move(g);
-      }, trace::kCombineBackward);
-      return;
-    }
+    if (fused_regroup()) return submit_fused(s, s.grad, nullptr, true, trace::kCombineBackward);
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       auto g = Tensor::uninitialized({sum(s.recv_rows), h}, s.grad.dtype());
@@ -203,18 +174,7 @@ class AlltoallDispatcher final : public DispatcherBase {
   }
 
   void token_dispatch_backward(DispatchState& s) override {
-    if (fused_regroup()) {
-      s.pending = stream_.submit([this, &s] {
-        const std::int64_t h = s.hidden_size;
-        auto out = Tensor::uninitialized({s.perm.rows(), h}, s.grad.dtype());
-        std::vector<float> out_p(static_cast<std::size_t>(s.perm.rows()));
-        count_ep(s.recv_rows, h * dtype_size(out.dtype()), 4);
-        exchange_chunks(s, s.grad.raw(), out.raw(), h, out.dtype(), false, s.grad_probs.data(), out_p.data());
-        s.grad = std::move(out);
-        s.grad_probs = std::move(out_p);
-      }, trace::kDispatchBackward);
-      return;
-    }
+    if (fused_regroup()) return submit_fused(s, s.grad, &s.grad_probs, false, trace::kDispatchBackward);
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       Tensor g = std::move(s.grad);
@@ -250,6 +210,22 @@ class AlltoallDispatcher final : public DispatcherBase {
 
  private:
   bool fused_regroup() const { return etp_.size() == 1 && num_local_experts_ > 1; }
+
+  // One fused exchange on the comm stream (`name` in the trace): `rows` (s.hidden or s.grad) and,
+  // when given, `probs` (one float per row) go to the experts' side or back, and are replaced by
+  // what arrives.
+  void submit_fused(DispatchState& s, Tensor& rows, std::vector<float>* probs, bool to_experts, const char* name) {
+    s.pending = stream_.submit([this, &s, &rows, probs, to_experts] {
+      const std::int64_t h = s.hidden_size;
+      auto out = Tensor::uninitialized({to_experts ? sum(s.recv_rows) : s.perm.rows(), h}, rows.dtype());
+      std::vector<float> out_probs(probs ? static_cast<std::size_t>(out.dim(0)) : 0);
+      count_ep(to_experts ? s.send_rows : s.recv_rows, h * dtype_size(out.dtype()), probs ? 4 : 0);
+      exchange_chunks(s, rows.raw(), out.raw(), h, out.dtype(), to_experts, probs ? probs->data() : nullptr,
+                      probs ? out_probs.data() : nullptr);
+      rows = std::move(out);
+      if (probs) *probs = std::move(out_probs);
+    }, name);
+  }
 
   // The all-to-all with permutation 2 fused (ETP = 1): chunk (p, l) is the rows of local expert
   // l of EP rank p. On the token side they sit EP-rank-major (the permutation's expert order:
