@@ -152,15 +152,13 @@ std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
     Tensor out({S, d}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
         dk({S, d}, DType::F32), dv({S, d}, DType::F32);
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
-    const auto attention = [&](auto tag) {
-      using E = decltype(tag);
-      causal_attention_forward(q.data<E>(), k.data<E>(), v.data<E>(), S, d, scale, out.data<float>(), lse.data<float>());
-      causal_attention_backward(q.data<E>(), k.data<E>(), v.data<E>(), lse.data<float>(), delta.data<float>(),
-                                dout.data<E>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>());
-    };
     const double attention_s = seconds_per_call([&] {
-      if (dtype == DType::BF16) attention(std::uint16_t{});
-      else attention(float{});
+      with_operand_type(dtype, [&](auto tag) {
+        using E = decltype(tag);
+        causal_attention_forward(q.data<E>(), k.data<E>(), v.data<E>(), S, d, scale, out.data<float>(), lse.data<float>());
+        causal_attention_backward(q.data<E>(), k.data<E>(), v.data<E>(), lse.data<float>(), delta.data<float>(),
+                                  dout.data<E>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>());
+      });
     });
     attention_rate = 6.0 * static_cast<double>(S * S * d) / attention_s;
 

@@ -49,12 +49,6 @@ struct RopeTable {
   }
 };
 
-// The core attention's operand element: BF16 (std::uint16_t) for a BF16 model, else float.
-template <class F>
-void with_operand_type(DType dtype, F&& f) {
-  if (dtype == DType::BF16) f(std::uint16_t{});
-  else f(float{});
-}
 template <class E>
 E as(float x) {
   if constexpr (std::is_same_v<E, float>) return x;

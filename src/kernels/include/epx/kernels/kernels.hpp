@@ -93,6 +93,12 @@ void causal_attention_backward(const float* q, const float* k, const float* v, c
 void causal_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const float* lse,
                                const float* delta, const std::uint16_t* dout, std::int64_t seq, std::int64_t d,
                                float scale, float* dq, float* dk, float* dv, std::int64_t block = 128);
+// Calls f(std::uint16_t{}) for BF16 operands, f(float{}) otherwise: which overload above to call.
+template <class F>
+void with_operand_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16) f(std::uint16_t{});
+  else f(float{});
+}
 
 // ------------------------------------------------ elementwise (src/kernels/elementwise.cpp)
 
