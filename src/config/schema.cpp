@@ -436,6 +436,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kDdp, use_distributed_optimizer),
       EPX_FIELD(kDdp, bucket_size),
       EPX_FIELD(kDdp, grad_reduce_in_fp32),
+      EPX_FIELD(kDdp, reduce_embedding_rows),
 
       EPX_FIELD(kOptimizer, optimizer, {"adam", "sgd"}),
       EPX_FIELD(kOptimizer, lr),

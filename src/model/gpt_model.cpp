@@ -236,13 +236,15 @@ Tensor GPTModel::backward_layers(Context& ctx, Tensor dx) {
 
 void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   trace::Scope scope(trace::Track::compute, "embedding backward");
-  const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
-  const std::int64_t* tok = ctx.tokens.data<std::int64_t>();
-  float* g = embedding.grad.data<float>();
-  const Tensor dx32 = dx.to(DType::F32);
-  const float* d = dx32.data<float>();
-  for (std::int64_t t = 0; t < T; ++t)
-    for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
+  if (!embedding_rows_hook_ || !embedding_rows_hook_(ctx.tokens, dx)) {
+    const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
+    const std::int64_t* tok = ctx.tokens.data<std::int64_t>();
+    float* g = embedding.grad.data<float>();
+    const Tensor dx32 = dx.to(DType::F32);
+    const float* d = dx32.data<float>();
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
+  }
   grads_ready(embedding_grad_group());
 }
 

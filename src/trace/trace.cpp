@@ -60,7 +60,8 @@ bool is_token_exchange(const std::string& name) {
 }
 
 bool is_dp_reduction(const std::string& name) {
-  return name.find("gradient all-reduce") != std::string::npos || name.find("parameter all-gather") != std::string::npos;
+  return name.find("gradient all-reduce") != std::string::npos || name.find("parameter all-gather") != std::string::npos ||
+         name.find("gradient rows all-gather") != std::string::npos;
 }
 
 void enable(bool on) { g_enabled = on; }

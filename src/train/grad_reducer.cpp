@@ -11,12 +11,13 @@ namespace {
 // The trace's names (epx diagnose sorts them by these words).
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
+constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
 
 }  // namespace
 
 GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
                          const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
-                         const GradReduceOptions& options)
+                         const GradReduceOptions& options, int embedding_group)
     : stream_(stream),
       overlap_(options.overlap),
       distributed_(options.distributed),
@@ -24,6 +25,7 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
       group_chunk_(std::move(group_chunk)),
       completions_(groups.size(), 0) {
   if (group_chunk_.size() != groups.size()) throw std::logic_error("GradReducer: one chunk per group");
+  if (options.embedding_rows && overlap_ && dp.size() > 1) embedding_group_ = embedding_group;
   const int last = static_cast<int>(groups.size()) - 1;
   for (const bool expert : {false, true}) {
     Communicator& comm = expert ? edp : dp;
@@ -43,15 +45,20 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     }
     std::int64_t n = 0;
     for (int g = 0; g <= last; ++g) {
+      const bool alone = !expert && g == embedding_group_;  // the rows split's bucket
+      if (alone) close(b, g - 1), n = 0;
       for (Param* p : groups[static_cast<std::size_t>(g)])
         if (p->expert == expert) {
           if (b.params.empty()) first = g;
           b.params.push_back(p), n += p->grad.numel();
         }
-      if (options.bucket_size > 0 && n >= options.bucket_size) close(b, g), n = 0;
+      if (alone || (options.bucket_size > 0 && n >= options.bucket_size)) close(b, g), n = 0;
     }
     close(b, last);
   }
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (!buckets_[i].expert && embedding_group_ >= 0 && buckets_[i].first_group == embedding_group_)
+      embedding_bucket_ = static_cast<int>(i);
   for (Bucket& bucket : buckets_) {
     for (const Param* p : bucket.params) bucket.size += p->grad.numel();
     const std::int64_t d = bucket.comm->size(), share = (bucket.size + d - 1) / d;
@@ -70,16 +77,53 @@ void GradReducer::start(int micro_batches) {
 }
 
 void GradReducer::grads_ready(int group) {
-  if (!overlap_ || ++completions_[static_cast<std::size_t>(group)] != micro_batches_) return;
+  if (!overlap_ || ++completions_[static_cast<std::size_t>(group)] != needed(group)) return;
   // Groups need not complete in order (model chunks run their backward last chunk first): a
   // bucket starts once all of its groups are complete.
-  const auto complete = [&](int g) { return completions_[static_cast<std::size_t>(g)] == micro_batches_; };
+  const auto complete = [&](int g) { return completions_[static_cast<std::size_t>(g)] >= needed(g); };
   for (Bucket& b : buckets_)
     if (!b.launched && b.first_group <= group && group <= b.last_group) {
       bool all = true;
       for (int g = b.first_group; g <= b.last_group && all; ++g) all = complete(g);
       if (all) launch(b);
     }
+}
+
+bool GradReducer::take_embedding_rows(const Tensor& tokens, const Tensor& dx) {
+  if (!rows_split() || completions_[static_cast<std::size_t>(embedding_group_)] != micro_batches_ - 1) return false;
+  Bucket& b = buckets_[static_cast<std::size_t>(embedding_bucket_)];
+  if (!b.launched) launch(b);  // the earlier micro-batches' sum, if no hook started it
+  const std::int64_t d = b.comm->size(), T = tokens.numel(), H = dx.dim(1);
+  rows_ids_ = tokens.clone();
+  rows_grad_ = dx.clone();
+  all_ids_ = Tensor::uninitialized({d * T}, DType::I64);
+  all_grad_ = Tensor::uninitialized({d * T, H}, dx.dtype());
+  rows_done_ = stream_.submit(
+      [this, &b, d, T, H] {
+        const std::vector<std::int64_t> ids(static_cast<std::size_t>(d), T), rows(static_cast<std::size_t>(d), T * H);
+        b.comm->allgatherv(rows_ids_.raw(), all_ids_.raw(), ids, DType::I64);
+        b.comm->allgatherv(rows_grad_.raw(), all_grad_.raw(), rows, rows_grad_.dtype());
+      },
+      kRowsName);
+  return true;
+}
+
+// Every DP rank's last-micro-batch rows into the embedding's reduced gradient, rank after rank
+// (the same order everywhere, so every rank's sum is the same; distributed: this rank's shard).
+void GradReducer::add_embedding_rows(float scale) {
+  rows_done_.wait();
+  const Bucket& b = buckets_[static_cast<std::size_t>(embedding_bucket_)];
+  float* g = b.params.front()->grad.data<float>();
+  const std::int64_t n = all_ids_.numel(), H = all_grad_.dim(1);
+  const std::int64_t lo = distributed_ ? b.shard_begin : 0, hi = distributed_ ? b.shard_end : b.size;
+  const Tensor rows = all_grad_.to(DType::F32);
+  const std::int64_t* ids = all_ids_.data<std::int64_t>();
+  const float* r = rows.data<float>();
+  for (std::int64_t t = 0; t < n; ++t)
+    for (std::int64_t j = 0, at = ids[t] * H; j < H; ++j, ++at)
+      if (at >= lo && at < hi) g[at] += r[t * H + j] * scale;
+  rows_ids_ = rows_grad_ = all_ids_ = all_grad_ = Tensor();
+  rows_done_ = CommEvent{};
 }
 
 void GradReducer::launch(Bucket& b) {
@@ -137,6 +181,7 @@ void GradReducer::finish(float scale) {
     }
     b.flat = b.shard = Tensor();
   }
+  if (all_grad_.defined()) add_embedding_rows(scale);
 }
 
 std::vector<ParamRange> GradReducer::owned_ranges() const {

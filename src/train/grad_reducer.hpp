@@ -9,6 +9,13 @@
 // reduce-scattered instead: this rank keeps the sum of its shard (1/d of the bucket, Megatron's
 // contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
 // weights (with ddp.overlap_param_gather, in the background until the next forward needs them).
+//
+// With ddp.reduce_embedding_rows (epx's own) the embedding has a bucket of its own, reduced in
+// two parts: the sum of the micro-batches before the last as soon as it is complete (so under the
+// last micro-batch, not after it), and the last micro-batch's gradient as what it is, a gradient
+// row per token, all-gathered over DP and added in rank order. Megatron reduces the whole table
+// after the backward: on a large vocabulary the last bucket to start and the longest. The sum is
+// the same up to rounding (the rows are added in FP32, not summed in the buckets' dtype).
 #pragma once
 
 #include <cstdint>
@@ -25,16 +32,21 @@ namespace epx {
 class GradReducer {
  public:
   // `groups`: every model chunk's GPTModel::grad_groups(), chunk after chunk, and each group's
-  // chunk; `params`: their params() (the order without overlap).
+  // chunk; `params`: their params() (the order without overlap); `embedding_group`: the group
+  // holding the token embedding alone, or -1 where this rank has none.
   GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
               const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
-              const GradReduceOptions& options);
+              const GradReduceOptions& options, int embedding_group = -1);
 
   // An iteration of `micro_batches` micro-batches begins.
   void start(int micro_batches);
   // The model's hook: group `group` of the micro-batch being run backward is complete. On the
   // last micro-batch (with overlap), every bucket this completes is launched.
   void grads_ready(int group);
+  // The model's embedding backward, before it scatter-adds `dx` [T, H] into the embedding's
+  // gradient at the rows `tokens` [T]: with ddp.reduce_embedding_rows, on the last of two or more
+  // micro-batches, takes them instead (all-gathered over DP, added in finish) and returns true.
+  bool take_embedding_rows(const Tensor& tokens, const Tensor& dx);
   // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
   // over the group times `scale` (distributed: in this rank's shard; zero elsewhere).
   void finish(float scale);
@@ -68,6 +80,11 @@ class GradReducer {
  private:
   void launch(Bucket& b);
   void finish_gather(Bucket& b);
+  // The completions that make `group` complete this iteration (the embedding's with the rows
+  // split: every micro-batch's but the last).
+  int needed(int group) const { return rows_split() && group == embedding_group_ ? micro_batches_ - 1 : micro_batches_; }
+  bool rows_split() const { return embedding_bucket_ >= 0 && micro_batches_ > 1; }
+  void add_embedding_rows(float scale);
 
   CommStream& stream_;
   const bool overlap_, distributed_;
@@ -76,6 +93,11 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<int> completions_;  // per group, this iteration
   int micro_batches_ = 1;
+  // ddp.reduce_embedding_rows: the embedding's group and bucket (-1: off), and the last
+  // micro-batch's rows: every DP rank's token ids and gradient rows, while they are in flight.
+  int embedding_group_ = -1, embedding_bucket_ = -1;
+  Tensor rows_ids_, rows_grad_, all_ids_, all_grad_;
+  CommEvent rows_done_;
 };
 
 }  // namespace epx

@@ -312,6 +312,14 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
     bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
   o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);
+  o.embedding_rows = c.ddp.reduce_embedding_rows;
+  if (o.embedding_rows && !o.overlap)
+    bad("ddp.reduce_embedding_rows", "true",
+        "it splits the overlapped reduction of the embedding's gradient; set ddp.overlap_grad_reduce=true, or set it false");
+  if (o.embedding_rows && c.model.share_embeddings_and_output_weights)
+    bad("ddp.reduce_embedding_rows", "true",
+        "with model.share_embeddings_and_output_weights=true the embedding's gradient also holds the LM head's, which "
+        "is not a set of token rows; set it false");
   return o;
 }
 

@@ -61,7 +61,7 @@ class Trainer {
         params_(all_of(&GPTModel::params)),
         experts_(all_of(&GPTModel::expert_params)),
         reducer_(grad_groups(), group_chunks(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp),
-                 grad_stream_, job_.grad_reduce),
+                 grad_stream_, job_.grad_reduce, embedding_group()),
         adam_(job_.grad_reduce.distributed ? Adam(reducer_.owned_ranges(), cfg.optimizer) : Adam(params_, cfg.optimizer)),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
@@ -71,6 +71,7 @@ class Trainer {
       chunk->init_weights(job_.model.seed);
       chunk->set_grads_ready_hook([this, offset](int group) { reducer_.grads_ready(offset + group); });
       chunk->set_params_needed_hook([this, offset](int group) { reducer_.params_needed(offset + group); });
+      chunk->set_embedding_rows_hook([this](const Tensor& tokens, const Tensor& dx) { return reducer_.take_embedding_rows(tokens, dx); });
       offset += static_cast<int>(chunk->grad_groups().size());
     }
     for (Param* p : params_)
@@ -90,6 +91,7 @@ class Trainer {
   }
   std::vector<std::vector<Param*>> grad_groups();
   std::vector<int> group_chunks();  // each of grad_groups()'s chunk
+  int embedding_group();            // the token embedding's in grad_groups(), or -1 (not on this stage)
   std::vector<MoELayer*> moe_layers();
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
@@ -143,6 +145,15 @@ std::vector<int> Trainer::group_chunks() {
   std::vector<int> out;
   for (std::size_t c = 0; c < chunks_.size(); ++c) out.insert(out.end(), chunks_[c]->grad_groups().size(), static_cast<int>(c));
   return out;
+}
+
+int Trainer::embedding_group() {
+  int offset = 0;
+  for (auto& c : chunks_) {
+    if (c->chunk().pre_process) return offset + c->embedding_grad_group();
+    offset += static_cast<int>(c->grad_groups().size());
+  }
+  return -1;
 }
 
 std::vector<MoELayer*> Trainer::moe_layers() {

@@ -155,6 +155,28 @@ TEST(Training, DistributedOptimizerGivesThePlainResult) {
   }
 }
 
+TEST(Training, EmbeddingRowsReductionGivesThePlainResult) {
+  // ddp.reduce_embedding_rows: the embedding's gradient summed as the earlier micro-batches' sum
+  // plus every rank's last-micro-batch rows. FP32 reduction: the same sums in another order;
+  // BF16: the rows skip one rounding to BF16. With EP overlap and with the distributed optimizer.
+  if (mpi().size() < 2) GTEST_SKIP() << "no DP reduction on one rank";
+  const std::vector<std::string> overlap{"train.train_iters=4", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"};
+  for (const std::vector<std::string>& knobs :
+       {std::vector<std::string>{}, std::vector<std::string>{"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"},
+        std::vector<std::string>{"ddp.use_distributed_optimizer=true"}}) {
+    for (const bool bf16 : {false, true}) {
+      std::vector<std::string> o = overlap;
+      o.insert(o.end(), knobs.begin(), knobs.end());
+      if (bf16) o.push_back("model.bf16=true");
+      std::vector<std::string> rows = o;
+      rows.push_back("ddp.reduce_embedding_rows=true");
+      const std::string what = testing::PrintToString(rows);
+      const std::vector<double> dense = losses(mpi().world(), o), split = losses(mpi().world(), rows);
+      expect_losses_near(split, dense, bf16 ? 2e-4 : 1e-6, what);
+    }
+  }
+}
+
 TEST(Training, Bf16GradientReductionFollowsGradReduceInFp32) {
   // A BF16 model reduces its gradients in BF16 buckets unless ddp.grad_reduce_in_fp32 (Megatron's
   // DDP): close to the FP32 reduction, and not the same once there is a DP group to reduce over.

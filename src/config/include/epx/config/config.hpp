@@ -175,6 +175,10 @@ struct DdpConfig {
   bool use_distributed_optimizer = false;
   OptInt bucket_size;
   bool grad_reduce_in_fp32 = false;
+  // epx's own (not in Megatron's DDP): with overlap_grad_reduce, the embedding's gradient is
+  // reduced in two parts, the earlier micro-batches' sum under the last micro-batch and the last
+  // one's token rows all-gathered after it, instead of the whole table after the backward.
+  bool reduce_embedding_rows = false;
 };
 
 struct OptimizerConfig {

@@ -80,6 +80,12 @@ class GPTModel {
   void grads_ready(int group) const {
     if (grads_ready_hook_) grads_ready_hook_(group);
   }
+  // embed_backward offers the hook a micro-batch's embedding gradient as its rows (`tokens` [T],
+  // `dx` [T, H]) before adding them into the gradient; the hook (the reducer, with
+  // ddp.reduce_embedding_rows) returns true when it took them, and they are not added here.
+  void set_embedding_rows_hook(std::function<bool(const Tensor& tokens, const Tensor& dx)> hook) {
+    embedding_rows_hook_ = std::move(hook);
+  }
   // The forward calls params_needed(k) before it first uses group k's weights (Megatron's
   // forward pre-hook): with overlap_param_gather the hook waits for their all-gather.
   void set_params_needed_hook(std::function<void(int group)> hook) { params_needed_hook_ = std::move(hook); }
@@ -108,6 +114,7 @@ class GPTModel {
   ModelSpec spec_;
   ModelChunk chunk_;
   std::function<void(int)> grads_ready_hook_, params_needed_hook_;
+  std::function<bool(const Tensor&, const Tensor&)> embedding_rows_hook_;
   std::vector<int> checkpoint_end_;  // per local layer: the end of the checkpoint starting there, or -1
 };
 

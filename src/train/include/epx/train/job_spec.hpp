@@ -52,6 +52,7 @@ struct GradReduceOptions {
   // (epx accumulates the micro-batches' gradients in FP32 either way).
   DType reduce_dtype = DType::F32;
   std::int64_t bucket_size = 0;
+  bool embedding_rows = false;  // ddp.reduce_embedding_rows (GradReducer::take_embedding_rows)
 };
 GradReduceOptions grad_reduce_options_from_config(const Config& resolved, int dp);
 
