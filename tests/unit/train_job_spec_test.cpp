@@ -73,6 +73,22 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
     EXPECT_NE(table.find(id), std::string::npos) << id;
 }
 
+TEST(JobSpec, EmbeddingRowsNeedOverlapAndAnUntiedHead) {
+  EXPECT_TRUE(grad_reduce_options_from_config(resolved({"ddp.overlap_grad_reduce=true", "ddp.reduce_embedding_rows=true"}), 2)
+                  .embedding_rows);
+  const std::string no_overlap = error_of([] {
+    grad_reduce_options_from_config(resolved({"ddp.overlap_grad_reduce=false", "ddp.reduce_embedding_rows=true"}), 2);
+  });
+  EXPECT_NE(no_overlap.find("ddp.reduce_embedding_rows"), std::string::npos) << no_overlap;
+  EXPECT_NE(no_overlap.find("set ddp.overlap_grad_reduce=true"), std::string::npos) << no_overlap;
+  const std::string tied = error_of([] {
+    grad_reduce_options_from_config(resolved({"ddp.overlap_grad_reduce=true", "ddp.reduce_embedding_rows=true",
+                                              "model.share_embeddings_and_output_weights=true"}),
+                                    2);
+  });
+  EXPECT_NE(tied.find("model.share_embeddings_and_output_weights=true"), std::string::npos) << tied;
+}
+
 TEST(JobSpec, OneLayoutForRunAndLayer) {
   const ParallelLayout l = parallel_layout_from_config(resolved({"model.expert_model_parallel_size=2"}), 4);
   EXPECT_EQ(l.dp, 4);
