@@ -17,7 +17,8 @@
 #     EPX_BIN=path/to/epx runs another build (an A/B of two builds on the same machine)
 #     EPX_BENCH_OVERRIDES="ddp.overlap_grad_reduce=true ddp.bucket_size=100000" adds overrides to
 #     every row (the issue-20 A/B: overlapped gradient reduction in every row)
-#     EPX_BENCH_BURST_MS=1 gives the shaped link a 1 ms burst allowance instead of cluster.sh's 4 ms
+#     EPX_BENCH_LINK="--exact-rate" (or "--burst-ms 1") adds options to scripts/cluster.sh up: the
+#     link's burst allowance (issue 20's last A/B)
 #   (after scripts/setup.sh; needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,7 +77,7 @@ ab() {  # ab LABEL LAUNCH... -- RUN ARGS...: the three rows
 
 want() { [[ $sections == *",$1,"* ]]; }
 
-bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit "$link" --burst-ms "${EPX_BENCH_BURST_MS:-4}" >/dev/null
+bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit "$link" ${EPX_BENCH_LINK:-} >/dev/null
 trap 'bash scripts/cluster.sh down >/dev/null 2>&1; rm -rf "$out"' EXIT
 echo "$recipe ${shape[*]}: 2 nodes x 1 rank, $link Gbit/s, EP 2, $steps iterations (mean of 3..$steps)," \
   "median of $repeats run(s)"

@@ -3,7 +3,7 @@
 # namespace with a veth link to a bridge in the root namespace, shaped by tbf in both directions,
 # named in /etc/hosts, with a hostfile and an mpirun launch agent.
 #
-#   scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B] [--burst-ms M]
+#   scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B] [--burst-ms M] [--exact-rate]
 #                                                       (again: rebuilds it)
 #   scripts/cluster.sh down
 #   scripts/cluster.sh status
@@ -54,14 +54,15 @@ down() {
 }
 
 up() {
-  local nodes=2 rpn=2 gbit=1 burst_ms=4
+  local nodes=2 rpn=2 gbit=1 burst_ms=4 exact=0
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) nodes=$2; shift 2 ;;
       --ranks-per-node) rpn=$2; shift 2 ;;
       --link-gbit) gbit=$2; shift 2 ;;
       --burst-ms) burst_ms=$2; shift 2 ;;
-      *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B, --burst-ms M)" ;;
+      --exact-rate) exact=1; shift ;;
+      *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B, --burst-ms M, --exact-rate)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) || die "--nodes = '$nodes': expected a whole number from 1 to 64"
@@ -75,12 +76,16 @@ up() {
   fi
   down  # `up` again rebuilds from scratch
 
-  # tbf: rate in kbit; the bucket holds --burst-ms of traffic (default 4 ms, at least 64 KB):
-  # a message that finds it full passes at the veth's own speed, so a bucket near the size of
-  # the messages lets most of them run above the nominal rate (bench/RESULTS.md, the last A/B).
-  local kbit burst
+  # tbf: rate in kbit; the bucket holds --burst-ms of traffic (default 4 ms, at least 64 KB).
+  # A message that finds the bucket full passes at the veth's own speed, so on messages of the
+  # bucket's size the link runs well above its nominal rate (bench/RESULTS.md, issue 20's last
+  # A/B). --exact-rate adds tbf's peakrate at 1.05x the rate, in frames of the MTU: a burst then
+  # drains no faster than the link, as on a real wire (the bucket only absorbs queueing).
+  local kbit burst shape
   kbit=$(awk -v b="$gbit" 'BEGIN { printf "%d", b * 1000000 }')
   burst=$(awk -v k="$kbit" -v m="$burst_ms" 'BEGIN { b = k * 1000 / 8 * m / 1000; if (b < 65536) b = 65536; printf "%d", b }')
+  shape="rate ${kbit}kbit burst $burst latency 50ms"
+  ((exact)) && shape+=" peakrate $((kbit * 105 / 100))kbit mtu $((MTU + 200))"
 
   ip link add "$BRIDGE" type bridge
   ip link set "$BRIDGE" mtu $MTU
@@ -96,8 +101,10 @@ up() {
     ip -n "$ns" addr add "$SUBNET.$((11 + i))/24" dev eth0
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
-    tc qdisc replace dev "$host_if" root tbf rate "${kbit}kbit" burst "$burst" latency 50ms
-    ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "${kbit}kbit" burst "$burst" latency 50ms
+    # shellcheck disable=SC2086  # $shape is tbf's parameter list
+    tc qdisc replace dev "$host_if" root tbf $shape
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" tc qdisc replace dev eth0 root tbf $shape
     echo "$SUBNET.$((11 + i)) $ns $HOSTS_TAG" >> /etc/hosts
   done
 
@@ -116,11 +123,12 @@ nodes=$nodes
 ranks_per_node=$rpn
 link_gbit=$gbit
 link_burst_ms=$burst_ms
+link_exact_rate=$exact
 subnet=$SUBNET.0/24
 agent=$STATE/agent
 hostfile=$STATE/hostfile
 EOF
-  echo "cluster up: $nodes nodes x $rpn ranks, links shaped to $gbit Gbit/s each way (bursts of $burst_ms ms), MTU $MTU"
+  echo "cluster up: $nodes nodes x $rpn ranks, links shaped to $gbit Gbit/s each way (bursts of $burst_ms ms$( ((exact)) && echo ", at most 1.05x the rate")), MTU $MTU"
   status
 }
 
