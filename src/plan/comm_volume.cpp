@@ -91,6 +91,13 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const int reductions = (dp > 1) + (l.edp > 1);
   out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl) +
              (reductions + (l.world > 1 ? 2 : 0)) * latency(out.dp_inter || lp.nodes > 1);
+  if (c.ddp.reduce_embedding_rows && memory.embedding_params > 0 && dp > 1) {
+    const double rate = crosses_nodes(GroupKind::dp_cp) ? net : nvl;
+    const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
+    out.embedding_dp_s = reduce(memory.embedding_params, dp) / rate;
+    out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +
+                           2 * latency(crosses_nodes(GroupKind::dp_cp));
+  }
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and
   // backward (8 per layer, (TP-1)/TP of s*b*h each); CP: K and V gathered per layer, each way.

@@ -86,7 +86,8 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
                       mtp * 2 * h * h) / tp +
                      moe_layers * lay.router;
-  if (st.first) out.dense_params += V * h / tp;
+  if (st.first) out.embedding_params = V * h / tp;
+  out.dense_params += out.embedding_params;
   if (st.last && (!st.first || !m.share_embeddings_and_output_weights)) out.dense_params += V * h / tp;
   out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
 

@@ -87,8 +87,23 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // overlap_grad_reduce starts the buckets under the last micro-batch's backward (about two
   // thirds of its compute) and nowhere else: what does not fit there stays exposed (measured on
   // epx's runtime, bench/RESULTS.md "issue 20").
-  const double last_backward = 2.0 / 3.0 * (s.compute + s.memory_bound + s.host);
-  s.dp = c.ddp.overlap_grad_reduce ? std::max(0.0, comm.dp_s - last_backward) : comm.dp_s;
+  const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
+  s.dp = s.dp_merged = c.ddp.overlap_grad_reduce ? std::max(0.0, comm.dp_s - last_backward) : comm.dp_s;
+  const double micro_batches = static_cast<double>(c.train.global_batch_size.value_or(0)) /
+                               (static_cast<double>(c.train.micro_batch_size.value_or(1)) * l.dp);
+  if (c.ddp.overlap_grad_reduce && comm.embedding_dp_s > 0 && micro_batches >= 2) {
+    // ddp.reduce_embedding_rows (with two or more micro-batches): the embedding's table goes
+    // first, as soon as the micro-batch before the last is done with it (the plain schedule: under
+    // the whole last micro-batch; the EP-overlap schedule merged that one's forward with the
+    // previous backward, so only under the last backward), the other buckets after it on the
+    // same stream, and the last micro-batch's rows after the backward.
+    const double rest = comm.dp_s - comm.embedding_dp_s;
+    const auto exposed = [&](double window) {
+      return std::max(0.0, std::max(comm.embedding_dp_s - window, -last_backward) + rest) + comm.embedding_rows_s;
+    };
+    s.dp = exposed(micro_batch);
+    s.dp_merged = exposed(last_backward);
+  }
   return s;
 }
 
@@ -104,7 +119,7 @@ StepTime step_time(const StepCosts& s, double micro_batches, int pp, int vpp, bo
     t.layers = alone + (micro_batches - 1) * pair;
   }
   t.bubble = pp > 1 ? (pp - 1) / static_cast<double>(std::max(1, vpp)) * alone : 0;
-  t.total = t.layers + t.bubble + s.dp + s.optimizer;
+  t.total = t.layers + t.bubble + (ep_overlap && micro_batches >= 2 ? s.dp_merged : s.dp) + s.optimizer;
   t.compute = micro_batches * compute + s.optimizer;
   t.exposed_comm = std::max(0.0, t.total - t.compute - t.bubble);
   return t;

@@ -13,6 +13,7 @@
 #include "epx/plan/diagnose.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
+#include "epx/plan/step_time.hpp"
 #include "test_support.hpp"
 
 namespace epx {
@@ -181,6 +182,29 @@ TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
   }
 }
 
+TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
+  // An epx run bound by its DP reduction with overlap_grad_reduce already on: the next fix is
+  // epx's own rows split; once it is on, or with a tied head, it is not offered.
+  const auto fixes = [](const std::vector<std::string>& more) {
+    std::vector<std::string> o{"target.num_gpus=2", "target.gpu=cpu", "ddp.overlap_grad_reduce=true"};
+    o.insert(o.end(), more.begin(), more.end());
+    RunEvidence run;
+    run.mean_step_s = 1;
+    run.trace = TraceBreakdown{};
+    run.trace->step_s = 1, run.trace->iterations = 1;
+    run.trace->comm_s = run.trace->dp_reduce_s = 0.5;
+    run.trace->exposed_s = run.trace->dp_reduce_exposed_s = 0.4;
+    const Diagnosis d = diagnose(run, resolved("qwen3_30b_a3b_proxy", o), find_gpu("cpu"));
+    EXPECT_EQ(d.binding, "communication");
+    std::string all;
+    for (const Fix& f : d.fixes) all += testing::PrintToString(f.overrides);
+    return all;
+  };
+  EXPECT_NE(fixes({}).find("ddp.reduce_embedding_rows=true"), std::string::npos) << fixes({});
+  EXPECT_EQ(fixes({"ddp.reduce_embedding_rows=true"}).find("reduce_embedding_rows"), std::string::npos);
+  EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
+}
+
 TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   // The proxy on 2 local cpu ranks: 2 MoE layers x 5 exchanges per micro-batch (4 and the token
   // counts), and per step the DP reduction plus the grad-norm and loss all-reduces.
@@ -200,6 +224,32 @@ TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   Config fp32 = c;
   fp32.ddp.grad_reduce_in_fp32 = true;
   EXPECT_NEAR(plan_comm(fp32, lp, gpu, Dispatcher::alltoall, mem).dp_bytes, 4 * mem.dense_params, 1);
+}
+
+TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
+  // ddp.reduce_embedding_rows on 2 nodes: the embedding table's reduction leaves the tail for the
+  // last micro-batch's rows (seq x hidden BF16 plus the ids, one rank's share); the plain schedule
+  // hides the table under the whole last micro-batch, the merged one only under its backward.
+  const std::vector<std::string> o{"target.num_gpus=2", "target.gpu=cpu", "target.gpus_per_node=1", "model.vocab_size=4096",
+                                   "train.global_batch_size=32", "ddp.overlap_grad_reduce=true"};
+  std::vector<std::string> with = o;
+  with.push_back("ddp.reduce_embedding_rows=true");
+  const Config dense = resolved("qwen3_30b_a3b_proxy", o), rows = resolved("qwen3_30b_a3b_proxy", with);
+  const GpuInfo gpu = *find_gpu("cpu");
+  const LayoutPlan lp = plan_layout(rows, gpu);
+  const MemoryPlan mem = plan_memory(rows, lp, Dispatcher::alltoall, false);
+  EXPECT_DOUBLE_EQ(mem.embedding_params, 4096.0 * 256);
+  const CommPlan cd = plan_comm(dense, lp, gpu, Dispatcher::alltoall, mem), cr = plan_comm(rows, lp, gpu, Dispatcher::alltoall, mem);
+  EXPECT_EQ(cd.embedding_dp_s, 0);
+  EXPECT_DOUBLE_EQ(cr.dp_s, cd.dp_s);
+  const double net = gpu.rates.network_gb_s * gpu.rates.network_efficiency * 1e9, lat = gpu.rates.network_latency_us * 1e-6;
+  EXPECT_NEAR(cr.embedding_dp_s, 2 * 0.5 * 4096 * 256 * 2 / net, 1e-12);
+  EXPECT_NEAR(cr.embedding_rows_s, 256 * (256 * 2 + 8) / net + 2 * lat, 1e-12);
+  const StepCosts sd = step_costs(dense, lp, gpu, cd, mem, Dispatcher::alltoall);
+  const StepCosts sr = step_costs(rows, lp, gpu, cr, mem, Dispatcher::alltoall);
+  EXPECT_LE(sr.dp, sd.dp + cr.embedding_rows_s);
+  EXPECT_GE(sr.dp_merged, sr.dp);
+  EXPECT_GE(sr.dp, cr.embedding_rows_s);
 }
 
 }  // namespace

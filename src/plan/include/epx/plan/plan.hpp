@@ -51,6 +51,7 @@ struct MemoryPlan {
          other = 0;
   double peak() const { return weights + gradients + optimizer + activations + dispatcher_buffers + logits + other; }
   double dense_params = 0, expert_params = 0;  // on this rank
+  double embedding_params = 0;                 // the token embedding's share of dense_params
   double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
@@ -63,6 +64,9 @@ struct CommPlan {
   double token_intra = 0, token_inter = 0;  // dispatch + combine, forward + backward
   double token_exchange_s = 0;              // per micro-batch, all MoE layers
   double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
+  // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
+  // micro-batch's gradient rows that replaces it after the backward.
+  double embedding_dp_s = 0, embedding_rows_s = 0;
   double tp_cp_s = 0, pp_s = 0;             // per micro-batch
   bool dp_inter = false;
 };

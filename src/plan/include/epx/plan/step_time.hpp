@@ -13,6 +13,7 @@ struct StepCosts {
   double exchange = 0;      // the token exchanges (plan_comm)
   double tp_cp_pp = 0;      // TP / CP collectives and PP point-to-point
   double dp = 0;            // per step: the gradient reduction the last backward does not hide
+  double dp_merged = 0;     // the same under the EP-overlap schedule (differs with the rows split)
   double optimizer = 0;     // per step: the optimizer step
 };
 // Seconds of epx's blocked attention (rates.attention_tflops > 0: the cpu runtime),
