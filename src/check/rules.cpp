@@ -532,6 +532,23 @@ std::vector<Rule> build_rules() {
                        "model.ep_overlap_early_attn_memory_release=false");
       });
 
+  // ---- epx's own gradient reduction ----------------------------------------------------------
+  add("ddp.embedding_rows", E,
+      {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
+      "epx train/grad_reducer.hpp", "reduce_embedding_rows splits the overlapped reduction of an untied embedding",
+      [](const CheckContext& c) {
+        const auto& d = c.cfg.ddp;
+        if (!d.reduce_embedding_rows) return pass();
+        if (!d.overlap_grad_reduce)
+          return fail_if(true, "reduce_embedding_rows splits the overlapped reduction of the embedding's gradient, "
+                               "and overlap_grad_reduce is off",
+                         "ddp.overlap_grad_reduce=true");
+        return fail_if(c.cfg.model.share_embeddings_and_output_weights,
+                       "with share_embeddings_and_output_weights the embedding's gradient also holds the LM head's, "
+                       "which is not a set of token rows",
+                       "ddp.reduce_embedding_rows=false");
+      });
+
   // ---- delay_wgrad_compute ------------------------------------------------------------------
   add("delay_wgrad.te_overlap_grad_reduce", E,
       {"comm_overlap.delay_wgrad_compute", "ddp.overlap_grad_reduce", "target.te_version"},

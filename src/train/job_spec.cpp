@@ -315,10 +315,12 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   o.embedding_rows = c.ddp.reduce_embedding_rows;
   if (o.embedding_rows && !o.overlap)
     bad("ddp.reduce_embedding_rows", "true",
-        "it splits the overlapped reduction of the embedding's gradient; set ddp.overlap_grad_reduce=true, or set it false");
+        "[ddp.embedding_rows] it splits the overlapped reduction of the embedding's gradient; set "
+        "ddp.overlap_grad_reduce=true, or set it false");
   if (o.embedding_rows && c.model.share_embeddings_and_output_weights)
     bad("ddp.reduce_embedding_rows", "true",
-        "with model.share_embeddings_and_output_weights=true the embedding's gradient also holds the LM head's, which "
+        "[ddp.embedding_rows] with model.share_embeddings_and_output_weights=true the embedding's gradient also holds "
+        "the LM head's, which "
         "is not a set of token rows; set it false");
   return o;
 }

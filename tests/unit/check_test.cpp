@@ -162,6 +162,8 @@ const std::vector<Case>& cases() {
       {"hybridep.env_without_hybridep", {"+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8"}, {}},
       {"advice.small_ep_overlap", OV, OV + DEEPEP},
       {"advice.few_microbatches", OV + Overrides{"train.global_batch_size=2"}, OV},
+      {"ddp.embedding_rows", {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=false"},
+       {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true"}},
       {"parallel.vpp_needs_pp", {"model.virtual_pipeline_model_parallel_size=2"},
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
       {"pipeline.interleaved_microbatches",

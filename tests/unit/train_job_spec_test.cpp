@@ -69,7 +69,7 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
   // Each cited id is a row of the checker's table.
   const std::string table = format_rule_table();
   for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
-                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp"})
+                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp", "ddp.embedding_rows"})
     EXPECT_NE(table.find(id), std::string::npos) << id;
 }
 
