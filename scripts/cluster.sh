@@ -3,7 +3,8 @@
 # namespace with a veth link to a bridge in the root namespace, shaped by tbf in both directions,
 # named in /etc/hosts, with a hostfile and an mpirun launch agent.
 #
-#   scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B] [--burst-ms M] [--exact-rate]
+#   scripts/cluster.sh up [--nodes N] [--ranks-per-node G] [--link-gbit B] [--burst-ms M]
+#                         [--exact-rate [--peak-frame BYTES]]
 #                                                       (again: rebuilds it)
 #   scripts/cluster.sh down
 #   scripts/cluster.sh status
@@ -54,7 +55,7 @@ down() {
 }
 
 up() {
-  local nodes=2 rpn=2 gbit=1 burst_ms=4 exact=0
+  local nodes=2 rpn=2 gbit=1 burst_ms=4 exact=0 peak_frame=65536
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) nodes=$2; shift 2 ;;
@@ -62,7 +63,8 @@ up() {
       --link-gbit) gbit=$2; shift 2 ;;
       --burst-ms) burst_ms=$2; shift 2 ;;
       --exact-rate) exact=1; shift ;;
-      *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B, --burst-ms M, --exact-rate)" ;;
+      --peak-frame) peak_frame=$2; shift 2 ;;
+      *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B, --burst-ms M, --exact-rate, --peak-frame BYTES)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] && ((nodes >= 1 && nodes <= 64)) || die "--nodes = '$nodes': expected a whole number from 1 to 64"
@@ -71,6 +73,8 @@ up() {
     die "--link-gbit = '$gbit': expected a rate in Gbit/s above 0 and at most 100 (e.g. 1 or 0.5)"
   [[ $burst_ms =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v m="$burst_ms" 'BEGIN { exit !(m > 0 && m <= 100) }' ||
     die "--burst-ms = '$burst_ms': expected the link's burst allowance in ms of traffic, above 0 and at most 100 (e.g. 4 or 1)"
+  [[ $peak_frame =~ ^[0-9]+$ ]] && ((peak_frame >= MTU && peak_frame <= 1048576)) ||
+    die "--peak-frame = '$peak_frame': expected the bytes tbf lets pass at once at the peak rate, from the MTU ($MTU) to 1048576 (e.g. 65536, the veth's segment size)"
   if ip -4 addr show | grep -v "$BRIDGE" | grep -q "inet $SUBNET\."; then
     die "the subnet $SUBNET.0/24 is already used on this machine; set EPX_CLUSTER_SUBNET to a free one (e.g. 10.231.8)"
   fi
@@ -79,13 +83,17 @@ up() {
   # tbf: rate in kbit; the bucket holds --burst-ms of traffic (default 4 ms, at least 64 KB).
   # A message that finds the bucket full passes at the veth's own speed, so on messages of the
   # bucket's size the link runs well above its nominal rate (bench/RESULTS.md, issue 20's last
-  # A/B). --exact-rate adds tbf's peakrate at 1.05x the rate, in frames of the MTU: a burst then
-  # drains no faster than the link, as on a real wire (the bucket only absorbs queueing).
+  # A/B). --exact-rate adds tbf's peakrate at 1.05x the rate: a burst then drains no faster than
+  # the link, as on a real wire (the bucket only absorbs queueing). The peak rate is metered in
+  # --peak-frame units, by default the 64 KB segments TCP hands the veth (GSO), as a NIC paces
+  # TSO segments in hardware. In MTU frames (--peak-frame 9000) tbf splits every segment and
+  # arms a timer per frame on the nodes' cores, which lost about 40% of the rate and took CPU
+  # time from the compute (bench/RESULTS.md, issue 20: the link in segments).
   local kbit burst shape
   kbit=$(awk -v b="$gbit" 'BEGIN { printf "%d", b * 1000000 }')
   burst=$(awk -v k="$kbit" -v m="$burst_ms" 'BEGIN { b = k * 1000 / 8 * m / 1000; if (b < 65536) b = 65536; printf "%d", b }')
   shape="rate ${kbit}kbit burst $burst latency 50ms"
-  ((exact)) && shape+=" peakrate $((kbit * 105 / 100))kbit mtu $((MTU + 200))"
+  ((exact)) && shape+=" peakrate $((kbit * 105 / 100))kbit mtu $((peak_frame + 200))"  # + L2 headers
 
   ip link add "$BRIDGE" type bridge
   ip link set "$BRIDGE" mtu $MTU
@@ -124,11 +132,12 @@ ranks_per_node=$rpn
 link_gbit=$gbit
 link_burst_ms=$burst_ms
 link_exact_rate=$exact
+link_peak_frame=$( ((exact)) && echo "$peak_frame" || echo 0)
 subnet=$SUBNET.0/24
 agent=$STATE/agent
 hostfile=$STATE/hostfile
 EOF
-  echo "cluster up: $nodes nodes x $rpn ranks, links shaped to $gbit Gbit/s each way (bursts of $burst_ms ms$( ((exact)) && echo ", at most 1.05x the rate")), MTU $MTU"
+  echo "cluster up: $nodes nodes x $rpn ranks, links shaped to $gbit Gbit/s each way (bursts of $burst_ms ms$( ((exact)) && echo ", at most 1.05x the rate in $peak_frame-byte frames")), MTU $MTU"
   status
 }
 
