@@ -22,7 +22,7 @@ inline constexpr EnvKnob kCollectiveTimeout{"EPX_COLLECTIVE_TIMEOUT", 300, 1e-3,
                                             "seconds a collective may wait before the job is aborted"};
 inline constexpr EnvKnob kCommSpinPolls{"EPX_COMM_SPIN_POLLS", 32, 0, 1e6, true,
                                         "MPI_Test polls before a waiting rank starts to sleep"};
-inline constexpr EnvKnob kCommMaxSleepUs{"EPX_COMM_MAX_SLEEP_US", 500, 5, 1e6, true,
+inline constexpr EnvKnob kCommMaxSleepUs{"EPX_COMM_MAX_SLEEP_US", 100, 5, 1e6, true,
                                          "the longest sleep in microseconds between MPI_Test polls"};
 // HybridEP's (Megatron-Core / DeepEP hybrid-ep) variables; 0 = the ranks that share a node.
 inline constexpr EnvKnob kHybridEpRanksPerDomain{"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", 0, 1, 1 << 20, true,
