@@ -108,6 +108,32 @@ class MpiRequest final : public CommRequest {
   std::deque<std::vector<int>> arrays_;  // a deque: references stay valid as it grows
 };
 
+// MPI_Improbe as a request: complete once a matching message has arrived; `message` and
+// `status` then hold it.
+class MpiProbe final : public CommRequest {
+ public:
+  MpiProbe(std::string op, MPI_Comm comm, int peer, int tag)
+      : CommRequest(std::move(op)), comm_(comm), peer_(peer), tag_(tag) {}
+  bool test() override {
+    if (found_) return true;
+    check_mpi(MPI_Improbe(peer_, tag_, comm_, &found_, &message, &status), op.c_str());
+    return found_ != 0;
+  }
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Status status{};
+
+ private:
+  MPI_Comm comm_;
+  int peer_, tag_;
+  int found_ = 0;
+};
+
+class MpiProbedMessage final : public ProbedMessage {
+ public:
+  MPI_Message message = MPI_MESSAGE_NULL;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+};
+
 // MPI_Win_allocate_shared, kept in a passive-target epoch for its whole life; fence() is
 // MPI_Win_sync, a barrier (under the collective timeout), MPI_Win_sync.
 class MpiSharedWindow final : public SharedWindow {
@@ -222,24 +248,30 @@ class MpiCommunicator final : public Communicator {
     return r;
   }
 
+  std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt) override {
+    MpiProbe p(fmt::format("probe for a message from {}", peer), comm_, peer, tag);
+    poll(p);
+    auto m = std::make_unique<MpiProbedMessage>();
+    m->type = mpi_type(dt);
+    int count = 0;
+    check_mpi(MPI_Get_count(&p.status, m->type, &count), "MPI_Get_count");
+    if (count == MPI_UNDEFINED)
+      throw std::logic_error(fmt::format("probe on {}: a message from {} is not a whole number of {}",
+                                         name_, peer, dtype_name(dt)));
+    m->count = count;
+    m->message = p.message;
+    return m;
+  }
+  Request start_recv(std::unique_ptr<ProbedMessage> message, void* data) override {
+    auto& m = dynamic_cast<MpiProbedMessage&>(*message);
+    auto r = std::make_unique<MpiRequest>("receive of a probed message");
+    check_mpi(MPI_Imrecv(data, static_cast<int>(m.count), m.type, &m.message, &r->req), "MPI_Imrecv");
+    return r;
+  }
+
   void wait(Request& r) override {
     if (!r) return;
-    using clock = std::chrono::steady_clock;
-    const auto t0 = clock::now();
-    int sleep_us = kMinSleepUs;
-    for (int polls = 0; !r->test(); ++polls) {
-      if (polls < g_spin_polls) continue;
-      const double waited = std::chrono::duration<double>(clock::now() - t0).count();
-      if (waited > timeout_s_)
-        MpiSession::abort_job(
-            fmt::format("{} on group {} did not complete within {:g} s (the collective timeout: "
-                        "--collective-timeout or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
-                        "gone. Aborting the job.",
-                        r->op, name_, timeout_s_),
-            kExitCommTimeout);
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min(g_max_sleep_us, sleep_us * 2);
-    }
+    poll(*r);
     r.reset();
   }
 
@@ -259,6 +291,27 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // Tests `r` until it completes: MPI_Test back to back, then sleeps with back-off; past the
+  // collective timeout, ends the job.
+  void poll(CommRequest& r) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    int sleep_us = kMinSleepUs;
+    for (int polls = 0; !r.test(); ++polls) {
+      if (polls < g_spin_polls) continue;
+      const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+      if (waited > timeout_s_)
+        MpiSession::abort_job(
+            fmt::format("{} on group {} did not complete within {:g} s (the collective timeout: "
+                        "--collective-timeout or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
+                        "gone. Aborting the job.",
+                        r.op, name_, timeout_s_),
+            kExitCommTimeout);
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      sleep_us = std::min(g_max_sleep_us, sleep_us * 2);
+    }
+  }
+
   void expect_size(Counts c, const std::string& op) const {
     if (static_cast<int>(c.size()) != size_)
       throw std::logic_error(fmt::format("{} on {}: {} counts for {} ranks", op, name_, c.size(), size_));

@@ -2,13 +2,16 @@
 // on MPI.
 //
 //   dispatch_preprocess   permutation 1 (expert-major = EP-rank-major); counts all-gather over
-//                         ETP x EP, the one blocking exchange (Megatron's host sync point)
+//                         ETP x EP, the one blocking exchange (Megatron's host sync point),
+//                         except on the fused path below, whose messages carry the counts
 //   token_dispatch        all-to-all-v over EP (tokens, then probabilities), all-gather-v over ETP
 //   dispatch_postprocess  permutation 2: chunks [ETP][EP][local expert] -> [local expert][ETP][EP]
 //   combine_preprocess    the inverse of permutation 2
 // With ETP = 1 and several local experts, permutation 2 and its inverse are fused into the
 // exchanges: each (rank, local expert) chunk is its own message, received where the expert-major
-// (or the token side's EP-rank-major) layout puts it, so no pass over the rows is left to do.
+// (or the token side's EP-rank-major) layout puts it, so no pass over the rows is left to do. The
+// dispatch then needs no counts all-gather: every chunk is sent, empty ones too, and the
+// receiver probes each for its size before it receives it (dispatch_probed).
 //   token_combine         reduce-scatter-v over ETP (FP32 sums of the partial FFN outputs),
 //                         all-to-all-v over EP back to the tokens' ranks
 //   combine_postprocess   un-permutation 1: the k copies of a token summed
@@ -19,6 +22,9 @@
 // that wait.
 #include <cstddef>
 #include <numeric>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "counts_exchange.hpp"
 #include "dispatcher_base.hpp"
@@ -47,36 +53,27 @@ class AlltoallDispatcher final : public DispatcherBase {
 
   void dispatch_preprocess(DispatchState& s, const Tensor& x, const TokenRoutes& r) override {
     permute_tokens(s, x, r, num_experts_);
-
-    // Counts exchange: every rank's [E] counts, gathered over ETP x EP.
-    const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
+    const int ep = ep_.size(), etp = etp_.size();
     const std::int64_t local = num_local_experts_;
-    const std::vector<std::int64_t> all = allgather_counts(counts_, s.perm.tokens_per_expert.data(), num_experts_);
-    traffic_.add_to_all(0, num_experts_ * 8);
-    const auto count = [&](int src_ep, int src_t, std::int64_t expert) {
-      return all[static_cast<std::size_t>(group_rank(src_ep, src_t) * num_experts_ + expert)];
-    };
-
     s.send_rows.assign(static_cast<std::size_t>(ep), 0);
     for (std::int64_t e = 0; e < num_experts_; ++e)
       s.send_rows[static_cast<std::size_t>(e / local)] += s.perm.tokens_per_expert[static_cast<std::size_t>(e)];
-    s.recv_rows.assign(static_cast<std::size_t>(ep), 0);
-    s.etp_rows.assign(static_cast<std::size_t>(etp), 0);
     s.chunk_rows.assign(static_cast<std::size_t>(etp * ep * local), 0);
-    s.tokens_per_local_expert.assign(static_cast<std::size_t>(local), 0);
+    if (fused_regroup()) return;  // the dispatch's messages carry the counts (dispatch_probed)
+
+    // Counts exchange: every rank's [E] counts, gathered over ETP x EP.
+    const std::vector<std::int64_t> all = allgather_counts(counts_, s.perm.tokens_per_expert.data(), num_experts_);
+    traffic_.add_to_all(0, num_experts_ * 8);
     for (int src_t = 0; src_t < etp; ++src_t)
       for (int src = 0; src < ep; ++src)
-        for (std::int64_t l = 0; l < local; ++l) {
-          const std::int64_t n = count(src, src_t, first_local_expert_ + l);
-          if (src_t == t) s.recv_rows[static_cast<std::size_t>(src)] += n;
-          s.etp_rows[static_cast<std::size_t>(src_t)] += n;
-          s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local + l)] = n;
-          s.tokens_per_local_expert[static_cast<std::size_t>(l)] += n;
-        }
+        for (std::int64_t l = 0; l < local; ++l)
+          s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local + l)] =
+              all[static_cast<std::size_t>(group_rank(src, src_t) * num_experts_ + first_local_expert_ + l)];
+    plan_receives(s);
   }
 
   void token_dispatch(DispatchState& s) override {
-    if (fused_regroup()) return submit_fused(s, s.hidden, &s.probs, true, trace::kDispatch);
+    if (fused_regroup()) return dispatch_probed(s);
     s.pending = stream_.submit([this, &s] {
       const std::int64_t h = s.hidden_size;
       auto x = Tensor::uninitialized({sum(s.recv_rows), h}, s.hidden.dtype());
@@ -210,6 +207,73 @@ class AlltoallDispatcher final : public DispatcherBase {
 
  private:
   bool fused_regroup() const { return etp_.size() == 1 && num_local_experts_ > 1; }
+
+  // What this rank receives, from s.chunk_rows ([ETP][EP][local expert]): rows per EP rank (from
+  // its own ETP rank's column), per ETP rank, and per local expert.
+  void plan_receives(DispatchState& s) const {
+    const int ep = ep_.size(), etp = etp_.size(), t = etp_.rank();
+    const std::int64_t local = num_local_experts_;
+    s.recv_rows.assign(static_cast<std::size_t>(ep), 0);
+    s.etp_rows.assign(static_cast<std::size_t>(etp), 0);
+    s.tokens_per_local_expert.assign(static_cast<std::size_t>(local), 0);
+    for (int src_t = 0; src_t < etp; ++src_t)
+      for (int src = 0; src < ep; ++src)
+        for (std::int64_t l = 0; l < local; ++l) {
+          const std::int64_t n = s.chunk_rows[static_cast<std::size_t>((src_t * ep + src) * local + l)];
+          if (src_t == t) s.recv_rows[static_cast<std::size_t>(src)] += n;
+          s.etp_rows[static_cast<std::size_t>(src_t)] += n;
+          s.tokens_per_local_expert[static_cast<std::size_t>(l)] += n;
+        }
+  }
+
+  // The fused dispatch (ETP = 1) without a counts all-gather before it: every (EP rank, local
+  // expert) chunk is sent, empty ones too, and the receiver learns each chunk's size from its
+  // arriving message (MPI_Mprobe), then receives it where the expert-major layout puts it. This
+  // takes Megatron's blocking counts exchange off the compute thread: a round trip per dispatch
+  // that, in a merged schedule, waited behind the other micro-batch's exchange on the link.
+  void dispatch_probed(DispatchState& s) {
+    s.pending = stream_.submit([this, &s] {
+      const int ep = ep_.size();
+      const std::int64_t local = num_local_experts_, h = s.hidden_size;
+      const DType dt = s.hidden.dtype();
+      const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(dt);
+      std::vector<Request> requests;
+      std::int64_t at = 0;  // the token side's chunks, EP-rank-major
+      for (int p = 0; p < ep; ++p)
+        for (std::int64_t l = 0; l < local; ++l) {
+          const std::int64_t rows = s.perm.tokens_per_expert[static_cast<std::size_t>(p * local + l)];
+          const int tag = static_cast<int>(l);
+          requests.push_back(ep_.start_send(static_cast<std::byte*>(s.hidden.raw()) + at * row_bytes, rows * h, dt, p, tag));
+          if (rows > 0) requests.push_back(ep_.start_send(s.probs.data() + at, rows, DType::F32, p, tag + static_cast<int>(local)));
+          at += rows;
+        }
+      std::vector<std::unique_ptr<ProbedMessage>> messages;
+      for (int p = 0; p < ep; ++p)
+        for (std::int64_t l = 0; l < local; ++l) {
+          auto m = ep_.probe(p, static_cast<int>(l), dt);
+          if (m->count % h != 0)
+            throw std::logic_error(fmt::format("alltoall dispatch: {} elements from EP rank {} are not rows of {}", m->count, p, h));
+          s.chunk_rows[static_cast<std::size_t>(p * local + l)] = m->count / h;
+          messages.push_back(std::move(m));
+        }
+      plan_receives(s);
+      auto out = Tensor::uninitialized({sum(s.recv_rows), h}, dt);
+      std::vector<float> out_probs(static_cast<std::size_t>(out.dim(0)));
+      at = 0;  // the expert side's chunks, expert-major
+      for (std::int64_t l = 0; l < local; ++l)
+        for (int p = 0; p < ep; ++p) {
+          const std::size_t i = static_cast<std::size_t>(p * local + l);
+          const std::int64_t rows = s.chunk_rows[i];
+          requests.push_back(ep_.start_recv(std::move(messages[i]), static_cast<std::byte*>(out.raw()) + at * row_bytes));
+          if (rows > 0) requests.push_back(ep_.start_recv(out_probs.data() + at, rows, DType::F32, p, static_cast<int>(l + local)));
+          at += rows;
+        }
+      count_ep(s.send_rows, h * dtype_size(dt), 4);
+      for (Request& r : requests) ep_.wait(r);
+      s.hidden = std::move(out);
+      s.probs = std::move(out_probs);
+    }, trace::kDispatch);
+  }
 
   // One fused exchange on the comm stream (`name` in the trace): `rows` (s.hidden or s.grad) and,
   // when given, `probs` (one float per row) go to the experts' side or back, and are replaced by

@@ -73,7 +73,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
     Scope s(Track::compute, trace::kRouter);
     ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay_draw);
   }
-  Scope s(Track::compute, trace::kPermute);  // with the alltoall dispatcher's counts exchange (a wait)
+  Scope s(Track::compute, trace::kPermute);  // with a dispatcher's counts exchange (a wait), if it has one
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, {ctx.routing.routing_map, ctx.routing.probs});
 }
 

@@ -33,6 +33,35 @@ TEST(Communicator, AlltoallvUnevenWithEmptyPeers) {
     for (int i = 0; i < recv_counts[p]; ++i) EXPECT_EQ(recv[k++], static_cast<float>(100 * p + 10 * me + i));
 }
 
+// Every rank sends each peer two messages of sizes the receiver does not know (one empty, one of
+// (sender + receiver) % 4 + 1 elements) on two tags; probing learns the sizes, and probing the
+// second tag first still matches its own message.
+TEST(Communicator, ProbeLearnsTheSizeBeforeTheReceive) {
+  Communicator& w = mpi().world();
+  const int n = w.size(), me = w.rank();
+  std::vector<std::vector<std::int64_t>> sent(static_cast<std::size_t>(n));
+  std::vector<Request> sends;
+  for (int p = 0; p < n; ++p) {
+    auto& v = sent[static_cast<std::size_t>(p)];
+    for (int i = 0; i < (me + p) % 4 + 1; ++i) v.push_back(1000 * me + 10 * p + i);
+    sends.push_back(w.start_send(nullptr, 0, DType::I64, p, 0));
+    sends.push_back(w.start_send(v.data(), static_cast<std::int64_t>(v.size()), DType::I64, p, 1));
+  }
+  for (int p = 0; p < n; ++p) {
+    auto full = w.probe(p, 1, DType::I64);
+    auto empty = w.probe(p, 0, DType::I64);
+    ASSERT_EQ(full->count, (p + me) % 4 + 1);
+    EXPECT_EQ(empty->count, 0);
+    std::vector<std::int64_t> got(static_cast<std::size_t>(full->count), -1);
+    Request r = w.start_recv(std::move(full), got.data());
+    Request r0 = w.start_recv(std::move(empty), nullptr);
+    w.wait(r);
+    w.wait(r0);
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], 1000 * p + 10 * me + static_cast<std::int64_t>(i));
+  }
+  for (Request& r : sends) w.wait(r);
+}
+
 TEST(Communicator, AllgathervAndReduceScattervBf16AndF32) {
   Communicator& w = mpi().world();
   const int n = w.size(), me = w.rank();

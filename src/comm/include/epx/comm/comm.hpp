@@ -27,6 +27,14 @@ class CommRequest {
 };
 using Request = std::unique_ptr<CommRequest>;
 
+// A message matched by Communicator::probe and not yet received (MPI_Mprobe's handle): the
+// receiver learns its size before it chooses where the message goes.
+class ProbedMessage {
+ public:
+  virtual ~ProbedMessage() = default;
+  std::int64_t count = 0;  // elements of the dtype it was probed with
+};
+
 // Memory every rank of a communicator addresses directly (MPI-3 shared windows): each rank owns
 // one segment, and any rank may read or write any segment between fences.
 class SharedWindow {
@@ -58,6 +66,10 @@ class Communicator {
   virtual Request start_barrier() = 0;
   virtual Request start_send(const void* data, std::int64_t count, DType dt, int peer, int tag) = 0;
   virtual Request start_recv(void* data, std::int64_t count, DType dt, int peer, int tag) = 0;
+  // Waits as wait() does until a message from `peer` with `tag` has arrived, and matches it, so
+  // no other receive can take it; then start_recv(message, data) receives its `count` elements.
+  virtual std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt) = 0;
+  virtual Request start_recv(std::unique_ptr<ProbedMessage> message, void* data) = 0;
 
   // Blocks until `r` completes, without spinning on the core; aborts the job past the timeout.
   virtual void wait(Request& r) = 0;

@@ -12,7 +12,9 @@
 //       communicating dispatcher's one blocking exchange, Megatron's host sync point; it runs on
 //       the calling thread). Leaves s.perm, s.hidden / s.probs (this rank's rows to send, in the
 //       dispatcher's order), the exchange plan (send_rows, recv_rows, etp_rows, chunk_rows, or
-//       the flex handle) and s.tokens_per_local_expert.
+//       the flex handle) and s.tokens_per_local_expert. The alltoall dispatcher with ETP = 1 and
+//       several local experts does not block: its dispatch messages carry the counts, and the
+//       receiving side of the plan is complete after dispatch_postprocess.
 //   token_dispatch(s)         LAUNCH ONLY: submits the exchange to the comm stream, sets s.pending.
 //   dispatch_postprocess(s)   waits on s.pending; leaves s.hidden [R, H] and s.probs [R] grouped
 //                             by local expert (tokens_per_local_expert rows each).
@@ -67,7 +69,7 @@ struct DispatchState {
   Tensor grad;
   std::vector<float> grad_probs;
 
-  // The exchange plan of a communicating dispatcher, from the counts all-gather: rows sent to and
+  // The exchange plan of a communicating dispatcher, from the counts: rows sent to and
   // received from each EP rank, rows held by each ETP rank after the ETP all-gather, and the
   // received chunk sizes laid out [ETP][EP][local expert] (source-major).
   std::vector<std::int64_t> send_rows, recv_rows, etp_rows, chunk_rows;
