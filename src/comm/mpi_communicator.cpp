@@ -25,10 +25,10 @@ namespace {
 
 // How wait() polls: MPI_Test calls back to back before the first sleep, then sleeps from
 // kMinSleepUs doubling to the cap. Read once by MpiSession from EPX_COMM_SPIN_POLLS and
-// EPX_COMM_MAX_SLEEP_US. Each step of a rendezvous or a collective's schedule waits for the next
-// poll, so the cap sets their latency: a 200 KB BF16 all-reduce between two emulated nodes at
-// 1 Gbit/s (1.6 ms on the wire) took 3.2 ms with a 500 us cap and 1.75 ms with 100 us, while a
-// waiting thread still uses a few percent of a core (bench/RESULTS.md, issue 20).
+// EPX_COMM_MAX_SLEEP_US. Each step of a rendezvous or of a collective's schedule waits for the
+// next poll, so the cap adds to their latency: on the emulated cluster a 500 us cap made the
+// issue-20 A/B 5-8% slower than 100 us and left half as much again of the DP reduction exposed
+// (bench/RESULTS.md), while a thread waiting at 100 us still uses a few percent of a core.
 constexpr int kMinSleepUs = 5;
 int g_spin_polls = 32;
 int g_max_sleep_us = 100;
