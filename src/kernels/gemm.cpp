@@ -1,6 +1,8 @@
 // GEMM through oneDNN's matmul. oneDNN picks the kernel at run time from the CPU it finds: AMX
 // tiles where the CPU has them, AVX-512 BF16 dot products otherwise, FP32 FMA for FP32.
-// Strided memory descriptors express the transposes, so no operand is ever copied.
+// Strided memory descriptors express the transposes, so no operand is ever copied, except on a
+// CPU where oneDNN has no BF16 matmul at all (below AVX-512, e.g. AVX2 only): there BF16
+// operands are widened to FP32 (see run_widened).
 #include <cstring>
 #include <exception>
 #include <algorithm>
@@ -104,8 +106,50 @@ dnnl::matmul& primitive(const MatRef& a, Trans ta, const MatRef& b, Trans tb, co
   return cache.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
+// Whether oneDNN has a BF16 matmul on this CPU: 2.6 has one (even its reference kernel) only from
+// avx512_core up, and refuses the primitive below that. Asked once, of oneDNN itself, so that
+// DNNL_MAX_CPU_ISA=AVX2 takes the fallback on any machine.
+bool native_bf16() {
+  static const bool ok = [] {
+    try {
+      const auto md = op_desc(16, 16, DType::BF16, Trans::N);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), engine().engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
 void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
-         bool runtime_shape = false) {
+         bool runtime_shape = false);
+
+// A BF16 GEMM where oneDNN has none: A and B widened to FP32 (exact), an FP32 GEMM, and C rounded
+// to BF16 once at the end (after the accumulation, as oneDNN's sum post-op does). The same
+// arithmetic as a BF16 kernel with FP32 accumulation; the widened copies live per thread.
+void run_widened(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
+                 bool runtime_shape) {
+  thread_local std::vector<float> wa, wb, wc;
+  auto widen = [](const void* data, std::int64_t n, std::vector<float>& out) {
+    const auto* p = static_cast<const std::uint16_t*>(data);
+    out.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = bf16_to_float(p[i]);
+    return out.data();
+  };
+  const MatRef fa{widen(a.data, a.rows * a.cols, wa), DType::F32, a.rows, a.cols};
+  const MatRef fb{widen(b.data, b.rows * b.cols, wb), DType::F32, b.rows, b.cols};
+  if (c.dtype == DType::F32) return run(fa, ta, fb, tb, c, accumulate, runtime_shape);
+  const std::int64_t n = c.rows * c.cols;
+  if (accumulate) widen(c.data, n, wc);
+  else wc.resize(static_cast<std::size_t>(n));
+  run(fa, ta, fb, tb, {wc.data(), DType::F32, c.rows, c.cols}, accumulate, runtime_shape);
+  auto* out = static_cast<std::uint16_t*>(c.data);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(wc[static_cast<std::size_t>(i)]);
+}
+
+void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
+         bool runtime_shape) {
   const std::int64_t m = ta == Trans::N ? a.rows : a.cols;
   const std::int64_t k = ta == Trans::N ? a.cols : a.rows;
   const std::int64_t kb = tb == Trans::N ? b.rows : b.cols;
@@ -119,6 +163,7 @@ void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, 
     if (!accumulate) std::memset(c.data, 0, static_cast<std::size_t>(m * n) * dtype_size(c.dtype));
     return;
   }
+  if (a.dtype == DType::BF16 && !native_bf16()) return run_widened(a, ta, b, tb, c, accumulate, runtime_shape);
   auto& e = engine();
   auto& mm = primitive(a, ta, b, tb, c, accumulate, n, runtime_shape);
   const auto md_a = op_desc(a.rows, a.cols, a.dtype, ta);
@@ -202,11 +247,13 @@ std::string gemm_isa() {
     case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
     case dnnl::cpu_isa::avx512_core: return "avx512_core";
     case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::sse41: return "sse41";
     default: return fmt::format("isa#{}", static_cast<int>(dnnl::get_effective_cpu_isa()));
   }
 }
 
 std::string gemm_impl(DType dtype) {
+  if (dtype == DType::BF16 && !native_bf16()) return "bf16 widened to f32, " + gemm_impl(DType::F32);
   const auto md_a = op_desc(256, 256, dtype, Trans::N);
   const dnnl::memory::desc md_c({256, 256}, dt::f32, {256, 1});
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md_a, md_a, md_c), engine().engine);

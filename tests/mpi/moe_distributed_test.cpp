@@ -13,6 +13,7 @@
 
 #include "epx/comm/comm_stream.hpp"
 #include "epx/comm/process_groups.hpp"
+#include "epx/kernels/kernels.hpp"
 #include "epx/moe/moe_layer.hpp"
 #include "epx/tensor/random.hpp"
 #include "mpi_test_support.hpp"
@@ -146,10 +147,29 @@ TEST(DistributedLayer, Etp2Ep2Top4) { run_case({.ep = 2, .etp = 2, .topk = 4}); 
 TEST(DistributedLayer, Etp2Ep2DropAndPad) { run_case({.ep = 2, .etp = 2, .topk = 2, .mode = Case::pad}); }
 TEST(DistributedLayer, Etp2Ep2Bf16) { run_case({.ep = 2, .etp = 2, .topk = 2, .dtype = DType::BF16}); }
 
+// Whether oneDNN's FP32 GEMM computes a row the same whatever other rows share the call. Its
+// AVX-512 kernels do; its AVX2 kernel rounds the rows of a short M tail in another order (seen
+// on an AMD EPYC with AVX2 only: rows 0-1 of a 2-row call differ in the last bit from the same
+// rows in a 64-row call).
+bool gemm_rows_independent_of_batch() {
+  const Tensor a = random_normal({64, 32}, DType::F32, 5, 0, 1.0), b = random_normal({32, 32}, DType::F32, 6, 0, 1.0);
+  Tensor full({64, 32}, DType::F32);
+  gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(full));
+  for (std::int64_t m = 1; m < 64; ++m) {
+    Tensor part({m, 32}, DType::F32);
+    gemm(mat(a, 0, m), Trans::N, mat(b), Trans::N, mat_mut(part));
+    if (std::memcmp(part.raw(), full.raw(), part.nbytes()) != 0) return false;
+  }
+  return true;
+}
+
 // Dropless with no aux loss, routing does not depend on how tokens are split: the distributed
 // layer equals one single-rank run over all tokens. The experts see the same rows in the same
 // order (rank-major is token order), so outputs and expert gradients are bitwise equal; only the
-// router gradient is summed over ranks in another order.
+// router gradient is summed over ranks in another order. Bitwise needs GEMM rows that do not
+// depend on the rows beside them (the router's and the input gradient's GEMMs run over all
+// tokens in one and over a rank's in the other); where the CPU's kernel has no such rows the
+// comparison is within 1e-6 relative, and the test says so.
 TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
   const int world = mpi().size(), rank = mpi().rank();
   const Case c{.ep = 0, .topk = 2};
@@ -171,12 +191,20 @@ TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
   const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
   layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
 
-  EXPECT_EQ(std::memcmp(ref_y.raw(), y.raw(), y.nbytes()), 0) << "output";
-  EXPECT_EQ(std::memcmp(ref_dx.raw(), dx.raw(), dx.nbytes()), 0) << "input gradient";
+  const bool bitwise = gemm_rows_independent_of_batch();
+  if (!bitwise && rank == 0)
+    std::printf("note: this CPU's GEMM (%s) rounds a row by the rows beside it: compared within 1e-6\n",
+                gemm_impl(DType::F32).c_str());
+  auto expect_same = [&](const Tensor& want, const Tensor& got, const std::string& what) {
+    if (bitwise) EXPECT_EQ(std::memcmp(want.raw(), got.raw(), got.nbytes()), 0) << what;
+    else expect_close(want, got, 1e-6, what);
+  };
+  expect_same(ref_y, y, "output");
+  expect_same(ref_dx, dx, "input gradient");
   for (const auto& [name, grad] : layer.grad_tensors()) {
     const Tensor& want = ref_grads.at(name);
     if (name == "grad.mlp.router.weight") expect_close(want, grad, 1e-6, name);
-    else EXPECT_EQ(std::memcmp(want.raw(), grad.raw(), grad.nbytes()), 0) << name;
+    else expect_same(want, grad, name);
   }
 }
 

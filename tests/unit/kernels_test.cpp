@@ -74,6 +74,23 @@ TEST(Gemm, ReportsTheRuntimeIsa) {
   EXPECT_FALSE(gemm_impl(DType::BF16).empty());
 }
 
+// Below AVX-512 oneDNN has no BF16 matmul; ctest's kernels.bf16_below_avx512 runs this (and the
+// other BF16 tests) with DNNL_MAX_CPU_ISA=AVX2, so the fallback is exercised on any machine.
+TEST(Gemm, Bf16WithoutANativeKernelIsWidenedToFp32) {
+  if (gemm_impl(DType::BF16).find("widened") == std::string::npos)
+    GTEST_SKIP() << "oneDNN has a BF16 matmul here: " << gemm_impl(DType::BF16);
+  // Accumulating into BF16: A and B exact in FP32, C widened, one FP32 GEMM, one rounding.
+  const Tensor a = randn({9, 40}, 5, 1.0, DType::BF16), b = randn({40, 11}, 6, 1.0, DType::BF16);
+  Tensor c = randn({9, 11}, 7, 1.0, DType::BF16);
+  Tensor fa({9, 40}, DType::F32), fb({40, 11}, DType::F32), want({9, 11}, DType::F32);
+  fa.copy_from(a);
+  fb.copy_from(b);
+  want.copy_from(c);
+  gemm(mat(fa), Trans::N, mat(fb), Trans::N, mat_mut(want), /*accumulate=*/true);
+  gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c), /*accumulate=*/true);
+  for (std::int64_t i = 0; i < c.numel(); ++i) ASSERT_EQ(c.get(i), round_to_bf16(want.get(i))) << "element " << i;
+}
+
 TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   const std::vector<std::int64_t> counts{3, 0, 5, 1};
   const std::int64_t k = 16, n = 8, rows = 9;

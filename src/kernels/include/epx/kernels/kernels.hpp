@@ -48,7 +48,8 @@ struct GemmProblem {
 void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, bool accumulate = false);
 
 // The CPU instruction set oneDNN dispatches to ("avx512_core_amx", "avx512_core_bf16", ...) and
-// the implementation it picks for a BF16 GEMM ("brg:avx512_core_amx"), both found at run time.
+// the implementation it picks for a BF16 GEMM ("brg:avx512_core_amx"; "bf16 widened to f32, ..."
+// on a CPU where oneDNN has no BF16 matmul, e.g. AVX2 only), both found at run time.
 std::string gemm_isa();
 std::string gemm_impl(DType dtype);
 
