@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include <dnnl.hpp>
+#include <omp.h>
 #include <fmt/format.h>
 
 #include "epx/kernels/kernels.hpp"
@@ -128,13 +129,26 @@ void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, 
 // A BF16 GEMM where oneDNN has none: A and B widened to FP32 (exact), an FP32 GEMM, and C rounded
 // to BF16 once at the end (after the accumulation, as oneDNN's sum post-op does). The same
 // arithmetic as a BF16 kernel with FP32 accumulation; the widened copies live per thread.
+// out[i] = f(i) for i < n, split over the cores only where that pays: a parallel region costs
+// microseconds even with one thread, and the grouped GEMM's experts already run on all of them.
+template <class F>
+void convert(std::int64_t n, F f) {
+  if (n < (1 << 16) || omp_in_parallel()) {
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+
 void run_widened(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
                  bool runtime_shape) {
   thread_local std::vector<float> wa, wb, wc;
   auto widen = [](const void* data, std::int64_t n, std::vector<float>& out) {
     const auto* p = static_cast<const std::uint16_t*>(data);
     out.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = bf16_to_float(p[i]);
+    float* o = out.data();
+    convert(n, [&](std::int64_t i) { o[i] = bf16_to_float(p[i]); });
     return out.data();
   };
   const MatRef fa{widen(a.data, a.rows * a.cols, wa), DType::F32, a.rows, a.cols};
@@ -145,7 +159,8 @@ void run_widened(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const Mat
   else wc.resize(static_cast<std::size_t>(n));
   run(fa, ta, fb, tb, {wc.data(), DType::F32, c.rows, c.cols}, accumulate, runtime_shape);
   auto* out = static_cast<std::uint16_t*>(c.data);
-  for (std::int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(wc[static_cast<std::size_t>(i)]);
+  const float* w = wc.data();
+  convert(n, [&](std::int64_t i) { out[i] = float_to_bf16(w[i]); });
 }
 
 void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,

@@ -1,4 +1,5 @@
 // Kernels against naive references and finite differences.
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -79,16 +80,20 @@ TEST(Gemm, ReportsTheRuntimeIsa) {
 TEST(Gemm, Bf16WithoutANativeKernelIsWidenedToFp32) {
   if (gemm_impl(DType::BF16).find("widened") == std::string::npos)
     GTEST_SKIP() << "oneDNN has a BF16 matmul here: " << gemm_impl(DType::BF16);
-  // Accumulating into BF16: A and B exact in FP32, C widened, one FP32 GEMM, one rounding.
-  const Tensor a = randn({9, 40}, 5, 1.0, DType::BF16), b = randn({40, 11}, 6, 1.0, DType::BF16);
-  Tensor c = randn({9, 11}, 7, 1.0, DType::BF16);
-  Tensor fa({9, 40}, DType::F32), fb({40, 11}, DType::F32), want({9, 11}, DType::F32);
-  fa.copy_from(a);
-  fb.copy_from(b);
-  want.copy_from(c);
-  gemm(mat(fa), Trans::N, mat(fb), Trans::N, mat_mut(want), /*accumulate=*/true);
-  gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c), /*accumulate=*/true);
-  for (std::int64_t i = 0; i < c.numel(); ++i) ASSERT_EQ(c.get(i), round_to_bf16(want.get(i))) << "element " << i;
+  // Accumulating into BF16: A and B exact in FP32, C widened, one FP32 GEMM, one rounding. The
+  // second shape is large enough that the conversions are split over the cores.
+  for (const auto [m, k, n] : {std::array<std::int64_t, 3>{9, 40, 11}, {300, 260, 270}}) {
+    const Tensor a = randn({m, k}, 5, 1.0, DType::BF16), b = randn({k, n}, 6, 1.0, DType::BF16);
+    Tensor c = randn({m, n}, 7, 1.0, DType::BF16);
+    Tensor fa({m, k}, DType::F32), fb({k, n}, DType::F32), want({m, n}, DType::F32);
+    fa.copy_from(a);
+    fb.copy_from(b);
+    want.copy_from(c);
+    gemm(mat(fa), Trans::N, mat(fb), Trans::N, mat_mut(want), /*accumulate=*/true);
+    gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(c), /*accumulate=*/true);
+    for (std::int64_t i = 0; i < c.numel(); ++i)
+      ASSERT_EQ(c.get(i), round_to_bf16(want.get(i))) << m << "x" << k << "x" << n << ", element " << i;
+  }
 }
 
 TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
