@@ -2,7 +2,9 @@
 // Run under mpirun (2 or 4 ranks): mpirun -np N build/bench/epx_dispatch_bench [--iters K]
 //
 // Per shape it prints, as the slowest rank's mean over the timed iterations:
-//   counts   the counts all-gather over ETP x EP (inside dispatch_preprocess)
+//   counts   the counts all-gather over ETP x EP (inside dispatch_preprocess); about 0 where the
+//            sizes travel with the dispatch (ETP = 1 and several local experts, as here by
+//            default): there the probes are part of a2a
 //   perm     permutation 1 + 2 and the un-permutations (all local copies)
 //   a2a      the dispatcher's communication phases (token_dispatch + token_combine)
 //   total    dispatch + combine, every phase, experts skipped (their output = their input)

@@ -55,7 +55,7 @@ down() {
 }
 
 up() {
-  local nodes=2 rpn=2 gbit=1 burst_ms=4 exact=0 peak_frame=65536
+  local nodes=2 rpn=2 gbit=1 burst_ms=4 exact=0 peak_frame=65536 peak_frame_set=0
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) nodes=$2; shift 2 ;;
@@ -63,7 +63,7 @@ up() {
       --link-gbit) gbit=$2; shift 2 ;;
       --burst-ms) burst_ms=$2; shift 2 ;;
       --exact-rate) exact=1; shift ;;
-      --peak-frame) peak_frame=$2; shift 2 ;;
+      --peak-frame) peak_frame=$2; peak_frame_set=1; shift 2 ;;
       *) die "unknown option '$1' (expected --nodes N, --ranks-per-node G, --link-gbit B, --burst-ms M, --exact-rate, --peak-frame BYTES)" ;;
     esac
   done
@@ -75,6 +75,7 @@ up() {
     die "--burst-ms = '$burst_ms': expected the link's burst allowance in ms of traffic, above 0 and at most 100 (e.g. 4 or 1)"
   [[ $peak_frame =~ ^[0-9]+$ ]] && ((peak_frame >= MTU && peak_frame <= 1048576)) ||
     die "--peak-frame = '$peak_frame': expected the bytes tbf lets pass at once at the peak rate, from the MTU ($MTU) to 1048576 (e.g. 65536, the veth's segment size)"
+  ((peak_frame_set && !exact)) && die "--peak-frame = $peak_frame: only a link with a peak rate meters in frames; add --exact-rate or drop --peak-frame"
   if ip -4 addr show | grep -v "$BRIDGE" | grep -q "inet $SUBNET\."; then
     die "the subnet $SUBNET.0/24 is already used on this machine; set EPX_CLUSTER_SUBNET to a free one (e.g. 10.231.8)"
   fi
@@ -92,8 +93,12 @@ up() {
   local kbit burst shape
   kbit=$(awk -v b="$gbit" 'BEGIN { printf "%d", b * 1000000 }')
   burst=$(awk -v k="$kbit" -v m="$burst_ms" 'BEGIN { b = k * 1000 / 8 * m / 1000; if (b < 65536) b = 65536; printf "%d", b }')
+  # A frame larger than the bucket would be cut back into MTU frames and metered one by one, so
+  # with a peak rate the bucket holds at least one peak frame (+ L2 headers, + 2 KB for tc's
+  # rounding of the bucket to its clock).
+  ((exact && burst < peak_frame + 2248)) && burst=$((peak_frame + 2248))
   shape="rate ${kbit}kbit burst $burst latency 50ms"
-  ((exact)) && shape+=" peakrate $((kbit * 105 / 100))kbit mtu $((peak_frame + 200))"  # + L2 headers
+  ((exact)) && shape+=" peakrate $((kbit * 105 / 100))kbit mtu $((peak_frame + 200))"
 
   ip link add "$BRIDGE" type bridge
   ip link set "$BRIDGE" mtu $MTU

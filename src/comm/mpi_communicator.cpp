@@ -128,8 +128,14 @@ class MpiProbe final : public CommRequest {
   int found_ = 0;
 };
 
+// A matched message not yet received; MPI_Imrecv takes it (and nulls the handle). Dropping one
+// unreceived would leave its sender's data unread: end the job, as for a request in flight.
 class MpiProbedMessage final : public ProbedMessage {
  public:
+  ~MpiProbedMessage() override {
+    if (message != MPI_MESSAGE_NULL)
+      MpiSession::abort_job("internal error: a probed message was dropped before it was received", 3);
+  }
   MPI_Message message = MPI_MESSAGE_NULL;
   MPI_Datatype type = MPI_DATATYPE_NULL;
 };
@@ -255,9 +261,9 @@ class MpiCommunicator final : public Communicator {
     m->type = mpi_type(dt);
     int count = 0;
     check_mpi(MPI_Get_count(&p.status, m->type, &count), "MPI_Get_count");
-    if (count == MPI_UNDEFINED)
-      throw std::logic_error(fmt::format("probe on {}: a message from {} is not a whole number of {}",
-                                         name_, peer, dtype_name(dt)));
+    if (count == MPI_UNDEFINED)  // the sender's bug, with its other transfers in flight: no unwinding
+      MpiSession::abort_job(fmt::format("internal error: probe on {}: a message from {} is not a whole number of {}",
+                                        name_, peer, dtype_name(dt)), 3);
     m->count = count;
     m->message = p.message;
     return m;

@@ -226,11 +226,33 @@ class AlltoallDispatcher final : public DispatcherBase {
         }
   }
 
+  // Row offsets of each (EP rank p, local expert l) chunk, indexed p * local + l, on the token
+  // side (EP-rank-major, the permutation's expert order) and on the expert side (expert-major).
+  std::vector<std::int64_t> token_offsets(const DispatchState& s) const {
+    std::vector<std::int64_t> at(s.perm.tokens_per_expert.size());
+    for (std::size_t i = 1; i < at.size(); ++i) at[i] = at[i - 1] + s.perm.tokens_per_expert[i - 1];
+    return at;
+  }
+  std::vector<std::int64_t> expert_offsets(const DispatchState& s) const {
+    const int ep = ep_.size();
+    const std::int64_t local = num_local_experts_;
+    std::vector<std::int64_t> at(static_cast<std::size_t>(ep * local));
+    std::int64_t row = 0;
+    for (std::int64_t l = 0; l < local; ++l)
+      for (int p = 0; p < ep; ++p) {
+        at[static_cast<std::size_t>(p * local + l)] = row;
+        row += s.chunk_rows[static_cast<std::size_t>(p * local + l)];
+      }
+    return at;
+  }
+
   // The fused dispatch (ETP = 1) without a counts all-gather before it: every (EP rank, local
   // expert) chunk is sent, empty ones too, and the receiver learns each chunk's size from its
-  // arriving message (MPI_Mprobe), then receives it where the expert-major layout puts it. This
+  // arriving message (MPI_Improbe), then receives it where the expert-major layout puts it. This
   // takes Megatron's blocking counts exchange off the compute thread: a round trip per dispatch
   // that, in a merged schedule, waited behind the other micro-batch's exchange on the link.
+  // Its cost: no receive is posted before every chunk has been probed, so MPI holds the early
+  // chunks as unexpected messages (a copy each, or a rendezvous that waits for its receive).
   void dispatch_probed(DispatchState& s) {
     s.pending = stream_.submit([this, &s] {
       const int ep = ep_.size();
@@ -238,38 +260,40 @@ class AlltoallDispatcher final : public DispatcherBase {
       const DType dt = s.hidden.dtype();
       const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(dt);
       std::vector<Request> requests;
-      std::int64_t at = 0;  // the token side's chunks, EP-rank-major
+      const std::vector<std::int64_t> token_at = token_offsets(s);
       for (int p = 0; p < ep; ++p)
         for (std::int64_t l = 0; l < local; ++l) {
-          const std::int64_t rows = s.perm.tokens_per_expert[static_cast<std::size_t>(p * local + l)];
+          const std::size_t i = static_cast<std::size_t>(p * local + l);
+          const std::int64_t rows = s.perm.tokens_per_expert[i], at = token_at[i];
           const int tag = static_cast<int>(l);
           requests.push_back(ep_.start_send(static_cast<std::byte*>(s.hidden.raw()) + at * row_bytes, rows * h, dt, p, tag));
           if (rows > 0) requests.push_back(ep_.start_send(s.probs.data() + at, rows, DType::F32, p, tag + static_cast<int>(local)));
-          at += rows;
         }
       std::vector<std::unique_ptr<ProbedMessage>> messages;
+      std::string bad;  // a chunk that is not whole rows (a bug): received whole, reported once all is done
       for (int p = 0; p < ep; ++p)
         for (std::int64_t l = 0; l < local; ++l) {
           auto m = ep_.probe(p, static_cast<int>(l), dt);
-          if (m->count % h != 0)
-            throw std::logic_error(fmt::format("alltoall dispatch: {} elements from EP rank {} are not rows of {}", m->count, p, h));
-          s.chunk_rows[static_cast<std::size_t>(p * local + l)] = m->count / h;
+          if (m->count % h != 0 && bad.empty())
+            bad = fmt::format("alltoall dispatch: {} elements from EP rank {} are not rows of {}", m->count, p, h);
+          s.chunk_rows[static_cast<std::size_t>(p * local + l)] = (m->count + h - 1) / h;
           messages.push_back(std::move(m));
         }
       plan_receives(s);
       auto out = Tensor::uninitialized({sum(s.recv_rows), h}, dt);
       std::vector<float> out_probs(static_cast<std::size_t>(out.dim(0)));
-      at = 0;  // the expert side's chunks, expert-major
-      for (std::int64_t l = 0; l < local; ++l)
-        for (int p = 0; p < ep; ++p) {
+      const std::vector<std::int64_t> expert_at = expert_offsets(s);
+      for (int p = 0; p < ep; ++p)
+        for (std::int64_t l = 0; l < local; ++l) {
           const std::size_t i = static_cast<std::size_t>(p * local + l);
-          const std::int64_t rows = s.chunk_rows[i];
+          const std::int64_t rows = s.chunk_rows[i], at = expert_at[i];
+          const bool whole = messages[i]->count % h == 0;  // else its probabilities may never come
           requests.push_back(ep_.start_recv(std::move(messages[i]), static_cast<std::byte*>(out.raw()) + at * row_bytes));
-          if (rows > 0) requests.push_back(ep_.start_recv(out_probs.data() + at, rows, DType::F32, p, static_cast<int>(l + local)));
-          at += rows;
+          if (rows > 0 && whole) requests.push_back(ep_.start_recv(out_probs.data() + at, rows, DType::F32, p, static_cast<int>(l + local)));
         }
       count_ep(s.send_rows, h * dtype_size(dt), 4);
       for (Request& r : requests) ep_.wait(r);
+      if (!bad.empty()) throw std::logic_error(bad);
       s.hidden = std::move(out);
       s.probs = std::move(out_probs);
     }, trace::kDispatch);
@@ -303,19 +327,7 @@ class AlltoallDispatcher final : public DispatcherBase {
     const int ep = ep_.size();
     const std::int64_t local = num_local_experts_;
     const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(dt);
-    // Row offsets of each chunk on both sides.
-    std::vector<std::int64_t> token_at(static_cast<std::size_t>(ep * local)), expert_at(token_at.size());
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < token_at.size(); ++i) {
-      token_at[i] = at;
-      at += s.perm.tokens_per_expert[i];
-    }
-    at = 0;
-    for (std::int64_t l = 0; l < local; ++l)
-      for (int p = 0; p < ep; ++p) {
-        expert_at[static_cast<std::size_t>(p * local + l)] = at;
-        at += s.chunk_rows[static_cast<std::size_t>(p * local + l)];
-      }
+    const std::vector<std::int64_t> token_at = token_offsets(s), expert_at = expert_offsets(s);
     const auto rows_token = [&](std::size_t i) { return s.perm.tokens_per_expert[i]; };
     const auto rows_expert = [&](std::size_t i) { return s.chunk_rows[i]; };
     std::vector<Request> requests;

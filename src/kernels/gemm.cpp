@@ -126,9 +126,6 @@ bool native_bf16() {
 void run(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
          bool runtime_shape = false);
 
-// A BF16 GEMM where oneDNN has none: A and B widened to FP32 (exact), an FP32 GEMM, and C rounded
-// to BF16 once at the end (after the accumulation, as oneDNN's sum post-op does). The same
-// arithmetic as a BF16 kernel with FP32 accumulation; the widened copies live per thread.
 // out[i] = f(i) for i < n, split over the cores only where that pays: a parallel region costs
 // microseconds even with one thread, and the grouped GEMM's experts already run on all of them.
 template <class F>
@@ -141,6 +138,10 @@ void convert(std::int64_t n, F f) {
   for (std::int64_t i = 0; i < n; ++i) f(i);
 }
 
+// A BF16 GEMM where oneDNN has none: A and B widened to FP32 (exact), an FP32 GEMM, and C rounded
+// to BF16 once at the end (after the accumulation, as oneDNN's sum post-op does). The same
+// arithmetic as a BF16 kernel with FP32 accumulation. The widened copies live per thread and
+// keep the size of the largest GEMM so far (outside the tensors' memory accounting).
 void run_widened(const MatRef& a, Trans ta, const MatRef& b, Trans tb, const MatMut& c, bool accumulate,
                  bool runtime_shape) {
   thread_local std::vector<float> wa, wb, wc;

@@ -19,12 +19,16 @@ set -e
 NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=2 "$epx" launch --cluster -- "$mpi_tests" --gtest_brief=1 \
   --gtest_filter='FlexDispatcher.*:DistributedLayer.EpAllRanksTop2*:DistributedLayer.Etp2Ep2Top4:EpOverlap.*:SharedExpertOverlap.*'
 # --exact-rate (peak rate metered in 64 KB segments) keeps the link near its rate, and a bad
-# --peak-frame is refused before anything changes.
+# --peak-frame (or one without --exact-rate) is refused before anything changes.
 "$cluster" up --nodes 2 --ranks-per-node 1 --link-gbit 1 --exact-rate
 "$epx" launch --cluster -- "$probe" 2 1 1
 if "$cluster" up --exact-rate --peak-frame 100 2>"${TMPDIR:-/tmp}/peak_frame.err"; then
   echo "cluster.sh accepted --peak-frame 100"; exit 1
 fi
 grep -q "peak-frame = '100'" "${TMPDIR:-/tmp}/peak_frame.err"
+if "$cluster" up --peak-frame 9000 2>"${TMPDIR:-/tmp}/peak_frame.err"; then
+  echo "cluster.sh accepted --peak-frame without --exact-rate"; exit 1
+fi
+grep -q "add --exact-rate" "${TMPDIR:-/tmp}/peak_frame.err"
 grep -q "link_peak_frame=65536" "${EPX_CLUSTER_DIR:-/run/epx-cluster}/cluster.env"  # the cluster was left as it was
 echo "cluster.2x2: passed"

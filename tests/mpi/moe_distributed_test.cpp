@@ -151,13 +151,14 @@ TEST(DistributedLayer, Etp2Ep2Bf16) { run_case({.ep = 2, .etp = 2, .topk = 2, .d
 // AVX-512 kernels do; its AVX2 kernel rounds the rows of a short M tail in another order (seen
 // on an AMD EPYC with AVX2 only: rows 0-1 of a 2-row call differ in the last bit from the same
 // rows in a 64-row call).
-bool gemm_rows_independent_of_batch() {
-  const Tensor a = random_normal({64, 32}, DType::F32, 5, 0, 1.0), b = random_normal({32, 32}, DType::F32, 6, 0, 1.0);
-  Tensor full({64, 32}, DType::F32);
-  gemm(mat(a), Trans::N, mat(b), Trans::N, mat_mut(full));
+bool gemm_rows_independent_of_batch(std::int64_t k, std::int64_t n, Trans tb) {
+  const Tensor a = random_normal({64, k}, DType::F32, 5, 0, 1.0);
+  const Tensor b = random_normal(tb == Trans::N ? Shape{k, n} : Shape{n, k}, DType::F32, 6, 0, 1.0);
+  Tensor full({64, n}, DType::F32);
+  gemm(mat(a), Trans::N, mat(b), tb, mat_mut(full));
   for (std::int64_t m = 1; m < 64; ++m) {
-    Tensor part({m, 32}, DType::F32);
-    gemm(mat(a, 0, m), Trans::N, mat(b), Trans::N, mat_mut(part));
+    Tensor part({m, n}, DType::F32);
+    gemm(mat(a, 0, m), Trans::N, mat(b), tb, mat_mut(part));
     if (std::memcmp(part.raw(), full.raw(), part.nbytes()) != 0) return false;
   }
   return true;
@@ -191,7 +192,10 @@ TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
   const Tensor dx = layer.backward(ctx, g.dy.chunk(rank, world));
   layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
 
-  const bool bitwise = gemm_rows_independent_of_batch();
+  // The GEMMs over all tokens: the router's logits ([T, H] x [E, H]^T) and its input gradient
+  // ([T, E] x [E, H]).
+  const bool bitwise = gemm_rows_independent_of_batch(spec.hidden, spec.num_experts, Trans::T) &&
+                       gemm_rows_independent_of_batch(spec.num_experts, spec.hidden, Trans::N);
   if (!bitwise && rank == 0)
     std::printf("note: this CPU's GEMM (%s) rounds a row by the rows beside it: compared within 1e-6\n",
                 gemm_impl(DType::F32).c_str());
