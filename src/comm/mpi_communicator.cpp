@@ -254,16 +254,16 @@ class MpiCommunicator final : public Communicator {
     return r;
   }
 
-  std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt) override {
+  std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt, std::int64_t unit) override {
     MpiProbe p(fmt::format("probe for a message from {}", peer), comm_, peer, tag);
     poll(p);
     auto m = std::make_unique<MpiProbedMessage>();
     m->type = mpi_type(dt);
     int count = 0;
     check_mpi(MPI_Get_count(&p.status, m->type, &count), "MPI_Get_count");
-    if (count == MPI_UNDEFINED)  // the sender's bug, with its other transfers in flight: no unwinding
-      MpiSession::abort_job(fmt::format("internal error: probe on {}: a message from {} is not a whole number of {}",
-                                        name_, peer, dtype_name(dt)), 3);
+    if (count == MPI_UNDEFINED || count % unit != 0)  // the sender's bug, with transfers in flight: no unwinding
+      MpiSession::abort_job(fmt::format("internal error: probe on {}: a message from {} is not a whole number of "
+                                        "{}-element rows of {}", name_, peer, unit, dtype_name(dt)), 3);
     m->count = count;
     m->message = p.message;
     return m;

@@ -270,13 +270,10 @@ class AlltoallDispatcher final : public DispatcherBase {
           if (rows > 0) requests.push_back(ep_.start_send(s.probs.data() + at, rows, DType::F32, p, tag + static_cast<int>(local)));
         }
       std::vector<std::unique_ptr<ProbedMessage>> messages;
-      std::string bad;  // a chunk that is not whole rows (a bug): received whole, reported once all is done
       for (int p = 0; p < ep; ++p)
         for (std::int64_t l = 0; l < local; ++l) {
-          auto m = ep_.probe(p, static_cast<int>(l), dt);
-          if (m->count % h != 0 && bad.empty())
-            bad = fmt::format("alltoall dispatch: {} elements from EP rank {} are not rows of {}", m->count, p, h);
-          s.chunk_rows[static_cast<std::size_t>(p * local + l)] = (m->count + h - 1) / h;
+          auto m = ep_.probe(p, static_cast<int>(l), dt, h);
+          s.chunk_rows[static_cast<std::size_t>(p * local + l)] = m->count / h;
           messages.push_back(std::move(m));
         }
       plan_receives(s);
@@ -287,13 +284,11 @@ class AlltoallDispatcher final : public DispatcherBase {
         for (std::int64_t l = 0; l < local; ++l) {
           const std::size_t i = static_cast<std::size_t>(p * local + l);
           const std::int64_t rows = s.chunk_rows[i], at = expert_at[i];
-          const bool whole = messages[i]->count % h == 0;  // else its probabilities may never come
           requests.push_back(ep_.start_recv(std::move(messages[i]), static_cast<std::byte*>(out.raw()) + at * row_bytes));
-          if (rows > 0 && whole) requests.push_back(ep_.start_recv(out_probs.data() + at, rows, DType::F32, p, static_cast<int>(l + local)));
+          if (rows > 0) requests.push_back(ep_.start_recv(out_probs.data() + at, rows, DType::F32, p, static_cast<int>(l + local)));
         }
       count_ep(s.send_rows, h * dtype_size(dt), 4);
       for (Request& r : requests) ep_.wait(r);
-      if (!bad.empty()) throw std::logic_error(bad);
       s.hidden = std::move(out);
       s.probs = std::move(out_probs);
     }, trace::kDispatch);

@@ -68,7 +68,9 @@ class Communicator {
   virtual Request start_recv(void* data, std::int64_t count, DType dt, int peer, int tag) = 0;
   // Waits as wait() does until a message from `peer` with `tag` has arrived, and matches it, so
   // no other receive can take it; then start_recv(message, data) receives its `count` elements.
-  virtual std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt) = 0;
+  // A message that is not a whole number of `unit` elements (rows of `unit`) is the sender's bug:
+  // the job ends as an internal error, since other transfers are in flight.
+  virtual std::unique_ptr<ProbedMessage> probe(int peer, int tag, DType dt, std::int64_t unit = 1) = 0;
   virtual Request start_recv(std::unique_ptr<ProbedMessage> message, void* data) = 0;
 
   // Blocks until `r` completes, without spinning on the core; aborts the job past the timeout.
