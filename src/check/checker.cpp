@@ -23,31 +23,52 @@ void check_versions(const Config& cfg) {
   }
 }
 
-// Sizes far beyond any machine are unusable input, refused before the rules multiply them: a
-// product of three parallel sizes then stays well inside 64 bits.
+// Sizes beyond any machine, and counts below their least meaningful value (a model of zero
+// width, a negative parallel size), are unusable input, refused before the rules multiply or
+// divide by them: a product of three parallel sizes then stays well inside 64 bits.
 void check_size_ranges(const Config& cfg) {
   constexpr Int kMaxParallel = Int{1} << 20, kMaxCount = Int{1} << 24;
-  const std::pair<const char*, Int> bounds[] = {
-      {"model.tensor_model_parallel_size", kMaxParallel},
-      {"model.pipeline_model_parallel_size", kMaxParallel},
-      {"model.virtual_pipeline_model_parallel_size", kMaxParallel},
-      {"model.context_parallel_size", kMaxParallel},
-      {"model.expert_model_parallel_size", kMaxParallel},
-      {"model.expert_tensor_parallel_size", kMaxParallel},
-      {"model.num_layers", kMaxParallel},
-      {"model.num_moe_experts", kMaxParallel},
-      {"model.moe_router_topk", kMaxParallel},
-      {"target.num_gpus", kMaxCount},
-      {"target.gpus_per_node", kMaxCount},
-      {"train.global_batch_size", kMaxCount},
-      {"train.micro_batch_size", kMaxCount}};
-  for (const auto& [key, bound] : bounds) {
+  struct Range {
+    const char* key;
+    Int min, max;
+  };
+  // The shape's num_layers, hidden_size and num_attention_heads may be 0: not given (a
+  // parallelism-only config); moe_router_topk's low end is the rule moe.topk_range's.
+  const Range ranges[] = {
+      {"model.tensor_model_parallel_size", 1, kMaxParallel},
+      {"model.pipeline_model_parallel_size", 1, kMaxParallel},
+      {"model.virtual_pipeline_model_parallel_size", 1, kMaxParallel},
+      {"model.context_parallel_size", 1, kMaxParallel},
+      {"model.expert_model_parallel_size", 1, kMaxParallel},
+      {"model.expert_tensor_parallel_size", 1, kMaxParallel},
+      {"model.num_layers", 0, kMaxParallel},
+      {"model.hidden_size", 0, kMaxCount},
+      {"model.num_attention_heads", 0, kMaxParallel},
+      {"model.num_query_groups", 1, kMaxParallel},
+      {"model.kv_channels", 1, kMaxCount},
+      {"model.ffn_hidden_size", 1, kMaxCount},
+      {"model.seq_length", 1, kMaxCount},
+      {"model.vocab_size", 1, kMaxCount},
+      {"model.make_vocab_size_divisible_by", 1, kMaxCount},
+      {"model.num_moe_experts", 1, kMaxParallel},
+      {"model.moe_ffn_hidden_size", 1, kMaxCount},
+      {"model.moe_shared_expert_intermediate_size", 1, kMaxCount},
+      {"model.moe_router_topk", -kMaxParallel, kMaxParallel},
+      {"target.num_gpus", 1, kMaxCount},
+      {"target.gpus_per_node", 1, kMaxCount},
+      {"train.train_iters", 1, kMaxCount},
+      {"train.global_batch_size", 1, kMaxCount},
+      {"train.micro_batch_size", 1, kMaxCount}};
+  for (const auto& [key, min, max] : ranges) {
     const std::string text = field_text(cfg, key);
     if (text == "null") continue;
     const Int v = std::stoll(text);  // the schema stored an integer: it reads back
-    if (v > bound || v < -bound)
-      throw ConfigError(fmt::format("{}={} is out of range: at most {} (no machine has more)",
-                                    cfg.cite(key), v, bound));
+    if (v > max)
+      throw ConfigError(fmt::format("{}={} is out of range: at most {} (beyond any real run)",
+                                    cfg.cite(key), v, max));
+    if (v < min)
+      throw ConfigError(fmt::format("{}={} is out of range: it must be at least {}{}", cfg.cite(key),
+                                    v, min, min == 0 ? " (0: not given)" : ""));
   }
 }
 

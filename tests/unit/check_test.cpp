@@ -294,6 +294,28 @@ TEST(CheckRules, UnusableEnvironmentThrows) {
   EXPECT_THROW(check({"target.torch_version=latest"}), ConfigError);
 }
 
+// A size below its least meaningful value is refused as bad input naming the field, not passed
+// (a zero-width model) or judged by a divisibility rule (EP 0: "not divisible by 0").
+TEST(CheckRules, SizesOutOfRangeAreRefused) {
+  for (const std::string kv :
+       {"model.expert_model_parallel_size=0", "model.context_parallel_size=-1", "model.seq_length=0",
+        "model.vocab_size=0", "model.moe_ffn_hidden_size=-4", "model.num_layers=-1",
+        "train.global_batch_size=0", "train.train_iters=-5", "target.num_gpus=-2",
+        "model.hidden_size=16777217"}) {
+    SCOPED_TRACE(kv);
+    try {
+      check({kv});
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      const std::string key = kv.substr(0, kv.find('='));
+      EXPECT_NE(std::string(e.what()).find(key + "="), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+  // 0 leaves the model's shape not given; the least values pass.
+  EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1"}).ok());
+  EXPECT_NO_THROW(check({"model.num_layers=0"}));
+}
 TEST(Versions, Pep440Ordering) {
   EXPECT_TRUE(version_at_least("2.6.0", "2.6.0"));
   EXPECT_TRUE(version_at_least("2.10.1", "2.6.0"));
