@@ -42,6 +42,9 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
       } else if (auto r = rates.find(key); r != rates.end()) {
         const double x = v.as<double>();
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
+        if (key.ends_with("_efficiency") && x > 1)
+          throw ConfigError(fmt::format("{}: {} is above 1: an efficiency is the share of the rate reached (0 to 1)",
+                                        where(v, key), x));
         *r->second = x;
       } else if (auto c = counts.find(key); c != counts.end()) {
         const int x = v.as<int>();

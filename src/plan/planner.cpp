@@ -55,10 +55,18 @@ Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;
   p.gpu = target_gpu(c);
-  if (p.gpu.rates.bf16_tflops <= 0 || p.gpu.rates.hbm_tb_s <= 0)
-    throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no BF16 or memory rate for it; give one "
-                                  "with --hardware FILE (bf16_tflops, hbm_tb_s)",
-                                  p.gpu.name));
+  // 0 in the catalog means "not known"; the step time needs every one of these.
+  const HardwareRates& hw = p.gpu.rates;
+  std::vector<std::string> missing;
+  for (const auto& [name, rate] : {std::pair{"bf16_tflops", hw.bf16_tflops}, {"hbm_tb_s", hw.hbm_tb_s},
+                                   {"nvlink_gb_s", hw.nvlink_gb_s}, {"nvlink_efficiency", hw.nvlink_efficiency},
+                                   {"network_gb_s", hw.network_gb_s}, {"network_efficiency", hw.network_efficiency},
+                                   {"gemm_efficiency", hw.gemm_efficiency}})
+    if (rate <= 0) missing.push_back(name);
+  if (!missing.empty())
+    throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no {} for it (0: not known); give {} "
+                                  "with --hardware FILE",
+                                  p.gpu.name, fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"));
   if (!c.train.global_batch_size)
     throw ConfigError("train.global_batch_size=None: a step is a global batch; set train.global_batch_size (or -gb)");
   p.layout = plan_layout(c, p.gpu);

@@ -147,6 +147,25 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("renamed attention_tflops"), std::string::npos) << e.what();
   }
+  std::ofstream(path) << "h100:\n  nvlink_efficiency: 0.7\n  gemm_efficiency: 7\n";  // a share, at most 1
+  try {
+    add_hardware_file(path.string());
+    FAIL() << "an efficiency above 1 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ":3:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("h100.gemm_efficiency"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(find_gpu("h100")->rates.nvlink_efficiency, 0.65);
+  // A rate the step time needs left at 0 (not known) is named when a plan needs it.
+  std::ofstream(path) << "slowgpu:\n  memory_gb: 80\n  bf16_tflops: 500\n  hbm_tb_s: 2\n  nvlink_gb_s: 300\n"
+                         "  nvlink_efficiency: 0.6\n  gemm_efficiency: 0.3\n";
+  add_hardware_file(path.string());
+  try {
+    make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=slowgpu", "target.num_gpus=2"}));
+    FAIL() << "a plan without the network's rate was made";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no network_gb_s for it"), std::string::npos) << e.what();
+  }
   std::ofstream(path) << "h100:\n  bf16_tflops: 989\n";  // back to the catalog's
   add_hardware_file(path.string());
   std::filesystem::remove(path);
