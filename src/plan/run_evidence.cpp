@@ -46,6 +46,13 @@ double number(const nlohmann::json& j, const char* key, const std::string& path)
   return it->get<double>();
 }
 
+// A time, rate, size or count: never negative.
+double amount(const nlohmann::json& j, const char* key, const std::string& path) {
+  const double v = number(j, key, path);
+  if (v < 0) throw InputError(fmt::format("{}: '{}' is {}: a time, rate, size or count is never negative", path, key, v));
+  return v;
+}
+
 std::string text_or(const nlohmann::json& j, const char* key) {
   const auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
@@ -59,21 +66,24 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   const nlohmann::json& s = j["summary"];
   for (const nlohmann::json& it : j["iterations"]) {
     IterationPoint p;
-    p.iteration = static_cast<int>(number(it, "iteration", path));
-    p.step_s = number(it, "step_time_s", path);
-    p.tflops_per_gpu = number(it, "tflops_per_rank", path);
+    const double iteration = amount(it, "iteration", path);
+    if (iteration > 1e9) throw InputError(fmt::format("{}: 'iteration' is {}: beyond any run", path, iteration));
+    p.iteration = static_cast<int>(iteration);
+    p.step_s = amount(it, "step_time_s", path);
+    p.tflops_per_gpu = amount(it, "tflops_per_rank", path);
     p.lm_loss = number(it, "lm_loss", path);
-    p.mem_max_allocated_gb = number(it, "mem_max_allocated_bytes", path) / kGiB;
+    p.mem_max_allocated_gb = amount(it, "mem_max_allocated_bytes", path) / kGiB;
     run.iterations.push_back(p);
   }
   const auto steady = s.find("steady_state_iterations");
-  if (steady != s.end() && steady->is_array() && steady->size() == 2 && (*steady)[0].is_number() && (*steady)[1].is_number()) {
+  if (steady != s.end() && steady->is_array() && steady->size() == 2 && (*steady)[0].is_number_integer() &&
+      (*steady)[1].is_number_integer()) {
     run.steady_first = (*steady)[0].get<int>();
     run.steady_last = (*steady)[1].get<int>();
   }
-  run.mean_step_s = number(s, "mean_step_time_s", path);
-  run.tflops_per_gpu = number(s, "tflops_per_rank", path);
-  run.peak_memory_gb = number(s, "peak_memory_bytes", path) / kGiB;
+  run.mean_step_s = amount(s, "mean_step_time_s", path);
+  run.tflops_per_gpu = amount(s, "tflops_per_rank", path);
+  run.peak_memory_gb = amount(s, "peak_memory_bytes", path) / kGiB;
   run.final_loss = number(s, "final_lm_loss", path);
   run.layout = text_or(s, "layout");
   run.dispatcher = text_or(s, "dispatcher");
@@ -106,6 +116,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     try {
       if (std::regex_search(line, m, memory)) {
         memory_after[std::stoi(m[1])] = std::stod(m[2]) * 1e9 / kGiB;  // Megatron logs bytes / 1e9
+        if (memory_after[std::stoi(m[1])] < 0) throw std::out_of_range("negative");
         continue;
       }
       if (!std::regex_search(line, m, iteration)) continue;
@@ -114,6 +125,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
       p.step_s = std::stod(m[1]) / 1000;
       if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
+      if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
       if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
       run.iterations.push_back(p);
     } catch (const std::exception&) {

@@ -216,6 +216,12 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   const Result bad_json = run("diagnose " + junk);
   EXPECT_EQ(bad_json.code, 2) << bad_json.out;
   EXPECT_TRUE(has(bad_json, junk + ":2: not a valid epx results file")) << bad_json.out;
+  // A negative time in a log line is corrupt input, not a step.
+  std::ofstream(junk) << " iteration        1/      10 | elapsed time per iteration (ms): 812.5 |\n"
+                         " iteration        2/      10 | elapsed time per iteration (ms): -5.0 |\n";
+  const Result negative = run("diagnose " + junk);
+  EXPECT_EQ(negative.code, 2) << negative.out;
+  EXPECT_TRUE(has(negative, junk + ":2: a number in this log line is out of range")) << negative.out;
   // The output is checked before anything is read or written.
   const Result out = run("report " + junk + " -o /nonexistent/dir/report.html");
   EXPECT_EQ(out.code, 2) << out.out;
