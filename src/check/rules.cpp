@@ -17,6 +17,7 @@ constexpr const char* kBridgeFlex = "Megatron-Bridge training/flex_dispatcher_ba
 constexpr const char* kBridgeTopology = "Megatron-Bridge scripts/performance/utils/utils.py";
 constexpr const char* kBridgeConfig = "Megatron-Bridge training/config.py";
 constexpr const char* kMcore = "Megatron-Core TransformerConfig";
+constexpr const char* kTeAttention = "Transformer Engine DotProductAttention";
 constexpr const char* kSeedOverlap = "seed: moe-comm-overlap / perf-expert-parallel-overlap";
 constexpr const char* kSeedWorkflow = "seed: moe-optimization-workflow";
 constexpr const char* kSeedDispatcher = "seed: moe-dispatcher-selection";
@@ -195,6 +196,19 @@ std::vector<Rule> build_rules() {
                                    "tensor_model_parallel_size ({})",
                                    m.num_query_groups.value_or(0), tp),
                        "model.tensor_model_parallel_size=1");
+      });
+  add("attention.query_groups_divide_heads", E, {"model.num_attention_heads", "model.num_query_groups"},
+      kTeAttention, "each query group serves a whole number of attention heads",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_query_groups || *m.num_query_groups <= 0 || m.num_attention_heads <= 0) return pass();
+        Int groups = std::min(*m.num_query_groups, m.num_attention_heads);
+        while (m.num_attention_heads % groups != 0) --groups;  // the nearest divisor below
+        return fail_if(m.num_attention_heads % *m.num_query_groups != 0,
+                       fmt::format("The number of attention heads must be divisible by the number of GQA groups! "
+                                   "(num_attention_heads {}, num_query_groups {})",
+                                   m.num_attention_heads, *m.num_query_groups),
+                       fmt::format("model.num_query_groups={}", groups));
       });
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",

@@ -60,6 +60,7 @@ const std::vector<Case>& cases() {
       {"parallel.ep_needs_experts", {"~model.num_moe_experts"}, {}},
       {"parallel.experts_divisible_by_ep", {"model.num_moe_experts=15"}, {}},
       {"parallel.heads_divisible_by_tp", TP2 + Overrides{"model.num_attention_heads=7"}, TP2},
+      {"attention.query_groups_divide_heads", {"model.num_query_groups=3"}, {"model.num_query_groups=4"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
