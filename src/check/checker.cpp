@@ -31,6 +31,7 @@ void check_size_ranges(const Config& cfg) {
   struct Range {
     const char* key;
     Int min, max;
+    bool zero_is_unset = false;
   };
   // The shape's num_layers, hidden_size and num_attention_heads may be 0: not given (a
   // parallelism-only config); moe_router_topk's low end is the rule moe.topk_range's.
@@ -41,9 +42,9 @@ void check_size_ranges(const Config& cfg) {
       {"model.context_parallel_size", 1, kMaxParallel},
       {"model.expert_model_parallel_size", 1, kMaxParallel},
       {"model.expert_tensor_parallel_size", 1, kMaxParallel},
-      {"model.num_layers", 0, kMaxParallel},
-      {"model.hidden_size", 0, kMaxCount},
-      {"model.num_attention_heads", 0, kMaxParallel},
+      {"model.num_layers", 0, kMaxParallel, true},
+      {"model.hidden_size", 0, kMaxCount, true},
+      {"model.num_attention_heads", 0, kMaxParallel, true},
       {"model.num_query_groups", 1, kMaxParallel},
       {"model.kv_channels", 1, kMaxCount},
       {"model.ffn_hidden_size", 1, kMaxCount},
@@ -57,9 +58,11 @@ void check_size_ranges(const Config& cfg) {
       {"target.num_gpus", 1, kMaxCount},
       {"target.gpus_per_node", 1, kMaxCount},
       {"train.train_iters", 1, kMaxCount},
+      {"scheduler.lr_warmup_iters", 0, kMaxCount},
+      {"scheduler.lr_decay_iters", 1, kMaxCount},
       {"train.global_batch_size", 1, kMaxCount},
       {"train.micro_batch_size", 1, kMaxCount}};
-  for (const auto& [key, min, max] : ranges) {
+  for (const auto& [key, min, max, zero_is_unset] : ranges) {
     const std::string text = field_text(cfg, key);
     if (text == "null") continue;
     const Int v = std::stoll(text);  // the schema stored an integer: it reads back
@@ -68,7 +71,44 @@ void check_size_ranges(const Config& cfg) {
                                     cfg.cite(key), v, max));
     if (v < min)
       throw ConfigError(fmt::format("{}={} is out of range: it must be at least {}{}", cfg.cite(key),
-                                    v, min, min == 0 ? " (0: not given)" : ""));
+                                    v, min, zero_is_unset ? " (0: not given)" : ""));
+  }
+}
+
+// Rates, coefficients and scales outside what they can mean (a negative learning rate or weight
+// decay, an Adam beta of 1 or more, a capacity factor of 0) are unusable input too; torch's Adam
+// refuses the optimizer's the same way.
+void check_real_ranges(const Config& cfg) {
+  struct Range {
+    const char* key;
+    bool positive;    // > 0, else >= 0
+    bool below_one;   // and < 1
+  };
+  const Range ranges[] = {{"model.layernorm_epsilon", true, false},
+                          {"model.rotary_base", true, false},
+                          {"model.init_method_std", false, false},
+                          {"model.moe_aux_loss_coeff", false, false},
+                          {"model.moe_z_loss_coeff", false, false},
+                          {"model.moe_router_topk_scaling_factor", true, false},
+                          {"model.moe_router_bias_update_rate", false, false},
+                          {"model.moe_expert_capacity_factor", true, false},
+                          {"optimizer.lr", false, false},
+                          {"optimizer.min_lr", false, false},
+                          {"optimizer.weight_decay", false, false},
+                          {"optimizer.adam_beta1", false, true},
+                          {"optimizer.adam_beta2", false, true},
+                          {"optimizer.adam_eps", false, false},
+                          {"optimizer.clip_grad", false, false},
+                          {"scheduler.lr_warmup_init", false, false}};
+  for (const auto& [key, positive, below_one] : ranges) {
+    const std::string text = field_text(cfg, key);
+    if (text == "null") continue;
+    const double v = std::stod(text);  // the schema stored a finite number: it reads back
+    if (positive ? v > 0 : v >= 0) {
+      if (!below_one || v < 1) continue;
+    }
+    throw ConfigError(fmt::format("{}={} is out of range: it must be {}{}", cfg.cite(key), text,
+                                  positive ? "above 0" : "at least 0", below_one ? " and below 1" : ""));
   }
 }
 
@@ -120,6 +160,7 @@ Config resolve_config(const Config& loaded, const OptString& flex_backend_flag,
   const GpuInfo& gpu = target_gpu(cfg);
   check_versions(cfg);
   check_size_ranges(cfg);
+  check_real_ranges(cfg);
   // Bridge's order: the harness applies the backend, runtime_config_update finalizes, then
   // ConfigContainer.validate() runs the flex backend validation; the harness sets HybridEP's
   // topology environment.

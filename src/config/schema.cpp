@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <tuple>
 #include <type_traits>
@@ -58,7 +59,7 @@ std::optional<double> parse_double(const std::string& s) {
   if (s.empty()) return std::nullopt;
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size()) return std::nullopt;
+  if (end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;  // no nan, inf
   return v;
 }
 
@@ -102,7 +103,7 @@ struct Codec<Int> {
 
 template <>
 struct Codec<double> {
-  static std::string type_name() { return "a number"; }
+  static std::string type_name() { return "a finite number"; }
   static double decode(const YAML::Node& n, const std::string& key,
                        const std::vector<std::string>&) {
     if (auto v = parse_double(scalar(n, key, type_name()))) return *v;

@@ -295,14 +295,16 @@ TEST(CheckRules, UnusableEnvironmentThrows) {
   EXPECT_THROW(check({"target.torch_version=latest"}), ConfigError);
 }
 
-// A size below its least meaningful value is refused as bad input naming the field, not passed
-// (a zero-width model) or judged by a divisibility rule (EP 0: "not divisible by 0").
-TEST(CheckRules, SizesOutOfRangeAreRefused) {
+// A size or rate outside what it can mean is refused as bad input naming the field, not passed
+// (a zero-width model, a negative learning rate) or judged by a divisibility rule (EP 0: "not
+// divisible by 0").
+TEST(CheckRules, ValuesOutOfRangeAreRefused) {
   for (const std::string kv :
        {"model.expert_model_parallel_size=0", "model.context_parallel_size=-1", "model.seq_length=0",
         "model.vocab_size=0", "model.moe_ffn_hidden_size=-4", "model.num_layers=-1",
         "train.global_batch_size=0", "train.train_iters=-5", "target.num_gpus=-2",
-        "model.hidden_size=16777217"}) {
+        "model.hidden_size=16777217", "scheduler.lr_warmup_iters=-1", "optimizer.lr=-1e-4",
+        "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1", "model.moe_expert_capacity_factor=0"}) {
     SCOPED_TRACE(kv);
     try {
       check({kv});
@@ -313,8 +315,12 @@ TEST(CheckRules, SizesOutOfRangeAreRefused) {
       EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
     }
   }
-  // 0 leaves the model's shape not given; the least values pass.
-  EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1"}).ok());
+  // 0 leaves the model's shape not given; the least values pass; nan and inf are no numbers.
+  EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1", "optimizer.lr=0", "optimizer.adam_beta1=0",
+                     "scheduler.lr_warmup_iters=0"})
+                  .ok());
+  EXPECT_THROW(check({"optimizer.lr=nan"}), ConfigError);
+  EXPECT_THROW(check({"optimizer.clip_grad=inf"}), ConfigError);
   EXPECT_NO_THROW(check({"model.num_layers=0"}));
 }
 TEST(Versions, Pep440Ordering) {
