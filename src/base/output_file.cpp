@@ -39,15 +39,35 @@ std::string create_temporary(const std::string& path, const std::string& option)
   return name;
 }
 
+// Where `path` leads, following links even where the file they name does not exist yet (then
+// weakly_canonical alone stops at the link).
+fs::path resolved(fs::path path) {
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(path, ec); ++hops) {
+    const fs::path target = fs::read_symlink(path, ec);
+    if (ec) break;
+    path = target.is_absolute() ? target : path.parent_path() / target;
+  }
+  return fs::weakly_canonical(path, ec);
+}
+
 }  // namespace
 
 std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void check_output_path(const std::string& path, const std::string& option) {
+void check_output_path(const std::string& path, const std::string& option, const std::vector<NamedPath>& others) {
   if (path.empty()) throw InputError(fmt::format("{}: the path is empty", option));
   std::error_code ec;
+  for (const NamedPath& other : others) {
+    const bool same = fs::exists(path, ec) && fs::exists(other.path, ec)
+                          ? fs::equivalent(path, other.path, ec)  // hard links too
+                          : resolved(path) == resolved(other.path);
+    if (same)
+      throw InputError(fmt::format("{} {}: the same file as {} {}; writing it would replace that; choose another path",
+                                   option, path, other.name, other.path));
+  }
   if (fs::is_directory(path, ec))
     throw InputError(fmt::format("{} {}: is a directory; give a file path such as {}/{}", option,
                                  path, path, option == "--trace" ? "trace.json" : "results.json"));

@@ -56,7 +56,11 @@ void LayerArgs::add_to(CLI::App& app) {
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
-  if (!mpi || mpi->rank() == 0) check_output_path(args.out, "--out");  // before any work
+  if (!mpi || mpi->rank() == 0) {  // before any work
+    std::vector<NamedPath> files = {{"--weights", args.weights}, {"--input", args.input}};
+    if (args.grad_output) files.push_back({"--grad-output", *args.grad_output});
+    check_output_path(args.out, "--out", files);
+  }
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);

@@ -98,7 +98,15 @@ void ReportArgs::add_to(CLI::App& app) {
 }
 
 int run_report_command(const ReportArgs& args) {
-  check_output_path(args.output, "-o");
+  std::vector<NamedPath> inputs;  // every RUN as a file, and as RESULTS:TRACE
+  for (const std::string& spec : args.runs) {
+    inputs.push_back({"RUN", spec});
+    if (const auto colon = spec.rfind(':'); colon != std::string::npos)
+      inputs.insert(inputs.end(), {{"RUN", spec.substr(0, colon)}, {"RUN's trace", spec.substr(colon + 1)}});
+  }
+  if (args.config) inputs.push_back({"--config", *args.config});
+  for (const std::string& file : args.hardware) inputs.push_back({"--hardware", file});
+  check_output_path(args.output, "-o", inputs);
   for (const std::string& file : args.hardware) add_hardware_file(file);
   std::string page = report_page_template();
   const std::string plotly = plotly_source();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <map>
 
@@ -69,8 +70,14 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   // Outputs first, so a path that cannot be written is refused before any rank computes (rank 0
   // writes both; its error takes the whole job down).
   if (mpi.rank() == 0) {
-    if (args.results) check_output_path(*args.results, "--results");
-    if (args.trace) check_output_path(*args.trace, "--trace");
+    // Neither may replace the config file, nor the other.
+    const ConfigArgs& c = args.config;
+    const std::string config = c.config_file ? *c.config_file : c.positional.empty() ? "" : c.positional.front();
+    std::vector<NamedPath> files;
+    if (std::filesystem::is_regular_file(config)) files.push_back({"the config", config});
+    if (args.results) check_output_path(*args.results, "--results", files);
+    if (args.results) files.push_back({"--results", *args.results});
+    if (args.trace) check_output_path(*args.trace, "--trace", files);
   }
   Config loaded = args.config.load();
   // The job's ranks are the target unless -ng says otherwise (then they must agree), on epx's

@@ -40,6 +40,16 @@ expect 2 10 "--trace $dir/missing/t.json: the directory .* does not exist" -- \
 mkdir "$dir/out"
 expect 2 10 "--results $dir/out: is a directory" -- "${run2[@]}" --results "$dir/out"
 nothing_left "$dir/out"
+# An output that is the config it reads, or both outputs one file (through a link too): refused.
+"$epx" config show qwen3_30b_a3b_proxy >"$dir/cfg.yaml"
+cp "$dir/cfg.yaml" "$dir/cfg.orig"
+expect 2 10 "--results $dir/cfg.yaml: the same file as the config" -- \
+  "$mpirun" --oversubscribe -np 2 "$epx" run "$dir/cfg.yaml" --max_steps 3 --results "$dir/cfg.yaml"
+cmp -s "$dir/cfg.yaml" "$dir/cfg.orig" || { echo "FAIL: the config was changed"; failures=$((failures + 1)); }
+ln -s "$dir/r.json" "$dir/link.json"
+expect 2 10 "--trace $dir/link.json: the same file as --results $dir/r.json" -- \
+  "${run2[@]}" --results "$dir/r.json" --trace "$dir/link.json"
+rm "$dir/link.json" "$dir/cfg.yaml" "$dir/cfg.orig"
 
 # A read-only directory (a read-only mount: root ignores permission bits) and a full disk (a
 # 12 KiB tmpfs) need a private mount namespace; skip them where this user cannot make one.

@@ -226,6 +226,12 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   const Result out = run("report " + junk + " -o /nonexistent/dir/report.html");
   EXPECT_EQ(out.code, 2) << out.out;
   EXPECT_TRUE(has(out, "/nonexistent/dir")) << out.out;
+  // An output that is one of the inputs would replace it: refused, the input left as it was.
+  const Result over = run("report " + junk + " -o " + junk);
+  EXPECT_EQ(over.code, 2) << over.out;
+  EXPECT_TRUE(has(over, "-o " + junk + ": the same file as RUN " + junk)) << over.out;
+  std::ifstream kept(junk);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}).substr(0, 10), " iteration");
 }
 
 TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {

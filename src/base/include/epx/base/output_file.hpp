@@ -5,6 +5,7 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -14,10 +15,18 @@ namespace epx {
 // rather than failing the dump. indent < 0: one line.
 std::string json_text(const nlohmann::json& j, int indent = -1);
 
+// A file the command reads or writes besides an output, for check_output_path: what names it
+// ("--weights", "RUN") and its path.
+struct NamedPath {
+  std::string name, path;
+};
+
 // Refuses (InputError, naming `option` and the path) an output that could not be written: a path
 // that is a directory, a directory that does not exist, or one where no file can be created
-// (permissions, a read-only file system). Creates nothing that stays.
-void check_output_path(const std::string& path, const std::string& option);
+// (permissions, a read-only file system); or one that is the same file as one of `others` (an
+// input it would replace, another output), through links too. Creates nothing that stays.
+void check_output_path(const std::string& path, const std::string& option,
+                       const std::vector<NamedPath>& others = {});
 
 // Writes `path` whole or not at all: into a new temporary file beside it, flushed and synced,
 // then renamed over it. On any failure (a full disk) the temporary is removed, `path` is left
