@@ -199,7 +199,8 @@ void read_trace(const std::string& path, RunEvidence& run) {
   if (events == nullptr || !events->is_array())
     throw InputError(fmt::format("{}:1: not a Chrome trace (an array of events or {{\"traceEvents\": [...]}})", path));
   std::vector<TraceSpan> all;
-  for (const nlohmann::json& e : *events) {
+  for (std::size_t index = 0; index < events->size(); ++index) {
+    const nlohmann::json& e = (*events)[index];
     const auto text = [&](const char* key) {
       const auto it = e.find(key);
       return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -214,8 +215,9 @@ void read_trace(const std::string& path, RunEvidence& run) {
     s.thread = integer("tid");
     s.name = text("name");
     s.track = text("cat");
-    if (!e["ts"].is_number() || !e["dur"].is_number())
-      throw InputError(fmt::format("{}: event '{}' has a ts or dur that is not a number", path, s.name));
+    if (!e["ts"].is_number() || !e["dur"].is_number() || e["dur"].get<double>() < 0)
+      throw InputError(fmt::format("{}: event {} ('{}') has a ts or dur that is not a number, or a negative dur", path,
+                                   index, s.name));
     s.begin_s = e["ts"].get<double>() * 1e-6;
     s.end_s = s.begin_s + e["dur"].get<double>() * 1e-6;
     all.push_back(s);
