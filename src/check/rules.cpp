@@ -331,6 +331,25 @@ std::vector<Rule> build_rules() {
                        fmt::format("model.moe_router_topk={}",
                                    std::clamp<Int>(m.moe_router_topk, 1, *m.num_moe_experts)));
       });
+  add("moe.group_limited_routing", E,
+      {"model.moe_router_group_topk", "model.moe_router_num_groups", "model.num_moe_experts"}, kMcore,
+      "group-limited routing (moe_router_group_topk) has groups that split the experts",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.moe_router_group_topk || *m.moe_router_group_topk == 0 || !m.num_moe_experts) return pass();
+        if (!m.moe_router_num_groups || *m.moe_router_num_groups == 0)
+          return fail("When using group limited routing, moe_router_num_groups must be specified.",
+                      fmt::format("model.moe_router_num_groups={}", m.expert_model_parallel_size));
+        const Int groups = *m.moe_router_num_groups;
+        if (*m.num_moe_experts % groups != 0)
+          return fail(fmt::format("num_moe_experts ({}) should be divisible by moe_router_num_groups ({}).",
+                                  *m.num_moe_experts, groups),
+                      "model.moe_router_num_groups=<a divisor of num_moe_experts>");
+        return fail_if(*m.moe_router_group_topk > groups,
+                       fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
+                                   *m.moe_router_group_topk, groups),
+                       fmt::format("model.moe_router_group_topk={}", groups));
+      });
   add("moe.layer_pattern_length", E, {"model.moe_layer_freq", "model.num_layers"}, kMcore,
       "an explicit moe_layer_freq pattern has one entry per layer", [](const CheckContext& c) {
         const auto& m = c.cfg.model;

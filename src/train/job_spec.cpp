@@ -69,9 +69,13 @@ MoESpec moe_spec_from_config(const Config& c) {
     bad("model.moe_router_score_function", s.score_function, "epx supports softmax and sigmoid");
   s.pre_softmax = m.moe_router_pre_softmax;
   s.topk_scaling_factor = m.moe_router_topk_scaling_factor.value_or(1.0);
-  s.num_groups = static_cast<int>(m.moe_router_num_groups.value_or(0));
+  // Megatron routes group-limited only when moe_router_group_topk is set; groups alone do nothing.
   s.group_topk = static_cast<int>(m.moe_router_group_topk.value_or(0));
-  if (s.num_groups > 0) {
+  s.num_groups = s.group_topk > 0 ? static_cast<int>(m.moe_router_num_groups.value_or(0)) : 0;
+  if (s.group_topk > 0) {
+    if (s.num_groups < 1)
+      bad("model.moe_router_num_groups", "None",
+          "[moe.group_limited_routing] group-limited routing (moe_router_group_topk) needs the groups");
     if (s.num_experts % s.num_groups != 0)
       bad("model.moe_router_num_groups", std::to_string(s.num_groups),
           fmt::format("must divide num_moe_experts ({})", s.num_experts));

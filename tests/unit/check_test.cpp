@@ -66,6 +66,8 @@ const std::vector<Case>& cases() {
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
       {"moe.not_moe", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"}, {}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
+      {"moe.group_limited_routing", {"model.moe_router_group_topk=2"},
+       {"model.moe_router_group_topk=2", "model.moe_router_num_groups=4"}},
       {"moe.layer_pattern_length", {"model.moe_layer_freq=[1,1,1]"}, {"model.moe_layer_freq=[1,1]"}},
       {"moe.shared_expert_overlap_dispatcher",
        DEEPEP + Overrides{"model.moe_shared_expert_overlap=true"},

@@ -69,8 +69,23 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
   // Each cited id is a row of the checker's table.
   const std::string table = format_rule_table();
   for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
-                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp", "ddp.embedding_rows"})
+                         "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp", "ddp.embedding_rows",
+                         "moe.group_limited_routing"})
     EXPECT_NE(table.find(id), std::string::npos) << id;
+}
+
+// As Megatron's compute_topk: routing is group-limited only when moe_router_group_topk is set.
+TEST(JobSpec, GroupsAloneLeaveTheRoutingPlain) {
+  const MoESpec plain = moe_spec_from_config(resolved({"model.moe_router_num_groups=4"}));
+  EXPECT_EQ(plain.num_groups, 0);
+  EXPECT_EQ(plain.group_topk, 0);
+  const MoESpec grouped =
+      moe_spec_from_config(resolved({"model.moe_router_num_groups=4", "model.moe_router_group_topk=2"}));
+  EXPECT_EQ(grouped.num_groups, 4);
+  EXPECT_EQ(grouped.group_topk, 2);
+  Config c = resolved({});
+  c.model.moe_router_group_topk = 2;  // past the checker: no groups
+  EXPECT_NE(error_of([&] { moe_spec_from_config(c); }).find("model.moe_router_num_groups=None"), std::string::npos);
 }
 
 TEST(JobSpec, EmbeddingRowsNeedOverlapAndAnUntiedHead) {
