@@ -331,6 +331,16 @@ std::vector<Rule> build_rules() {
                        fmt::format("model.moe_router_topk={}",
                                    std::clamp<Int>(m.moe_router_topk, 1, *m.num_moe_experts)));
       });
+  add("moe.topk1_needs_pre_softmax", E,
+      {"model.moe_router_topk", "model.moe_router_score_function", "model.moe_router_pre_softmax",
+       "model.moe_router_load_balancing_type"},
+      kMcore, "top-1 softmax routing takes the softmax before the top-k (after it, the router gets no gradient)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.moe_router_topk == 1 && m.moe_router_score_function == "softmax" &&
+                           !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn",
+                       "Please use --moe-router-pre-softmax when topk is 1.", "model.moe_router_pre_softmax=true");
+      });
   add("moe.group_limited_routing", E,
       {"model.moe_router_group_topk", "model.moe_router_num_groups", "model.num_moe_experts"}, kMcore,
       "group-limited routing (moe_router_group_topk) has groups that split the experts",

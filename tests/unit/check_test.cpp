@@ -66,6 +66,8 @@ const std::vector<Case>& cases() {
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
       {"moe.not_moe", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"}, {}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
+      {"moe.topk1_needs_pre_softmax", {"model.moe_router_topk=1"},
+       {"model.moe_router_topk=1", "model.moe_router_pre_softmax=true"}},
       {"moe.group_limited_routing", {"model.moe_router_group_topk=2"},
        {"model.moe_router_group_topk=2", "model.moe_router_num_groups=4"}},
       {"moe.layer_pattern_length", {"model.moe_layer_freq=[1,1,1]"}, {"model.moe_layer_freq=[1,1]"}},
