@@ -18,7 +18,9 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
                                   static_cast<int>(m.expert_model_parallel_size), static_cast<int>(effective_etp(m)));
   p.gpus_per_node = static_cast<int>(gpus_per_node(c).value_or(world));
   if (p.gpus_per_node < 1) p.gpus_per_node = world;
-  p.nvlink_domain = gpu.nvlink_domain > 0 ? gpu.nvlink_domain : p.gpus_per_node;
+  // The catalog's domain where it spans nodes (GB200's 72 over nodes of 4); else it is the node,
+  // whatever size the config gives that (an H100 node of 4 has a domain of 4, not the HGX's 8).
+  p.nvlink_domain = gpu.nvlink_domain > gpu.gpus_per_node ? gpu.nvlink_domain : p.gpus_per_node;
   p.nodes = (world + p.gpus_per_node - 1) / p.gpus_per_node;
   for (GroupKind kind : kAllGroupKinds) {
     const std::vector<RankGroup> groups = p.layout.groups(kind);

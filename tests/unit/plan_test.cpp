@@ -117,6 +117,11 @@ TEST(Plan, GroupsInsideOrAcrossNodes) {
     }
   for (const GroupPlacement& g : one_node.groups) EXPECT_TRUE(g.within_node && g.within_nvlink);
   EXPECT_NE(format_rank_map(two_nodes, 4).find("12 more ranks"), std::string::npos);
+  // The NVLink domain is the node unless the system's spans nodes (GB200's 72 over nodes of 4).
+  const Config h100_by_4 = resolved("qwen3_30b_a3b", {"target.gpus_per_node=4"});
+  EXPECT_EQ(plan_layout(h100_by_4, target_gpu(h100_by_4)).nvlink_domain, 4);
+  const Config gb200 = resolved("qwen3_30b_a3b", {"target.gpu=gb200"});
+  EXPECT_EQ(plan_layout(gb200, target_gpu(gb200)).nvlink_domain, 72);
 }
 
 TEST(Plan, HardwareFilesAddAndOverrideEntries) {
