@@ -181,7 +181,7 @@ std::vector<Rule> build_rules() {
       });
   add("parallel.heads_divisible_by_tp", E,
       {"model.num_attention_heads", "model.num_query_groups", "model.tensor_model_parallel_size"},
-      kMcore, "attention heads and query groups split evenly over TP ranks",
+      kMcore, "attention heads split evenly over TP ranks, query groups too or each replicated over TP ranks",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         const Int tp = m.tensor_model_parallel_size;
@@ -191,10 +191,12 @@ std::vector<Rule> build_rules() {
                                   "tensor_model_parallel_size ({})",
                                   m.num_attention_heads, tp),
                       "model.tensor_model_parallel_size=1");
-        return fail_if(m.num_query_groups && *m.num_query_groups % tp != 0,
-                       fmt::format("num_query_groups ({}) must be a multiple of "
-                                   "tensor_model_parallel_size ({})",
-                                   m.num_query_groups.value_or(0), tp),
+        // Fewer groups than TP ranks: Megatron-Core (since December 2025) sub-shards each one.
+        const Int groups = m.num_query_groups.value_or(m.num_attention_heads);
+        return fail_if(groups % tp != 0 && tp % groups != 0,
+                       fmt::format("num_query_groups ({}) must be a multiple or divisor of "
+                                   "tensor_model_parallel_size ({}).",
+                                   groups, tp),
                        "model.tensor_model_parallel_size=1");
       });
   add("attention.query_groups_divide_heads", E, {"model.num_attention_heads", "model.num_query_groups"},
@@ -372,11 +374,14 @@ std::vector<Rule> build_rules() {
                     fmt::format("model.moe_layer_freq=[{}]", fmt::join(fixed, ",")));
       });
   add("moe.shared_expert_overlap_dispatcher", E,
-      {"model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type"}, kMcore,
-      "shared-expert overlap works with the alltoall dispatcher only", [](const CheckContext& c) {
+      {"model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type",
+       "model.moe_shared_expert_intermediate_size"},
+      kMcore, "shared-expert overlap works with the alltoall and flex dispatchers (flex since April 2026)",
+      [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.moe_shared_expert_overlap && m.moe_token_dispatcher_type != "alltoall",
-                       "moe_shared_expert_overlap only works with alltoall token dispatcher",
+        return fail_if(m.moe_shared_expert_intermediate_size && m.moe_shared_expert_overlap &&
+                           m.moe_token_dispatcher_type != "alltoall" && m.moe_token_dispatcher_type != "flex",
+                       "moe_shared_expert_overlap only works with alltoall or flex token dispatcher.",
                        "model.moe_shared_expert_overlap=false");
       });
   add("precision.single_dtype", E, {"model.bf16", "model.fp16"}, kMcore,

@@ -165,8 +165,12 @@ TEST(EpOverlap, WithExpertTensorParallelism) {
 }
 
 TEST(SharedExpertOverlap, GradientsAreBitwiseThoseWithoutIt) {
-  for (const char* bf16 : {"model.bf16=false", "model.bf16=true"})
-    expect_bitwise_equal(one_step({bf16}, {}, 3), one_step({bf16, "model.moe_shared_expert_overlap=true"}, {}, 3), bf16);
+  // Every dispatcher: Megatron-Core allows flex since April 2026.
+  for (const auto& [name, dispatcher] : kDispatchers)
+    for (const char* bf16 : {"model.bf16=false", "model.bf16=true"})
+      expect_bitwise_equal(one_step(with(dispatcher, bf16), {}, 3),
+                           one_step(with(with(dispatcher, bf16), "model.moe_shared_expert_overlap=true"), {}, 3),
+                           name + ", " + bf16);
 }
 
 }  // namespace
