@@ -199,6 +199,12 @@ std::vector<Rule> build_rules() {
                                    groups, tp),
                        "model.tensor_model_parallel_size=1");
       });
+  add("parallel.sp_needs_tp", E, {"model.sequence_parallel", "model.tensor_model_parallel_size"},
+      "Megatron-Core ModelParallelConfig", "sequence parallelism needs TP > 1", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.sequence_parallel && m.tensor_model_parallel_size <= 1,
+                       "Cannot use sequence parallelism without tensor parallelism", "model.sequence_parallel=false");
+      });
   add("attention.query_groups_divide_heads", E, {"model.num_attention_heads", "model.num_query_groups"},
       kTeAttention, "each query group serves a whole number of attention heads",
       [](const CheckContext& c) {

@@ -51,7 +51,7 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--config", config_file, "RECIPE or FILE, as an option (then every positional "
                  "argument is an override)");
   const char* group = "Performance-harness flags (win over dotted overrides)";
-  app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp")->group(group);
+  app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp (and sequence_parallel = TP > 1, as the harness)")->group(group);
   app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->group(group);
   app.add_option("--vp,--virtual_pipeline_model_parallel_size", flags.vp, "-vp (-1 keeps)")
       ->group(group);

@@ -134,6 +134,7 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
     if (v) set(key, std::to_string(*v));
   };
   set_int("model.tensor_model_parallel_size", f.tp);
+  if (f.tp) set("model.sequence_parallel", *f.tp > 1 ? "true" : "false");  // as the harness sets it
   set_int("model.pipeline_model_parallel_size", f.pp);
   set_int("model.context_parallel_size", f.cp);
   set_int("model.expert_model_parallel_size", f.ep);

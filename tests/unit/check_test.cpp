@@ -63,6 +63,7 @@ const std::vector<Case>& cases() {
       {"parallel.heads_divisible_by_tp",
        {"model.tensor_model_parallel_size=4", "target.num_gpus=12", "model.num_query_groups=3", "model.num_attention_heads=12"},
        {"model.tensor_model_parallel_size=4", "target.num_gpus=8", "model.num_query_groups=2"}},
+      {"parallel.sp_needs_tp", {"model.sequence_parallel=true"}, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"attention.query_groups_divide_heads", {"model.num_query_groups=3"}, {"model.num_query_groups=4"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
