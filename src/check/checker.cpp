@@ -43,6 +43,8 @@ void check_size_ranges(const Config& cfg) {
       {"model.expert_model_parallel_size", 1, kMaxParallel},
       {"model.expert_tensor_parallel_size", 1, kMaxParallel},
       {"model.num_layers", 0, kMaxParallel, true},
+      {"model.num_layers_in_first_pipeline_stage", 1, kMaxParallel},
+      {"model.num_layers_in_last_pipeline_stage", 1, kMaxParallel},
       {"model.hidden_size", 0, kMaxCount, true},
       {"model.num_attention_heads", 0, kMaxParallel, true},
       {"model.num_query_groups", 1, kMaxParallel},

@@ -257,6 +257,24 @@ std::vector<Rule> build_rules() {
                                    layers, stages),
                        "model.pipeline_model_parallel_layout=<layout>");
       });
+  add("pipeline.defer_embedding_wgrad", E,
+      {"model.defer_embedding_wgrad_compute", "model.pipeline_model_parallel_size",
+       "model.gradient_accumulation_fusion", "model.wgrad_deferral_limit"},
+      "Megatron-Core ModelParallelConfig", "deferring the embedding's wgrad needs PP, gradient accumulation fusion and a limit >= 0",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.defer_embedding_wgrad_compute) return pass();
+        const std::string section = c.cfg.comm_overlap ? "comm_overlap" : "model";  // where finalize took it from
+        const std::string off = section + ".defer_embedding_wgrad_compute=false";
+        if (m.pipeline_model_parallel_size == 1)
+          return fail("Cannot defer embedding wgrad compute when pipeline model parallel is not used", off);
+        if (!m.gradient_accumulation_fusion)
+          return fail("Cannot defer embedding wgrad compute when gradient accumulation fusion is not used",
+                      "model.gradient_accumulation_fusion=true");
+        return fail_if(m.wgrad_deferral_limit < 0,
+                       "Wgrad deferral limit should be greater than or equal to 0 when it is enabled!",
+                       section + ".wgrad_deferral_limit=0");
+      });
   add("parallel.vpp_needs_pp", E,
       {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
       "Megatron-Core parallel_state.py", "the interleaved schedule (VPP) needs PP > 1",
@@ -368,6 +386,36 @@ std::vector<Rule> build_rules() {
                                    *m.moe_router_group_topk, groups),
                        fmt::format("model.moe_router_group_topk={}", groups));
       });
+  add("moe.expert_bias_score_function", E, {"model.moe_router_enable_expert_bias", "model.moe_router_score_function"},
+      kMcore, "aux-loss-free expert bias needs a sigmoid (or sqrtsoftplus) router", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid" &&
+                           m.moe_router_score_function != "sqrtsoftplus",
+                       "Expert bias for aux-loss-free routing only supports 'sigmoid' and 'sqrtsoftplus' score "
+                       "functions. Please set --moe-router-score-function to 'sigmoid' or 'sqrtsoftplus', or unset "
+                       "--moe-router-enable-expert-bias.",
+                       "model.moe_router_score_function=sigmoid");
+      });
+  add("moe.capacity_settings", E,
+      {"model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity",
+       "model.moe_router_load_balancing_type"},
+      kMcore, "padding to capacity needs a capacity factor; a capacity factor needs aux-loss balancing (not sinkhorn)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.moe_expert_capacity_factor && m.moe_router_load_balancing_type == "sinkhorn")
+          return fail("moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss or none "
+                      "load balancing",
+                      "model.moe_router_load_balancing_type=aux_loss");
+        return fail_if(m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor,
+                       "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity",
+                       "model.moe_expert_capacity_factor=1.0");
+      });
+  add("moe.bias_needs_etp1", E, {"model.add_bias_linear", "model.expert_tensor_parallel_size", "model.num_moe_experts"},
+      kMcore, "biased expert linears need ETP = 1", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.add_bias_linear && effective_etp(m) != 1,
+                       "Bias in Moe is only supported when ETP==1", "model.expert_tensor_parallel_size=1");
+      });
   add("moe.layer_pattern_length", E, {"model.moe_layer_freq", "model.num_layers"}, kMcore,
       "an explicit moe_layer_freq pattern has one entry per layer", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
@@ -410,6 +458,37 @@ std::vector<Rule> build_rules() {
                        "When using recompute_granularity: full, recompute_num_layers must be "
                        "between 1 and the layers per pipeline rank",
                        "model.recompute_num_layers=1");
+      });
+
+  add("recompute.selective_no_num_layers", E, {"model.recompute_granularity", "model.recompute_num_layers"}, kMcore,
+      "selective recompute takes no layer count", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.recompute_granularity == "selective" && m.recompute_num_layers.has_value(),
+                       "When using recompute_granularity: selective recompute_num_layers must be None.",
+                       "model.recompute_num_layers=null");
+      });
+  add("recompute.module_needs_its_feature", E,
+      {"model.recompute_granularity", "model.recompute_modules", "model.moe_grouped_gemm",
+       "model.multi_latent_attention", "model.moe_shared_expert_intermediate_size", "model.moe_shared_expert_overlap"},
+      kMcore, "selective recompute of moe_act, mla_up_proj or shared_experts needs what they recompute",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.recompute_granularity != "selective" || !m.recompute_modules) return pass();
+        const StringList& modules = *m.recompute_modules;
+        if (contains(modules, "moe_act") && !m.moe_grouped_gemm)
+          return fail("moe_act in recompute_modules is only supported with moe_grouped_gemm.",
+                      "model.moe_grouped_gemm=true");
+        if (contains(modules, "mla_up_proj") && !m.multi_latent_attention) {
+          StringList rest;
+          for (const std::string& name : modules)
+            if (name != "mla_up_proj") rest.push_back(name);
+          return fail("mla_up_proj in recompute_modules is only supported with multi_latent_attention.",
+                      fmt::format("model.recompute_modules=[{}]", fmt::join(rest, ",")));
+        }
+        return fail_if(contains(modules, "shared_experts") && m.moe_shared_expert_intermediate_size &&
+                           m.moe_shared_expert_overlap,
+                       "shared_experts recompute cannot work with --moe-shared-expert-overlap.",
+                       "model.moe_shared_expert_overlap=false");
       });
 
   // ---- EP overlap: Megatron-Bridge's asserts, in its order ------------------------------------
@@ -741,7 +820,9 @@ std::vector<Rule> build_rules() {
       {"model.moe_flex_dispatcher_backend", "model.moe_token_dispatcher_type"}, kSeedOverlap,
       "a backend set while the dispatcher is not flex does nothing", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.moe_token_dispatcher_type == "flex" || !m.moe_flex_dispatcher_backend) return pass();
+        if (m.moe_token_dispatcher_type == "flex" || !m.moe_flex_dispatcher_backend ||
+            m.moe_flex_dispatcher_backend == "ncclep")  // an error: flex.backend_needs_flex
+          return pass();
         // Megatron's default backend is "deepep" on every config; flag what the user asked for.
         const bool asked = c.user.set_on_command_line("model.moe_flex_dispatcher_backend") ||
                            *m.moe_flex_dispatcher_backend != "deepep";
@@ -750,6 +831,18 @@ std::vector<Rule> build_rules() {
                                    "moe_token_dispatcher_type is '{}'",
                                    *m.moe_flex_dispatcher_backend, m.moe_token_dispatcher_type),
                        "model.moe_token_dispatcher_type=flex");
+      });
+  add("flex.backend_needs_flex", E,
+      {"model.moe_flex_dispatcher_backend", "model.moe_token_dispatcher_type", "model.moe_pad_expert_input_to_capacity"},
+      kMcore, "NCCL-EP needs the flex dispatcher; DeepEP does not pad to capacity", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.moe_flex_dispatcher_backend == "ncclep" && m.moe_token_dispatcher_type != "flex")
+          return fail("moe_flex_dispatcher_backend='ncclep' requires moe_token_dispatcher_type='flex'.",
+                      "model.moe_token_dispatcher_type=flex");
+        return fail_if(m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == "deepep" &&
+                           m.moe_pad_expert_input_to_capacity,
+                       "Flex token dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity",
+                       "model.moe_pad_expert_input_to_capacity=false");
       });
   add("flex.runtime_package", A, {"model.moe_flex_dispatcher_backend", "target.gpu"},
       kSeedDispatcher, "a flex backend needs its runtime package in the container",

@@ -372,7 +372,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, moe_aux_loss_coeff),
       EPX_FIELD(kModel, moe_z_loss_coeff),
       EPX_FIELD(kModel, moe_router_pre_softmax),
-      EPX_FIELD(kModel, moe_router_score_function, {"softmax", "sigmoid"}),
+      EPX_FIELD(kModel, moe_router_score_function, {"softmax", "sigmoid", "sqrtsoftplus"}),
       EPX_FIELD(kModel, moe_router_topk_scaling_factor),
       EPX_FIELD(kModel, moe_router_enable_expert_bias),
       EPX_FIELD(kModel, moe_router_bias_update_rate),
