@@ -78,8 +78,8 @@ void check_size_ranges(const Config& cfg) {
 }
 
 // Rates, coefficients and scales outside what they can mean (a negative learning rate or weight
-// decay, an Adam beta of 1 or more, a capacity factor of 0) are unusable input too; torch's Adam
-// refuses the optimizer's the same way.
+// decay, an Adam beta of 1 or more) are unusable input too; torch's Adam refuses the optimizer's
+// the same way. (A negative capacity factor is Megatron's dropless: finalize makes it None.)
 void check_real_ranges(const Config& cfg) {
   struct Range {
     const char* key;
@@ -93,7 +93,6 @@ void check_real_ranges(const Config& cfg) {
                           {"model.moe_z_loss_coeff", false, false},
                           {"model.moe_router_topk_scaling_factor", true, false},
                           {"model.moe_router_bias_update_rate", false, false},
-                          {"model.moe_expert_capacity_factor", true, false},
                           {"optimizer.lr", false, false},
                           {"optimizer.min_lr", false, false},
                           {"optimizer.weight_decay", false, false},

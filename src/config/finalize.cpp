@@ -180,6 +180,7 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   ModelConfig& m = c.model;
   m.expert_tensor_parallel_size = effective_etp(m);
   if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
+  if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor < 0) m.moe_expert_capacity_factor.reset();
   fold_deprecated_sm_knobs(m, out);
   if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == "hybridep" &&
       m.cuda_graph_impl == "none")

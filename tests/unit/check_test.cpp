@@ -344,7 +344,7 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
         "model.vocab_size=0", "model.moe_ffn_hidden_size=-4", "model.num_layers=-1",
         "train.global_batch_size=0", "train.train_iters=-5", "target.num_gpus=-2",
         "model.hidden_size=16777217", "scheduler.lr_warmup_iters=-1", "optimizer.lr=-1e-4",
-        "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1", "model.moe_expert_capacity_factor=0"}) {
+        "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1"}) {
     SCOPED_TRACE(kv);
     try {
       check({kv});
@@ -442,6 +442,11 @@ TEST(Finalize, CommOverlapDrivesTheModel) {
   const Config tp = resolved({"comm_overlap.tp_comm_overlap=true"});
   EXPECT_FALSE(tp.model.tp_comm_overlap);
   EXPECT_FALSE(tp.comm_overlap->tp_comm_overlap);
+}
+
+TEST(Finalize, NegativeCapacityFactorIsDropless) {
+  EXPECT_FALSE(resolved({"model.moe_expert_capacity_factor=-1"}).model.moe_expert_capacity_factor);
+  EXPECT_EQ(resolved({"model.moe_expert_capacity_factor=1.5"}).model.moe_expert_capacity_factor, 1.5);
 }
 
 TEST(Finalize, FlexBackendSteps) {
