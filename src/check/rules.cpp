@@ -58,6 +58,9 @@ std::string disable_overlap(const CheckContext& c) {
 bool contains(const StringList& list, const std::string& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
+bool contains_int(const std::vector<Int>& list, Int item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
 
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
 bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
@@ -345,6 +348,24 @@ std::vector<Rule> build_rules() {
                        "num_moe_experts is not set: this is a dense model, so the expert-parallel "
                        "and overlap rules do not apply",
                        "model.num_moe_experts=<experts per MoE layer>");
+      });
+  add("moe.ffn_without_experts", E, {"model.moe_ffn_hidden_size", "model.num_moe_experts", "model.moe_layer_freq"},
+      kMcore, "an expert FFN size without experts, on a model that is not mixed dense/MoE", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const MoeLayerFreq& f = m.moe_layer_freq;
+        const bool mixed = f.pattern.empty() ? f.every > 1 : contains_int(f.pattern, 0);
+        return fail_if(!m.num_moe_experts && m.moe_ffn_hidden_size && !mixed,
+                       "moe_ffn_hidden_size is set but num_moe_experts is None. Please set num_moe_experts or remove "
+                       "moe_ffn_hidden_size.",
+                       "model.moe_ffn_hidden_size=null");
+      });
+  add("moe.router_dtype", W, {"model.num_moe_experts", "model.moe_router_dtype"}, kMcore,
+      "32 or more experts route in FP32", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && *m.num_moe_experts >= 32 && !m.moe_router_dtype,
+                       "Using a large number of experts (e.g. >=32) without fp32 routing. Consider enabling "
+                       "moe_router_dtype for better numerical stability.",
+                       "model.moe_router_dtype=fp32");
       });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
       "1 <= top-k <= number of experts", [](const CheckContext& c) {
