@@ -8,6 +8,7 @@
 
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/check/pipeline_layout.hpp"
 
 namespace epx {
 namespace {
@@ -220,6 +221,65 @@ std::vector<Rule> build_rules() {
                                    "(num_attention_heads {}, num_query_groups {})",
                                    m.num_attention_heads, *m.num_query_groups),
                        fmt::format("model.num_query_groups={}", groups));
+      });
+  add("pipeline.layout", E,
+      {"model.pipeline_model_parallel_layout", "model.pipeline_model_parallel_size",
+       "model.virtual_pipeline_model_parallel_size", "model.num_layers", "model.mtp_num_layers",
+       "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage",
+       "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"},
+      kMcore, "a pipeline layout places the embedding first, the loss last, every layer once, in PP x VPP stages",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.pipeline_model_parallel_layout) return pass();
+        const std::string fix = "model.pipeline_model_parallel_layout=<layout>";
+        const auto py = [](bool b) { return b ? "True" : "False"; };
+        const auto py_int = [](const OptInt& v) { return v ? std::to_string(*v) : std::string("None"); };
+        if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage ||
+            m.account_for_embedding_in_pipeline_split || m.account_for_loss_in_pipeline_split)
+          return fail(fmt::format("pipeline_model_parallel_layout cannot be set with other pipeline layout arguments. "
+                                  "self.num_layers_in_first_pipeline_stage={}, self.num_layers_in_last_pipeline_stage={}, "
+                                  "self.account_for_embedding_in_pipeline_split={}, "
+                                  "self.account_for_loss_in_pipeline_split={}.",
+                                  py_int(m.num_layers_in_first_pipeline_stage),
+                                  py_int(m.num_layers_in_last_pipeline_stage),
+                                  py(m.account_for_embedding_in_pipeline_split), py(m.account_for_loss_in_pipeline_split)),
+                      "model.pipeline_model_parallel_layout=null");
+        std::vector<std::string> stages;
+        try {
+          stages = parse_pipeline_layout(*m.pipeline_model_parallel_layout);
+        } catch (const ConfigError& e) {
+          return fail(e.what(), fix);
+        }
+        const Int pp = m.pipeline_model_parallel_size, count = static_cast<Int>(stages.size());
+        if (count % pp != 0)
+          return fail(fmt::format("pipeline_model_parallel_layout must be divisible by pipeline_model_parallel_size "
+                                  "(len(layout)={}, pipeline_model_parallel_size={})",
+                                  count, pp),
+                      fix);
+        if (m.virtual_pipeline_model_parallel_size && *m.virtual_pipeline_model_parallel_size != count / pp)
+          return fail(fmt::format("virtual_pipeline_model_parallel_size conflicts with pipeline_model_parallel_layout, "
+                                  "(self.virtual_pipeline_model_parallel_size={},  detected_vpp_size={})",
+                                  *m.virtual_pipeline_model_parallel_size, count / pp),
+                      count / pp > 1 ? fmt::format("model.virtual_pipeline_model_parallel_size={}", count / pp)
+                                     : "model.virtual_pipeline_model_parallel_size=null");
+        std::string layers;  // in layer order
+        for (const std::string& stage : stages) layers += stage;
+        const auto type = [](char ch) {
+          return fmt::format("LayerType.{}", ch == 'E' ? "embedding" : ch == 'L' ? "loss" : ch == 't' ? "decoder" : "mtp");
+        };
+        if (layers.empty() || layers.front() != 'E')
+          return fail(fmt::format("The first layer must be embedding, but got {}", layers.empty() ? "nothing" : type(layers.front())), fix);
+        if (layers.back() != 'L') return fail(fmt::format("The last layer must be loss, but got {}", type(layers.back())), fix);
+        const auto n = [&](char ch) { return static_cast<Int>(std::count(layers.begin(), layers.end(), ch)); };
+        if (n('E') != 1) return fail("Embedding must be specified exactly once", fix);
+        if (n('L') != 1) return fail("Loss must be specified exactly once", fix);
+        if (n('t') != m.num_layers)
+          return fail(fmt::format("Number of decoder layers {}must match num_layers {}", n('t'), m.num_layers), fix);
+        if (n('m') != m.mtp_num_layers.value_or(0))
+          return fail("Number of mtp layers in layout must match mtp_num_layers", fix);
+        const auto first_mtp = layers.find('m');
+        return fail_if(first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos,
+                       "decoder layers must be placed before MTP layers", fix);
       });
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",

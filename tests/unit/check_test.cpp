@@ -6,6 +6,7 @@
 #include <set>
 
 #include "epx/check/check.hpp"
+#include "epx/check/pipeline_layout.hpp"
 #include "test_support.hpp"
 
 namespace epx {
@@ -65,6 +66,8 @@ const std::vector<Case>& cases() {
        {"model.tensor_model_parallel_size=4", "target.num_gpus=8", "model.num_query_groups=2"}},
       {"parallel.sp_needs_tp", {"model.sequence_parallel=true"}, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"attention.query_groups_divide_heads", {"model.num_query_groups=3"}, {"model.num_query_groups=4"}},
+      {"pipeline.layout", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Et|tL"},
+       PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
@@ -366,6 +369,25 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
   EXPECT_THROW(check({"optimizer.clip_grad=inf"}), ConfigError);
   EXPECT_NO_THROW(check({"model.num_layers=0"}));
 }
+TEST(PipelineLayout, ParsedAsMegatronCore) {
+  // DeepSeek-V3's: the embedding and one layer, 30 stages of two, then the MTP layer and the loss.
+  const std::vector<std::string> v3 = parse_pipeline_layout("Et|(tt|)*30mL");
+  ASSERT_EQ(v3.size(), 32u);
+  EXPECT_EQ(v3.front(), "Et");
+  EXPECT_EQ(v3[1], "tt");
+  EXPECT_EQ(v3.back(), "mL");
+  EXPECT_EQ(parse_pipeline_layout("Et*3,|t|L"), (std::vector<std::string>{"Ettt", "t", "L"}));
+  EXPECT_EQ(parse_pipeline_layout("(|t)*2"), (std::vector<std::string>{"", "t", "t"}));
+  try {
+    parse_pipeline_layout("Et|tx|L");
+    FAIL() << "an unknown layer was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "Invalid layer character: x (stage='tx', layout_str='Et|tx|L'), known layer "
+                                     "characters: ['E', 'L', 't', 'm']");
+  }
+  EXPECT_THROW(parse_pipeline_layout("t*99999999"), ConfigError);
+}
+
 TEST(Versions, Pep440Ordering) {
   EXPECT_TRUE(version_at_least("2.6.0", "2.6.0"));
   EXPECT_TRUE(version_at_least("2.10.1", "2.6.0"));
