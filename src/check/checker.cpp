@@ -57,6 +57,8 @@ void check_size_ranges(const Config& cfg) {
       {"model.moe_ffn_hidden_size", 1, kMaxCount},
       {"model.moe_shared_expert_intermediate_size", 1, kMaxCount},
       {"model.moe_router_topk", -kMaxParallel, kMaxParallel},
+      {"model.moe_router_num_groups", 0, kMaxParallel},
+      {"model.moe_router_group_topk", 0, kMaxParallel},
       {"target.num_gpus", 1, kMaxCount},
       {"target.gpus_per_node", 1, kMaxCount},
       {"train.train_iters", 1, kMaxCount},
@@ -79,7 +81,7 @@ void check_size_ranges(const Config& cfg) {
 
 // Rates, coefficients and scales outside what they can mean (a negative learning rate or weight
 // decay, an Adam beta of 1 or more) are unusable input too; torch's Adam refuses the optimizer's
-// the same way. (A negative capacity factor is Megatron's dropless: finalize makes it None.)
+// the same way.
 void check_real_ranges(const Config& cfg) {
   struct Range {
     const char* key;
@@ -105,12 +107,15 @@ void check_real_ranges(const Config& cfg) {
     const std::string text = field_text(cfg, key);
     if (text == "null") continue;
     const double v = std::stod(text);  // the schema stored a finite number: it reads back
-    if (positive ? v > 0 : v >= 0) {
-      if (!below_one || v < 1) continue;
-    }
+    if ((positive ? v > 0 : v >= 0) && (!below_one || v < 1)) continue;
     throw ConfigError(fmt::format("{}={} is out of range: it must be {}{}", cfg.cite(key), text,
                                   positive ? "above 0" : "at least 0", below_one ? " and below 1" : ""));
   }
+  // A negative capacity factor is Megatron-Core's dropless (finalize makes it None); 0 drops every token.
+  if (cfg.model.moe_expert_capacity_factor == 0.0)
+    throw ConfigError(fmt::format("{}=0.0 is out of range: it drops every token; set a factor above 0, or null "
+                                  "(or a negative one) for dropless",
+                                  cfg.cite("model.moe_expert_capacity_factor")));
 }
 
 std::string value_text(const Config& cfg, const std::string& key) {

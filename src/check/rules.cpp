@@ -3,6 +3,7 @@
 // then the seeds' pitfalls and advice. Messages quote Megatron where Megatron has a message.
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -56,10 +57,8 @@ std::string disable_overlap(const CheckContext& c) {
                             : "model.overlap_moe_expert_parallel_comm=false";
 }
 
-bool contains(const StringList& list, const std::string& item) {
-  return std::find(list.begin(), list.end(), item) != list.end();
-}
-bool contains_int(const std::vector<Int>& list, Int item) {
+template <class T>
+bool contains(const std::vector<T>& list, const std::type_identity_t<T>& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
@@ -190,18 +189,22 @@ std::vector<Rule> build_rules() {
         const auto& m = c.cfg.model;
         const Int tp = m.tensor_model_parallel_size;
         if (tp <= 0 || m.num_attention_heads == 0) return pass();
+        // TP 1 also takes sequence parallelism off (parallel.sp_needs_tp).
+        const std::string no_tp = m.sequence_parallel
+                                      ? "model.tensor_model_parallel_size=1 model.sequence_parallel=false"
+                                      : "model.tensor_model_parallel_size=1";
         if (m.num_attention_heads % tp != 0)
           return fail(fmt::format("num_attention_heads ({}) must be a multiple of "
-                                  "tensor_model_parallel_size ({})",
+                                  "tensor_model_parallel_size ({}).",
                                   m.num_attention_heads, tp),
-                      "model.tensor_model_parallel_size=1");
+                      no_tp);
         // Fewer groups than TP ranks: Megatron-Core (since December 2025) sub-shards each one.
         const Int groups = m.num_query_groups.value_or(m.num_attention_heads);
         return fail_if(groups % tp != 0 && tp % groups != 0,
                        fmt::format("num_query_groups ({}) must be a multiple or divisor of "
                                    "tensor_model_parallel_size ({}).",
                                    groups, tp),
-                       "model.tensor_model_parallel_size=1");
+                       no_tp);
       });
   add("parallel.sp_needs_tp", E, {"model.sequence_parallel", "model.tensor_model_parallel_size"},
       "Megatron-Core ModelParallelConfig", "sequence parallelism needs TP > 1", [](const CheckContext& c) {
@@ -214,12 +217,12 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.num_query_groups || *m.num_query_groups <= 0 || m.num_attention_heads <= 0) return pass();
+        // The nearest divisor of the heads below, that TP also splits or replicates.
+        const Int tp = std::max<Int>(1, m.tensor_model_parallel_size);
         Int groups = std::min(*m.num_query_groups, m.num_attention_heads);
-        while (m.num_attention_heads % groups != 0) --groups;  // the nearest divisor below
+        while (groups > 1 && (m.num_attention_heads % groups != 0 || (groups % tp != 0 && tp % groups != 0))) --groups;
         return fail_if(m.num_attention_heads % *m.num_query_groups != 0,
-                       fmt::format("The number of attention heads must be divisible by the number of GQA groups! "
-                                   "(num_attention_heads {}, num_query_groups {})",
-                                   m.num_attention_heads, *m.num_query_groups),
+                       "The number of attention heads must be divisible by the number of GQA groups!",
                        fmt::format("model.num_query_groups={}", groups));
       });
   add("pipeline.layout", E,
@@ -331,12 +334,12 @@ std::vector<Rule> build_rules() {
         const std::string off = section + ".defer_embedding_wgrad_compute=false";
         if (m.pipeline_model_parallel_size == 1)
           return fail("Cannot defer embedding wgrad compute when pipeline model parallel is not used", off);
+        const std::string limit = section + ".wgrad_deferral_limit=0";
         if (!m.gradient_accumulation_fusion)
           return fail("Cannot defer embedding wgrad compute when gradient accumulation fusion is not used",
-                      "model.gradient_accumulation_fusion=true");
+                      "model.gradient_accumulation_fusion=true" + (m.wgrad_deferral_limit < 0 ? " " + limit : ""));
         return fail_if(m.wgrad_deferral_limit < 0,
-                       "Wgrad deferral limit should be greater than or equal to 0 when it is enabled!",
-                       section + ".wgrad_deferral_limit=0");
+                       "Wgrad deferral limit should be greater than or equal to 0 when it is enabled!", limit);
       });
   add("parallel.vpp_needs_pp", E,
       {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
@@ -413,7 +416,7 @@ std::vector<Rule> build_rules() {
       kMcore, "an expert FFN size without experts, on a model that is not mixed dense/MoE", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         const MoeLayerFreq& f = m.moe_layer_freq;
-        const bool mixed = f.pattern.empty() ? f.every > 1 : contains_int(f.pattern, 0);
+        const bool mixed = f.pattern.empty() ? f.every > 1 : contains(f.pattern, Int{0});
         return fail_if(!m.num_moe_experts && m.moe_ffn_hidden_size && !mixed,
                        "moe_ffn_hidden_size is set but num_moe_experts is None. Please set num_moe_experts or remove "
                        "moe_ffn_hidden_size.",
@@ -454,14 +457,17 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.moe_router_group_topk || *m.moe_router_group_topk == 0 || !m.num_moe_experts) return pass();
+        // The fix: the fewest groups that split the experts and leave group_topk to keep.
+        Int fewest = *m.moe_router_group_topk;
+        while (fewest < *m.num_moe_experts && *m.num_moe_experts % fewest != 0) ++fewest;
+        const std::string fix = fmt::format("model.moe_router_num_groups={}", fewest);
         if (!m.moe_router_num_groups || *m.moe_router_num_groups == 0)
-          return fail("When using group limited routing, moe_router_num_groups must be specified.",
-                      fmt::format("model.moe_router_num_groups={}", m.expert_model_parallel_size));
+          return fail("When using group limited routing, moe_router_num_groups must be specified.", fix);
         const Int groups = *m.moe_router_num_groups;
         if (*m.num_moe_experts % groups != 0)
           return fail(fmt::format("num_moe_experts ({}) should be divisible by moe_router_num_groups ({}).",
                                   *m.num_moe_experts, groups),
-                      "model.moe_router_num_groups=<a divisor of num_moe_experts>");
+                      fix);
         return fail_if(*m.moe_router_group_topk > groups,
                        fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
                                    *m.moe_router_group_topk, groups),

@@ -86,6 +86,15 @@ void ConfigArgs::add_to(CLI::App& app) {
 }
 
 
+std::optional<std::string> ConfigArgs::file() const {
+  if (positional.empty() && !config_file) return std::nullopt;
+  try {
+    return resolve_recipe(config_file ? *config_file : positional.front()).string();
+  } catch (const ConfigError&) {
+    return std::nullopt;  // load() says why
+  }
+}
+
 Config ConfigArgs::load() const {
   if (positional.empty() && !config_file)
     throw ConfigError("no config given: name a recipe (see `epx config list`) or a YAML file");

@@ -2,6 +2,7 @@
 // performance harness's flags and the target environment.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct ConfigArgs {
   void add_to(CLI::App& app);
   // Load the recipe, apply overrides, then flags (flags win). Throws ConfigError.
   Config load() const;
+  // The file the config is read from, as load() finds it (a recipe's in recipes/), if one is found:
+  // an output must not replace it.
+  std::optional<std::string> file() const;
   // load(), for a command that needs the world size and the GPU (plan, advise): a ConfigError
   // asking for -ng / -g when either is missing.
   Config load_with_world_and_gpu(const std::string& command) const;

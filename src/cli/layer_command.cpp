@@ -56,9 +56,15 @@ void LayerArgs::add_to(CLI::App& app) {
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
-  if (!mpi || mpi->rank() == 0) {  // before any work
-    std::vector<NamedPath> files = {{"--weights", args.weights}, {"--input", args.input}};
-    if (args.grad_output) files.push_back({"--grad-output", *args.grad_output});
+  if (!mpi || mpi->rank() == 0) {  // before any work: no output may replace another file named
+    std::vector<NamedPath> files;
+    if (const auto config = args.config.file()) files.push_back({"the config", *config});
+    std::vector<NamedPath> tensors = {{"--weights", args.weights}, {"--input", args.input}};
+    if (args.grad_output) tensors.push_back({"--grad-output", *args.grad_output});
+    for (const NamedPath& f : tensors) {
+      if (args.init_seed) check_output_path(f.path, f.name, files);  // written too
+      files.push_back(f);
+    }
     check_output_path(args.out, "--out", files);
   }
   Config loaded = args.config.load();

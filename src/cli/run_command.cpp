@@ -71,10 +71,8 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   // writes both; its error takes the whole job down).
   if (mpi.rank() == 0) {
     // Neither may replace the config file, nor the other.
-    const ConfigArgs& c = args.config;
-    const std::string config = c.config_file ? *c.config_file : c.positional.empty() ? "" : c.positional.front();
     std::vector<NamedPath> files;
-    if (std::filesystem::is_regular_file(config)) files.push_back({"the config", config});
+    if (const auto config = args.config.file()) files.push_back({"the config", *config});
     if (args.results) check_output_path(*args.results, "--results", files);
     if (args.results) files.push_back({"--results", *args.results});
     if (args.trace) check_output_path(*args.trace, "--trace", files);

@@ -55,21 +55,23 @@ Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;
   p.gpu = target_gpu(c);
-  // 0 in the catalog means "not known"; the step time needs every one of these.
+  if (!c.train.global_batch_size)
+    throw ConfigError("train.global_batch_size=None: a step is a global batch; set train.global_batch_size (or -gb)");
+  p.layout = plan_layout(c, p.gpu);
+  // 0 in the catalog means "not known": the step time needs the compute rates, NVLink's where a
+  // node holds several GPUs and the network's where the layout spans nodes.
   const HardwareRates& hw = p.gpu.rates;
+  std::vector<std::pair<const char*, double>> needed = {
+      {"bf16_tflops", hw.bf16_tflops}, {"hbm_tb_s", hw.hbm_tb_s}, {"gemm_efficiency", hw.gemm_efficiency}};
+  if (p.layout.gpus_per_node > 1) needed.insert(needed.end(), {{"nvlink_gb_s", hw.nvlink_gb_s}, {"nvlink_efficiency", hw.nvlink_efficiency}});
+  if (p.layout.nodes > 1) needed.insert(needed.end(), {{"network_gb_s", hw.network_gb_s}, {"network_efficiency", hw.network_efficiency}});
   std::vector<std::string> missing;
-  for (const auto& [name, rate] : {std::pair{"bf16_tflops", hw.bf16_tflops}, {"hbm_tb_s", hw.hbm_tb_s},
-                                   {"nvlink_gb_s", hw.nvlink_gb_s}, {"nvlink_efficiency", hw.nvlink_efficiency},
-                                   {"network_gb_s", hw.network_gb_s}, {"network_efficiency", hw.network_efficiency},
-                                   {"gemm_efficiency", hw.gemm_efficiency}})
+  for (const auto& [name, rate] : needed)
     if (rate <= 0) missing.push_back(name);
   if (!missing.empty())
     throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no {} for it (0: not known); give {} "
                                   "with --hardware FILE",
                                   p.gpu.name, fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"));
-  if (!c.train.global_batch_size)
-    throw ConfigError("train.global_batch_size=None: a step is a global batch; set train.global_batch_size (or -gb)");
-  p.layout = plan_layout(c, p.gpu);
   const ParallelLayout& l = p.layout.layout;
   p.flops = model_flops(c);
   const double gbs = static_cast<double>(c.train.global_batch_size.value_or(1));

@@ -115,8 +115,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     std::smatch m;
     try {
       if (std::regex_search(line, m, memory)) {
-        memory_after[std::stoi(m[1])] = std::stod(m[2]) * 1e9 / kGiB;  // Megatron logs bytes / 1e9
-        if (memory_after[std::stoi(m[1])] < 0) throw std::out_of_range("negative");
+        const double gib = std::stod(m[2]) * 1e9 / kGiB;  // Megatron logs bytes / 1e9
+        if (gib < 0) throw std::out_of_range("negative");
+        memory_after[std::stoi(m[1])] = gib;
         continue;
       }
       if (!std::regex_search(line, m, iteration)) continue;

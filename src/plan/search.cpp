@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -58,7 +59,8 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     fmt::format("model.expert_model_parallel_size={}", ep),
                     "model.expert_tensor_parallel_size=1",
                     fmt::format("train.micro_batch_size={}", mbs),
-                    "model.sequence_parallel=" + std::string(tp > 1 ? "true" : "false")};
+                    "model.sequence_parallel=" + std::string(tp > 1 ? "true" : "false"),
+                    "model.pipeline_model_parallel_layout=null"};  // the even split replaces a layout
                 if (full) {
                   for (const char* o : {"model.recompute_granularity=full", "model.recompute_method=uniform",
                                         "model.recompute_num_layers=1"})
@@ -86,20 +88,21 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     o.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", overlap));
                     o.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}", delay));
                     Config c = loaded;
+                    std::optional<CheckReport> report;
                     try {
                       for (const std::string& text : o) apply_override(c, text);
                       ++result.configs_checked;
-                      const CheckReport report = run_check(c, flex_flag);
-                      if (!report.ok()) continue;
-                      ++result.passed_check;
-                      const Plan p = make_plan(report.resolved);
-                      if (!p.fits) continue;
-                      ++result.fit;
-                      for (const Variant& v : p.variants)
-                        if (v.as_configured) rows.push_back({o, v});
+                      report = run_check(c, flex_flag);
                     } catch (const ConfigError&) {
                       continue;  // a combination the config cannot hold (the check's own refusal)
                     }
+                    if (!report->ok()) continue;
+                    ++result.passed_check;
+                    const Plan p = make_plan(report->resolved);  // a rate the hardware lacks: the user's to fix
+                    if (!p.fits) continue;
+                    ++result.fit;
+                    for (const Variant& v : p.variants)
+                      if (v.as_configured) rows.push_back({o, v});
                   }
               }
   // Faster first (step times to the millisecond); on a tie, the one that holds less memory.

@@ -66,6 +66,11 @@ const std::vector<Case>& cases() {
        {"model.tensor_model_parallel_size=4", "target.num_gpus=8", "model.num_query_groups=2"}},
       {"parallel.sp_needs_tp", {"model.sequence_parallel=true"}, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"attention.query_groups_divide_heads", {"model.num_query_groups=3"}, {"model.num_query_groups=4"}},
+      {"attention.query_groups_divide_heads",  // the fix also suits TP 4: 2 groups, not 3
+       {"model.tensor_model_parallel_size=4", "target.num_gpus=4", "model.sequence_parallel=true",
+        "model.num_attention_heads=12", "model.num_query_groups=5"},
+       {"model.tensor_model_parallel_size=4", "target.num_gpus=4", "model.sequence_parallel=true",
+        "model.num_attention_heads=12", "model.num_query_groups=4"}},
       {"pipeline.layout", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Et|tL"},
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
@@ -78,6 +83,8 @@ const std::vector<Case>& cases() {
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
       {"moe.topk1_needs_pre_softmax", {"model.moe_router_topk=1"},
        {"model.moe_router_topk=1", "model.moe_router_pre_softmax=true"}},
+      {"moe.group_limited_routing", {"model.moe_router_group_topk=2", "model.expert_model_parallel_size=1"},
+       {"model.moe_router_group_topk=2", "model.moe_router_num_groups=2"}},
       {"moe.group_limited_routing", {"model.moe_router_group_topk=2"},
        {"model.moe_router_group_topk=2", "model.moe_router_num_groups=4"}},
       {"moe.expert_bias_score_function", {"model.moe_router_enable_expert_bias=true"},
@@ -207,6 +214,10 @@ const std::vector<Case>& cases() {
       {"ddp.embedding_rows", {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=false"},
        {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true"}},
       {"pipeline.defer_embedding_wgrad", {"comm_overlap.defer_embedding_wgrad_compute=true"}, {}},
+      {"pipeline.defer_embedding_wgrad", {"~comm_overlap", "model.defer_embedding_wgrad_compute=true"}, {"~comm_overlap"}},
+      {"pipeline.defer_embedding_wgrad", PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true"},
+       PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true", "model.gradient_accumulation_fusion=true",
+                       "comm_overlap.wgrad_deferral_limit=0"}},
       {"pipeline.defer_embedding_wgrad",
        PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true", "model.gradient_accumulation_fusion=true"},
        PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true", "model.gradient_accumulation_fusion=true",
@@ -350,7 +361,8 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
         "model.vocab_size=0", "model.moe_ffn_hidden_size=-4", "model.num_layers=-1",
         "train.global_batch_size=0", "train.train_iters=-5", "target.num_gpus=-2",
         "model.hidden_size=16777217", "scheduler.lr_warmup_iters=-1", "optimizer.lr=-1e-4",
-        "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1"}) {
+        "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1", "model.moe_expert_capacity_factor=0",
+        "model.moe_router_num_groups=-4"}) {
     SCOPED_TRACE(kv);
     try {
       check({kv});
@@ -365,8 +377,8 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
   EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1", "optimizer.lr=0", "optimizer.adam_beta1=0",
                      "scheduler.lr_warmup_iters=0"})
                   .ok());
-  EXPECT_THROW(check({"optimizer.lr=nan"}), ConfigError);
-  EXPECT_THROW(check({"optimizer.clip_grad=inf"}), ConfigError);
+  EXPECT_THROW(load_with(kBase, {"optimizer.lr=nan"}), ConfigError);  // by the schema, before any range
+  EXPECT_THROW(load_with(kBase, {"optimizer.clip_grad=inf"}), ConfigError);
   EXPECT_NO_THROW(check({"model.num_layers=0"}));
 }
 TEST(PipelineLayout, ParsedAsMegatronCore) {

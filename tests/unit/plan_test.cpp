@@ -161,13 +161,16 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
     EXPECT_NE(std::string(e.what()).find("h100.gemm_efficiency"), std::string::npos) << e.what();
   }
   EXPECT_EQ(find_gpu("h100")->rates.nvlink_efficiency, 0.65);
-  // A rate the step time needs left at 0 (not known) is named when a plan needs it.
+  // A rate the step time needs left at 0 (not known) is named when a plan needs it: the network's
+  // only where the layout spans nodes.
   std::ofstream(path) << "slowgpu:\n  memory_gb: 80\n  bf16_tflops: 500\n  hbm_tb_s: 2\n  nvlink_gb_s: 300\n"
                          "  nvlink_efficiency: 0.6\n  gemm_efficiency: 0.3\n";
   add_hardware_file(path.string());
+  EXPECT_NO_THROW(make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=slowgpu", "target.num_gpus=2"})));  // one node
   try {
-    make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=slowgpu", "target.num_gpus=2"}));
-    FAIL() << "a plan without the network's rate was made";
+    make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=slowgpu", "target.num_gpus=16", "target.gpus_per_node=8",
+                                               "train.global_batch_size=16"}));
+    FAIL() << "a plan across nodes without the network's rate was made";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("no network_gb_s for it"), std::string::npos) << e.what();
   }
