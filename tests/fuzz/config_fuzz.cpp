@@ -234,7 +234,12 @@ int main(int argc, char** argv) {
       "~comm_overlap", "train.micro_batch_size=0", "model.num_layers=-3", "model.num_moe_experts=0",
       "model.expert_model_parallel_size=-1", "model.num_attention_heads=0", "target.gpus_per_node=0",
       "model.moe_layer_freq=0", "model.moe_layer_freq=[0,1]", "model.moe_router_num_groups=0",
-      "model.virtual_pipeline_model_parallel_size=0", "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=0"};
+      "model.virtual_pipeline_model_parallel_size=0", "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=0",
+      "optimizer.lr=nan", "optimizer.adam_beta1=1", "model.moe_expert_capacity_factor=0",
+      "model.moe_router_group_topk=3", "model.moe_router_num_groups=-4", "model.num_query_groups=3",
+      "model.pipeline_model_parallel_layout=Et|(tt|)*30mL", "model.pipeline_model_parallel_layout=((t)*2)*3|L",
+      "model.pipeline_model_parallel_layout=t*99999999999", "model.pipeline_model_parallel_layout=|",
+      "model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]", "model.sequence_parallel=true"};
 
   int passed = 0, failed = 0;
   for (int i = 0; i < cases; ++i) {
