@@ -67,6 +67,9 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.score_function = m.moe_router_score_function;
   if (s.score_function != "softmax" && s.score_function != "sigmoid")
     bad("model.moe_router_score_function", s.score_function, "epx supports softmax and sigmoid");
+  if (m.moe_router_dtype == std::optional<std::string>("fp64"))
+    bad("model.moe_router_dtype", "fp64",
+        "epx routes in FP32 (the router's GEMM, scores and top-k, as moe_router_dtype=fp32); set it to fp32 or null");
   s.pre_softmax = m.moe_router_pre_softmax;
   s.topk_scaling_factor = m.moe_router_topk_scaling_factor.value_or(1.0);
   // Megatron routes group-limited only when moe_router_group_topk is set; groups alone do nothing.

@@ -88,6 +88,13 @@ TEST(JobSpec, GroupsAloneLeaveTheRoutingPlain) {
   EXPECT_NE(error_of([&] { moe_spec_from_config(c); }).find("model.moe_router_num_groups=None"), std::string::npos);
 }
 
+TEST(JobSpec, TheRouterRunsInFp32) {
+  EXPECT_EQ(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp32"})); }), "");
+  EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp64"})); })
+                .find("model.moe_router_dtype=fp64: epx routes in FP32"),
+            std::string::npos);
+}
+
 TEST(JobSpec, EmbeddingRowsNeedOverlapAndAnUntiedHead) {
   EXPECT_TRUE(grad_reduce_options_from_config(resolved({"ddp.overlap_grad_reduce=true", "ddp.reduce_embedding_rows=true"}), 2)
                   .embedding_rows);
