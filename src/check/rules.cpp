@@ -378,6 +378,39 @@ std::vector<Rule> build_rules() {
                        "parallelism: Megatron-Core warns that MoE with TP needs SP",
                        "model.sequence_parallel=true");
       });
+  add("parallel.cp_seq_length", E, {"model.context_parallel_size", "model.seq_length"}, kBridgeConfig,
+      "context parallelism splits the sequence into 2 x CP chunks", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.context_parallel_size > 1 && m.seq_length % (2 * m.context_parallel_size) != 0,
+                       "Sequence length must be divisible by 2 * context parallel size if context parallel is used.",
+                       fmt::format("model.seq_length={}", round_up(m.seq_length, 2 * m.context_parallel_size)));
+      });
+  add("scheduler.lr_order", E, {"optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_init"},
+      "Megatron-Core OptimizerParamScheduler", "min_lr and the warmup's start at most the learning rate",
+      [](const CheckContext& c) {
+        const auto& o = c.cfg.optimizer;
+        if (!o.lr) return pass();  // a config without its optimizer section (epx run asks for it)
+        if (o.min_lr.value_or(0) > *o.lr)
+          return fail(fmt::format("min_lr ({}) is above lr ({}): the scheduler asserts max_lr >= min_lr", *o.min_lr, *o.lr),
+                      fmt::format("optimizer.min_lr={}", *o.lr));
+        return fail_if(c.cfg.scheduler.lr_warmup_init > *o.lr,
+                       fmt::format("lr_warmup_init ({}) is above lr ({}): the scheduler asserts init_lr <= max_lr",
+                                   c.cfg.scheduler.lr_warmup_init, *o.lr),
+                       "scheduler.lr_warmup_init=0.0");
+      });
+  add("scheduler.warmup_capped", W,
+      {"scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters", "train.global_batch_size"},
+      kBridgeConfig, "a warmup as long as the decay is capped one sample short of it", [](const CheckContext& c) {
+        const auto& t = c.cfg.train;
+        const OptInt decay_iters = c.cfg.scheduler.lr_decay_iters ? c.cfg.scheduler.lr_decay_iters : t.train_iters;
+        if (!decay_iters || !t.global_batch_size) return pass();
+        const Int gbs = *t.global_batch_size, warmup = c.cfg.scheduler.lr_warmup_iters * gbs, decay = *decay_iters * gbs;
+        return fail_if(warmup >= decay,
+                       fmt::format("lr_warmup_steps ({}) >= lr_decay_steps ({}); capping lr_warmup_steps to {}. Reduce "
+                                   "lr_warmup_iters (or lr_warmup_samples) for short training runs.",
+                                   warmup, decay, decay - 1),
+                       fmt::format("scheduler.lr_warmup_iters={}", *decay_iters - 1));
+      });
   add("train.batch_divisible", E,
       {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size",
        "target.num_gpus"},

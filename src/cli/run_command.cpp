@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -98,7 +99,10 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     if (mpi.rank() == 0) std::cout << text << "epx run: the check found errors; not starting\n" << std::flush;
     return kExitCheckFailed;
   }
-  if (mpi.rank() == 0) {
+  if (mpi.rank() == 0) {  // the warnings (what Megatron would warn of, or change), then the verdict
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);)
+      if (line.starts_with("warning")) std::cout << "epx check: " << line << "\n";
     const auto verdict = text.rfind("verdict:");
     std::cout << "epx check: " << text.substr(verdict == std::string::npos ? 0 : verdict) << std::flush;
   }

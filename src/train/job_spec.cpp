@@ -296,15 +296,18 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
   if (s.min_lr > s.max_lr)
     throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
   s.warmup_init = c.scheduler.lr_warmup_init;
-  s.warmup_steps = c.scheduler.lr_warmup_iters;
-  s.decay_steps = c.scheduler.lr_decay_iters.value_or(train_iters);
+  s.samples_per_step = c.train.global_batch_size.value_or(1);
+  s.warmup_samples = c.scheduler.lr_warmup_iters * s.samples_per_step;
+  s.decay_samples = c.scheduler.lr_decay_iters.value_or(train_iters) * s.samples_per_step;
   s.style = c.scheduler.lr_decay_style;
   if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
     throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
-  if (s.warmup_steps < 0 || (s.style != "constant" && s.decay_steps <= s.warmup_steps))
-    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}: must be below the decay iterations ({}, "
-                                  "scheduler.lr_decay_iters or train.train_iters)",
-                                  s.warmup_steps, s.decay_steps));
+  if (s.warmup_samples < 0 || s.decay_samples <= 0)
+    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}, decay iterations {}: the warmup must be at least 0 "
+                                  "and the decay (scheduler.lr_decay_iters or train.train_iters) at least 1",
+                                  c.scheduler.lr_warmup_iters, s.decay_samples / s.samples_per_step));
+  // Bridge's cap (check rule scheduler.warmup_capped warns of it).
+  s.warmup_samples = std::min(s.warmup_samples, s.decay_samples - 1);
   return s;
 }
 

@@ -76,6 +76,12 @@ const std::vector<Case>& cases() {
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
+      {"parallel.cp_seq_length", {"model.context_parallel_size=2", "target.num_gpus=4", "model.seq_length=254"},
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.seq_length=256"}},
+      {"scheduler.lr_order", {"optimizer.min_lr=1.0"}, {"optimizer.min_lr=0.0"}},
+      {"scheduler.lr_order", {"scheduler.lr_warmup_init=1.0"}, {"scheduler.lr_warmup_init=0.0"}},
+      {"scheduler.warmup_capped", {"train.train_iters=2", "scheduler.lr_warmup_iters=2"},
+       {"train.train_iters=3", "scheduler.lr_warmup_iters=2"}},
       {"moe.not_moe", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"}, {}},
       {"moe.ffn_without_experts", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"},
        {"~model.num_moe_experts", "model.expert_model_parallel_size=1", "model.moe_layer_freq=2"}},
@@ -374,7 +380,7 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
     }
   }
   // 0 leaves the model's shape not given; the least values pass; nan and inf are no numbers.
-  EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1", "optimizer.lr=0", "optimizer.adam_beta1=0",
+  EXPECT_TRUE(check({"model.seq_length=1", "train.train_iters=1", "optimizer.lr=0", "optimizer.min_lr=0", "optimizer.adam_beta1=0",
                      "scheduler.lr_warmup_iters=0"})
                   .ok());
   EXPECT_THROW(load_with(kBase, {"optimizer.lr=nan"}), ConfigError);  // by the schema, before any range

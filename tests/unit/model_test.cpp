@@ -183,6 +183,20 @@ scheduler: {lr_decay_style: cosine, lr_warmup_iters: 2}
   EXPECT_DOUBLE_EQ(s.at(11), 1e-4);
 }
 
+TEST(LrSchedule, AWarmupAsLongAsTheDecayIsCappedAsBridge) {
+  // Counted in samples (global batch 4): a warmup of 2 iterations against a decay of 2 is capped
+  // at 2 x 4 - 1 = 7 samples; Megatron counts the same way, so the shape stays.
+  const Config c = load_config_text(R"(
+optimizer: {lr: 1.0e-3, min_lr: 0.0}
+scheduler: {lr_decay_style: linear, lr_warmup_iters: 2}
+train: {global_batch_size: 4}
+)", "s");
+  const LrSchedule s = lr_schedule_from_config(c, 2);
+  EXPECT_EQ(s.warmup_samples, 7);
+  EXPECT_DOUBLE_EQ(s.at(1), 1e-3 * 4 / 7);
+  EXPECT_DOUBLE_EQ(s.at(2), 0.0);  // past the warmup: the end of the decay
+}
+
 TEST(MockData, PatternIsLearnableAndRandomIsInRange) {
   const MockData pattern(MockData::Mode::pattern, 100, 20, 5, 8), random(MockData::Mode::random, 100, 20, 5);
   std::map<std::int64_t, std::int64_t> next;
