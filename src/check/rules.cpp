@@ -1102,6 +1102,53 @@ std::vector<Rule> build_rules() {
                        "model.recompute_granularity=selective model.recompute_method=null "
                        "model.recompute_num_layers=null");
       });
+  // ---- CUDA graphs: Megatron-Core's asserts on per-layer graphs (local, transformer_engine) -----
+  add("cuda_graph.modules", E,
+      {"model.cuda_graph_impl", "model.cuda_graph_modules", "model.cuda_graph_scope", "model.num_moe_experts",
+       "model.moe_layer_freq", "model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity",
+       "model.moe_token_dispatcher_type"},
+      kMcore, "per-layer CUDA graph modules fit the model: MoE ones on MoE layers, mlp on dense ones, moe drop-padded",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine") return pass();
+        const auto has = [&](const char* name) { return has_cuda_graph_module(m, name); };
+        if (has("moe") && has("moe_router"))
+          return fail("cuda_graph_modules must not contain both moe and moe_router.", "model.cuda_graph_modules=[moe_router]");
+        // The local implementation adds moe_router itself.
+        if (m.cuda_graph_impl == "transformer_engine" && has("moe_preprocess") && !has("moe_router"))
+          return fail("moe_preprocess cuda graph is only supported with moe_router cuda graph.",
+                      "model.cuda_graph_modules=[moe_router,moe_preprocess]");
+        if (!m.num_moe_experts || *m.num_moe_experts <= 1)
+          return fail_if(has("moe") || has("moe_router"), "moe cuda graph is only supported for MoE.",
+                         "model.cuda_graph_modules=[attn]");
+        const MoeLayerFreq& f = m.moe_layer_freq;
+        if ((f.pattern.empty() ? f.every == 1 : !contains(f.pattern, Int{0})) && has("mlp"))
+          return fail("mlp cuda graph is only supported for dense layers, but not found in the model.",
+                      "model.cuda_graph_modules=[attn]");
+        const bool drop_pad = m.moe_expert_capacity_factor && m.moe_pad_expert_input_to_capacity;
+        if (!drop_pad && has("moe"))
+          return fail("moe cuda graph is only supported with drop-padding MoE.", "model.cuda_graph_modules=[moe_router]");
+        return fail_if(!drop_pad && m.moe_token_dispatcher_type == "alltoall" && m.moe_expert_capacity_factor &&
+                           has("moe_preprocess"),
+                       "moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in "
+                       "the preprocess step.",
+                       "model.cuda_graph_modules=[moe_router]");
+      });
+  add("cuda_graph.recompute", E,
+      {"model.cuda_graph_impl", "model.recompute_granularity", "model.recompute_modules", "model.cuda_graph_modules",
+       "model.cuda_graph_scope"},
+      kMcore, "per-layer CUDA graphs take selective recompute only, and not of moe around a moe_router graph",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.cuda_graph_impl == "none" || !m.recompute_granularity) return pass();
+        if (*m.recompute_granularity != "selective")
+          return fail("full recompute is only supported with full iteration CUDA graph.",
+                      "model.recompute_granularity=selective model.recompute_method=null model.recompute_num_layers=null");
+        return fail_if(m.cuda_graph_impl == "transformer_engine" && m.recompute_modules &&
+                           contains(*m.recompute_modules, "moe") && has_cuda_graph_module(m, "moe_router"),
+                       "moe recompute is not supported with moe_router CUDA graph with: ",
+                       "model.recompute_modules=[core_attn]");
+      });
   add("advice.full_graph_dropless", A,
       {"model.cuda_graph_impl", "model.moe_expert_capacity_factor"}, kSeedWorkflow,
       "full-iteration CUDA graphs suit drop-and-pad, not dropless MoE", [](const CheckContext& c) {
