@@ -19,6 +19,8 @@ constexpr const char* kBridgeFlex = "Megatron-Bridge training/flex_dispatcher_ba
 constexpr const char* kBridgeTopology = "Megatron-Bridge scripts/performance/utils/utils.py";
 constexpr const char* kBridgeConfig = "Megatron-Bridge training/config.py";
 constexpr const char* kMcore = "Megatron-Core TransformerConfig";
+constexpr const char* kMcoreParallel = "Megatron-Core ModelParallelConfig";
+constexpr const char* kMcoreScheduler = "Megatron-Core OptimizerParamScheduler";
 constexpr const char* kTeAttention = "Transformer Engine DotProductAttention";
 constexpr const char* kSeedOverlap = "seed: moe-comm-overlap / perf-expert-parallel-overlap";
 constexpr const char* kSeedWorkflow = "seed: moe-optimization-workflow";
@@ -207,7 +209,7 @@ std::vector<Rule> build_rules() {
                        no_tp);
       });
   add("parallel.sp_needs_tp", E, {"model.sequence_parallel", "model.tensor_model_parallel_size"},
-      "Megatron-Core ModelParallelConfig", "sequence parallelism needs TP > 1", [](const CheckContext& c) {
+      kMcoreParallel, "sequence parallelism needs TP > 1", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         return fail_if(m.sequence_parallel && m.tensor_model_parallel_size <= 1,
                        "Cannot use sequence parallelism without tensor parallelism", "model.sequence_parallel=false");
@@ -326,7 +328,7 @@ std::vector<Rule> build_rules() {
   add("pipeline.defer_embedding_wgrad", E,
       {"model.defer_embedding_wgrad_compute", "model.pipeline_model_parallel_size",
        "model.gradient_accumulation_fusion", "model.wgrad_deferral_limit"},
-      "Megatron-Core ModelParallelConfig", "deferring the embedding's wgrad needs PP, gradient accumulation fusion and a limit >= 0",
+      kMcoreParallel, "deferring the embedding's wgrad needs PP, gradient accumulation fusion and a limit >= 0",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.defer_embedding_wgrad_compute) return pass();
@@ -386,7 +388,7 @@ std::vector<Rule> build_rules() {
                        fmt::format("model.seq_length={}", round_up(m.seq_length, 2 * m.context_parallel_size)));
       });
   add("scheduler.lr_order", E, {"optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_init"},
-      "Megatron-Core OptimizerParamScheduler", "min_lr and the warmup's start at most the learning rate",
+      kMcoreScheduler, "min_lr and the warmup's start at most the learning rate",
       [](const CheckContext& c) {
         const auto& o = c.cfg.optimizer;
         if (!o.lr) return pass();  // a config without its optimizer section (epx run asks for it)
