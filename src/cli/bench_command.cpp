@@ -17,6 +17,7 @@
 #include "epx/dispatch/dispatcher.hpp"
 #include "epx/moe/router.hpp"
 #include "epx/tensor/random.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 namespace {
@@ -54,14 +55,14 @@ std::vector<std::string> split_list(const std::string& s) {
 }  // namespace
 
 void BenchDispatchArgs::add_to(CLI::App& app) {
-  app.add_option("--tokens", tokens, "tokens per rank (default 1024)")->check(CLI::PositiveNumber);
-  app.add_option("--experts", experts, "routed experts, spread over the ranks (default 32)")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", tokens, "tokens per rank (default 1024)")->check(kPositive);
+  app.add_option("--experts", experts, "routed experts, spread over the ranks (default 32)")->check(kPositive);
   app.add_option("--topk", topk, "top-k values (default 2,4,8)");
   app.add_option("--hidden", hidden, "hidden sizes (default 1024,2048,4096)");
   app.add_option("--dispatchers", dispatchers, "alltoall,deepep,hybridep (default all three)");
-  app.add_option("--iters", iters, "timed iterations per case (default 3, after 1 warm-up)")->check(CLI::PositiveNumber);
-  app.add_option("--num-sms", num_sms, "deepep: moe_flex_dispatcher_num_sms (default 20)")->check(CLI::PositiveNumber);
-  app.add_option("--chunk", chunk, "hybridep: tokens per chunk (default 64)")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "timed iterations per case (default 3, after 1 warm-up)")->check(kPositive);
+  app.add_option("--num-sms", num_sms, "deepep: moe_flex_dispatcher_num_sms (default 20)")->check(kPositive);
+  app.add_option("--chunk", chunk, "hybridep: tokens per chunk (default 64)")->check(kPositive);
 }
 
 int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {

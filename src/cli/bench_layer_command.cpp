@@ -18,6 +18,7 @@
 #include "epx/tensor/random.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 namespace {
@@ -91,9 +92,9 @@ double dense_gemm_flops_per_s(const MoESpec& s, std::int64_t tokens, int repeat)
 
 void BenchLayerArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_option("--repeat", repeat, "timed forward + backward passes (default 10)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed passes first (default 2)")->check(CLI::NonNegativeNumber);
-  app.add_option("--tokens", tokens, "tokens per rank (default seq_length x micro_batch_size)")->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "timed forward + backward passes (default 10)")->check(kPositive);
+  app.add_option("--warmup", warmup, "untimed passes first (default 2)")->check(kNonNegative);
+  app.add_option("--tokens", tokens, "tokens per rank (default seq_length x micro_batch_size)")->check(kPositive);
   app.add_flag("--json", json, "print one JSON object (rank 0)");
 }
 

@@ -15,6 +15,7 @@
 
 #include "cluster_env.hpp"
 #include "epx/base/error.hpp"
+#include "number_validators.hpp"
 
 extern char** environ;
 
@@ -46,11 +47,11 @@ bool forwarded(const std::string& name) {
 
 void LaunchArgs::add_to(CLI::App& app) {
   app.add_flag("--cluster", cluster, "run on the emulated cluster of scripts/cluster.sh");
-  app.add_option("--nodes", nodes, "with --cluster: use the first N nodes (default: all)")->check(CLI::PositiveNumber);
+  app.add_option("--nodes", nodes, "with --cluster: use the first N nodes (default: all)")->check(kPositive);
   app.add_option("--ranks-per-node", ranks_per_node,
                  "with --cluster: ranks on each node (default: the cluster's)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("-n,--np", np, "without --cluster: the number of ranks (default 2)")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  app.add_option("-n,--np", np, "without --cluster: the number of ranks (default 2)")->check(kPositive);
   app.add_flag("--dry-run", dry_run, "print the mpirun command line instead of running it");
   app.add_option("command", command, "the command every rank runs, after --; 'epx' means this epx")
       ->required();

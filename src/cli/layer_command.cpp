@@ -16,6 +16,7 @@
 #include "epx/tensor/random.hpp"
 #include "epx/tensor/safetensors.hpp"
 #include "epx/train/job_spec.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 namespace {
@@ -52,7 +53,7 @@ void LayerArgs::add_to(CLI::App& app) {
   app.add_option("--collective-timeout", collective_timeout,
                  "under mpirun: abort the job when a collective waits longer than this many seconds "
                  "(default: EPX_COLLECTIVE_TIMEOUT, else 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {

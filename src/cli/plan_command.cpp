@@ -10,6 +10,7 @@
 #include "epx/check/check.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 
@@ -19,7 +20,7 @@ void PlanArgs::add_to(CLI::App& app) {
   app.add_option("--ranks", ranks, "print every rank's node and its index in each group (the first N ranks)")
       ->expected(0, 1)
       ->default_str("256")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app.add_flag("--search", search,
                "enumerate layouts (TP, PP, VPP, CP, EP, micro-batch, recompute, dispatcher, overlap) that pass "
                "epx check and fit, best 10 by predicted throughput");

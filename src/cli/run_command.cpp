@@ -16,6 +16,7 @@
 #include "epx/check/check.hpp"
 #include "epx/comm/collectives.hpp"
 #include "epx/train/trainer.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 namespace {
@@ -57,14 +58,14 @@ void RunArgs::add_to(CLI::App& app) {
                  "random: uniform tokens (NullTokenizer mock data); pattern: a learnable cycle, the loss falls towards 0")
       ->check(CLI::IsMember({"random", "pattern"}));
   app.add_option("--steady-from", steady_first, "first iteration of the summary's mean step time (default 3, as the seeds)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steady-to", steady_last, "last iteration of the mean (default: the last)")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  app.add_option("--steady-to", steady_last, "last iteration of the mean (default: the last)")->check(kPositive);
   app.add_option("--results", results, "write the per-iteration figures, the summary and the resolved config as JSON");
   app.add_option("--trace", trace, "write a Chrome / Perfetto trace: compute and communication tracks per rank");
   app.add_option("--collective-timeout", collective_timeout,
                  "abort the job when a collective waits longer than this many seconds (default: "
                  "EPX_COLLECTIVE_TIMEOUT, else 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 }
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {

@@ -1,0 +1,27 @@
+// Validators for numeric options: CLI11's PositiveNumber refuses 0 as "not in range 0.000000 to
+// 1.797...e308"; these say what to give instead.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace epx::cli {
+
+inline CLI::Validator above(double least, bool inclusive, const char* name) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || (inclusive ? v < least : v <= least))
+          return "must be a number " + std::string(inclusive ? "at least " : "above ") + CLI::detail::to_string(least) +
+                 ", got " + text;
+        return {};
+      },
+      name);
+}
+
+inline const CLI::Validator kPositive = above(0, false, "POSITIVE");
+inline const CLI::Validator kNonNegative = above(0, true, "NONNEGATIVE");
+
+}  // namespace epx::cli
