@@ -493,9 +493,10 @@ std::vector<Rule> build_rules() {
         const auto& m = c.cfg.model;
         if (!m.moe_router_group_topk || *m.moe_router_group_topk == 0 || !m.num_moe_experts) return pass();
         // The fix: the fewest groups that split the experts and leave group_topk to keep.
-        Int fewest = *m.moe_router_group_topk;
-        while (fewest < *m.num_moe_experts && *m.num_moe_experts % fewest != 0) ++fewest;
-        const std::string fix = fmt::format("model.moe_router_num_groups={}", fewest);
+        Int fewest = std::min(*m.moe_router_group_topk, *m.num_moe_experts);
+        while (*m.num_moe_experts % fewest != 0) ++fewest;
+        std::string fix = fmt::format("model.moe_router_num_groups={}", fewest);
+        if (*m.moe_router_group_topk > fewest) fix += fmt::format(" model.moe_router_group_topk={}", fewest);
         if (!m.moe_router_num_groups || *m.moe_router_num_groups == 0)
           return fail("When using group limited routing, moe_router_num_groups must be specified.", fix);
         const Int groups = *m.moe_router_num_groups;
@@ -1113,28 +1114,36 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine") return pass();
-        const auto has = [&](const char* name) { return has_cuda_graph_module(m, name); };
+        // The local implementation captures moe_router and moe_preprocess together.
+        const bool local = m.cuda_graph_impl == "local";
+        const auto has = [&](const char* name) {
+          const std::string n = name;
+          if (local && (n == "moe_router" || n == "moe_preprocess"))
+            return has_cuda_graph_module(m, "moe_router") || has_cuda_graph_module(m, "moe_preprocess");
+          return has_cuda_graph_module(m, name);
+        };
+        // Fixes rewrite the list the config sets: Bridge's legacy cuda_graph_scope, or the modules.
+        const std::string key = m.cuda_graph_modules.empty() ? "model.cuda_graph_scope" : "model.cuda_graph_modules";
+        const auto set = [&](const char* list) { return fmt::format("{}={}", key, list); };
         if (has("moe") && has("moe_router"))
-          return fail("cuda_graph_modules must not contain both moe and moe_router.", "model.cuda_graph_modules=[moe_router]");
-        // The local implementation adds moe_router itself.
-        if (m.cuda_graph_impl == "transformer_engine" && has("moe_preprocess") && !has("moe_router"))
+          return fail("cuda_graph_modules must not contain both moe and moe_router.", set("[moe_router]"));
+        if (has("moe_preprocess") && !has("moe_router"))
           return fail("moe_preprocess cuda graph is only supported with moe_router cuda graph.",
-                      "model.cuda_graph_modules=[moe_router,moe_preprocess]");
+                      set("[moe_router,moe_preprocess]"));
         if (!m.num_moe_experts || *m.num_moe_experts <= 1)
-          return fail_if(has("moe") || has("moe_router"), "moe cuda graph is only supported for MoE.",
-                         "model.cuda_graph_modules=[attn]");
+          return fail_if(has("moe") || has("moe_router"), "moe cuda graph is only supported for MoE.", set("[attn]"));
         const MoeLayerFreq& f = m.moe_layer_freq;
         if ((f.pattern.empty() ? f.every == 1 : !contains(f.pattern, Int{0})) && has("mlp"))
-          return fail("mlp cuda graph is only supported for dense layers, but not found in the model.",
-                      "model.cuda_graph_modules=[attn]");
+          return fail("mlp cuda graph is only supported for dense layers, but not found in the model.", set("[attn]"));
         const bool drop_pad = m.moe_expert_capacity_factor && m.moe_pad_expert_input_to_capacity;
         if (!drop_pad && has("moe"))
-          return fail("moe cuda graph is only supported with drop-padding MoE.", "model.cuda_graph_modules=[moe_router]");
+          return fail("moe cuda graph is only supported with drop-padding MoE.", set("[attn]"));
+        // Megatron-Core also counts moe_router_padding_for_fp8 here, which epx does not model (no FP8).
         return fail_if(!drop_pad && m.moe_token_dispatcher_type == "alltoall" && m.moe_expert_capacity_factor &&
                            has("moe_preprocess"),
                        "moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in "
                        "the preprocess step.",
-                       "model.cuda_graph_modules=[moe_router]");
+                       local ? set("[attn]") : set("[moe_router]"));
       });
   add("cuda_graph.recompute", E,
       {"model.cuda_graph_impl", "model.recompute_granularity", "model.recompute_modules", "model.cuda_graph_modules",

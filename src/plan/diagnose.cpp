@@ -138,10 +138,13 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
           {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"});
     if (!config->ddp.use_distributed_optimizer)
       add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
-    if (m->recompute_granularity != std::optional<std::string>("full"))
-      add("memory", "full recompute, only if it still does not fit",
-          {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
-           "comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
+    if (m->recompute_granularity != std::optional<std::string>("full")) {
+      std::vector<std::string> full = {"model.recompute_granularity=full", "model.recompute_method=uniform",
+                                       "model.recompute_num_layers=1", "comm_overlap.overlap_moe_expert_parallel_comm=false",
+                                       "comm_overlap.delay_wgrad_compute=false"};
+      if (m->cuda_graph_impl != "none") full.push_back("model.cuda_graph_impl=none");  // per-layer graphs: selective only
+      add("memory", "full recompute, only if it still does not fit", full);
+    }
     if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)
       add("memory", "a deeper pipeline (PP x2) spreads the layers", {fmt::format("model.pipeline_model_parallel_size={}", 2 * m->pipeline_model_parallel_size)},
           false);

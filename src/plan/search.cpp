@@ -65,6 +65,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                   for (const char* o : {"model.recompute_granularity=full", "model.recompute_method=uniform",
                                         "model.recompute_num_layers=1"})
                     layout.push_back(o);
+                  if (m.cuda_graph_impl != "none") layout.push_back("model.cuda_graph_impl=none");  // graphs: selective only
                 } else if (m.recompute_granularity == std::optional<std::string>("full")) {
                   layout.push_back("model.recompute_granularity=null");
                 }

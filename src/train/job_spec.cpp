@@ -305,7 +305,7 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
   if (s.warmup_samples < 0 || s.decay_samples <= 0)
     throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}, decay iterations {}: the warmup must be at least 0 "
                                   "and the decay (scheduler.lr_decay_iters or train.train_iters) at least 1",
-                                  c.scheduler.lr_warmup_iters, s.decay_samples / s.samples_per_step));
+                                  c.scheduler.lr_warmup_iters, c.scheduler.lr_decay_iters.value_or(train_iters)));
   // Bridge's cap (check rule scheduler.warmup_capped warns of it).
   s.warmup_samples = std::min(s.warmup_samples, s.decay_samples - 1);
   return s;

@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
       "optimizer.lr=nan", "optimizer.adam_beta1=1", "model.moe_expert_capacity_factor=0",
       "model.moe_router_group_topk=3", "model.moe_router_num_groups=-4", "model.num_query_groups=3",
       "model.pipeline_model_parallel_layout=Et|(tt|)*30mL", "model.pipeline_model_parallel_layout=((t)*2)*3|L",
-      "model.pipeline_model_parallel_layout=t*99999999999", "model.pipeline_model_parallel_layout=|",
+      "model.pipeline_model_parallel_layout=t*99999999999", "model.pipeline_model_parallel_layout=|", "model.pipeline_model_parallel_layout=Et*(9)*100000L",
       "model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]", "model.sequence_parallel=true"};
 
   int passed = 0, failed = 0;

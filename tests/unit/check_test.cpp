@@ -86,6 +86,11 @@ const std::vector<Case>& cases() {
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[mlp]"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[mlp]", "model.moe_layer_freq=[0,1]"}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe,moe_router]"}, TE_GRAPH},
+      {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_scope=[moe]"},  // the fix keeps to the scope list
+       TE_GRAPH + Overrides{"model.cuda_graph_scope=[moe_router]"}},
+      {"cuda_graph.modules",  // local captures moe_router with moe_preprocess
+       {"model.cuda_graph_impl=local", "model.cuda_graph_scope=[moe_router]", "model.moe_expert_capacity_factor=1.0"},
+       {"model.cuda_graph_impl=local", "model.cuda_graph_scope=[attn]", "model.moe_expert_capacity_factor=1.0"}},
       {"cuda_graph.modules",
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_router,moe_preprocess]", "model.moe_expert_capacity_factor=1.0"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_router]", "model.moe_expert_capacity_factor=1.0"}},
@@ -425,6 +430,9 @@ TEST(PipelineLayout, ParsedAsMegatronCore) {
                                      "characters: ['E', 'L', 't', 'm']");
   }
   EXPECT_THROW(parse_pipeline_layout("t*99999999"), ConfigError);
+  EXPECT_THROW(parse_pipeline_layout("Et*(9)*100000L"), ConfigError);  // 100000 digits: scanned, no recursion
+  EXPECT_EQ(parse_pipeline_layout("t*003|t"), (std::vector<std::string>{"ttt", "t"}));  // int("003") is 3
+  EXPECT_EQ(parse_pipeline_layout(std::string(60000, 't')).front().size(), 60000u);
 }
 
 TEST(Versions, Pep440Ordering) {
