@@ -112,6 +112,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   std::size_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
+    // libstdc++'s regex recurses per character (a 200 KB line overflowed the stack); Megatron's
+    // log lines are a few hundred characters, so a longer one is not one of them.
+    if (line.size() > 8192) continue;
     std::smatch m;
     try {
       if (std::regex_search(line, m, memory)) {

@@ -222,6 +222,11 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   const Result negative = run("diagnose " + junk);
   EXPECT_EQ(negative.code, 2) << negative.out;
   EXPECT_TRUE(has(negative, junk + ":2: a number in this log line is out of range")) << negative.out;
+  // A line far longer than Megatron writes is not one of its lines (std::regex recursed on it).
+  std::ofstream(junk) << " iteration        1/      10 | elapsed time per iteration (ms): " << std::string(200000, '1')
+                      << " |\n";
+  const Result long_line = run("diagnose " + junk);
+  EXPECT_EQ(long_line.code, 2) << long_line.out;
   // The output is checked before anything is read or written.
   const Result out = run("report " + junk + " -o /nonexistent/dir/report.html");
   EXPECT_EQ(out.code, 2) << out.out;
