@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -75,8 +74,10 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     // Neither may replace the config file, nor the other.
     std::vector<NamedPath> files;
     if (const auto config = args.config.file()) files.push_back({"the config", *config});
-    if (args.results) check_output_path(*args.results, "--results", files);
-    if (args.results) files.push_back({"--results", *args.results});
+    if (args.results) {
+      check_output_path(*args.results, "--results", files);
+      files.push_back({"--results", *args.results});
+    }
     if (args.trace) check_output_path(*args.trace, "--trace", files);
   }
   Config loaded = args.config.load();

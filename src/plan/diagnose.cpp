@@ -139,10 +139,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     if (!config->ddp.use_distributed_optimizer)
       add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full")) {
-      std::vector<std::string> full = {"model.recompute_granularity=full", "model.recompute_method=uniform",
-                                       "model.recompute_num_layers=1", "comm_overlap.overlap_moe_expert_parallel_comm=false",
-                                       "comm_overlap.delay_wgrad_compute=false"};
-      if (m->cuda_graph_impl != "none") full.push_back("model.cuda_graph_impl=none");  // per-layer graphs: selective only
+      std::vector<std::string> full = full_recompute_overrides(*m);
+      full.insert(full.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
       add("memory", "full recompute, only if it still does not fit", full);
     }
     if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)

@@ -51,6 +51,13 @@ Replanned replan(const Config& resolved, const std::vector<std::string>& overrid
   return {make_plan(r.resolved), ""};
 }
 
+std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
+  std::vector<std::string> o = {"model.recompute_granularity=full", "model.recompute_method=uniform",
+                                "model.recompute_num_layers=1"};
+  if (m.cuda_graph_impl != "none") o.push_back("model.cuda_graph_impl=none");
+  return o;
+}
+
 Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;

@@ -62,10 +62,8 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     "model.sequence_parallel=" + std::string(tp > 1 ? "true" : "false"),
                     "model.pipeline_model_parallel_layout=null"};  // the even split replaces a layout
                 if (full) {
-                  for (const char* o : {"model.recompute_granularity=full", "model.recompute_method=uniform",
-                                        "model.recompute_num_layers=1"})
-                    layout.push_back(o);
-                  if (m.cuda_graph_impl != "none") layout.push_back("model.cuda_graph_impl=none");  // graphs: selective only
+                  const std::vector<std::string> recompute = full_recompute_overrides(m);
+                  layout.insert(layout.end(), recompute.begin(), recompute.end());
                 } else if (m.recompute_granularity == std::optional<std::string>("full")) {
                   layout.push_back("model.recompute_granularity=null");
                 }

@@ -103,6 +103,9 @@ struct Replanned {
   std::string refusal;
 };
 Replanned replan(const Config& resolved, const std::vector<std::string>& overrides);
+// The overrides that turn full recompute on (uniform, one layer), with per-layer CUDA graphs off
+// where `m` has them (Megatron-Core takes full recompute only with full-iteration graphs).
+std::vector<std::string> full_recompute_overrides(const ModelConfig& m);
 std::string format_plan(const Plan& p);
 nlohmann::json plan_json(const Plan& p);
 
