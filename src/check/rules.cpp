@@ -10,6 +10,7 @@
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
 #include "epx/check/pipeline_layout.hpp"
+#include "epx/check/pipeline_split.hpp"
 
 namespace epx {
 namespace {
@@ -67,6 +68,16 @@ bool contains(const std::vector<T>& list, const std::type_identity_t<T>& item) {
 // Megatron-Core's test for dense layers beside the MoE ones: moe_layer_freq above 1 (the schema
 // keeps it >= 1), or a pattern with a 0.
 bool has_dense_layers(const MoeLayerFreq& f) { return f.pattern.empty() ? f.every > 1 : contains(f.pattern, Int{0}); }
+
+// The VPP to give where EP overlap needs one set: the layout's stages per rank, else 2.
+std::string vpp_to_set(const ModelConfig& m) {
+  Int vpp = 2;
+  if (m.pipeline_model_parallel_layout) try {
+      vpp = pipeline_split(m).chunks;
+    } catch (const ConfigError&) {
+    }
+  return fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp);
+}
 
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
 bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
@@ -358,13 +369,14 @@ std::vector<Rule> build_rules() {
                        "model.virtual_pipeline_model_parallel_size=null");
       });
   add("pipeline.interleaved_microbatches", E,
-      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size", "train.global_batch_size",
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
+       "model.pipeline_model_parallel_layout", "train.global_batch_size",
        "train.micro_batch_size", "target.num_gpus"},
       "Megatron-Core pipeline_parallel/schedules.py",
       "the interleaved schedule runs micro-batches in groups of PP", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         const Int pp = m.pipeline_model_parallel_size;
-        if (pp <= 1 || !m.virtual_pipeline_model_parallel_size) return pass();
+        if (pp <= 1 || !virtual_pipeline_size(m)) return pass();  // a layout's VPP too
         if (!c.world()) return world_not_given(c);
         const Int n = microbatches(c.cfg);
         return fail_if(n > 0 && (n < pp || n % pp != 0),
@@ -685,7 +697,7 @@ std::vector<Rule> build_rules() {
                            !m.virtual_pipeline_model_parallel_size,
                        "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
                        "specified when pipeline_model_parallel_size > 1",
-                       "model.virtual_pipeline_model_parallel_size=2");
+                       vpp_to_set(m));
       });
   add("ep_overlap.full_recompute", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_granularity"},
@@ -1096,7 +1108,7 @@ std::vector<Rule> build_rules() {
                            !m.virtual_pipeline_model_parallel_size,
                        "pipeline parallelism without VPP: EP overlap cannot be enabled on this "
                        "layout (it needs virtual_pipeline_model_parallel_size)",
-                       "model.virtual_pipeline_model_parallel_size=2");
+                       vpp_to_set(m));
       });
   add("advice.full_recompute", A, {"model.recompute_granularity"}, kSeedWorkflow,
       "prefer selective recompute to full recompute", [](const CheckContext& c) {

@@ -170,7 +170,13 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
             100 * (1 - overlap->step_time_s / o->plain.step_time_s), delayed->step_time_s, o->plain.peak_memory_gb,
             delayed->peak_memory_gb);
         const ParallelLayout& l = a.plan.layout.layout;
-        if (l.pp > 1 && m.virtual_pipeline_model_parallel_size.value_or(1) <= 1) {
+        if (l.pp > 1 && m.pipeline_model_parallel_layout && !m.virtual_pipeline_model_parallel_size) {
+          // Bridge asks for a VPP before Megatron-Core reads it from the layout.
+          const int vpp = pipeline_split(m).chunks;
+          why += fmt::format("; PP {} without VPP refuses EP overlap, so give the layout's {} model chunk(s) per stage",
+                             l.pp, vpp);
+          set.push_back(fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp));
+        } else if (l.pp > 1 && !m.pipeline_model_parallel_layout && m.virtual_pipeline_model_parallel_size.value_or(1) <= 1) {
           int vpp = 2;
           while (vpp <= m.num_layers && m.num_layers % (l.pp * vpp) != 0) ++vpp;
           why += fmt::format("; PP {} without VPP refuses EP overlap, so interleave the stages", l.pp);

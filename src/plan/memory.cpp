@@ -37,19 +37,16 @@ const char* to_string(Dispatcher d) {
   return d == Dispatcher::alltoall ? "alltoall" : d == Dispatcher::deepep ? "deepep" : "hybridep";
 }
 
-PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage) {
+PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, int stage) {
   PipelineStage st;
-  const Int chunks = static_cast<Int>(pp) * std::max(1, vpp), n = (m.num_layers + chunks - 1) / chunks;
   st.layers = 0;
-  for (Int v = 0; v < std::max(1, vpp); ++v) {
-    const Int first = (v * pp + stage) * n, last = std::min(m.num_layers, first + n);
-    if (first >= last) continue;
-    st.layers += static_cast<double>(last - first);
-    st.moe_layers += moe_layers_in(m, first, last);
+  for (const auto& [first, end] : split.ranges_on(stage)) {
+    st.layers += end - first;
+    st.moe_layers += moe_layers_in(m, first, end);
   }
-  st.first = stage == 0;
-  st.last = stage == pp - 1;
-  if (st.last) {
+  st.first = split.stage_of(split.embedding_stage) == stage;
+  st.last = split.stage_of(split.loss_stage) == stage;
+  if (split.stage_of(split.mtp_stage) == stage) {
     // MTP layers sit after the last layer and count as MoE layers when it is one (as FLOPs do).
     st.mtp_layers = static_cast<double>(m.mtp_num_layers.value_or(0));
     st.moe_layers += mtp_moe_layers(m);
@@ -57,10 +54,11 @@ PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage) {
   return st;
 }
 
-PipelineStage busiest_moe_stage(const ModelConfig& m, int pp, int vpp) {
-  PipelineStage best = pipeline_stage(m, pp, vpp, 0);
-  for (int p = 1; p < pp; ++p) {
-    const PipelineStage st = pipeline_stage(m, pp, vpp, p);
+PipelineStage busiest_moe_stage(const ModelConfig& m) {
+  const PipelineSplit split = pipeline_split(m);
+  PipelineStage best = pipeline_stage(m, split, 0);
+  for (int p = 1; p < split.stages; ++p) {
+    const PipelineStage st = pipeline_stage(m, split, p);
     if (st.moe_layers > best.moe_layers) best = st;
   }
   return best;
@@ -68,13 +66,13 @@ PipelineStage busiest_moe_stage(const ModelConfig& m, int pp, int vpp) {
 
 namespace {
 
-MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
+MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSplit& split, Dispatcher dispatcher,
+                        bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded_vocab_size(m));
-  const double tp = l.tp, pp = l.pp;
-  const int vpp = static_cast<int>(m.virtual_pipeline_model_parallel_size.value_or(1));
-  const PipelineStage st = pipeline_stage(m, l.pp, vpp, stage);
+  const double tp = l.tp, pp = l.pp, vpp = split.chunks;
+  const PipelineStage st = pipeline_stage(m, split, stage);
   const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
   const double dense_layers = st.layers + mtp - moe_layers;
   const LayerParams lay = layer_params(m);
@@ -162,9 +160,10 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
 }  // namespace
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
-  MemoryPlan most = stage_memory(c, lp, dispatcher, ep_overlap, 0);
+  const PipelineSplit split = pipeline_split(c.model);
+  MemoryPlan most = stage_memory(c, lp, split, dispatcher, ep_overlap, 0);
   for (int stage = 1; stage < lp.layout.pp; ++stage) {
-    MemoryPlan m = stage_memory(c, lp, dispatcher, ep_overlap, stage);
+    MemoryPlan m = stage_memory(c, lp, split, dispatcher, ep_overlap, stage);
     if (m.peak() > most.peak()) most = m;
   }
   return most;

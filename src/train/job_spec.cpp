@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/base/env.hpp"
+#include "epx/check/pipeline_split.hpp"
 #include "epx/schedule/pipeline.hpp"
 
 namespace epx {
@@ -260,22 +261,22 @@ DispatcherOptions dispatcher_options_from_config(const Config& c) {
 
 PipelineSpec pipeline_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
-  if (m.pipeline_model_parallel_layout)
-    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
-        "epx splits the layers by num_layers_in_first/last_pipeline_stage or evenly; remove the layout");
-  const auto to_int = [](const OptInt& v) { return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt; };
   const int pp = static_cast<int>(m.pipeline_model_parallel_size);
   if (pp == 1 && m.virtual_pipeline_model_parallel_size)
     bad("model.virtual_pipeline_model_parallel_size", opt(m.virtual_pipeline_model_parallel_size),
         "[parallel.vpp_needs_pp] the interleaved schedule needs pipeline_model_parallel_size > 1; set it to null");
-  PipelineSpec p = PipelineSpec::split(static_cast<int>(m.num_layers), pp, to_int(m.virtual_pipeline_model_parallel_size),
-                                       to_int(m.num_layers_in_first_pipeline_stage), to_int(m.num_layers_in_last_pipeline_stage),
-                                       m.account_for_embedding_in_pipeline_split, m.account_for_loss_in_pipeline_split);
+  const PipelineSplit split = pipeline_split(m);
+  if (split.embedding_stage != 0 || split.loss_stage != split.virtual_stages() - 1)
+    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+        "epx builds the embedding on the first model chunk of the first stage and the loss on the last chunk of the "
+        "last stage; move E into the layout's first stage and L into its last");
+  PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   if (pp > 1 && m.share_embeddings_and_output_weights)
     bad("model.share_embeddings_and_output_weights", "true",
         "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "
         "across stages; set it to false (as the MoE recipes do) or pipeline_model_parallel_size=1");
-  if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !p.interleaved)
+  // Bridge asserts this before Megatron-Core takes a VPP from the layout, so the VPP as given.
+  if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !m.virtual_pipeline_model_parallel_size)
     bad("model.virtual_pipeline_model_parallel_size", "None",
         "[ep_overlap.pp_needs_vpp] If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
         "specified when pipeline_model_parallel_size > 1; set it (e.g. 2)");

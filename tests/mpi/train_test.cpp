@@ -51,7 +51,7 @@ TEST(Training, EveryLayoutGivesTheSingleRankLossCurve) {
 
 TEST(Training, PipelineGivesTheSingleRankLossCurve) {
   // 4 layers (dense, MoE, dense, MoE) over PP = 2 and 4 stages, 1F1B, interleaved (VPP 2, or 1 at
-  // PP 4), uneven stages, alltoall and flex, the overlapped distributed optimizer: the single-rank
+  // PP 4), uneven stages, a pipeline layout, alltoall and flex, the overlapped distributed optimizer: the single-rank
   // FP32 losses within the same bound as the EP layouts (the gradient sums over DP and the norm
   // over PP change the order of FP32 adds).
   const int world = mpi().size();
@@ -70,7 +70,11 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
           std::vector<std::string>{"model.num_layers_in_first_pipeline_stage=1", pp == 2 ? "model.num_layers_in_last_pipeline_stage=3"
                                                                                        : "model.num_layers_in_last_pipeline_stage=1"},
           std::vector<std::string>{"ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
-                                   "ddp.overlap_param_gather=true", "model.virtual_pipeline_model_parallel_size=1"}}) {
+                                   "ddp.overlap_param_gather=true", "model.virtual_pipeline_model_parallel_size=1"},
+          // A layout: at PP 2 three chunks per stage (VPP 3 detected; the embedding's and the
+          // loss's chunks hold no layer), at PP 4 the embedding and the loss beside a layer.
+          std::vector<std::string>{pp == 2 ? "model.pipeline_model_parallel_layout=E|t|t|t|t|L"
+                                           : "model.pipeline_model_parallel_layout=Et|t|t|tL"}}) {
       if (pp == 4 && knobs.front() == "model.num_layers_in_first_pipeline_stage=1") continue;  // 2 left over 2 middle stages
       std::vector<std::string> o = model;
       o.insert(o.end(), {"model.pipeline_model_parallel_size=" + std::to_string(pp),

@@ -259,6 +259,9 @@ const std::vector<Case>& cases() {
       {"pipeline.interleaved_microbatches",
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4", "train.global_batch_size=2"},
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
+      {"pipeline.interleaved_microbatches",  // the VPP Megatron-Core reads from a layout of 2 stages per rank
+       PP2 + Overrides{"model.pipeline_model_parallel_layout=Et|t|t|tL", "model.num_layers=4", "train.global_batch_size=2"},
+       PP2 + Overrides{"model.pipeline_model_parallel_layout=Et|t|t|tL", "model.num_layers=4"}},
       {"advice.pp_without_vpp", PP2,
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
       {"advice.full_recompute",
@@ -312,6 +315,13 @@ TEST(CheckRules, BridgeMessagesVerbatim) {
   EXPECT_EQ(message(OV + PP2, "ep_overlap.pp_needs_vpp"),
             "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified "
             "when pipeline_model_parallel_size > 1");
+  {  // Bridge asks before Megatron-Core reads the VPP from a layout: the fix gives the layout's.
+    const CheckReport r =
+        check(OV + PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=E|t|t|t|t|L"});
+    const Finding* f = find(r, "ep_overlap.pp_needs_vpp");
+    ASSERT_NE(f, nullptr) << format_report(r);
+    EXPECT_EQ(f->fix, "model.virtual_pipeline_model_parallel_size=3");
+  }
   EXPECT_EQ(message(OV + Overrides{"model.moe_shared_expert_overlap=true"},
                     "ep_overlap.shared_expert_overlap"),
             "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm");

@@ -8,10 +8,39 @@
 #include <gtest/gtest.h>
 
 #include "epx/base/error.hpp"
+#include "epx/check/pipeline_split.hpp"
 #include "epx/schedule/pipeline.hpp"
 
 namespace epx {
 namespace {
+
+// The runtime's spec of a config's split (what job_spec builds).
+PipelineSpec spec_of(const ModelConfig& m) {
+  const PipelineSplit s = pipeline_split(m);
+  return PipelineSpec::from_layer_counts(s.stages, s.chunks, s.interleaved, s.layers);
+}
+
+PipelineSpec split(int num_layers, int pp, std::optional<int> vpp, OptInt first, OptInt last, bool embedding_counts,
+                   bool loss_counts) {
+  ModelConfig m;
+  m.num_layers = num_layers;
+  m.pipeline_model_parallel_size = pp;
+  if (vpp) m.virtual_pipeline_model_parallel_size = *vpp;
+  m.num_layers_in_first_pipeline_stage = first;
+  m.num_layers_in_last_pipeline_stage = last;
+  m.account_for_embedding_in_pipeline_split = embedding_counts;
+  m.account_for_loss_in_pipeline_split = loss_counts;
+  return spec_of(m);
+}
+
+PipelineSpec from_layout(int num_layers, int pp, const std::string& layout, OptInt vpp = std::nullopt) {
+  ModelConfig m;
+  m.num_layers = num_layers;
+  m.pipeline_model_parallel_size = pp;
+  m.virtual_pipeline_model_parallel_size = vpp;
+  m.pipeline_model_parallel_layout = layout;
+  return spec_of(m);
+}
 
 std::vector<std::vector<std::pair<int, int>>> ranges(const PipelineSpec& p) {
   std::vector<std::vector<std::pair<int, int>>> out;
@@ -25,29 +54,59 @@ std::vector<std::vector<std::pair<int, int>>> ranges(const PipelineSpec& p) {
 using Ranges = std::vector<std::vector<std::pair<int, int>>>;
 
 TEST(PipelineSplit, MatchesMegatronsLayerOffsets) {
-  EXPECT_EQ(ranges(PipelineSpec::split(8, 2, std::nullopt, {}, {}, false, false)), (Ranges{{{0, 4}}, {{4, 8}}}));
+  EXPECT_EQ(ranges(split(8, 2, std::nullopt, {}, {}, false, false)), (Ranges{{{0, 4}}, {{4, 8}}}));
   // VPP: chunk v of stage p is virtual stage v x PP + p.
-  EXPECT_EQ(ranges(PipelineSpec::split(8, 2, 2, {}, {}, false, false)), (Ranges{{{0, 2}, {4, 6}}, {{2, 4}, {6, 8}}}));
+  EXPECT_EQ(ranges(split(8, 2, 2, {}, {}, false, false)), (Ranges{{{0, 2}, {4, 6}}, {{2, 4}, {6, 8}}}));
   // Uneven: first stage 1, last 3, the middle two 2 each (get_transformer_layer_offset).
-  EXPECT_EQ(ranges(PipelineSpec::split(8, 4, std::nullopt, 1, 3, false, false)),
+  EXPECT_EQ(ranges(split(8, 4, std::nullopt, 1, 3, false, false)),
             (Ranges{{{0, 1}}, {{1, 3}}, {{3, 5}}, {{5, 8}}}));
   // Uneven with VPP 2: first stage 2 (1 per chunk), middle 4 (2 per chunk), last 2.
-  EXPECT_EQ(ranges(PipelineSpec::split(8, 3, 2, 2, 2, false, false)),
+  EXPECT_EQ(ranges(split(8, 3, 2, 2, 2, false, false)),
             (Ranges{{{0, 1}, {4, 5}}, {{1, 3}, {5, 7}}, {{3, 4}, {7, 8}}}));
   // The embedding and the loss counted as layers: 6 + 2 over 4 stages.
-  EXPECT_EQ(ranges(PipelineSpec::split(6, 4, std::nullopt, {}, {}, true, true)),
+  EXPECT_EQ(ranges(split(6, 4, std::nullopt, {}, {}, true, true)),
             (Ranges{{{0, 1}}, {{1, 3}}, {{3, 5}}, {{5, 6}}}));
-  EXPECT_FALSE(PipelineSpec::split(8, 2, std::nullopt, {}, {}, false, false).interleaved);
-  EXPECT_TRUE(PipelineSpec::split(8, 2, 1, {}, {}, false, false).interleaved);  // VPP set, even to 1
+  EXPECT_FALSE(split(8, 2, std::nullopt, {}, {}, false, false).interleaved);
+  EXPECT_TRUE(split(8, 2, 1, {}, {}, false, false).interleaved);  // VPP set, even to 1
+}
+
+TEST(PipelineSplit, FollowsTheLayout) {
+  // Megatron-Core's example shape: the embedding with one layer, the loss alone on the last stage.
+  EXPECT_EQ(ranges(from_layout(5, 4, "Et|tt|tt|L")), (Ranges{{{0, 1}}, {{1, 3}}, {{3, 5}}, {{5, 5}}}));
+  // Eight stages over PP 4: VPP 2 detected, the interleaved schedule, chunk v of stage p is v*4+p.
+  const PipelineSpec p = from_layout(7, 4, "E|(t|)*6tL");
+  EXPECT_TRUE(p.interleaved);
+  EXPECT_EQ(p.chunks, 2);
+  EXPECT_EQ(ranges(p), (Ranges{{{0, 0}, {3, 4}}, {{0, 1}, {4, 5}}, {{1, 2}, {5, 6}}, {{2, 3}, {6, 7}}}));
+  // One stage per rank: VPP stays None (1F1B) unless given, and given it must agree.
+  EXPECT_FALSE(from_layout(4, 2, "Ett|ttL").interleaved);
+  EXPECT_TRUE(from_layout(4, 2, "Ett|ttL", 1).interleaved);
+  EXPECT_THROW(from_layout(4, 2, "Ett|ttL", 2), ConfigError);
+  EXPECT_THROW(from_layout(4, 2, "Ett|tt|L"), ConfigError);   // 3 stages over PP 2
+  EXPECT_THROW(from_layout(4, 2, "Ettt|ttL"), ConfigError);   // 5 decoder layers
+  EXPECT_THROW(from_layout(4, 2, "tEt|ttL"), ConfigError);    // the embedding not first
+  // The planner's stages: the embedding's and the loss's, and each stage's layers.
+  ModelConfig m;
+  m.num_layers = 5;
+  m.pipeline_model_parallel_size = 4;
+  m.pipeline_model_parallel_layout = "Et|tt|tt|L";
+  const PipelineSplit s = pipeline_split(m);
+  EXPECT_EQ(s.layers_on(0), 1);
+  EXPECT_EQ(s.layers_on(3), 0);
+  EXPECT_EQ(s.stage_of(s.loss_stage), 3);
+  EXPECT_EQ(virtual_pipeline_size(m), std::nullopt);
+  m.num_layers = 7;
+  m.pipeline_model_parallel_layout = "E|(t|)*6tL";
+  EXPECT_EQ(virtual_pipeline_size(m), 2);
 }
 
 TEST(PipelineSplit, RefusesSplitsThatDoNotDivide) {
-  EXPECT_THROW(PipelineSpec::split(6, 4, std::nullopt, {}, {}, false, false), ConfigError);
-  EXPECT_THROW(PipelineSpec::split(8, 2, 3, {}, {}, false, false), ConfigError);
-  EXPECT_THROW(PipelineSpec::split(8, 3, std::nullopt, 1, {}, false, false), ConfigError);  // 7 over 2
-  EXPECT_THROW(PipelineSpec::split(8, 3, 2, 1, 1, false, false), ConfigError);  // 1 layer over 2 chunks
+  EXPECT_THROW(split(6, 4, std::nullopt, {}, {}, false, false), ConfigError);
+  EXPECT_THROW(split(8, 2, 3, {}, {}, false, false), ConfigError);
+  EXPECT_THROW(split(8, 3, std::nullopt, 1, {}, false, false), ConfigError);  // 7 over 2
+  EXPECT_THROW(split(8, 3, 2, 1, 1, false, false), ConfigError);  // 1 layer over 2 chunks
   try {
-    PipelineSpec::split(6, 4, std::nullopt, {}, {}, false, false);
+    split(6, 4, std::nullopt, {}, {}, false, false);
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("model.num_layers=6"), std::string::npos) << e.what();
   }
@@ -100,9 +159,9 @@ void expect_runs_to_completion(const PipelineSpec& p, int m, bool merge) {
 TEST(PipelineOrder, EveryOrderRunsEachPassOnceWithoutDeadlock) {
   for (int pp : {2, 3, 4})
     for (int m = 1; m <= 12; ++m) {
-      expect_runs_to_completion(PipelineSpec::split(pp * 4, pp, std::nullopt, {}, {}, false, false), m, false);
+      expect_runs_to_completion(split(pp * 4, pp, std::nullopt, {}, {}, false, false), m, false);
       for (int vpp : {1, 2, 4}) {
-        const PipelineSpec p = PipelineSpec::split(pp * 4, pp, vpp, {}, {}, false, false);
+        const PipelineSpec p = split(pp * 4, pp, vpp, {}, {}, false, false);
         if (pipeline_micro_batch_error(p, m)) continue;
         expect_runs_to_completion(p, m, false);
         expect_runs_to_completion(p, m, true);
@@ -111,7 +170,7 @@ TEST(PipelineOrder, EveryOrderRunsEachPassOnceWithoutDeadlock) {
 }
 
 TEST(PipelineOrder, OneF1BWarmsUpWithTheLaterStagesForwards) {
-  const PipelineSpec p = PipelineSpec::split(4, 4, std::nullopt, {}, {}, false, false);
+  const PipelineSpec p = split(4, 4, std::nullopt, {}, {}, false, false);
   // Stage 1 of 4 with 6 micro-batches: 2 warm-up forwards, then F B alternating, then 2 backwards.
   const std::vector<PipelineStep> steps = pipeline_order(p, 1, 6, false);
   std::string shape;
@@ -122,7 +181,7 @@ TEST(PipelineOrder, OneF1BWarmsUpWithTheLaterStagesForwards) {
 }
 
 TEST(PipelineOrder, InterleavedFollowsTheScheduleTable) {
-  const PipelineSpec p = PipelineSpec::split(8, 2, 2, {}, {}, false, false);
+  const PipelineSpec p = split(8, 2, 2, {}, {}, false, false);
   // Stage 0 of 2, VPP 2, 4 micro-batches: warm-up 2 (PP - 1) + (VPP - 1) PP = 4 forwards in the
   // table's order (0,c0) (1,c0) (0,c1) (1,c1), then 1F1B with the backward's chunks reversed.
   const std::vector<PipelineStep> steps = pipeline_order(p, 0, 4, false);

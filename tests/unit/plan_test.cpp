@@ -35,6 +35,28 @@ TEST(Plan, ModelFlopsAreMegatrons) {
   EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {"model.mtp_num_layers=null", "model.pipeline_model_parallel_layout=Et|(tt|)*30L"})).per_token() / 1e9, 249.81), 0.005);
 }
 
+// Each stage's layers as the config places them: the layout's, uneven, or counting the embedding.
+TEST(Plan, StagesFollowTheConfigsSplit) {
+  // DeepSeek-V3's "Et|(tt|)*30mL" over PP 8 x VPP 4: stage 0 holds the embedding and 1 + 3 x 2
+  // layers, stage 7 three chunks of 2, the MTP layer and the loss.
+  const ModelConfig v3 = resolved("deepseek_v3", {}).model;
+  const PipelineSplit split = pipeline_split(v3);
+  const PipelineStage first = pipeline_stage(v3, split, 0), last = pipeline_stage(v3, split, 7);
+  EXPECT_EQ(first.layers, 7);
+  EXPECT_TRUE(first.first && !first.last);
+  EXPECT_EQ(last.layers, 6);
+  EXPECT_EQ(last.mtp_layers, 1);
+  EXPECT_TRUE(last.last && !last.first);
+  // A lighter first stage holds less at the peak.
+  const std::vector<std::string> pp4 = {"model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=1",
+                                        "target.num_gpus=64"};
+  std::vector<std::string> uneven = pp4;
+  uneven.insert(uneven.end(), {"model.num_layers_in_first_pipeline_stage=9", "model.num_layers_in_last_pipeline_stage=13"});
+  const Config even_c = resolved("qwen3_30b_a3b", pp4), uneven_c = resolved("qwen3_30b_a3b", uneven);
+  EXPECT_EQ(pipeline_stage(uneven_c.model, pipeline_split(uneven_c.model), 0).layers, 9);
+  EXPECT_LT(make_plan(uneven_c).configured().peak_memory_gb, make_plan(even_c).configured().peak_memory_gb);
+}
+
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
 // 15% in step time; peak memory (GiB) within 15% of the measured max allocated.
 TEST(Plan, SeedRunsOnSixteenH100) {

@@ -4,7 +4,6 @@
 // stage 0's chunk v+1 (get_transformer_layer_offset / get_num_layers_to_build).
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +20,10 @@ struct PipelineSpec {
   bool interleaved = false;  // VPP set (even to 1): Megatron's interleaved schedule
   std::vector<std::vector<LayerRange>> layers;  // [stage][chunk]
 
-  // The split of `num_layers`: evenly over PP x VPP virtual stages, or with the first / last
-  // stage's layer counts given (the rest even over the middle stages, each stage's layers even
-  // over its chunks); the embedding / loss may count as a layer of the first / last virtual
-  // stage. Throws ConfigError naming the field when the layers do not split so.
-  static PipelineSpec split(int num_layers, int pp, std::optional<int> vpp, std::optional<int> first_stage_layers,
-                            std::optional<int> last_stage_layers, bool embedding_counts, bool loss_counts);
+  // The spec of `layers_per_virtual_stage` (PP x `chunks` counts, in virtual-stage order: the
+  // layers run through them in order). The config's split is the check layer's pipeline_split.
+  static PipelineSpec from_layer_counts(int pp, int chunks, bool interleaved,
+                                        const std::vector<int>& layers_per_virtual_stage);
 
   int virtual_stages() const { return stages * chunks; }
   bool first_virtual(int stage, int chunk) const { return stage == 0 && chunk == 0; }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "epx/check/check.hpp"
+#include "epx/check/pipeline_split.hpp"
 #include "epx/comm/parallel_layout.hpp"
 #include "epx/config/config.hpp"
 #include "epx/plan/flops.hpp"
@@ -32,16 +33,17 @@ LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
 // One line per rank: its node and its index in every group kind (--ranks).
 std::string format_rank_map(const LayoutPlan& p, int max_ranks);
 
-// The layers of pipeline stage `stage` (of PP, with VPP model chunks each: chunk v holds layers
-// [(v*PP + stage)*n, +n), n = L/(PP*VPP), Megatron's interleaved assignment). The first stage
-// holds the embedding, the last the output layer, the MTP layers and the loss.
+// The layers of pipeline stage `stage` (all of its model chunks), as the check layer's
+// pipeline_split places them: even, uneven, with the embedding / loss counted, or by the layout.
+// The stage with the embedding is `first`, the one with the output layer and loss `last`; the
+// MTP layers sit where the layout puts them, else on the last stage.
 struct PipelineStage {
   double layers = 0, moe_layers = 0, mtp_layers = 0;
   bool first = true, last = true;
 };
-PipelineStage pipeline_stage(const ModelConfig& m, int pp, int vpp, int stage);
+PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, int stage);
 // The stage with the most MoE layers: the one whose token exchanges set the pace.
-PipelineStage busiest_moe_stage(const ModelConfig& m, int pp, int vpp);
+PipelineStage busiest_moe_stage(const ModelConfig& m);
 
 // Bytes per GPU on the most-loaded rank (reported in GiB, Megatron's "gigabytes") (the first pipeline stage), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the

@@ -32,7 +32,8 @@ ModelSpec model_spec_from_config(const Config& c);
 DispatcherOptions dispatcher_options_from_config(const Config& c);
 // Which layers each pipeline stage and model chunk builds (model.pipeline_model_parallel_size,
 // virtual_pipeline_model_parallel_size, num_layers_in_first/last_pipeline_stage,
-// account_for_embedding/loss_in_pipeline_split); refuses what epx cannot run with PP > 1.
+// account_for_embedding/loss_in_pipeline_split, or pipeline_model_parallel_layout: the check
+// layer's pipeline_split); refuses what epx cannot run with PP > 1.
 PipelineSpec pipeline_spec_from_config(const Config& c);
 // comm_overlap as resolved onto the model: EP overlap, delayed wgrad.
 ScheduleOptions schedule_options_from_config(const Config& c);

@@ -1,0 +1,40 @@
+// Megatron-Core's placement of the decoder layers on the pipeline stages, from a config: even
+// over PP x VPP model chunks, uneven with num_layers_in_first/last_pipeline_stage, with the
+// embedding / loss counted as layers, or as pipeline_model_parallel_layout lists them
+// (get_num_layers_to_build / get_transformer_layer_offset). Chunk v of stage p is virtual stage
+// v * PP + p; the layers run through the virtual stages in order. One source for the runtime's
+// pipeline (epx run) and the planner's per-stage memory and time.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "epx/config/config.hpp"
+
+namespace epx {
+
+struct PipelineSplit {
+  int stages = 1;            // pipeline_model_parallel_size
+  int chunks = 1;            // model chunks per stage: VPP, as given or as the layout has it
+  bool interleaved = false;  // Megatron's interleaved schedule: VPP given (even 1) or detected above 1
+  std::vector<int> layers;   // decoder layers per virtual stage, in virtual-stage order
+  // The virtual stages that hold the embedding, the loss (the output layer) and the MTP layers:
+  // the first, the last and the last, or where the layout puts them.
+  int embedding_stage = 0, loss_stage = 0, mtp_stage = 0;
+  int mtp_layers = 0;
+
+  int virtual_stages() const { return stages * chunks; }
+  int stage_of(int virtual_stage) const { return virtual_stage % stages; }
+  // Stage p's layers, and its first layer in each chunk ([chunk] = {first, end}).
+  int layers_on(int stage) const;
+  std::vector<std::pair<int, int>> ranges_on(int stage) const;
+};
+
+// Megatron-Core's VPP after its finalize: as given, else the layout's stages / PP when that is
+// above 1 (TransformerConfig.__post_init__). A layout that does not parse counts as none.
+std::optional<Int> virtual_pipeline_size(const ModelConfig& m);
+
+// The split of `m`'s layers. Throws ConfigError naming the field when they do not split so.
+PipelineSplit pipeline_split(const ModelConfig& m);
+
+}  // namespace epx
