@@ -89,15 +89,16 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSpl
   if (st.last && (!st.first || !m.share_embeddings_and_output_weights)) out.dense_params += V * h / tp;
   out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
 
-  // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the FP32 main grad, and
-  // the FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
-  // optimizer.
+  // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the main grad, and the
+  // FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
+  // optimizer. Megatron's DDP keeps the main grads in the parameters' dtype unless
+  // ddp.grad_reduce_in_fp32 (param_and_grad_buffer.py); epx's runtime always in FP32.
   const double weight_bytes = element_bytes(m);
   const double all_params = out.dense_params + out.expert_params;
   out.optimizer_params = c.ddp.use_distributed_optimizer ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp
                                                          : all_params;
   out.weights = weight_bytes * all_params;
-  out.gradients = 4 * all_params;
+  out.gradients = (c.ddp.grad_reduce_in_fp32 || !target_gpu(c).cuda() ? 4 : weight_bytes) * all_params;
   out.optimizer = 12 * out.optimizer_params;
 
   // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:

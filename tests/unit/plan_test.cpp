@@ -58,7 +58,8 @@ TEST(Plan, StagesFollowTheConfigsSplit) {
 }
 
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
-// 15% in step time; peak memory (GiB) within 15% of the measured max allocated.
+// 15% in step time; peak memory within 5% of the measured max allocated (Megatron's BF16 main
+// grads: 4 bytes a parameter instead put it 10% high).
 TEST(Plan, SeedRunsOnSixteenH100) {
   const std::vector<std::string> ab = {"model.moe_token_dispatcher_type=alltoall", "model.moe_permute_fusion=false",
                                        "model.moe_permute_fusion_into_hybridep=false"};
@@ -88,7 +89,7 @@ TEST(Plan, SeedRunsOnSixteenH100) {
     const Variant& v = p.configured();
     EXPECT_LT(rel(v.step_time_s, r.step_s), 0.15) << testing::PrintToString(r.overrides) << ": " << v.step_time_s;
     if (r.memory_gb > 0) {
-      EXPECT_LT(rel(v.peak_memory_gb * 1073741824.0 / 1e9, r.memory_gb), 0.15) << v.peak_memory_gb << " GiB";
+      EXPECT_LT(rel(v.peak_memory_gb * 1073741824.0 / 1e9, r.memory_gb), 0.05) << v.peak_memory_gb << " GiB";
     }
     EXPECT_TRUE(p.fits);
   }
