@@ -1,4 +1,6 @@
 // Hydra-style dotted overrides and the performance harness's flags.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "epx/config/config.hpp"
@@ -46,6 +48,15 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
   }
   // Look up through a const view: yaml-cpp's mutable operator[] would insert the key.
   const YAML::Node& kept = cfg.extra_sections.node;
+  const auto& bridge = bridge_only_sections();
+  if (!kept[section].IsDefined() && std::find(bridge.begin(), bridge.end(), section) != bridge.end()) {
+    if (deleting) throw ConfigError(fmt::format("cannot delete {}: the config has no {} group", key, section));
+    if (!adding || name.empty())
+      throw ConfigError(fmt::format("{}: the config has no {} group (Megatron-Bridge's, kept but not modelled by epx); "
+                                    "add a key to it with +{}.KEY=VALUE",
+                                    key, section, section));
+    cfg.extra_sections.node[section] = YAML::Node(YAML::NodeType::Map);  // +dataset.x=1 starts the group
+  }
   YAML::Node sec = kept[section];
   if (!sec.IsDefined() || !sec.IsMap()) return false;
   if (deleting) {

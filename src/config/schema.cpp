@@ -515,6 +515,14 @@ const std::vector<std::string>& schema_sections() {
   return sections;
 }
 
+const std::vector<std::string>& bridge_only_sections() {
+  static const std::vector<std::string> sections = {
+      "dataset",         "logger", "tokenizer",         "checkpoint", "dist",           "profiling",
+      "peft",            "mixed_precision", "inprocess_restart", "ft", "straggler", "nvrx_straggler",
+      "rerun_state_machine", "tensor_inspect", "mixed_precision_config"};
+  return sections;
+}
+
 // The issue-level names for training settings that Megatron-Bridge keeps in other sections.
 const std::vector<std::pair<std::string, std::string>>& field_aliases() {
   static const std::vector<std::pair<std::string, std::string>> aliases = {

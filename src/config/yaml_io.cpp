@@ -10,12 +10,6 @@
 namespace epx {
 namespace {
 
-// Megatron-Bridge ConfigContainer groups that epx does not model: kept and reported, not errors.
-const std::vector<std::string> kBridgeOnlySections = {
-    "dataset", "logger", "tokenizer", "checkpoint", "dist", "profiling", "peft",
-    "mixed_precision", "inprocess_restart", "ft", "straggler", "nvrx_straggler",
-    "rerun_state_machine", "tensor_inspect", "mixed_precision_config"};
-
 // Bounds on what a config may be, so that a hostile or broken file is refused quickly with a
 // message rather than parsed for minutes: a Megatron-Bridge dump is a few tens of kilobytes,
 // a few thousand values, nested four or five levels.
@@ -157,8 +151,8 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
     } else if (is_modelled_section(sec)) {
       load_section(c, sec, body);
     } else if (sec.starts_with("_") ||
-               std::find(kBridgeOnlySections.begin(), kBridgeOnlySections.end(), sec) !=
-                   kBridgeOnlySections.end()) {
+               std::find(bridge_only_sections().begin(), bridge_only_sections().end(), sec) !=
+                   bridge_only_sections().end()) {
       c.extra_sections.node[sec] = body;
     } else {
       throw ConfigError(fmt::format("{}: unknown section '{}'{}; epx models {} and keeps "
@@ -166,7 +160,7 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
                                     location(source_name, kv.first), sec,
                                     did_you_mean(suggest_sections(sec)),
                                     fmt::join(schema_sections(), ", "),
-                                    fmt::join(kBridgeOnlySections, ", ")));
+                                    fmt::join(bridge_only_sections(), ", ")));
     }
   }
   // A Bridge dump has no epx target section but may record its data-parallel size (Bridge

@@ -267,7 +267,7 @@ IterationLog Trainer::train_step(int it) {
   log.consumed_samples = it * gbs;
   log.step_s = step_s;
   log.tflops_per_rank = flops_per_iteration_ / step_s / world_.size() / 1e12;
-  log.lr = job_.lr.at(it - 1);
+  log.lr = job_.lr.at(it);  // as Megatron logs it: after the scheduler's step, the next iteration's
   // Every stage's ranks hold one replica's worth: the LM loss on the last stage, each stage its
   // own layers' share of the load-balancing loss.
   const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);

@@ -129,6 +129,11 @@ TEST(ConfigOverrides, AddDeleteAndAliases) {
             std::string::npos);
   apply_override(c, "+env_vars.FOO=1");
   EXPECT_EQ(c.env_vars.at("FOO"), "1");
+  // A Bridge group the config lacks: `+` starts it (kept, not modelled); without `+` it is named.
+  EXPECT_NE(error_of([&] { apply_override(c, "dataset.num_workers=4"); }).find("+dataset.KEY=VALUE"),
+            std::string::npos);
+  apply_override(c, "+dataset.num_workers=4");
+  EXPECT_EQ(c.extra_sections.node["dataset"]["num_workers"].as<int>(), 4);
   apply_override(c, "env_vars.FOO=2");
   EXPECT_EQ(c.env_vars.at("FOO"), "2");
   apply_override(c, "~env_vars.FOO");

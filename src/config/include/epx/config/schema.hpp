@@ -34,6 +34,10 @@ const std::vector<FieldInfo>& schema();
 // The modelled sections, in dump order ("model", "comm_overlap", ...; not env_vars).
 const std::vector<std::string>& schema_sections();
 
+// Megatron-Bridge's ConfigContainer groups epx does not model ("dataset", "logger", ...): kept
+// and reported, not errors.
+const std::vector<std::string>& bridge_only_sections();
+
 // Field by dotted key, accepting the documented aliases (train.seed -> rng.seed, ...).
 const FieldInfo* find_field(std::string_view key);
 
