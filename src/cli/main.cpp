@@ -7,6 +7,7 @@
 #include "bench_command.hpp"
 #include "bench_layer_command.hpp"
 #include "config_args.hpp"
+#include "epx/base/edit_distance.hpp"
 #include "epx/base/error.hpp"
 #include "epx/base/omp_env.hpp"
 #include "epx/base/output_file.hpp"
@@ -33,6 +34,36 @@ int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   return report.ok() ? kExitOk : kExitCheckFailed;
 }
 
+// CLI11 answers a misspelt or missing command with "A subcommand is required": name it instead,
+// with the commands there are and the nearest. Walks the leading words down the command tree;
+// "" when the words reach a command that takes arguments.
+std::string unknown_command(const CLI::App& app, const std::vector<std::string>& args) {
+  const auto commands = [](const CLI::App* at) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+    return names;
+  };
+  const CLI::App* at = &app;
+  std::string path = "epx";
+  for (auto word = args.rbegin(); word != args.rend() && !word->starts_with("-"); ++word) {  // parse order: reversed
+    const auto subs = at->get_subcommands([&](const CLI::App* sub) { return sub->get_name() == *word; });
+    if (!subs.empty()) {
+      at = subs.front();
+      path += " " + *word;
+      continue;
+    }
+    if (at->get_require_subcommand_min() == 0) return "";
+    std::string nearest;
+    for (const std::string& n : commands(at))
+      if (edit_distance(n, *word) <= 2 && (nearest.empty() || edit_distance(n, *word) < edit_distance(nearest, *word)))
+        nearest = n;
+    return fmt::format("unknown command '{}' for '{}'{}; the commands: {}", *word, path,
+                       nearest.empty() ? "" : fmt::format(" (did you mean {}?)", nearest), fmt::join(commands(at), ", "));
+  }
+  if (at->get_require_subcommand_min() == 0) return "";
+  return fmt::format("'{}' needs a command: {}", path, fmt::join(commands(at), ", "));
+}
+
 int run_config_show(const ConfigArgs& args) {
   const Config loaded = args.load();
   const Config resolved = resolve_config(loaded, args.flags.moe_flex_dispatcher_backend);
@@ -49,7 +80,7 @@ int run_config_show(const ConfigArgs& args) {
 int main(int argc, char** argv) {
   epx::cap_openmp_spin(argv);
   using namespace epx::cli;
-  CLI::App app{"epx: expert-parallel MoE training with communication overlap"};
+  CLI::App app{"epx: expert-parallel MoE training with communication overlap", "epx"};
   app.require_subcommand(1);
 
   ConfigArgs check_args;
@@ -127,7 +158,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "epx: error: " << e.what() << "\nRun with --help for the options.\n";
+    const std::string unknown = unknown_command(app, normalize_harness_flags(argc, argv));
+    std::cerr << "epx: error: " << (unknown.empty() ? e.what() : unknown) << "\nRun with --help for the options.\n";
     return epx::kExitBadInput;
   }
 

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/edit_distance.hpp"
+
 namespace epx {
 namespace {
 
@@ -475,21 +477,6 @@ std::vector<FieldInfo> build_schema() {
 }
 
 #undef EPX_FIELD
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 std::vector<std::string> split_words(const std::string& name) {
   std::vector<std::string> words;

@@ -1,6 +1,7 @@
 // YAML in and out: epx recipes, `epx config show` dumps and Megatron-Bridge config dumps.
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -187,8 +188,16 @@ void walk_within_bounds(const YAML::Node& node, const std::string& source, int d
     throw ConfigError(fmt::format("{}: more than {} values (aliases counted as the copies they "
                                   "make); a config has a few thousand",
                                   location(source, node), kMaxValues));
+  std::map<std::string, int> lines;  // a map's scalar keys, at their lines
   if (node.IsMap() || node.IsSequence())
     for (const auto& item : node) {
+      if (node.IsMap() && item.first.IsScalar()) {
+        const auto [at, fresh] = lines.emplace(item.first.Scalar(), item.first.Mark().line + 1);
+        if (!fresh)
+          throw ConfigError(fmt::format("{}: duplicate key '{}' (also at line {}); which value is meant is "
+                                        "ambiguous, keep one",
+                                        location(source, item.first), item.first.Scalar(), at->second));
+      }
       if (node.IsMap()) {
         walk_within_bounds(item.first, source, depth + 1, values);
         walk_within_bounds(item.second, source, depth + 1, values);

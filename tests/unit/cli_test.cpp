@@ -40,6 +40,17 @@ TEST(Cli, CleanRecipePasses) {
   EXPECT_TRUE(has(r, "verdict: PASS")) << r.out;
 }
 
+TEST(Cli, MisspeltOrMissingCommandIsNamed) {
+  Result r = run("chek qwen3_30b_a3b_proxy");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "unknown command 'chek' for 'epx' (did you mean check?)")) << r.out;
+  r = run("config shwo qwen3_30b_a3b_proxy");
+  EXPECT_TRUE(has(r, "unknown command 'shwo' for 'epx config' (did you mean show?); the commands: show, list")) << r.out;
+  r = run("bench");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "'epx bench' needs a command: dispatch, layer")) << r.out;
+}
+
 TEST(Cli, ErrorsExitOne) {
   const Result r = run("check qwen3_30b_a3b_proxy comm_overlap.overlap_moe_expert_parallel_comm=true "
                        "-pp 2 -ng 4");

@@ -196,6 +196,12 @@ TEST(ConfigYaml, ErrorsNameFileLineAndKey) {
             std::string::npos);
   EXPECT_EQ(error_of([] { load_config_text("? [a, b]\n: 1\n", "k.yaml"); }).rfind("k.yaml:1:", 0),
             0u);
+  // A key given twice (yaml-cpp keeps both; the last would win silently), a section too.
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  num_layers: 2\n  num_layers: 3\n", "d.yaml"); })
+                .rfind("d.yaml:3:3: duplicate key 'num_layers' (also at line 2)", 0),
+            0u);
+  EXPECT_NE(error_of([] { load_config_text("model: {}\ntrain: {}\nmodel: {}\n", "d.yaml"); }).find("duplicate key 'model'"),
+            std::string::npos);
 }
 
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
