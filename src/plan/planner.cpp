@@ -58,6 +58,10 @@ std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
   return o;
 }
 
+bool tight_fit(double peak_gib, const GpuInfo& gpu) {
+  return gpu.cuda() && gpu.rates.memory_gb > 0 && peak_gib > 0.95 * gpu.rates.memory_gb;
+}
+
 Plan make_plan(const Config& c) {
   const ModelConfig& m = c.model;
   Plan p;
@@ -146,13 +150,16 @@ std::string format_plan(const Plan& p) {
       "  weights {:.1f} | gradients {:.1f} | optimizer {:.1f} | activations {:.1f} ({:.2g} micro-batches in "
       "flight) | dispatcher buffers {:.1f} | logits {:.1f} | runtime extras {:.1f}\n"
       "  parameters on the rank: {:.3g} dense, {:.3g} expert\n",
-      m.peak() / kGiB, p.gpu.rates.memory_gb, p.fits ? "fits" : "DOES NOT FIT", m.weights / kGiB, m.gradients / kGiB,
+      m.peak() / kGiB, p.gpu.rates.memory_gb,
+      !p.fits                            ? "DOES NOT FIT"
+      : tight_fit(m.peak() / kGiB, p.gpu) ? "fits, with under 5% left for the CUDA context, NCCL's buffers and fragmentation"
+                                          : "fits", m.weights / kGiB, m.gradients / kGiB,
       m.optimizer / kGiB, m.activations / kGiB, m.in_flight, m.dispatcher_buffers / kGiB, m.logits / kGiB, m.other / kGiB,
       m.dense_params, m.expert_params);
   out += fmt::format("step ({} micro-batches per DP rank):\n", p.micro_batches);
-  out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB exposed comm (s)  wall           override\n";
+  out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB  exposed comm (s)  wall           override\n";
   for (const Variant& v : p.variants)
-    out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:7.3f}  {:16.3f}  {:<13}  {}\n",
+    out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:8.3f}  {:16.3f}  {:<13}  {}\n",
                        v.as_configured ? "*" : " ", to_string(v.dispatcher), v.ep_overlap ? "on" : "off",
                        v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu,
                        v.peak_memory_gb, v.exposed_comm_s, v.wall, v.as_configured ? "(as configured)" : v.override);

@@ -98,6 +98,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     if (!report->ok()) continue;
                     ++result.passed_check;
                     const Plan p = make_plan(report->resolved);  // a rate the hardware lacks: the user's to fix
+                    result.gpu = p.gpu;
                     if (!p.fits) continue;
                     ++result.fit;
                     for (const Variant& v : p.variants)
@@ -117,12 +118,12 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
     const SearchRow &a = result.top[0], &b = result.top[1];
     const double d = b.variant.step_time_s - a.variant.step_time_s;
     if (std::llround(d * 1e3) == 0)
-      result.why = fmt::format("the best and the next tie on step time ({:.2f} s); the best holds {:.1f} GB less",
+      result.why = fmt::format("the best and the next tie on step time ({:.2f} s); the best holds {:.1f} GiB less",
                                a.variant.step_time_s, b.variant.peak_memory_gb - a.variant.peak_memory_gb);
     else
       result.why = fmt::format(
         "the best is {:.2f} s faster per step than the next: compute {:+.2f} s, exposed communication {:+.2f} s, "
-        "pipeline bubble {:+.2f} s (the next minus the best); peak memory {:.1f} against {:.1f} GB",
+        "pipeline bubble {:+.2f} s (the next minus the best); peak memory {:.1f} against {:.1f} GiB",
         d, b.variant.compute_s - a.variant.compute_s, b.variant.exposed_comm_s - a.variant.exposed_comm_s, b.variant.bubble_s - a.variant.bubble_s,
         a.variant.peak_memory_gb, b.variant.peak_memory_gb);
   }
@@ -132,12 +133,19 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
 std::string format_search(const SearchResult& r) {
   std::string out = fmt::format("searched {} layouts, {} configs: {} pass epx check, {} fit in memory\n", r.layouts_tried,
                                 r.configs_checked, r.passed_check, r.fit);
+  bool tight = false;
   for (std::size_t i = 0; i < r.top.size(); ++i) {
     const Variant& v = r.top[i].variant;
-    out += fmt::format("{:2}. {:7.2f} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GB  {:<13}  {}\n", i + 1,
-                       v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb, v.wall,
+    const bool t = tight_fit(v.peak_memory_gb, r.gpu);
+    tight = tight || t;
+    out += fmt::format("{:2}. {:7.2f} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GiB{}  {:<13}  {}\n", i + 1,
+                       v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb, t ? "*" : " ", v.wall,
                        fmt::join(r.top[i].overrides, " "));
   }
+  if (tight)
+    out += fmt::format("* within 5% of the GPU's {:.0f} GiB: what the count leaves out (the CUDA context, NCCL's buffers, "
+                       "fragmentation) may not fit\n",
+                       r.gpu.rates.memory_gb);
   if (!r.why.empty()) out += "why: " + r.why + "\n";
   if (r.top.empty()) out += "no layout passes the check and fits; see epx check and the memory of epx plan\n";
   return out;

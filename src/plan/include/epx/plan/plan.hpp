@@ -96,6 +96,10 @@ struct Plan {
   std::vector<Variant> variants;
   const Variant& configured() const;  // the one row `as_configured`
 };
+// A peak within 5% of a GPU's memory: it fits on paper, but what the count leaves out (the CUDA
+// context, NCCL's and the libraries' workspaces, the allocator's fragmentation; torch itself
+// sees about 79.2 of an H100's 80 GiB) may not.
+bool tight_fit(double peak_gib, const GpuInfo& gpu);
 // The plan of a config that passed `epx check` (resolved, world size and GPU given).
 Plan make_plan(const Config& resolved);
 // `resolved` with `overrides` applied and checked again (what advise and diagnose weigh): its

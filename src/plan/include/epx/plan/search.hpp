@@ -19,6 +19,7 @@ struct SearchResult {
   std::vector<SearchRow> top;  // best first
   int layouts_tried = 0, configs_checked = 0, passed_check = 0, fit = 0;
   std::string why;  // why the best beats the next
+  GpuInfo gpu;      // the target's
 };
 
 // `loaded`: the config with target.num_gpus and target.gpu given. `keep`: rows returned.
