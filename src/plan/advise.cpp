@@ -53,10 +53,19 @@ std::pair<Dispatcher, std::string> hardware_rule(const GpuInfo& g) {
 std::string ep_rule(const LayoutPlan& lp) {
   const ParallelLayout& l = lp.layout;
   const int ranks = l.ep * l.etp, node = std::max(1, lp.gpus_per_node);
-  if (ranks <= std::max(node, lp.nvlink_domain))
+  // Where the groups fall, not only their size: 32 ranks from rank 64 on cross a 72-GPU domain.
+  bool in_node = ranks <= node, in_domain = ranks <= lp.nvlink_domain;
+  for (const GroupPlacement& g : lp.groups)
+    if (g.kind == GroupKind::tp_ep) in_node = g.within_node, in_domain = g.within_nvlink;
+  if (in_node || in_domain)
     return fmt::format("EP {} inside one {} (small EP): dispatcher choice is usually second-order; start with "
                        "alltoall or DeepEP",
-                       l.ep, ranks <= node ? "node" : "NVLink domain");
+                       l.ep, in_node ? "node" : "NVLink domain");
+  if (ranks <= lp.nvlink_domain)
+    return fmt::format("EP {}: small enough for one NVLink domain of {}, but some EP groups straddle two (the domain "
+                       "is not a multiple of {} ranks), so they cross the network (medium EP): DeepEP often becomes "
+                       "worthwhile",
+                       l.ep, lp.nvlink_domain, ranks);
   if (l.ep >= 64) return fmt::format("EP {} (large EP): HybridEP is usually the best target on NVL72 systems", l.ep);
   return fmt::format("EP {} across {} nodes (medium EP): DeepEP often becomes worthwhile", l.ep, (ranks + node - 1) / node);
 }
@@ -299,6 +308,9 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   });
 
   // The gate.
+  const auto planned = [&](Dispatcher d) {
+    return std::any_of(a.options.begin(), a.options.end(), [&](const DispatcherOption& o) { return o.dispatcher == d; });
+  };
   const bool cpu = !a.plan.gpu.cuda();  // epx's own runtime
   if (cpu && !have.stated()) {
     a.gate.push_back("epx's CPU runtime has all three dispatchers (the flex backends are its emulations)");
@@ -309,11 +321,17 @@ Advice advise(const Config& c, const BackendAvailability& have) {
         "FILE written there)");
   } else {
     for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep})
-      if (!have.has(d))
+      if (!have.has(d) && planned(d))
         a.gate.push_back(fmt::format("{} is not installed ({}): an environment limitation, not performance data; not "
                                      "ranked. alltoall is the only measured fallback until it is installed",
                                      to_string(d), have.source));
   }
+  for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep})
+    if (!planned(d) && !cpu && a.plan.layout.layout.ep > 1)
+      a.gate.push_back(fmt::format("{} does not run on {}: Megatron-Bridge falls back to alltoall there ({}); not ranked",
+                                   to_string(d), a.plan.gpu.name,
+                                   d == Dispatcher::deepep ? "DeepEP: Ampere, Hopper, B200 and B300"
+                                                           : "HybridEP: compute capability 8 to 10"));
 
   // The recommendation: the planner's fastest available dispatcher that fits; the seeds' choice
   // when it is available and within the model's error of it.

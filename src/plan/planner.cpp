@@ -2,6 +2,7 @@
 // overlap, for a config that passed `epx check`.
 #include <fmt/format.h>
 
+#include "epx/check/flex_backend.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/step_time.hpp"
 
@@ -95,7 +96,12 @@ Plan make_plan(const Config& c) {
   const int vpp = pipeline_split(m).chunks;
   // Dispatchers and EP overlap only matter with MoE layers over EP ranks; otherwise one row.
   const bool exchanges = moe_layers_in(m, 0, m.num_layers) > 0 && l.ep > 1;
-  std::vector<Dispatcher> dispatchers = {Dispatcher::alltoall, Dispatcher::deepep, Dispatcher::hybridep};
+  // The flex backends where Bridge runs them (it falls back to alltoall elsewhere: DeepEP on
+  // GB200, say); epx's own runtime has both.
+  std::vector<Dispatcher> dispatchers = {Dispatcher::alltoall};
+  for (const auto& [d, supported] : {std::pair{Dispatcher::deepep, deepep_supported(p.gpu)},
+                                     std::pair{Dispatcher::hybridep, hybridep_supported(p.gpu)}})
+    if (supported || !p.gpu.cuda() || d == configured) dispatchers.push_back(d);
   std::vector<std::pair<bool, bool>> schedules = {{false, false}, {true, false}, {true, true}};
   if (!exchanges) {
     dispatchers = {configured};
