@@ -68,6 +68,11 @@ fs::path resolve_recipe(const std::string& name_or_path) {
     const fs::path candidate = dir / (name_or_path + ".yaml");
     if (is_file(candidate)) return fs::weakly_canonical(candidate);
   }
+  // Not a recipe: a file or folder of that name here (a config without .yaml, a typo'd folder).
+  if (is_file(as_path)) return as_path;
+  std::error_code ec;
+  if (fs::is_directory(as_path, ec))
+    throw ConfigError(fmt::format("{}: is a directory, not a config file (and no recipe has that name)", name_or_path));
   throw ConfigError(fmt::format("no recipe named '{}'; shipped recipes: {} (or give a path to "
                                 "a YAML file)",
                                 shorten(name_or_path, 200), fmt::join(list_recipes(), ", ")));
