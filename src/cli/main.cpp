@@ -1,4 +1,6 @@
 // `epx`: the command-line front end. Subcommands: check, config, layer, run, launch, bench.
+#include <algorithm>
+#include <functional>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -62,6 +64,27 @@ std::string unknown_command(const CLI::App& app, const std::vector<std::string>&
   }
   if (at->get_require_subcommand_min() == 0) return "";
   return fmt::format("'{}' needs a command: {}", path, fmt::join(commands(at), ", "));
+}
+
+// For an option CLI11 did not expect ("--max-steps"), the nearest option of any command
+// ("--max_steps"), as " (did you mean --max_steps?)"; "" when none is close.
+std::string nearest_option(const CLI::App& app, const std::vector<std::string>& args) {
+  std::vector<std::string> known;
+  const std::function<void(const CLI::App*)> collect = [&](const CLI::App* at) {
+    for (const CLI::Option* o : at->get_options())
+      for (const std::string& name : o->get_lnames()) known.push_back("--" + name);
+    for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) collect(sub);
+  };
+  collect(&app);
+  for (const std::string& arg : args) {
+    const std::string word = arg.substr(0, arg.find('='));
+    if (!word.starts_with("--") || std::find(known.begin(), known.end(), word) != known.end()) continue;
+    std::string best;
+    for (const std::string& k : known)
+      if (edit_distance(k, word) <= 2 && (best.empty() || edit_distance(k, word) < edit_distance(best, word))) best = k;
+    if (!best.empty()) return fmt::format(" (did you mean {}?)", best);
+  }
+  return "";
 }
 
 int run_config_show(const ConfigArgs& args) {
@@ -158,8 +181,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const std::string unknown = unknown_command(app, normalize_harness_flags(argc, argv));
-    std::cerr << "epx: error: " << (unknown.empty() ? e.what() : unknown) << "\nRun with --help for the options.\n";
+    const std::vector<std::string> args = normalize_harness_flags(argc, argv);
+    const std::string unknown = unknown_command(app, args);
+    std::cerr << "epx: error: " << (unknown.empty() ? e.what() + nearest_option(app, args) : unknown)
+              << "\nRun with --help for the options.\n";
     return epx::kExitBadInput;
   }
 

@@ -49,6 +49,9 @@ TEST(Cli, MisspeltOrMissingCommandIsNamed) {
   r = run("bench");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "'epx bench' needs a command: dispatch, layer")) << r.out;
+  r = run("check qwen3_30b_a3b_proxy --max-steps 3");  // the harness spells it --max_steps
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "(did you mean --max_steps?)")) << r.out;
 }
 
 TEST(Cli, ErrorsExitOne) {
