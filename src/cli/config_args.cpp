@@ -53,7 +53,12 @@ void ConfigArgs::add_to(CLI::App& app) {
   const char* group = "Performance-harness flags (win over dotted overrides)";
   app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp (and sequence_parallel = TP > 1, as the harness)")->group(group);
   app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->group(group);
-  app.add_option("--vp,--virtual_pipeline_model_parallel_size", flags.vp, "-vp (-1 keeps)")
+  app.add_option("--vp,--virtual_pipeline_model_parallel_size", flags.vp, "-vp: N, None (unset), -1 (keep)")
+      ->check([](const std::string& v) {
+        return v == "None" || (!v.empty() && v.find_first_not_of("-0123456789") == std::string::npos)
+                   ? std::string()
+                   : "expected an integer, None (unset) or -1 (keep), as the harness's -vp";
+      })
       ->group(group);
   app.add_option("--cp,--context_parallel_size", flags.cp, "-cp")->group(group);
   app.add_option("--ep,--expert_model_parallel_size", flags.ep, "-ep")->group(group);

@@ -150,7 +150,7 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   set_int("model.context_parallel_size", f.cp);
   set_int("model.expert_model_parallel_size", f.ep);
   set_int("model.expert_tensor_parallel_size", f.et);
-  if (f.vp && *f.vp != -1) set_int("model.virtual_pipeline_model_parallel_size", f.vp);
+  if (f.vp && *f.vp != "-1") set("model.virtual_pipeline_model_parallel_size", *f.vp);  // None: null
   set_int("train.global_batch_size", f.gb);
   set_int("train.micro_batch_size", f.mb);
   set_int("model.seq_length", f.sl);

@@ -243,7 +243,7 @@ TEST(HarnessFlags, ShortcutsAndPrecedence) {
   f.num_gpus = 8;
   f.gpu = "h100";
   f.gpus_per_node = 4;
-  f.vp = -1;  // keep
+  f.vp = "-1";  // keep
   apply_harness_flags(c, f);
   EXPECT_EQ(c.model.expert_model_parallel_size, 4);  // flag wins over the dotted override
   EXPECT_EQ(c.model.tensor_model_parallel_size, 2);
@@ -254,6 +254,13 @@ TEST(HarnessFlags, ShortcutsAndPrecedence) {
   EXPECT_EQ(c.target.gpu, "h100");
   EXPECT_EQ(c.target.num_gpus, 8);
   EXPECT_EQ(c.target.gpus_per_node, 4);
+  // -vp N sets VPP; -vp None unsets it (the harness reads "None" so).
+  f.vp = "2";
+  apply_harness_flags(c, f);
+  EXPECT_EQ(c.model.virtual_pipeline_model_parallel_size, 2);
+  f.vp = "None";
+  apply_harness_flags(c, f);
+  EXPECT_EQ(c.model.virtual_pipeline_model_parallel_size, std::nullopt);
   EXPECT_FALSE(c.model.virtual_pipeline_model_parallel_size.has_value());
 }
 

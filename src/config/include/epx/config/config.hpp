@@ -311,7 +311,8 @@ void apply_override(Config& cfg, const std::string& text,
 // overrides, so flags win, as in the harness. `--moe_flex_dispatcher_backend deepep|hybridep`
 // depends on the GPU and is applied by the checker (check/flex_backend).
 struct HarnessFlags {
-  OptInt tp, pp, vp, cp, ep, et, gb, mb, sl, max_steps;
+  OptInt tp, pp, cp, ep, et, gb, mb, sl, max_steps;
+  OptString vp;  // an integer, -1 (keep, the harness's default) or None (unset VPP)
   OptBool moe_a2a_overlap;
   OptString moe_flex_dispatcher_backend;  // "deepep", "hybridep" or "None"
   OptString gpu;
