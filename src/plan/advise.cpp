@@ -320,11 +320,17 @@ Advice advise(const Config& c, const BackendAvailability& have) {
         "model construction, before any timing: confirm it imports in the target container first (--have, or --probe "
         "FILE written there)");
   } else {
-    for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep})
-      if (!have.has(d) && planned(d))
+    for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep}) {
+      if (!planned(d)) continue;
+      if (!have.has(d))
         a.gate.push_back(fmt::format("{} is not installed ({}): an environment limitation, not performance data; not "
                                      "ranked. alltoall is the only measured fallback until it is installed",
                                      to_string(d), have.source));
+      else if (!(d == Dispatcher::deepep ? have.deepep : have.hybridep))
+        a.gate.push_back(fmt::format("{} is not stated in {}: ranked as if installed; confirm it imports in the target "
+                                     "container",
+                                     to_string(d), have.source));
+    }
   }
   for (Dispatcher d : {Dispatcher::deepep, Dispatcher::hybridep})
     if (!planned(d) && !cpu && a.plan.layout.layout.ep > 1)
