@@ -101,10 +101,10 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     if (mpi.rank() == 0) std::cout << text << "epx run: the check found errors; not starting\n" << std::flush;
     return kExitCheckFailed;
   }
-  if (mpi.rank() == 0) {  // the warnings (what Megatron would warn of, or change), then the verdict
+  if (mpi.rank() == 0) {  // the warnings (what Megatron would warn of, or change) and advice, then the verdict
     std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);)
-      if (line.starts_with("warning")) std::cout << "epx check: " << line << "\n";
+      if (line.starts_with("warning") || line.starts_with("advice")) std::cout << "epx check: " << line << "\n";
     const auto verdict = text.rfind("verdict:");
     std::cout << "epx check: " << text.substr(verdict == std::string::npos ? 0 : verdict) << std::flush;
   }
