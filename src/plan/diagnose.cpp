@@ -110,6 +110,11 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   }
   d.walls.push_back(host);
 
+  // Idle gaps are the host's; a low rate without them is the kernels' (small or unfused).
+  // Without a trace the two look alike, and on a GPU a low rate is most often launch-bound.
+  const bool host_gaps = host.share >= kHostGaps, low_rate = rate_share >= 0 && rate_share < kLowRate;
+  const bool maybe_host = host_gaps || (low_rate && !run.trace);
+
   // The verdict.
   if (memory.share >= kMemoryBinds || only_with_full) {
     d.binding = "memory";
@@ -119,8 +124,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     d.why = comm.evidence;
   } else {
     d.binding = "compute/host";
-    const bool host_bound = host.share >= kHostGaps || (rate_share >= 0 && rate_share < kLowRate);
-    d.why = (host_bound ? "host overhead: " : "compute: ") + host.evidence;
+    const std::string what = host_gaps   ? "host overhead: "
+                             : !low_rate ? "compute: "
+                             : run.trace ? "compute below its attainable rate (small or unfused kernels): "
+                                         : "compute or host overhead (no trace to tell idle gaps from small kernels): ";
+    d.why = what + host.evidence;
+    if (!run.trace && !base) d.why += "; communication is unknown (no trace, no config), so this is by elimination";
   }
 
   // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
@@ -175,13 +184,13 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
       add("communication", "TP communication overlap", {"comm_overlap.tp_comm_overlap=true"}, false);
   } else if (m) {
     const Int mbs = config->train.micro_batch_size.value_or(1);
-    if (d.why.rfind("host", 0) == 0) {
-      if (!epx_runtime && m->cuda_graph_impl == "none")
+    if (host_gaps || low_rate) {
+      if (maybe_host && !epx_runtime && m->cuda_graph_impl == "none")
         add("compute/host", "CUDA graphs over the router and preprocess (launch-bound traces)",
             {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
       if (config->train.global_batch_size && *config->train.global_batch_size % (2 * mbs * plan->layout.layout.dp) == 0)
         add("compute/host", "a larger micro-batch: fewer, larger kernels", {fmt::format("train.micro_batch_size={}", 2 * mbs)});
-      add("compute/host", "--manual-gc and CPU affinity tuning", {}, false);
+      if (maybe_host) add("compute/host", "--manual-gc and CPU affinity tuning", {}, false);
     }
     if (!m->moe_grouped_gemm) add("compute/host", "grouped GEMM for the experts", {"model.moe_grouped_gemm=true"});
     if (!m->moe_permute_fusion) add("compute/host", "fused permutation", {"model.moe_permute_fusion=true"}, false);

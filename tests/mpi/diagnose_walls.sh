@@ -1,7 +1,7 @@
 #!/bin/bash
 # `epx diagnose` on runs made to hit each wall here: the proxy on 2 ranks at vocabulary 4096 and
 # sequence 512, compute-bound with a margin (compute; ctest runs this test alone),
-# tiny micro-batches on one rank, so that no exchange hides the overheads (host), the first run
+# tiny micro-batches on one rank, so that no exchange hides the small kernels' low rate, the first run
 # judged against a memory budget just above its peak (memory); and its own Megatron-format log
 # read back. The emulated cluster's slow link
 # (communication) is tests/cluster/diagnose_slow_link.sh.
@@ -26,7 +26,7 @@ run tiny 1 model.seq_length=16 model.expert_model_parallel_size=1
 for f in normal tiny; do echo "$f: $(field "$dir/$f.d.json" 'd["binding_wall"] + " | " + d["why"]')"; done
 [[ $(field "$dir/normal.d.json" 'd["binding_wall"]') == compute/host ]]
 [[ $(field "$dir/normal.d.json" 'd["why"].split(":")[0]') == compute ]]
-[[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "host overhead" ]]
+[[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "compute below its attainable rate (small or unfused kernels)" ]]
 [[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
 
 # A memory budget 5% above the run's peak.
