@@ -62,9 +62,15 @@ void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<F
     }
   }
 
-  // A model-level EP-overlap switch is overwritten by comm_overlap (user None -> False).
-  auto overwritten = [&](const char* field, bool model_value, const OptBool& user_value) {
-    if (model_value && !user_value)
+  // PP p2p defaults: interleaved (VPP > 1) overlaps p2p, plain PP batches it.
+  bool overlap_p2p = false, batch_p2p = false;
+  if (m.pipeline_model_parallel_size > 1) {
+    overlap_p2p = vp > 1;
+    batch_p2p = vp <= 1;
+  }
+  // A model-level switch that comm_overlap overwrites with its own value (unset: its default).
+  auto overwritten = [&](const char* field, bool model_value, const OptBool& user_value, bool fallback = false) {
+    if (model_value && !user_value && !fallback)
       out.push_back(note(
           "comm_overlap.overwrites_model", Severity::warning,
           {{fmt::format("model.{}", field), "true"}, {fmt::format("comm_overlap.{}", field), "null"}},
@@ -76,13 +82,9 @@ void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<F
   overwritten("overlap_moe_expert_parallel_comm", m.overlap_moe_expert_parallel_comm,
               user.overlap_moe_expert_parallel_comm);
   overwritten("delay_wgrad_compute", m.delay_wgrad_compute, user.delay_wgrad_compute);
+  overwritten("defer_embedding_wgrad_compute", m.defer_embedding_wgrad_compute, user.defer_embedding_wgrad_compute);
+  overwritten("overlap_p2p_comm", m.overlap_p2p_comm, user.overlap_p2p_comm, overlap_p2p);
 
-  // PP p2p defaults: interleaved (VPP > 1) overlaps p2p, plain PP batches it.
-  bool overlap_p2p = false, batch_p2p = false;
-  if (m.pipeline_model_parallel_size > 1) {
-    overlap_p2p = vp > 1;
-    batch_p2p = vp <= 1;
-  }
   m.tp_comm_overlap = user.tp_comm_overlap;
   m.overlap_p2p_comm = user.overlap_p2p_comm.value_or(overlap_p2p);
   m.batch_p2p_comm = user.batch_p2p_comm.value_or(batch_p2p);
