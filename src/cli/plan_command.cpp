@@ -16,7 +16,7 @@ namespace epx::cli {
 
 void PlanArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb, variants");
+  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb (GiB), variants; with --search the ranked rows");
   app.add_option("--ranks", ranks, "print every rank's node and its index in each group (the first N ranks)")
       ->expected(0, 1)
       ->default_str("256")
@@ -42,7 +42,10 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
   const Config loaded = args.config.load_with_world_and_gpu("a plan");
   if (args.search) {
     const SearchResult r = search_layouts(loaded, args.config.flags.moe_flex_dispatcher_backend);
-    std::cout << fmt::format("epx plan --search: {} on {} x {}\n", loaded.source, *loaded.target.num_gpus, *loaded.target.gpu)
+    if (args.json)
+      std::cout << json_text(search_json(r), 2) << "\n";
+    else
+      std::cout << fmt::format("epx plan --search: {} on {} x {}\n", loaded.source, *loaded.target.num_gpus, *loaded.target.gpu)
               << format_search(r);
     return r.top.empty() ? kExitCheckFailed : kExitOk;
   }

@@ -172,6 +172,14 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
+nlohmann::json variant_json(const Variant& v) {
+  return {{"dispatcher", to_string(v.dispatcher)}, {"ep_overlap", v.ep_overlap}, {"delay_wgrad", v.delay_wgrad},
+          {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
+          {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
+          {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
+          {"override", v.override}};
+}
+
 nlohmann::json plan_json(const Plan& p) {
   const ParallelLayout& l = p.layout.layout;
   nlohmann::json groups = nlohmann::json::array();
@@ -179,12 +187,7 @@ nlohmann::json plan_json(const Plan& p) {
     groups.push_back({{"kind", group_kind_name(g.kind)}, {"size", g.size}, {"count", g.count},
                       {"within_node", g.within_node}, {"within_nvlink_domain", g.within_nvlink}});
   nlohmann::json variants = nlohmann::json::array();
-  for (const Variant& v : p.variants)
-    variants.push_back({{"dispatcher", to_string(v.dispatcher)}, {"ep_overlap", v.ep_overlap}, {"delay_wgrad", v.delay_wgrad},
-                        {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
-                        {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
-                        {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
-                        {"override", v.override}});
+  for (const Variant& v : p.variants) variants.push_back(variant_json(v));
   const MemoryPlan& m = p.memory;
   return {{"layout", {{"world", l.world}, {"tp", l.tp}, {"cp", l.cp}, {"dp", l.dp}, {"pp", l.pp}, {"etp", l.etp},
                       {"ep", l.ep}, {"edp", l.edp}, {"nodes", p.layout.nodes}, {"groups", groups}}},

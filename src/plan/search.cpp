@@ -97,6 +97,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     }
                     if (!report->ok()) continue;
                     ++result.passed_check;
+                    result.unchecked.insert(report->unchecked.begin(), report->unchecked.end());
                     const Plan p = make_plan(report->resolved);  // a rate the hardware lacks: the user's to fix
                     result.gpu = p.gpu;
                     if (!p.fits) continue;
@@ -147,8 +148,22 @@ std::string format_search(const SearchResult& r) {
                        "fragmentation) may not fit\n",
                        r.gpu.rates.memory_gb);
   if (!r.why.empty()) out += "why: " + r.why + "\n";
+  // Version-gated rules pass unjudged: a ranked config may still fail one on the target.
+  for (const std::string& u : r.unchecked) out += "unchecked " + u + " (a ranked config may fail it)\n";
   if (r.top.empty()) out += "no layout passes the check and fits; see epx check and the memory of epx plan\n";
   return out;
+}
+
+nlohmann::json search_json(const SearchResult& r) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const SearchRow& row : r.top) {
+    nlohmann::json v = variant_json(row.variant);
+    v["overrides"] = row.overrides;
+    v["tight_fit"] = tight_fit(row.variant.peak_memory_gb, r.gpu);
+    top.push_back(v);
+  }
+  return {{"layouts_tried", r.layouts_tried}, {"configs_checked", r.configs_checked}, {"passed_check", r.passed_check},
+          {"fit", r.fit}, {"top", top}, {"why", r.why}, {"unchecked", r.unchecked}};
 }
 
 }  // namespace epx

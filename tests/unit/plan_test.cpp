@@ -327,6 +327,10 @@ TEST(PlanSearch, RanksLegalLayoutsThatFit) {
     }
   }
   EXPECT_FALSE(r.why.empty());
+  // Without the container's versions the version-gated rules pass unjudged, and the output says so.
+  EXPECT_TRUE(r.unchecked.contains("ep_overlap.torch_version: pass --torch-version to check"));
+  EXPECT_NE(format_search(r).find("unchecked ep_overlap.torch_version"), std::string::npos);
+  EXPECT_EQ(search_json(r)["top"].size(), 5u);
 }
 
 }  // namespace

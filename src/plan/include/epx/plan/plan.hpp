@@ -113,6 +113,7 @@ Replanned replan(const Config& resolved, const std::vector<std::string>& overrid
 // where `m` has them (Megatron-Core takes full recompute only with full-iteration graphs).
 std::vector<std::string> full_recompute_overrides(const ModelConfig& m);
 std::string format_plan(const Plan& p);
-nlohmann::json plan_json(const Plan& p);
+nlohmann::json plan_json(const Plan& p);  // memory in GiB, as printed
+nlohmann::json variant_json(const Variant& v);
 
 }  // namespace epx

@@ -4,6 +4,7 @@
 // time.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,12 @@ struct SearchResult {
   int layouts_tried = 0, configs_checked = 0, passed_check = 0, fit = 0;
   std::string why;  // why the best beats the next
   GpuInfo gpu;      // the target's
+  std::set<std::string> unchecked;  // rules the passing configs could not be judged by ("id: what is missing")
 };
 
 // `loaded`: the config with target.num_gpus and target.gpu given. `keep`: rows returned.
 SearchResult search_layouts(const Config& loaded, const OptString& flex_backend_flag, int keep = 10);
 std::string format_search(const SearchResult& r);
+nlohmann::json search_json(const SearchResult& r);
 
 }  // namespace epx
