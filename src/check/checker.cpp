@@ -62,8 +62,12 @@ void check_size_ranges(const Config& cfg) {
       {"target.num_gpus", 1, kMaxCount},
       {"target.gpus_per_node", 1, kMaxCount},
       {"train.train_iters", 1, kMaxCount},
+      {"train.train_samples", 1, Int{1} << 40},
       {"scheduler.lr_warmup_iters", 0, kMaxCount},
       {"scheduler.lr_decay_iters", 1, kMaxCount},
+      {"scheduler.max_steps", 1, kMaxCount},
+      {"scheduler.lr_warmup_samples", 0, Int{1} << 40},
+      {"scheduler.lr_decay_samples", 1, Int{1} << 40},
       {"train.global_batch_size", 1, kMaxCount},
       {"train.micro_batch_size", 1, kMaxCount}};
   for (const auto& [key, min, max, zero_is_unset] : ranges) {
@@ -102,7 +106,8 @@ void check_real_ranges(const Config& cfg) {
                           {"optimizer.adam_beta2", false, true},
                           {"optimizer.adam_eps", false, false},
                           {"optimizer.clip_grad", false, false},
-                          {"scheduler.lr_warmup_init", false, false}};
+                          {"scheduler.lr_warmup_init", false, false},
+                          {"scheduler.lr_warmup_fraction", false, false}};
   for (const auto& [key, positive, below_one] : ranges) {
     const std::string text = field_text(cfg, key);
     if (text == "null") continue;

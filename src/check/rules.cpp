@@ -11,6 +11,7 @@
 #include "epx/check/flex_backend.hpp"
 #include "epx/check/pipeline_layout.hpp"
 #include "epx/check/pipeline_split.hpp"
+#include "epx/config/scheduler_steps.hpp"
 
 namespace epx {
 namespace {
@@ -416,18 +417,82 @@ std::vector<Rule> build_rules() {
                                    c.cfg.scheduler.lr_warmup_init, *o.lr),
                        "scheduler.lr_warmup_init=0.0");
       });
-  add("scheduler.warmup_capped", W,
-      {"scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "train.train_iters", "train.global_batch_size"},
-      kBridgeConfig, "a warmup as long as the decay is capped one sample short of it", [](const CheckContext& c) {
+  add("train.mode", E, {"train.train_iters", "train.train_samples"}, kBridgeConfig,
+      "exactly one of train_iters, train_samples (or num_epochs) sets the run's length", [](const CheckContext& c) {
         const auto& t = c.cfg.train;
-        const OptInt decay_iters = c.cfg.scheduler.lr_decay_iters ? c.cfg.scheduler.lr_decay_iters : t.train_iters;
-        if (!decay_iters || !t.global_batch_size) return pass();
-        const Int gbs = *t.global_batch_size, warmup = c.cfg.scheduler.lr_warmup_iters * gbs, decay = *decay_iters * gbs;
-        return fail_if(warmup >= decay,
-                       fmt::format("lr_warmup_steps ({}) >= lr_decay_steps ({}); capping lr_warmup_steps to {}. Reduce "
-                                   "lr_warmup_iters (or lr_warmup_samples) for short training runs.",
-                                   warmup, decay, decay - 1),
-                       fmt::format("scheduler.lr_warmup_iters={}", *decay_iters - 1));
+        // num_epochs (SFT datasets) is not modelled; a Bridge dump keeps it among its other fields.
+        const YAML::Node& kept = c.cfg.extra_fields.node;
+        const bool epochs = kept.IsMap() && kept["train"].IsDefined() && kept["train"].IsMap() &&
+                            kept["train"]["num_epochs"].IsDefined() && !kept["train"]["num_epochs"].IsNull();
+        const int modes = (t.train_iters ? 1 : 0) + (t.train_samples ? 1 : 0) + (epochs ? 1 : 0);
+        if (modes == 0)
+          return fail("One of train_iters, train_samples, or num_epochs must be provided", "train.train_iters=<n>");
+        return fail_if(modes > 1, "Cannot specify more than one of train_iters, train_samples, or num_epochs",
+                       t.train_iters ? "train.train_samples=null" : "train.train_iters=null");
+      });
+  add("scheduler.iteration_or_sample_fields", E,
+      {"scheduler.lr_decay_iters", "scheduler.lr_warmup_iters", "scheduler.lr_decay_samples",
+       "scheduler.lr_warmup_samples", "scheduler.lr_warmup_fraction"},
+      kBridgeConfig, "the scheduler counts in iterations or in samples, and one warmup field at most",
+      [](const CheckContext& c) {
+        const auto& s = c.cfg.scheduler;
+        const auto none = [](const OptInt& v) { return v ? std::to_string(*v) : std::string("None"); };
+        if ((s.lr_decay_iters || s.lr_warmup_iters != 0) && (s.lr_decay_samples || s.lr_warmup_samples != 0))
+          return fail(fmt::format("Cannot mix iteration-based and sample-based scheduler fields. Found iteration fields: "
+                                  "lr_decay_iters={}, lr_warmup_iters={}, lr_wsd_decay_iters=None. Found sample fields: "
+                                  "lr_decay_samples={}, lr_warmup_samples={}, lr_wsd_decay_samples=None. Use either "
+                                  "iteration fields OR sample fields, not both.",
+                                  none(s.lr_decay_iters), s.lr_warmup_iters, none(s.lr_decay_samples), s.lr_warmup_samples),
+                      c.cfg.train.train_samples ? "scheduler.lr_decay_iters=null scheduler.lr_warmup_iters=0"
+                                                : "scheduler.lr_decay_samples=null scheduler.lr_warmup_samples=0");
+        return fail_if(s.lr_warmup_fraction && (s.lr_warmup_iters != 0 || s.lr_warmup_samples != 0),
+                       fmt::format("Cannot specify lr_warmup_fraction={} with lr_warmup_iters={} or lr_warmup_samples={}. "
+                                   "Use either lr_warmup_fraction OR lr_warmup_iters OR lr_warmup_samples.",
+                                   s.lr_warmup_fraction.value_or(0), s.lr_warmup_iters, s.lr_warmup_samples),
+                       "scheduler.lr_warmup_fraction=null");
+      });
+  add("scheduler.matches_training", E,
+      {"train.train_samples", "train.train_iters", "scheduler.max_steps", "scheduler.lr_decay_iters",
+       "scheduler.lr_warmup_iters", "scheduler.lr_decay_samples", "scheduler.lr_warmup_samples"},
+      kBridgeConfig, "sample-based training takes the sample fields, iteration-based the iteration fields",
+      [](const CheckContext& c) {
+        const auto& s = c.cfg.scheduler;
+        const auto& t = c.cfg.train;
+        if (t.train_samples) {
+          if (s.max_steps)
+            return fail("scheduler.max_steps is only supported for iteration-based training; use sample-based scheduler "
+                        "fields with train_samples",
+                        "scheduler.max_steps=null");
+          if (s.lr_decay_iters)
+            return fail("Use lr_decay_samples for sample-based training, not lr_decay_iters", "scheduler.lr_decay_iters=null");
+          return fail_if(s.lr_warmup_iters != 0, "Use lr_warmup_samples for sample-based training, not lr_warmup_iters",
+                         "scheduler.lr_warmup_iters=0");
+        }
+        if (s.lr_decay_samples)
+          return fail("Use lr_decay_iters for iteration-based training, not lr_decay_samples", "scheduler.lr_decay_samples=null");
+        if (s.lr_warmup_samples != 0)
+          return fail("Use lr_warmup_iters for iteration-based training, not lr_warmup_samples", "scheduler.lr_warmup_samples=0");
+        return fail_if(s.max_steps && t.train_iters && *s.max_steps < *t.train_iters,
+                       fmt::format("scheduler.max_steps ({}) must be greater than or equal to train.train_iters ({}).",
+                                   s.max_steps.value_or(0), t.train_iters.value_or(0)),
+                       fmt::format("scheduler.max_steps={}", t.train_iters.value_or(0)));
+      });
+  add("scheduler.warmup_capped", W,
+      {"scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "scheduler.lr_warmup_samples",
+       "scheduler.lr_decay_samples", "scheduler.lr_warmup_fraction", "scheduler.max_steps", "train.train_iters",
+       "train.train_samples", "train.global_batch_size"},
+      kBridgeConfig, "a warmup as long as the decay is capped one sample short of it", [](const CheckContext& c) {
+        const std::optional<SchedulerSteps> steps = scheduler_steps(c.cfg);
+        if (!steps || !steps->capped()) return pass();
+        const auto& s = c.cfg.scheduler;
+        const Int gbs = c.cfg.train.global_batch_size.value_or(1);
+        const std::string fix = s.lr_warmup_fraction ? "scheduler.lr_warmup_fraction=<below 1>"
+                                : steps->sample_based ? fmt::format("scheduler.lr_warmup_samples={}", steps->decay - 1)
+                                                      : fmt::format("scheduler.lr_warmup_iters={}", steps->decay / gbs - 1);
+        return fail(fmt::format("lr_warmup_steps ({}) >= lr_decay_steps ({}); capping lr_warmup_steps to {}. Reduce "
+                                "lr_warmup_iters (or lr_warmup_samples) for short training runs.",
+                                steps->uncapped_warmup, steps->decay, steps->decay - 1),
+                    fix);
       });
   add("train.batch_divisible", E,
       {"train.global_batch_size", "train.micro_batch_size", "comm_overlap.data_parallel_size",

@@ -8,6 +8,7 @@
 
 #include "epx/base/env.hpp"
 #include "epx/check/pipeline_split.hpp"
+#include "epx/config/scheduler_steps.hpp"
 #include "epx/schedule/pipeline.hpp"
 
 namespace epx {
@@ -287,7 +288,7 @@ ScheduleOptions schedule_options_from_config(const Config& c) {
   return {c.model.overlap_moe_expert_parallel_comm, c.model.delay_wgrad_compute};
 }
 
-LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
+LrSchedule lr_schedule_from_config(const Config& c) {
   LrSchedule s;
   if (!c.optimizer.lr || *c.optimizer.lr < 0)
     throw ConfigError(fmt::format("optimizer.lr={}: training needs a learning rate; set optimizer.lr (e.g. 3e-4)",
@@ -298,17 +299,16 @@ LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters) {
     throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
   s.warmup_init = c.scheduler.lr_warmup_init;
   s.samples_per_step = c.train.global_batch_size.value_or(1);
-  s.warmup_samples = c.scheduler.lr_warmup_iters * s.samples_per_step;
-  s.decay_samples = c.scheduler.lr_decay_iters.value_or(train_iters) * s.samples_per_step;
   s.style = c.scheduler.lr_decay_style;
   if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
     throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
-  if (s.warmup_samples < 0 || s.decay_samples <= 0)
-    throw ConfigError(fmt::format("scheduler.lr_warmup_iters={}, decay iterations {}: the warmup must be at least 0 "
-                                  "and the decay (scheduler.lr_decay_iters or train.train_iters) at least 1",
-                                  c.scheduler.lr_warmup_iters, c.scheduler.lr_decay_iters.value_or(train_iters)));
-  // Bridge's cap (check rule scheduler.warmup_capped warns of it).
-  s.warmup_samples = std::min(s.warmup_samples, s.decay_samples - 1);
+  // Bridge's steps, capped (check rule scheduler.warmup_capped warns of the cap).
+  const std::optional<SchedulerSteps> steps = scheduler_steps(c);
+  if (!steps || steps->decay < 1)
+    throw ConfigError("scheduler: the decay needs the run's length (train.train_iters or train.train_samples, "
+                      "scheduler.lr_decay_iters / lr_decay_samples) and train.global_batch_size, at least 1 sample");
+  s.warmup_samples = steps->warmup;
+  s.decay_samples = steps->decay;
   return s;
 }
 
@@ -343,8 +343,11 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   JobSpec j{.layout = parallel_layout_from_config(c, world), .model = model_spec_from_config(c), .pipeline = {}, .dispatcher = {},
             .schedule = schedule_options_from_config(c), .grad_reduce = {}, .lr = {}};
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
-  j.iterations = c.train.train_iters.value_or(0);
-  if (j.iterations < 1) bad("train.train_iters", opt(c.train.train_iters), "set the number of iterations (or --max_steps)");
+  j.iterations = train_iterations(c).value_or(0);
+  if (j.iterations < 1)
+    bad(c.train.train_samples ? "train.train_samples" : "train.train_iters",
+        opt(c.train.train_samples ? c.train.train_samples : c.train.train_iters),
+        "set the number of iterations (or --max_steps), or samples for at least one global batch");
   const std::int64_t gbs = c.train.global_batch_size.value_or(0), mbs = j.model.micro_batch, dp = j.layout.dp;
   if (gbs < 1 || gbs % (mbs * dp) != 0)
     throw ConfigError(fmt::format(
@@ -361,7 +364,7 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
     bad("model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
-  j.lr = lr_schedule_from_config(c, j.iterations);
+  j.lr = lr_schedule_from_config(c);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;
 }

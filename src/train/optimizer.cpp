@@ -13,11 +13,10 @@ namespace epx {
 double LrSchedule::at(std::int64_t step) const {
   const std::int64_t samples = step * samples_per_step;
   if (warmup_samples > 0 && samples <= warmup_samples)
-    return warmup_init + (max_lr - warmup_init) * static_cast<double>(samples) / static_cast<double>(warmup_samples);
+    return warmup_init + (max_lr - warmup_init) * static_cast<double>(samples) / warmup_samples;
   if (style == "constant") return max_lr;
   if (samples > decay_samples) return min_lr;
-  const double ratio =
-      static_cast<double>(samples - warmup_samples) / static_cast<double>(decay_samples - warmup_samples);
+  const double ratio = (static_cast<double>(samples) - warmup_samples) / (static_cast<double>(decay_samples) - warmup_samples);
   const double coeff = style == "cosine" ? 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0) : 1.0 - ratio;
   return min_lr + coeff * (max_lr - min_lr);
 }

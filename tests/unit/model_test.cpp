@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "epx/model/gpt_model.hpp"
+#include "epx/config/scheduler_steps.hpp"
 #include "epx/train/job_spec.hpp"
 #include "epx/train/mock_data.hpp"
 #include "epx/train/optimizer.hpp"
@@ -173,8 +174,9 @@ TEST(LrSchedule, WarmupThenCosineAsMegatron) {
   const Config c = load_config_text(R"(
 optimizer: {lr: 1.0e-3, min_lr: 1.0e-4}
 scheduler: {lr_decay_style: cosine, lr_warmup_iters: 2}
+train: {train_iters: 10, global_batch_size: 1}
 )", "s");
-  const LrSchedule s = lr_schedule_from_config(c, 10);
+  const LrSchedule s = lr_schedule_from_config(c);
   EXPECT_DOUBLE_EQ(s.at(0), 0.0);
   EXPECT_DOUBLE_EQ(s.at(1), 5e-4);
   EXPECT_DOUBLE_EQ(s.at(2), 1e-3);
@@ -189,12 +191,36 @@ TEST(LrSchedule, AWarmupAsLongAsTheDecayIsCappedAsBridge) {
   const Config c = load_config_text(R"(
 optimizer: {lr: 1.0e-3, min_lr: 0.0}
 scheduler: {lr_decay_style: linear, lr_warmup_iters: 2}
-train: {global_batch_size: 4}
+train: {global_batch_size: 4, train_iters: 2}
 )", "s");
-  const LrSchedule s = lr_schedule_from_config(c, 2);
+  const LrSchedule s = lr_schedule_from_config(c);
   EXPECT_EQ(s.warmup_samples, 7);
   EXPECT_DOUBLE_EQ(s.at(1), 1e-3 * 4 / 7);
   EXPECT_DOUBLE_EQ(s.at(2), 0.0);  // past the warmup: the end of the decay
+}
+
+TEST(LrSchedule, MaxStepsAndSampleBasedTrainingAsBridge) {
+  // scheduler.max_steps: a 2-iteration run on the schedule of the full 10.
+  Config c = load_config_text(R"(
+optimizer: {lr: 1.0e-3, min_lr: 1.0e-4}
+scheduler: {lr_decay_style: cosine, lr_warmup_iters: 2, max_steps: 10}
+train: {train_iters: 2, global_batch_size: 1}
+)", "s");
+  EXPECT_EQ(lr_schedule_from_config(c).decay_samples, 10);
+  EXPECT_DOUBLE_EQ(lr_schedule_from_config(c).at(2), 1e-3);
+  // Sample-based: 40 samples in global batches of 4 are 10 iterations; a warmup of a quarter of
+  // the decay is 10 samples, reached between the second and third iteration.
+  c = load_config_text(R"(
+optimizer: {lr: 1.0e-3, min_lr: 0.0}
+scheduler: {lr_decay_style: linear, lr_warmup_fraction: 0.25}
+train: {train_samples: 40, global_batch_size: 4}
+)", "s");
+  EXPECT_EQ(train_iterations(c), 10);
+  const LrSchedule s = lr_schedule_from_config(c);
+  EXPECT_DOUBLE_EQ(s.warmup_samples, 10.0);
+  EXPECT_EQ(s.decay_samples, 40);
+  EXPECT_DOUBLE_EQ(s.at(1), 1e-3 * 4 / 10);
+  EXPECT_DOUBLE_EQ(s.at(10), 0.0);
 }
 
 TEST(MockData, PatternIsLearnableAndRandomIsInRange) {

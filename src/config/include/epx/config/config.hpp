@@ -196,15 +196,22 @@ struct OptimizerConfig {
   bool align_param_gather = false;
 };
 
+// Iteration-based (train.train_iters) or sample-based (train.train_samples) training, as Bridge's
+// SchedulerConfig / TrainingConfig; config/scheduler_steps turns them into the scheduler's steps.
 struct SchedulerConfig {
   std::string lr_decay_style = "linear";
   Int lr_warmup_iters = 0;
-  OptInt lr_decay_iters;  // None: train_iters
+  OptInt lr_decay_iters;  // None: scheduler.max_steps, else train_iters
+  Int lr_warmup_samples = 0;
+  OptInt lr_decay_samples;      // None: train_samples
+  OptDouble lr_warmup_fraction;  // of the decay, instead of lr_warmup_iters / lr_warmup_samples
+  OptInt max_steps;              // the full run's steps for the schedules, when train_iters runs only the first
   double lr_warmup_init = 0.0;
 };
 
 struct TrainConfig {
   OptInt train_iters;
+  OptInt train_samples;  // sample-based training: train_iters = train_samples // global_batch_size
   OptInt global_batch_size;
   OptInt micro_batch_size;
   Int eval_iters = 100;

@@ -38,7 +38,7 @@ PipelineSpec pipeline_spec_from_config(const Config& c);
 // comm_overlap as resolved onto the model: EP overlap, delayed wgrad.
 ScheduleOptions schedule_options_from_config(const Config& c);
 // Megatron's OptimizerParamScheduler from optimizer.* and scheduler.*.
-LrSchedule lr_schedule_from_config(const Config& c, std::int64_t train_iters);
+LrSchedule lr_schedule_from_config(const Config& c);
 
 // What `epx run` trains: all of the above for this job's ranks, and the batch arithmetic.
 // ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per group; Megatron's

@@ -16,7 +16,8 @@ namespace epx {
 // warmup that reaches the decay at one sample short of it.
 struct LrSchedule {
   double max_lr = 0, min_lr = 0, warmup_init = 0;
-  std::int64_t warmup_samples = 0, decay_samples = 0, samples_per_step = 1;
+  double warmup_samples = 0;  // fractional with Bridge's lr_warmup_fraction
+  std::int64_t decay_samples = 0, samples_per_step = 1;
   std::string style = "linear";  // constant | linear | cosine
 
   // The learning rate after `step` optimizer steps (the step numbered step + 1 uses it).
