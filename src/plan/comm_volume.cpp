@@ -77,9 +77,9 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const auto reduce = [&](double params, double d) {
     if (d <= 1) return 0.0;
     const double share = (d - 1) / d;
-    // epx's own CPU runtime (no CUDA) reduces as Megatron does (BF16 unless the flag) but
-    // all-gathers its FP32 masters.
-    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m), param = gpu.cuda() ? element_bytes(m) : 4;
+    // The weights go back in their compute dtype (epx's runtime too; its FP32 norms and router
+    // are a rounding error of the bytes).
+    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m), param = element_bytes(m);
     return c.ddp.use_distributed_optimizer ? share * params * (grad + param) : 2 * share * params * grad;
   };
   const double dp = l.dp * l.cp;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -12,6 +13,23 @@ namespace {
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
+
+// A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
+// router) go as their FP32 masters, which the forward reads. In 2-byte units per element.
+bool sent_as_bf16(const Param* p) { return p->compute.dtype() == DType::BF16; }
+std::int64_t units(const Param* p) { return sent_as_bf16(p) ? 1 : 2; }
+
+// Calls f(param, first, end) for the elements [first, end) of each param (its own numbering)
+// that fall in the bucket's flat range [lo, hi), in the bucket's order.
+template <class F>
+void for_each_in(const std::vector<Param*>& params, std::int64_t lo, std::int64_t hi, F&& f) {
+  std::int64_t at = 0;
+  for (Param* p : params) {
+    const std::int64_t n = p->master.numel(), first = std::max(at, lo), end = std::min(at + n, hi);
+    if (first < end) f(p, first - at, end - at);
+    at += n;
+  }
+}
 
 }  // namespace
 
@@ -67,6 +85,13 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     const std::int64_t me = bucket.comm->rank();
     bucket.shard_begin = std::min(bucket.size, me * share);
     bucket.shard_end = bucket.shard_begin + bucket.shard_counts[static_cast<std::size_t>(me)];
+    for (std::int64_t r = 0; r < d; ++r) {
+      std::int64_t u = 0;
+      const std::int64_t lo = std::min(bucket.size, r * share);
+      for_each_in(bucket.params, lo, lo + bucket.shard_counts[static_cast<std::size_t>(r)],
+                  [&](const Param* p, std::int64_t first, std::int64_t end) { u += (end - first) * units(p); });
+      bucket.gather_units.push_back(u);
+    }
   }
 }
 
@@ -186,15 +211,9 @@ void GradReducer::finish(float scale) {
 
 std::vector<ParamRange> GradReducer::owned_ranges() const {
   std::vector<ParamRange> out;
-  for (const Bucket& b : buckets_) {
-    std::int64_t at = 0;
-    for (Param* p : b.params) {
-      const std::int64_t n = p->master.numel();
-      const std::int64_t lo = std::max(at, b.shard_begin), hi = std::min(at + n, b.shard_end);
-      if (lo < hi) out.push_back({p, lo - at, hi - at});
-      at += n;
-    }
-  }
+  for (const Bucket& b : buckets_)
+    for_each_in(b.params, b.shard_begin, b.shard_end,
+                [&](Param* p, std::int64_t first, std::int64_t end) { out.push_back({p, first, end}); });
   return out;
 }
 
@@ -211,18 +230,19 @@ void GradReducer::gather_params(bool overlap) {
     Bucket& b = *bp;
     if (b.comm->size() == 1) continue;
     if (b.gathering) finish_gather(b);  // the previous step's, if no forward needed it yet
-    b.mine = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, DType::F32);
-    b.gathered = Tensor::uninitialized({b.size}, DType::F32);
-    float* mine = b.mine.data<float>();
-    std::int64_t at = 0;
-    for (const Param* p : b.params) {
-      const float* w = p->master.data<float>();
-      for (std::int64_t i = std::max(at, b.shard_begin); i < std::min(at + p->master.numel(), b.shard_end); ++i)
-        *mine++ = w[i - at];
-      at += p->master.numel();
-    }
+    const std::int64_t me = b.comm->rank(), total = std::accumulate(b.gather_units.begin(), b.gather_units.end(), std::int64_t{0});
+    b.mine = Tensor::uninitialized({std::max<std::int64_t>(1, b.gather_units[static_cast<std::size_t>(me)])}, DType::BF16);
+    b.gathered = Tensor::uninitialized({std::max<std::int64_t>(1, total)}, DType::BF16);
+    auto* mine = static_cast<std::byte*>(b.mine.raw());
+    for_each_in(b.params, b.shard_begin, b.shard_end, [&](const Param* p, std::int64_t first, std::int64_t end) {
+      const Tensor& from = sent_as_bf16(p) ? p->compute : p->master;
+      const std::size_t es = dtype_size(from.dtype());
+      std::memcpy(mine, static_cast<const std::byte*>(from.raw()) + static_cast<std::size_t>(first) * es,
+                  static_cast<std::size_t>(end - first) * es);
+      mine += static_cast<std::size_t>(end - first) * es;
+    });
     b.gathering = true;
-    b.gather_done = stream_.submit([&b] { b.comm->allgatherv(b.mine.raw(), b.gathered.raw(), b.shard_counts, DType::F32); },
+    b.gather_done = stream_.submit([&b] { b.comm->allgatherv(b.mine.raw(), b.gathered.raw(), b.gather_units, DType::BF16); },
                                    gather_name(b.expert));
     if (!overlap) finish_gather(b);
   }
@@ -230,12 +250,18 @@ void GradReducer::gather_params(bool overlap) {
 
 void GradReducer::finish_gather(Bucket& b) {
   b.gather_done.wait();
-  const float* full = b.gathered.data<float>();
-  std::int64_t at = 0;
-  for (Param* p : b.params) {
-    std::copy_n(full + at, p->master.numel(), p->master.data<float>());
-    p->refresh();
-    at += p->master.numel();
+  // Every rank's shard in rank order, each packed as gather_params packs this rank's; the own
+  // shard comes back unchanged.
+  const auto* from = static_cast<const std::byte*>(b.gathered.raw());
+  const std::int64_t d = b.comm->size(), share = (b.size + d - 1) / d;
+  for (std::int64_t r = 0; r < d; ++r) {
+    const std::int64_t lo = std::min(b.size, r * share);
+    for_each_in(b.params, lo, lo + b.shard_counts[static_cast<std::size_t>(r)], [&](Param* p, std::int64_t first, std::int64_t end) {
+      Tensor& to = sent_as_bf16(p) ? p->compute : p->master;
+      const std::size_t es = dtype_size(to.dtype()), bytes = static_cast<std::size_t>(end - first) * es;
+      std::memcpy(static_cast<std::byte*>(to.raw()) + static_cast<std::size_t>(first) * es, from, bytes);
+      from += bytes;
+    });
   }
   b.mine = b.gathered = Tensor();
   b.gathering = false;

@@ -8,7 +8,10 @@
 // parameter order (the reduction epx always did). With the distributed optimizer each bucket is
 // reduce-scattered instead: this rank keeps the sum of its shard (1/d of the bucket, Megatron's
 // contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
-// weights (with ddp.overlap_param_gather, in the background until the next forward needs them).
+// weights (with ddp.overlap_param_gather, in the background until the next forward needs them)
+// as Megatron does, in the weights' compute dtype: a BF16 weight's BF16 copy (half the bytes of
+// its FP32 master, which only the owner keeps current: nothing else reads it), an FP32 one
+// (norms, the router) as is.
 //
 // With ddp.reduce_embedding_rows (epx's own) the embedding has a bucket of its own, reduced in
 // two parts: the sum of the micro-batches before the last as soon as it is complete (so under the
@@ -71,7 +74,8 @@ class GradReducer {
     Tensor flat, shard;  // the reduce dtype, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;
-    Tensor mine, gathered;  // the parameter all-gather's buffers, while it is in flight
+    std::vector<std::int64_t> gather_units;  // per rank of comm: its shard's weights in 2-byte units
+    Tensor mine, gathered;  // the parameter all-gather's buffers (2-byte units), while it is in flight
     CommEvent gather_done;
     bool gathering = false;
   };
