@@ -69,7 +69,7 @@ void Adam::step(double lr) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; i += kBlock)
       adam_update(w + i, g + i, m + i, v + i, std::min(kBlock, n - i), b1, b2, c1, c2, eps, wd, lr);
-    s.range.param->refresh();
+    s.range.param->refresh(s.range.begin, s.range.end);
   }
 }
 
