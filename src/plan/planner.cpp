@@ -139,9 +139,9 @@ Plan make_plan(const Config& c) {
 
 std::string format_plan(const Plan& p) {
   const ParallelLayout& l = p.layout.layout;
-  std::string out = fmt::format("layout: {} on {} x {} ({} nodes of {}, NVLink domain {})\n", l.describe(), l.world,
-                                p.gpu.name.empty() ? "GPU" : p.gpu.name, p.layout.nodes, p.layout.gpus_per_node,
-                                p.layout.nvlink_domain);
+  std::string out = fmt::format("layout: {} on {} x {} ({} node{} of {}, NVLink domain {})\n", l.describe(), l.world,
+                                p.gpu.name.empty() ? "GPU" : p.gpu.name, p.layout.nodes, p.layout.nodes == 1 ? "" : "s",
+                                p.layout.gpus_per_node, p.layout.nvlink_domain);
   out += "groups:";
   for (const GroupPlacement& g : p.layout.groups)
     if (g.size > 1)
@@ -152,9 +152,9 @@ std::string format_plan(const Plan& p) {
                      p.flops_per_step);
   const MemoryPlan& m = p.memory;
   out += fmt::format(
-      "memory per GPU (most-loaded rank, as configured): {:.1f} GiB of {:.0f} GiB -> {}\n"
-      "  weights {:.1f} | gradients {:.1f} | optimizer {:.1f} | activations {:.1f} ({:.2g} micro-batches in "
-      "flight) | dispatcher buffers {:.1f} | logits {:.1f} | runtime extras {:.1f}\n"
+      "memory per GPU (most-loaded rank, as configured): {:.3g} GiB of {:.0f} GiB -> {}\n"
+      "  weights {:.3g} | gradients {:.3g} | optimizer {:.3g} | activations {:.3g} ({:.2g} micro-batch(es) in "
+      "flight) | dispatcher buffers {:.3g} | logits {:.3g} | runtime extras {:.3g}\n"
       "  parameters on the rank: {:.3g} dense, {:.3g} expert\n",
       m.peak() / kGiB, p.gpu.rates.memory_gb,
       !p.fits                            ? "DOES NOT FIT"
@@ -162,7 +162,7 @@ std::string format_plan(const Plan& p) {
                                           : "fits", m.weights / kGiB, m.gradients / kGiB,
       m.optimizer / kGiB, m.activations / kGiB, m.in_flight, m.dispatcher_buffers / kGiB, m.logits / kGiB, m.other / kGiB,
       m.dense_params, m.expert_params);
-  out += fmt::format("step ({} micro-batches per DP rank):\n", p.micro_batches);
+  out += fmt::format("step ({} micro-batch{} per DP rank):\n", p.micro_batches, p.micro_batches == 1 ? "" : "es");
   out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB  exposed comm (s)  wall           override\n";
   for (const Variant& v : p.variants)
     out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:8.3f}  {:16.3f}  {:<13}  {}\n",
