@@ -31,61 +31,31 @@ PipelineSplit from_layout(const ModelConfig& m, const std::string& text, int pp)
                                   "(check rule pipeline.layout)",
                                   field, s.chunks, *vpp));
   s.interleaved = pp > 1 && (vpp || s.chunks > 1);
-  int embeddings = 0, losses = 0, decoders = 0;
+  int embeddings = 0, losses = 0, decoders = 0, mtp_layers = 0;
   std::string order;  // every layer in layer order
   for (int k = 0; k < count; ++k) {
     const std::string& stage = stages[static_cast<std::size_t>(k)];
     order += stage;
     const auto n = [&](char c) { return static_cast<int>(std::count(stage.begin(), stage.end(), c)); };
     s.layers.push_back(n('t'));
-    decoders += n('t'), embeddings += n('E'), losses += n('L'), s.mtp_layers += n('m');
+    decoders += n('t'), embeddings += n('E'), losses += n('L'), mtp_layers += n('m');
     if (n('E')) s.embedding_stage = k;
     if (n('L')) s.loss_stage = k;
     if (n('m')) s.mtp_stage = k;
   }
   if (embeddings != 1 || losses != 1 || order.front() != 'E' || order.back() != 'L' || decoders != m.num_layers ||
-      s.mtp_layers != m.mtp_num_layers.value_or(0))
+      mtp_layers != m.mtp_num_layers.value_or(0))
     throw ConfigError(fmt::format("{}: a layout lists the embedding (E) first, the loss (L) last, each once, and "
                                   "num_layers={} decoder layers (t) and mtp_num_layers={} MTP layers (m); it has {}, "
                                   "{}, {} and {} (check rule pipeline.layout)",
                                   field, m.num_layers, opt(m.mtp_num_layers), embeddings, losses, decoders,
-                                  s.mtp_layers));
-  if (s.mtp_layers == 0) s.mtp_stage = s.loss_stage;
+                                  mtp_layers));
+  if (mtp_layers == 0) s.mtp_stage = s.loss_stage;
   return s;
 }
 
-}  // namespace
-
-int PipelineSplit::layers_on(int stage) const {
-  int n = 0;
-  for (int v = 0; v < chunks; ++v) n += layers[static_cast<std::size_t>(v * stages + stage)];
-  return n;
-}
-
-std::vector<std::pair<int, int>> PipelineSplit::ranges_on(int stage) const {
-  std::vector<std::pair<int, int>> out;
-  int first = 0;
-  for (int k = 0; k < virtual_stages(); ++k) {
-    const int n = layers[static_cast<std::size_t>(k)];
-    if (stage_of(k) == stage) out.emplace_back(first, first + n);
-    first += n;
-  }
-  return out;
-}
-
-std::optional<Int> virtual_pipeline_size(const ModelConfig& m) {
-  if (m.virtual_pipeline_model_parallel_size || !m.pipeline_model_parallel_layout || m.pipeline_model_parallel_size < 1)
-    return m.virtual_pipeline_model_parallel_size;
-  try {
-    const Int count = static_cast<Int>(parse_pipeline_layout(*m.pipeline_model_parallel_layout).size());
-    const Int pp = m.pipeline_model_parallel_size;
-    if (count % pp == 0 && count / pp > 1) return count / pp;
-  } catch (const ConfigError&) {
-  }
-  return std::nullopt;
-}
-
-PipelineSplit pipeline_split(const ModelConfig& m) {
+// The split's layer counts (pipeline_split adds each virtual stage's first layer).
+PipelineSplit split_layers(const ModelConfig& m) {
   const Int pp_size = m.pipeline_model_parallel_size, num_layers = m.num_layers;
   if (pp_size < 1 || pp_size > (1 << 20))
     throw ConfigError(fmt::format("model.pipeline_model_parallel_size={}: must be 1 or more", pp_size));
@@ -100,7 +70,6 @@ PipelineSplit pipeline_split(const ModelConfig& m) {
   s.stages = pp;
   s.chunks = static_cast<int>(vpp.value_or(1));
   s.interleaved = pp > 1 && vpp.has_value();
-  s.mtp_layers = static_cast<int>(m.mtp_num_layers.value_or(0));
   s.loss_stage = s.mtp_stage = s.virtual_stages() - 1;
   const int V = s.chunks, L = static_cast<int>(num_layers);
   const OptInt &first_given = m.num_layers_in_first_pipeline_stage, &last_given = m.num_layers_in_last_pipeline_stage;
@@ -144,6 +113,36 @@ PipelineSplit pipeline_split(const ModelConfig& m) {
   s.layers.assign(static_cast<std::size_t>(K), counted / K);
   if (embedding_counts) --s.layers.front();
   if (loss_counts) --s.layers.back();
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> PipelineSplit::ranges_on(int stage) const {
+  std::vector<std::pair<int, int>> out;
+  for (int v = 0; v < chunks; ++v) {
+    const auto k = static_cast<std::size_t>(v * stages + stage);
+    out.emplace_back(first[k], first[k] + layers[k]);
+  }
+  return out;
+}
+
+std::optional<Int> virtual_pipeline_size(const ModelConfig& m) {
+  if (m.virtual_pipeline_model_parallel_size || !m.pipeline_model_parallel_layout || m.pipeline_model_parallel_size < 1)
+    return m.virtual_pipeline_model_parallel_size;
+  try {
+    const Int count = static_cast<Int>(parse_pipeline_layout(*m.pipeline_model_parallel_layout).size());
+    const Int pp = m.pipeline_model_parallel_size;
+    if (count % pp == 0 && count / pp > 1) return count / pp;
+  } catch (const ConfigError&) {
+  }
+  return std::nullopt;
+}
+
+PipelineSplit pipeline_split(const ModelConfig& m) {
+  PipelineSplit s = split_layers(m);
+  int next = 0;
+  for (const int n : s.layers) s.first.push_back(next), next += n;
   return s;
 }
 

@@ -310,36 +310,16 @@ std::vector<Rule> build_rules() {
       kMcore, "layers split evenly over pipeline (and virtual pipeline) stages",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.pipeline_model_parallel_layout || m.num_layers == 0) return pass();
-        if (m.pipeline_model_parallel_size > 1 &&
-            (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)) {
-          if (m.account_for_embedding_in_pipeline_split || m.account_for_loss_in_pipeline_split)
-            return fail("num_layers_in_first/last_pipeline_stage cannot be combined with "
-                        "account_for_embedding/loss_in_pipeline_split",
-                        "model.account_for_embedding_in_pipeline_split=false");
-          // Uneven: the first / last stage as given, the rest even over the middle stages.
-          const Int pp = m.pipeline_model_parallel_size, vpp = m.virtual_pipeline_model_parallel_size.value_or(1);
-          const Int first = m.num_layers_in_first_pipeline_stage.value_or(0), last = m.num_layers_in_last_pipeline_stage.value_or(0);
-          const Int middle_stages = pp - (m.num_layers_in_first_pipeline_stage ? 1 : 0) - (m.num_layers_in_last_pipeline_stage ? 1 : 0);
-          const Int middle = m.num_layers - first - last;
-          const bool even = middle >= 0 && (middle_stages <= 0 ? middle == 0 : middle % middle_stages == 0) &&
-                            first % vpp == 0 && last % vpp == 0 && (middle_stages <= 0 || (middle / middle_stages) % vpp == 0);
-          return fail_if(!even,
-                         fmt::format("num_layers ({}) less the first ({}) and last ({}) stage's layers must split evenly "
-                                     "over the {} middle stage(s), and every stage's layers over VPP = {}",
-                                     m.num_layers, first, last, middle_stages, vpp),
-                         "model.num_layers_in_first_pipeline_stage=<n>");
+        if (m.pipeline_model_parallel_layout || m.num_layers == 0) return pass();  // pipeline.layout's
+        try {
+          pipeline_split(m);
+          return pass();
+        } catch (const ConfigError& e) {
+          return fail(e.what(), m.pipeline_model_parallel_size > 1 &&
+                                        (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)
+                                    ? "model.num_layers_in_first_pipeline_stage=<n>"
+                                    : "model.pipeline_model_parallel_layout=<layout>");
         }
-        const Int stages =
-            m.pipeline_model_parallel_size * m.virtual_pipeline_model_parallel_size.value_or(1);
-        const Int layers = m.num_layers + (m.account_for_embedding_in_pipeline_split ? 1 : 0) +
-                           (m.account_for_loss_in_pipeline_split ? 1 : 0);
-        return fail_if(stages > 0 && layers % stages != 0,
-                       fmt::format("num_layers ({}, counting the embedding/loss stages the split "
-                                   "accounts for) must be divisible by PP x VPP = {} (or set "
-                                   "pipeline_model_parallel_layout for uneven stages)",
-                                   layers, stages),
-                       "model.pipeline_model_parallel_layout=<layout>");
       });
   add("pipeline.defer_embedding_wgrad", E,
       {"model.defer_embedding_wgrad_compute", "model.pipeline_model_parallel_size",
@@ -360,10 +340,17 @@ std::vector<Rule> build_rules() {
                        "Wgrad deferral limit should be greater than or equal to 0 when it is enabled!", limit);
       });
   add("parallel.vpp_needs_pp", E,
-      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
-      "Megatron-Core parallel_state.py", "the interleaved schedule (VPP) needs PP > 1",
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
+       "model.pipeline_model_parallel_layout"},
+      "Megatron-Core parallel_state.py", "the interleaved schedule (VPP, given or a layout's) needs PP > 1",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
+        if (m.pipeline_model_parallel_size == 1 && !m.virtual_pipeline_model_parallel_size && virtual_pipeline_size(m))
+          return fail(fmt::format("pipeline_model_parallel_layout has {} stages, so virtual_pipeline_model_parallel_size "
+                                  "= {}, with pipeline_model_parallel_size = 1: pipeline-model-parallel size should be "
+                                  "greater than 1 with interleaved schedule",
+                                  *virtual_pipeline_size(m), *virtual_pipeline_size(m)),
+                      "model.pipeline_model_parallel_layout=null");
         return fail_if(m.pipeline_model_parallel_size == 1 && m.virtual_pipeline_model_parallel_size.has_value(),
                        "virtual_pipeline_model_parallel_size is set with pipeline_model_parallel_size = 1: the "
                        "interleaved schedule needs pipeline parallelism",
@@ -754,7 +741,7 @@ std::vector<Rule> build_rules() {
       });
   add("ep_overlap.pp_needs_vpp", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.pipeline_model_parallel_size",
-       "model.virtual_pipeline_model_parallel_size"},
+       "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_layout"},
       kBridgeCommOverlap, "EP overlap with PP > 1 needs VPP set (VPP=1 passes)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
@@ -1166,7 +1153,8 @@ std::vector<Rule> build_rules() {
                        "train.global_batch_size=<at least 2 x micro_batch_size x DP>");
       });
   add("advice.pp_without_vpp", A,
-      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"},
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
+       "model.pipeline_model_parallel_layout"},
       kSeedOverlap, "PP > 1 without VPP rules out EP overlap later", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         return fail_if(!ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&

@@ -49,7 +49,12 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
   // Look up through a const view: yaml-cpp's mutable operator[] would insert the key.
   const YAML::Node& kept = cfg.extra_sections.node;
   const auto& bridge = bridge_only_sections();
-  if (!kept[section].IsDefined() && std::find(bridge.begin(), bridge.end(), section) != bridge.end()) {
+  const bool present = kept[section].IsDefined(), group = present && kept[section].IsMap();
+  if (!group && std::find(bridge.begin(), bridge.end(), section) != bridge.end()) {  // absent, or null (peft: null)
+    if (deleting && present && name.empty()) {
+      cfg.extra_sections.node.remove(section);
+      return true;
+    }
     if (deleting) throw ConfigError(fmt::format("cannot delete {}: the config has no {} group", key, section));
     if (!adding || name.empty())
       throw ConfigError(fmt::format("{}: the config has no {} group (Megatron-Bridge's, kept but not modelled by epx); "

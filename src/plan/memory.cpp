@@ -98,7 +98,11 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSpl
   out.optimizer_params = c.ddp.use_distributed_optimizer ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp
                                                          : all_params;
   out.weights = weight_bytes * all_params;
-  out.gradients = (c.ddp.grad_reduce_in_fp32 || !target_gpu(c).cuda() ? 4 : weight_bytes) * all_params;
+  const bool fp32_grads = c.ddp.grad_reduce_in_fp32 || !target_gpu(c).cuda();
+  out.gradients = (fp32_grads ? 4 : weight_bytes) * all_params;
+  // Megatron's mixed-precision optimizers step on `main_grad.float()`: a copy of the shard's
+  // BF16 grads, alive at the step (distrib_optimizer.py, optimizer.py).
+  if (!fp32_grads && weight_bytes < 4) out.step_grads = 4 * out.optimizer_params;
   out.optimizer = 12 * out.optimizer_params;
 
   // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:
@@ -154,7 +158,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSpl
   // The allocator's transient peak beyond what is held (optimizer-step temporaries, gradient
   // buckets, fragmentation): 5% of the rest, calibrated on the Qwen3-30B-A3B runs
   // (bench/RESULTS.md, "epx plan").
-  out.other = 0.05 * (out.weights + out.gradients + out.optimizer + out.activations + out.dispatcher_buffers + out.logits);
+  out.other = 0.05 * (out.held() + out.transient());
   return out;
 }
 

@@ -154,13 +154,18 @@ std::string format_plan(const Plan& p) {
   out += fmt::format(
       "memory per GPU (most-loaded rank, as configured): {:.3g} GiB of {:.0f} GiB -> {}\n"
       "  weights {:.3g} | gradients {:.3g} | optimizer {:.3g} | activations {:.3g} ({:.2g} micro-batch(es) in "
-      "flight) | dispatcher buffers {:.3g} | logits {:.3g} | runtime extras {:.3g}\n"
+      "flight) | dispatcher buffers {:.3g} | logits {:.3g} | runtime extras {:.3g}{}\n"
       "  parameters on the rank: {:.3g} dense, {:.3g} expert\n",
       m.peak() / kGiB, p.gpu.rates.memory_gb,
       !p.fits                            ? "DOES NOT FIT"
       : tight_fit(m.peak() / kGiB, p.gpu) ? "fits, with under 5% left for the CUDA context, NCCL's buffers and fragmentation"
                                           : "fits", m.weights / kGiB, m.gradients / kGiB,
       m.optimizer / kGiB, m.activations / kGiB, m.in_flight, m.dispatcher_buffers / kGiB, m.logits / kGiB, m.other / kGiB,
+      m.step_grads <= 0 ? std::string()
+      : m.step_grads > m.activations + m.logits
+          ? fmt::format("\n  the optimizer step's FP32 copy of the BF16 grads, {:.3g}, outweighs activations + logits: "
+                        "the peak is the step's", m.step_grads / kGiB)
+          : fmt::format(" | (at the step, instead of activations + logits: FP32 grads {:.3g})", m.step_grads / kGiB),
       m.dense_params, m.expert_params);
   out += fmt::format("step ({} micro-batch{} per DP rank):\n", p.micro_batches, p.micro_batches == 1 ? "" : "es");
   out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB  exposed comm (s)  wall           override\n";
@@ -197,7 +202,8 @@ nlohmann::json plan_json(const Plan& p) {
           {"fits", p.fits},
           {"memory_gb", {{"weights", m.weights / kGiB}, {"gradients", m.gradients / kGiB}, {"optimizer", m.optimizer / kGiB},
                          {"activations", m.activations / kGiB}, {"dispatcher_buffers", m.dispatcher_buffers / kGiB},
-                         {"logits", m.logits / kGiB}, {"other", m.other / kGiB}, {"peak", m.peak() / kGiB}}},
+                         {"logits", m.logits / kGiB}, {"step_grads", m.step_grads / kGiB}, {"other", m.other / kGiB},
+                         {"peak", m.peak() / kGiB}}},
           {"variants", variants}};
 }
 

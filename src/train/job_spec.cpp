@@ -267,6 +267,10 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
     bad("model.virtual_pipeline_model_parallel_size", opt(m.virtual_pipeline_model_parallel_size),
         "[parallel.vpp_needs_pp] the interleaved schedule needs pipeline_model_parallel_size > 1; set it to null");
   const PipelineSplit split = pipeline_split(m);
+  if (pp == 1 && split.chunks > 1)
+    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+        "[parallel.vpp_needs_pp] its stages make model chunks for the interleaved schedule, which needs "
+        "pipeline_model_parallel_size > 1; give one stage or set pipeline_model_parallel_size");
   if (split.embedding_stage != 0 || split.loss_stage != split.virtual_stages() - 1)
     bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
         "epx builds the embedding on the first model chunk of the first stage and the loss on the last chunk of the "
@@ -344,6 +348,9 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
             .schedule = schedule_options_from_config(c), .grad_reduce = {}, .lr = {}};
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
   j.iterations = train_iterations(c).value_or(0);
+  if (j.iterations > (1 << 24))  // train_iters is capped so; train_samples over a small batch may not be
+    bad("train.train_samples", opt(c.train.train_samples),
+        fmt::format("{} iterations of global batch {}: at most {}", j.iterations, c.train.global_batch_size.value_or(0), 1 << 24));
   if (j.iterations < 1)
     bad(c.train.train_samples ? "train.train_samples" : "train.train_iters",
         opt(c.train.train_samples ? c.train.train_samples : c.train.train_iters),

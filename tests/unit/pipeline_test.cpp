@@ -91,8 +91,8 @@ TEST(PipelineSplit, FollowsTheLayout) {
   m.pipeline_model_parallel_size = 4;
   m.pipeline_model_parallel_layout = "Et|tt|tt|L";
   const PipelineSplit s = pipeline_split(m);
-  EXPECT_EQ(s.layers_on(0), 1);
-  EXPECT_EQ(s.layers_on(3), 0);
+  EXPECT_EQ(s.ranges_on(0), (std::vector<std::pair<int, int>>{{0, 1}}));
+  EXPECT_EQ(s.ranges_on(3), (std::vector<std::pair<int, int>>{{5, 5}}));
   EXPECT_EQ(s.stage_of(s.loss_stage), 3);
   EXPECT_EQ(virtual_pipeline_size(m), std::nullopt);
   m.num_layers = 7;

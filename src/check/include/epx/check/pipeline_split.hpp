@@ -18,15 +18,14 @@ struct PipelineSplit {
   int chunks = 1;            // model chunks per stage: VPP, as given or as the layout has it
   bool interleaved = false;  // Megatron's interleaved schedule: VPP given (even 1) or detected above 1
   std::vector<int> layers;   // decoder layers per virtual stage, in virtual-stage order
+  std::vector<int> first;    // the first layer of each virtual stage
   // The virtual stages that hold the embedding, the loss (the output layer) and the MTP layers:
   // the first, the last and the last, or where the layout puts them.
   int embedding_stage = 0, loss_stage = 0, mtp_stage = 0;
-  int mtp_layers = 0;
 
   int virtual_stages() const { return stages * chunks; }
   int stage_of(int virtual_stage) const { return virtual_stage % stages; }
-  // Stage p's layers, and its first layer in each chunk ([chunk] = {first, end}).
-  int layers_on(int stage) const;
+  // Stage p's layers, chunk by chunk: {first, end}.
   std::vector<std::pair<int, int>> ranges_on(int stage) const;
 };
 

@@ -3,6 +3,7 @@
 // each term names what it stands for, so a plan can be read against a profile.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,13 +46,17 @@ PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, i
 // The stage with the most MoE layers: the one whose token exchanges set the pace.
 PipelineStage busiest_moe_stage(const ModelConfig& m);
 
-// Bytes per GPU on the most-loaded rank (reported in GiB, Megatron's "gigabytes") (the first pipeline stage), as Megatron's
+// Bytes per GPU on the most-loaded rank (reported in GiB), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
-// experts' wgrad, dispatcher buffers, logits, runtime extras).
+// experts' wgrad, dispatcher buffers, logits, the optimizer step's FP32 grads, runtime extras).
+// The peak is the backward's (activations and logits held) or the optimizer step's (its FP32
+// copy of BF16 main grads), whichever is larger, over what both hold.
 struct MemoryPlan {
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, dispatcher_buffers = 0, logits = 0,
-         other = 0;
-  double peak() const { return weights + gradients + optimizer + activations + dispatcher_buffers + logits + other; }
+         step_grads = 0, other = 0;
+  double held() const { return weights + gradients + optimizer + dispatcher_buffers; }
+  double transient() const { return std::max(activations + logits, step_grads); }
+  double peak() const { return held() + transient() + other; }
   double dense_params = 0, expert_params = 0;  // on this rank
   double embedding_params = 0;                 // the token embedding's share of dense_params
   double optimizer_params = 0;                 // the optimizer's shard of them
