@@ -266,6 +266,8 @@ const std::vector<Case>& cases() {
        PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true", "model.gradient_accumulation_fusion=true"},
        PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true", "model.gradient_accumulation_fusion=true",
                        "comm_overlap.wgrad_deferral_limit=0"}},
+      {"parallel.vpp_needs_pp", {"model.pipeline_model_parallel_layout=Et|tL"},  // two stages: VPP 2 at PP 1
+       {"model.pipeline_model_parallel_layout=EttL"}},
       {"parallel.vpp_needs_pp", {"model.virtual_pipeline_model_parallel_size=2"},
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
       {"pipeline.interleaved_microbatches",
