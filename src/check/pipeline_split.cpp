@@ -66,6 +66,10 @@ PipelineSplit split_layers(const ModelConfig& m) {
     throw ConfigError(fmt::format("model.virtual_pipeline_model_parallel_size={}: must be 1 or more (or None)", *vpp));
   if (num_layers < 0 || num_layers > (1 << 24))
     throw ConfigError(fmt::format("model.num_layers={}: out of range", num_layers));
+  if (pp_size * vpp.value_or(1) > (1 << 24))
+    throw ConfigError(fmt::format("model.pipeline_model_parallel_size={} x virtual_pipeline_model_parallel_size={}: "
+                                  "more model chunks than any real run has",
+                                  pp_size, *vpp));
   PipelineSplit s;
   s.stages = pp;
   s.chunks = static_cast<int>(vpp.value_or(1));
