@@ -16,7 +16,7 @@ namespace epx::cli {
 
 void PlanArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb (GiB), variants; with --search the ranked rows");
+  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb (GiB), variants; with --search the ranked rows; on check errors {check, plan: null}");
   app.add_option("--ranks", ranks, "print every rank's node and its index in each group (the first N ranks)")
       ->expected(0, 1)
       ->default_str("256")
@@ -51,7 +51,10 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
   }
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   if (!report.ok()) {
-    std::cout << format_report(report) << "epx plan: the check found errors; fix them to plan this layout\n";
+    if (args.json)
+      std::cout << json_text({{"check", report_json(report)}, {"plan", nullptr}}, 2) << "\n";
+    else
+      std::cout << format_report(report) << "epx plan: the check found errors; fix them to plan this layout\n";
     return kExitCheckFailed;
   }
   const Plan plan = make_plan(report.resolved);

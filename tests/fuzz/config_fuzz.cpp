@@ -1,5 +1,5 @@
 // A seeded fuzzer for epx's config front end: mutated recipes and Megatron-Bridge dumps, odd
-// overrides and flags, fed to `epx check` (text and --json) and `epx config show` as separate
+// overrides and flags, fed to `epx check` (text and --json), `epx plan` and `epx config show` as separate
 // processes. Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
 // epx", nor a signal); --json must print valid JSON; an exit 2 must name the file, a key, a
 // flag or a line. Usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]
@@ -225,7 +225,8 @@ int main(int argc, char** argv) {
       {"-ep", "3"}, {"--moe_flex_dispatcher_backend", "hybridep"}, {"--moe_a2a_overlap", "maybe"},
       {"--moe_a2a_overlap", "true"}, {"-gb", "7"}, {"--te-version", std::string(300, '9')},
       {"-ep", "0"}, {"-tp", "0"}, {"-pp", "0"}, {"-cp", "-2"}, {"-mb", "0"}, {"-gb", "-8"},
-      {"-et", "0"}, {"-vp", "0"}, {"-gn", "0"}, {"-sl", "-1"}, {"-rl", "0"}};
+      {"-et", "0"}, {"-vp", "0"}, {"-gn", "0"}, {"-sl", "-1"}, {"-rl", "0"}, {"-vp", "None"}, {"-vp", "2"},
+      {"-pp", "2"}, {"--max-steps", "3"}};
   const std::vector<std::string> overrides = {
       "model.num_moe_experts=[1,2]", "target.gpu=h900", "x.y=1", "~model", "+env_vars.A=\xff",
       "model.moe_router_topk=99999999999999999999", "model.moe_router_topk=0",
@@ -239,7 +240,13 @@ int main(int argc, char** argv) {
       "model.moe_router_group_topk=3", "model.moe_router_num_groups=-4", "model.num_query_groups=3",
       "model.pipeline_model_parallel_layout=Et|(tt|)*30mL", "model.pipeline_model_parallel_layout=((t)*2)*3|L",
       "model.pipeline_model_parallel_layout=t*99999999999", "model.pipeline_model_parallel_layout=|", "model.pipeline_model_parallel_layout=Et*(9)*100000L",
-      "model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]", "model.sequence_parallel=true"};
+      "model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]", "model.sequence_parallel=true",
+      "model.pipeline_model_parallel_layout=E|tt|tt|L", "model.pipeline_model_parallel_layout=Ett|ttL",
+      "model.pipeline_model_parallel_size=2", "model.num_layers_in_first_pipeline_stage=1",
+      "model.account_for_embedding_in_pipeline_split=true", "train.train_samples=64", "train.train_iters=null",
+      "scheduler.lr_warmup_fraction=1.5", "scheduler.max_steps=1", "scheduler.lr_decay_samples=1",
+      "scheduler.lr_warmup_samples=99999999", "+dataset.x=1", "+peft.y=[1", "ddp.grad_reduce_in_fp32=true",
+      "ddp.use_distributed_optimizer=true"};
 
   int passed = 0, failed = 0;
   for (int i = 0; i < cases; ++i) {
@@ -248,9 +255,11 @@ int main(int argc, char** argv) {
       out << m.mutate(m.pick(corpus));
     }
     std::vector<std::string> args = {epx};
-    const bool show = m.chance(0.2);
+    const bool show = m.chance(0.2), plan = !show && m.chance(0.2);
     if (show) {
       args.insert(args.end(), {"config", "show", file});
+    } else if (plan) {  // the planner on whatever passes the check (a world and a GPU given)
+      args.insert(args.end(), {"plan", file, "-ng", "16", "-g", m.chance(0.5) ? "h100" : "gb200"});
     } else {
       args.insert(args.end(), {"check", file});
     }

@@ -257,6 +257,10 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   const Result bad = run("plan qwen3_30b_a3b -ng 3");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_TRUE(has(bad, "epx plan: the check found errors")) << bad.out;
+X
+  EXPECT_EQ(bad_json.code, 1) << bad_json.out;
+  ASSERT_TRUE(nlohmann::json::accept(bad_json.out)) << bad_json.out;
+  EXPECT_TRUE(nlohmann::json::parse(bad_json.out)["plan"].is_null());
   const Result no_world = run(std::string("plan ") + EPX_TEST_DATA + "/bridge_dump_comm_overlap.yaml -g h100");
   EXPECT_EQ(no_world.code, 2) << no_world.out;
   EXPECT_TRUE(has(no_world, "pass -ng N")) << no_world.out;
