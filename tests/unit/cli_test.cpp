@@ -257,7 +257,7 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   const Result bad = run("plan qwen3_30b_a3b -ng 3");
   EXPECT_EQ(bad.code, 1) << bad.out;
   EXPECT_TRUE(has(bad, "epx plan: the check found errors")) << bad.out;
-X
+  const Result bad_json = run("plan qwen3_30b_a3b -ng 3 --json");  // still JSON: the check's, no plan
   EXPECT_EQ(bad_json.code, 1) << bad_json.out;
   ASSERT_TRUE(nlohmann::json::accept(bad_json.out)) << bad_json.out;
   EXPECT_TRUE(nlohmann::json::parse(bad_json.out)["plan"].is_null());
