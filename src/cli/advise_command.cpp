@@ -13,7 +13,7 @@ namespace epx::cli {
 
 void AdviseArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_flag("--json", json, "one JSON object: recommended, why, dispatchers, tuning, harness_ab, epx_ab");
+  app.add_flag("--json", json, "one JSON object: recommended, why, dispatchers, tuning, harness_ab, epx_ab; on check errors {check, advice: null}");
   app.add_option("--have", have,
                  "the flex backends the target container has, e.g. deepep,hybridep or none (default: not stated)");
   app.add_option("--probe", probe,
@@ -30,7 +30,10 @@ int run_advise_command(const AdviseArgs& args) {
   const Config loaded = args.config.load_with_world_and_gpu("advice");
   const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
   if (!report.ok()) {
-    std::cout << format_report(report) << "epx advise: the check found errors; fix them first\n";
+    if (args.json)
+      std::cout << json_text({{"check", report_json(report)}, {"advice", nullptr}}, 2) << "\n";
+    else
+      std::cout << format_report(report) << "epx advise: the check found errors; fix them first\n";
     return kExitCheckFailed;
   }
   const Advice advice = advise(report.resolved, have);

@@ -1,5 +1,5 @@
 // A seeded fuzzer for epx's config front end: mutated recipes and Megatron-Bridge dumps, odd
-// overrides and flags, fed to `epx check` (text and --json), `epx plan` and `epx config show` as separate
+// overrides and flags, fed to `epx check` (text and --json), `epx plan`, `epx advise` and `epx config show` as separate
 // processes. Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
 // epx", nor a signal); --json must print valid JSON; an exit 2 must name the file, a key, a
 // flag or a line. Usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]
@@ -255,11 +255,11 @@ int main(int argc, char** argv) {
       out << m.mutate(m.pick(corpus));
     }
     std::vector<std::string> args = {epx};
-    const bool show = m.chance(0.2), plan = !show && m.chance(0.2);
+    const bool show = m.chance(0.2), plan = !show && m.chance(0.25);
     if (show) {
       args.insert(args.end(), {"config", "show", file});
-    } else if (plan) {  // the planner on whatever passes the check (a world and a GPU given)
-      args.insert(args.end(), {"plan", file, "-ng", "16", "-g", m.chance(0.5) ? "h100" : "gb200"});
+    } else if (plan) {  // the planner or the advisor on whatever passes the check (a world and a GPU given)
+      args.insert(args.end(), {m.chance(0.7) ? "plan" : "advise", file, "-ng", "16", "-g", m.chance(0.5) ? "h100" : "gb200"});
     } else {
       args.insert(args.end(), {"check", file});
     }
