@@ -25,7 +25,7 @@ template <class F>
 void for_each_in(const std::vector<Param*>& params, std::int64_t lo, std::int64_t hi, F&& f) {
   std::int64_t at = 0;
   for (Param* p : params) {
-    const std::int64_t n = p->master.numel(), first = std::max(at, lo), end = std::min(at + n, hi);
+    const std::int64_t n = p->grad.numel(), first = std::max(at, lo), end = std::min(at + n, hi);
     if (first < end) f(p, first - at, end - at);
     at += n;
   }

@@ -10,8 +10,7 @@
 // contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
 // weights (with ddp.overlap_param_gather, in the background until the next forward needs them)
 // as Megatron does, in the weights' compute dtype: a BF16 weight's BF16 copy (half the bytes of
-// its FP32 master, which only the owner keeps current: nothing else reads it), an FP32 one
-// (norms, the router) as is.
+// its FP32 master, which only the owner keeps, in Adam), an FP32 one (norms, the router) as is.
 //
 // With ddp.reduce_embedding_rows (epx's own) the embedding has a bucket of its own, reduced in
 // two parts: the sum of the micro-batches before the last as soon as it is complete (so under the

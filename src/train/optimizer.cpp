@@ -60,7 +60,7 @@ void Adam::step(double lr) {
   const double b1 = config_.adam_beta1, b2 = config_.adam_beta2, eps = config_.adam_eps;
   const double c1 = 1.0 - std::pow(b1, static_cast<double>(steps_)), c2 = 1.0 - std::pow(b2, static_cast<double>(steps_));
   for (State& s : states_) {
-    float* w = s.range.param->master.data<float>() + s.range.begin;
+    float* w = s.master.defined() ? s.master.data<float>() : s.range.param->master.data<float>() + s.range.begin;
     const float* g = s.range.param->grad.data<float>() + s.range.begin;
     float *m = s.m.data<float>(), *v = s.v.data<float>();
     const double wd = s.decay ? config_.weight_decay : 0.0;
@@ -69,14 +69,24 @@ void Adam::step(double lr) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; i += kBlock)
       adam_update(w + i, g + i, m + i, v + i, std::min(kBlock, n - i), b1, b2, c1, c2, eps, wd, lr);
-    s.range.param->refresh(s.range.begin, s.range.end);
+    if (s.master.defined()) {  // the compute copy's range from the shard master
+      std::uint16_t* c = s.range.param->compute.data<std::uint16_t>() + s.range.begin;
+      for (std::int64_t i = 0; i < n; ++i) c[i] = float_to_bf16(w[i]);
+    } else {
+      s.range.param->refresh(s.range.begin, s.range.end);
+    }
   }
 }
 
-std::int64_t Adam::state_bytes() const {
-  std::int64_t n = 0;
-  for (const State& s : states_) n += static_cast<std::int64_t>(s.m.nbytes() + s.v.nbytes());
-  return n;
+void Adam::take_masters() {
+  for (State& s : states_) {
+    const Param* p = s.range.param;
+    if (p->compute.dtype() != DType::BF16) continue;
+    const std::int64_t n = s.range.end - s.range.begin;
+    s.master = Tensor({n}, DType::F32);
+    std::copy_n(p->master.data<float>() + s.range.begin, n, s.master.data<float>());
+  }
 }
+
 
 }  // namespace epx

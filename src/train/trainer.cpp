@@ -76,6 +76,13 @@ class Trainer {
     }
     for (Param* p : params_)
       if (!p->expert) dense_.push_back(p);
+    // The distributed optimizer keeps FP32 masters for this rank's shard only, in Adam; a BF16
+    // weight's full master goes (the forward reads its BF16 copy, the all-gather refreshes it).
+    if (job_.grad_reduce.distributed) {
+      adam_.take_masters();
+      for (Param* p : params_)
+        if (p->compute.dtype() == DType::BF16) p->master = Tensor();
+    }
   }
 
   TrainResult run();
@@ -177,7 +184,7 @@ std::string Trainer::schedule_name() const {
 void Trainer::log_start(const TrainResult& r) const {
   if (!options_.log || world_.rank() != 0) return;
   std::int64_t n = 0;
-  for (const Param* p : params_) n += p->master.numel();
+  for (const Param* p : params_) n += p->grad.numel();
   out_ << fmt::format("epx run: {} | {} | dispatcher {} | {} | {} micro-batches of {} x {} tokens per rank per "
                       "iteration | recompute {} | {} parameters on rank 0\n",
                       cfg_.source, r.layout, r.dispatcher, r.schedule, job_.micro_batches, job_.model.micro_batch,

@@ -39,13 +39,18 @@ class Adam {
   Adam(std::vector<ParamRange> ranges, const OptimizerConfig& config);
   // One step on the ranges' grads with learning rate `lr`; refreshes the compute copies.
   void step(double lr);
-  std::int64_t state_bytes() const;
+  // The distributed optimizer's FP32 masters, as Megatron keeps them: each BF16 weight's range is
+  // copied into this Adam's own shard master, so that the caller can free every BF16 weight's
+  // full one (each rank then holds 4 bytes a weight for its shard only). FP32 weights keep theirs
+  // (the forward reads them).
+  void take_masters();
 
  private:
   struct State {
     ParamRange range;
     Tensor m, v;
     bool decay;
+    Tensor master;  // the range's FP32 master, once taken
   };
   std::vector<State> states_;
   OptimizerConfig config_;
