@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -81,7 +82,8 @@ void Adam::step(double lr) {
 void Adam::take_masters() {
   for (State& s : states_) {
     const Param* p = s.range.param;
-    if (p->compute.dtype() != DType::BF16) continue;
+    if (p->compute.dtype() != DType::BF16 || s.master.defined()) continue;
+    if (!p->master.defined()) throw std::logic_error("Adam::take_masters: " + p->name + "'s master is gone already");
     const std::int64_t n = s.range.end - s.range.begin;
     s.master = Tensor({n}, DType::F32);
     std::copy_n(p->master.data<float>() + s.range.begin, n, s.master.data<float>());

@@ -261,6 +261,10 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   EXPECT_EQ(bad_json.code, 1) << bad_json.out;
   ASSERT_TRUE(nlohmann::json::accept(bad_json.out)) << bad_json.out;
   EXPECT_TRUE(nlohmann::json::parse(bad_json.out)["plan"].is_null());
+  const Result advise_json = run("advise qwen3_30b_a3b -ng 3 --json");
+  EXPECT_EQ(advise_json.code, 1) << advise_json.out;
+  ASSERT_TRUE(nlohmann::json::accept(advise_json.out)) << advise_json.out;
+  EXPECT_TRUE(nlohmann::json::parse(advise_json.out)["advice"].is_null());
   const Result no_world = run(std::string("plan ") + EPX_TEST_DATA + "/bridge_dump_comm_overlap.yaml -g h100");
   EXPECT_EQ(no_world.code, 2) << no_world.out;
   EXPECT_TRUE(has(no_world, "pass -ng N")) << no_world.out;
