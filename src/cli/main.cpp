@@ -36,6 +36,15 @@ int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   return report.ok() ? kExitOk : kExitCheckFailed;
 }
 
+// The name in `names` nearest `word`, within two edits; "" when none is.
+std::string nearest_name(const std::vector<std::string>& names, const std::string& word) {
+  std::string best;
+  std::size_t best_distance = 3;
+  for (const std::string& n : names)
+    if (const std::size_t d = edit_distance(n, word); d < best_distance) best = n, best_distance = d;
+  return best;
+}
+
 // CLI11 answers a misspelt or missing command with "A subcommand is required": name it instead,
 // with the commands there are and the nearest. Walks the leading words down the command tree;
 // "" when the words reach a command that takes arguments.
@@ -55,10 +64,7 @@ std::string unknown_command(const CLI::App& app, const std::vector<std::string>&
       continue;
     }
     if (at->get_require_subcommand_min() == 0) return "";
-    std::string nearest;
-    for (const std::string& n : commands(at))
-      if (edit_distance(n, *word) <= 2 && (nearest.empty() || edit_distance(n, *word) < edit_distance(nearest, *word)))
-        nearest = n;
+    const std::string nearest = nearest_name(commands(at), *word);
     return fmt::format("unknown command '{}' for '{}'{}; the commands: {}", *word, path,
                        nearest.empty() ? "" : fmt::format(" (did you mean {}?)", nearest), fmt::join(commands(at), ", "));
   }
@@ -79,10 +85,7 @@ std::string nearest_option(const CLI::App& app, const std::vector<std::string>& 
   for (const std::string& arg : args) {
     const std::string word = arg.substr(0, arg.find('='));
     if (!word.starts_with("--") || std::find(known.begin(), known.end(), word) != known.end()) continue;
-    std::string best;
-    for (const std::string& k : known)
-      if (edit_distance(k, word) <= 2 && (best.empty() || edit_distance(k, word) < edit_distance(best, word))) best = k;
-    if (!best.empty()) return fmt::format(" (did you mean {}?)", best);
+    if (const std::string best = nearest_name(known, word); !best.empty()) return fmt::format(" (did you mean {}?)", best);
   }
   return "";
 }

@@ -41,7 +41,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) /
                         (l.cp * l.tp);
   const double row = static_cast<double>(m.hidden_size) * element_bytes(m);
-  const PipelineStage stage = busiest_moe_stage(m);
+  const PipelineStage stage = busiest_moe_stage(m, lp.split);
   const double moe_layers = stage.moe_layers, stage_layers = stage.layers;
   if (moe_layers > 0 && l.ep > 1) {
     const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
@@ -104,7 +104,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   if (l.tp > 1) out.tp_cp_s += 8 * stage_layers * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
   if (l.cp > 1) out.tp_cp_s += 4 * stage_layers * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
   // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.
-  if (l.pp > 1) out.pp_s = 2 * pipeline_split(m).chunks * sbh / (l.tp * l.cp) / link(GroupKind::pp);
+  if (l.pp > 1) out.pp_s = 2 * lp.split.chunks * sbh / (l.tp * l.cp) / link(GroupKind::pp);
   return out;
 }
 

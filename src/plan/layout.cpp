@@ -16,6 +16,7 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
                                   static_cast<int>(m.context_parallel_size),
                                   static_cast<int>(m.pipeline_model_parallel_size),
                                   static_cast<int>(m.expert_model_parallel_size), static_cast<int>(effective_etp(m)));
+  p.split = pipeline_split(m);
   p.gpus_per_node = static_cast<int>(gpus_per_node(c).value_or(world));
   if (p.gpus_per_node < 1) p.gpus_per_node = world;
   // The catalog's domain where it spans nodes (GB200's 72 over nodes of 4); else it is the node,

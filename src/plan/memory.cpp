@@ -54,8 +54,7 @@ PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, i
   return st;
 }
 
-PipelineStage busiest_moe_stage(const ModelConfig& m) {
-  const PipelineSplit split = pipeline_split(m);
+PipelineStage busiest_moe_stage(const ModelConfig& m, const PipelineSplit& split) {
   PipelineStage best = pipeline_stage(m, split, 0);
   for (int p = 1; p < split.stages; ++p) {
     const PipelineStage st = pipeline_stage(m, split, p);
@@ -66,13 +65,12 @@ PipelineStage busiest_moe_stage(const ModelConfig& m) {
 
 namespace {
 
-MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSplit& split, Dispatcher dispatcher,
-                        bool ep_overlap, int stage) {
+MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded_vocab_size(m));
-  const double tp = l.tp, pp = l.pp, vpp = split.chunks;
-  const PipelineStage st = pipeline_stage(m, split, stage);
+  const double tp = l.tp, pp = l.pp, vpp = lp.split.chunks;
+  const PipelineStage st = pipeline_stage(m, lp.split, stage);
   const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
   const double dense_layers = st.layers + mtp - moe_layers;
   const LayerParams lay = layer_params(m);
@@ -165,10 +163,9 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, const PipelineSpl
 }  // namespace
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
-  const PipelineSplit split = pipeline_split(c.model);
-  MemoryPlan most = stage_memory(c, lp, split, dispatcher, ep_overlap, 0);
+  MemoryPlan most = stage_memory(c, lp, dispatcher, ep_overlap, 0);
   for (int stage = 1; stage < lp.layout.pp; ++stage) {
-    MemoryPlan m = stage_memory(c, lp, split, dispatcher, ep_overlap, stage);
+    MemoryPlan m = stage_memory(c, lp, dispatcher, ep_overlap, stage);
     if (m.peak() > most.peak()) most = m;
   }
   return most;

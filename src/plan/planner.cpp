@@ -93,7 +93,7 @@ Plan make_plan(const Config& c) {
   p.micro_batches = static_cast<std::int64_t>(gbs / (mbs * l.dp));
   const Dispatcher configured = configured_dispatcher(m);
   const double capacity = p.gpu.rates.memory_gb * kGiB;
-  const int vpp = pipeline_split(m).chunks;
+  const int vpp = p.layout.split.chunks;
   // Dispatchers and EP overlap only matter with MoE layers over EP ranks; otherwise one row.
   const bool exchanges = moe_layers_in(m, 0, m.num_layers) > 0 && l.ep > 1;
   // The flex backends where Bridge runs them (it falls back to alltoall elsewhere: DeepEP on

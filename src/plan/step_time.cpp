@@ -71,7 +71,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
-  const PipelineStage stage = busiest_moe_stage(m);
+  const PipelineStage stage = busiest_moe_stage(m, lp.split);
   const double stage_moe = stage.moe_layers, stage_layers = stage.layers + stage.mtp_layers;
   const double row = h * element_bytes(m);
   const bool fused = m.moe_permute_fusion || m.moe_permute_fusion_into_hybridep;

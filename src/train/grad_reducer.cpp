@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 namespace epx {
@@ -82,14 +83,11 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     const std::int64_t d = bucket.comm->size(), share = (bucket.size + d - 1) / d;
     for (std::int64_t r = 0; r < d; ++r)
       bucket.shard_counts.push_back(std::clamp<std::int64_t>(bucket.size - r * share, 0, share));
-    const std::int64_t me = bucket.comm->rank();
-    bucket.shard_begin = std::min(bucket.size, me * share);
-    bucket.shard_end = bucket.shard_begin + bucket.shard_counts[static_cast<std::size_t>(me)];
+    std::tie(bucket.shard_begin, bucket.shard_end) = bucket.shard_of(bucket.comm->rank());
     for (std::int64_t r = 0; r < d; ++r) {
       std::int64_t u = 0;
-      const std::int64_t lo = std::min(bucket.size, r * share);
-      for_each_in(bucket.params, lo, lo + bucket.shard_counts[static_cast<std::size_t>(r)],
-                  [&](const Param* p, std::int64_t first, std::int64_t end) { u += (end - first) * units(p); });
+      const auto [lo, hi] = bucket.shard_of(r);
+      for_each_in(bucket.params, lo, hi, [&](const Param* p, std::int64_t first, std::int64_t end) { u += (end - first) * units(p); });
       bucket.gather_units.push_back(u);
     }
   }
@@ -253,10 +251,9 @@ void GradReducer::finish_gather(Bucket& b) {
   // Every rank's shard in rank order, each packed as gather_params packs this rank's; the own
   // shard comes back unchanged.
   const auto* from = static_cast<const std::byte*>(b.gathered.raw());
-  const std::int64_t d = b.comm->size(), share = (b.size + d - 1) / d;
-  for (std::int64_t r = 0; r < d; ++r) {
-    const std::int64_t lo = std::min(b.size, r * share);
-    for_each_in(b.params, lo, lo + b.shard_counts[static_cast<std::size_t>(r)], [&](Param* p, std::int64_t first, std::int64_t end) {
+  for (std::int64_t r = 0; r < b.comm->size(); ++r) {
+    const auto [lo, hi] = b.shard_of(r);
+    for_each_in(b.params, lo, hi, [&](Param* p, std::int64_t first, std::int64_t end) {
       Tensor& to = sent_as_bf16(p) ? p->compute : p->master;
       const std::size_t es = dtype_size(to.dtype()), bytes = static_cast<std::size_t>(end - first) * es;
       std::memcpy(static_cast<std::byte*>(to.raw()) + static_cast<std::size_t>(first) * es, from, bytes);

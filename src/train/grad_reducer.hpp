@@ -20,7 +20,9 @@
 // the same up to rounding (the rows are added in FP32, not summed in the buckets' dtype).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "epx/comm/comm.hpp"
@@ -69,7 +71,13 @@ class GradReducer {
     int first_group = 0, last_group = 0;  // the bucket is complete when these groups all are
     std::int64_t size = 0;                   // elements
     std::vector<std::int64_t> shard_counts;  // per rank of comm (distributed)
-    std::int64_t shard_begin = 0, shard_end = 0;
+    std::int64_t shard_begin = 0, shard_end = 0;  // this rank's: shard_of(comm->rank())
+    // Rank r's shard of the flat bucket, [first, end): Megatron's contiguous split.
+    std::pair<std::int64_t, std::int64_t> shard_of(std::int64_t r) const {
+      const auto d = static_cast<std::int64_t>(shard_counts.size());
+      const std::int64_t first = std::min(size, r * ((size + d - 1) / d));
+      return {first, first + shard_counts[static_cast<std::size_t>(r)]};
+    }
     Tensor flat, shard;  // the reduce dtype, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;

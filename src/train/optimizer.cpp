@@ -70,12 +70,7 @@ void Adam::step(double lr) {
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; i += kBlock)
       adam_update(w + i, g + i, m + i, v + i, std::min(kBlock, n - i), b1, b2, c1, c2, eps, wd, lr);
-    if (s.master.defined()) {  // the compute copy's range from the shard master
-      std::uint16_t* c = s.range.param->compute.data<std::uint16_t>() + s.range.begin;
-      for (std::int64_t i = 0; i < n; ++i) c[i] = float_to_bf16(w[i]);
-    } else {
-      s.range.param->refresh(s.range.begin, s.range.end);
-    }
+    s.range.param->refresh(s.range.begin, s.range.end, w);
   }
 }
 

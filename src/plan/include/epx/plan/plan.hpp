@@ -29,6 +29,7 @@ struct LayoutPlan {
   ParallelLayout layout;
   int gpus_per_node = 8, nvlink_domain = 8, nodes = 1;
   std::vector<GroupPlacement> groups;
+  PipelineSplit split;  // which layers each pipeline stage holds (check/pipeline_split)
 };
 LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
 // One line per rank: its node and its index in every group kind (--ranks).
@@ -44,7 +45,7 @@ struct PipelineStage {
 };
 PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, int stage);
 // The stage with the most MoE layers: the one whose token exchanges set the pace.
-PipelineStage busiest_moe_stage(const ModelConfig& m);
+PipelineStage busiest_moe_stage(const ModelConfig& m, const PipelineSplit& split);
 
 // Bytes per GPU on the most-loaded rank (reported in GiB), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the

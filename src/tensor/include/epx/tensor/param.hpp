@@ -27,12 +27,12 @@ struct Param {
   void refresh() {
     if (compute.raw() != master.raw()) compute.copy_from(master);
   }
-  // The elements [begin, end) only (the distributed optimizer's shard of it).
-  void refresh(std::int64_t begin, std::int64_t end) {
-    if (compute.raw() == master.raw()) return;
-    const float* m = master.data<float>();
-    std::uint16_t* c = compute.data<std::uint16_t>();  // the one other compute dtype
-    for (std::int64_t i = begin; i < end; ++i) c[i] = float_to_bf16(m[i]);
+  // The compute copy's elements [begin, end) from `from`, those elements' FP32 master (the
+  // param's own, or the distributed optimizer's shard of it).
+  void refresh(std::int64_t begin, std::int64_t end, const float* from) {
+    if (compute.raw() == master.raw()) return;                      // FP32: the master is the copy
+    std::uint16_t* c = compute.data<std::uint16_t>() + begin;  // the one other compute dtype
+    for (std::int64_t i = 0; i < end - begin; ++i) c[i] = float_to_bf16(from[i]);
   }
 };
 
