@@ -80,6 +80,12 @@ Plan make_plan(const Config& c) {
   std::vector<std::string> missing;
   for (const auto& [name, rate] : needed)
     if (rate <= 0) missing.push_back(name);
+  // Before Ampere (compute capability 8) a GPU has no BF16 tensor cores, and the planner times
+  // every GEMM at the BF16 rate: there is no rate to give.
+  if (hw.bf16_tflops <= 0 && p.gpu.major > 0 && p.gpu.major < 8)
+    throw ConfigError(fmt::format("target.gpu={} ({}): compute capability {} has no BF16 tensor cores, and the planner "
+                                  "times GEMMs at the BF16 rate only; plan on an Ampere or newer GPU (-g a100, -g h100, ...)",
+                                  p.gpu.name, p.gpu.device_name, p.gpu.major));
   if (!missing.empty())
     throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no {} for it (0: not known); give {} "
                                   "with --hardware FILE",

@@ -212,6 +212,13 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("no network_gb_s for it"), std::string::npos) << e.what();
   }
+  // Before Ampere there are no BF16 tensor cores: no rate to give, and the message says so.
+  try {
+    make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=v100", "target.num_gpus=2"}));
+    FAIL() << "a V100 was planned without a BF16 rate";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("compute capability 7 has no BF16 tensor cores"), std::string::npos) << e.what();
+  }
   std::ofstream(path) << "h100:\n  bf16_tflops: 989\n";  // back to the catalog's
   add_hardware_file(path.string());
   std::filesystem::remove(path);
