@@ -2,8 +2,10 @@
 #include "epx/check/pipeline_split.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "epx/check/pipeline_layout.hpp"
 
@@ -81,27 +83,40 @@ PipelineSplit split_layers(const ModelConfig& m) {
              loss_counts = m.account_for_loss_in_pipeline_split;
   if (pp > 1 && (first_given || last_given)) {
     // Uneven: the first / last stage as given, the rest even over the middle stages, each
-    // stage's layers even over its chunks.
+    // stage's layers even over its chunks. Megatron-Core's checks and messages
+    // (TransformerConfig.__post_init__), the fields named first.
+    const std::string fields = fmt::format("model.num_layers_in_first_pipeline_stage={}, "
+                                           "num_layers_in_last_pipeline_stage={} (num_layers={}, PP={}, VPP={})",
+                                           opt(first_given), opt(last_given), num_layers, pp, opt(vpp));
+    const auto refuse = [&](const std::string& why) { throw ConfigError(fmt::format("{}: {}", fields, why)); };
     if (embedding_counts || loss_counts)
-      throw ConfigError(
-          "model.num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage: cannot be combined with "
-          "account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_split; set one or the other");
-    const Int first = first_given.value_or(0), last = last_given.value_or(0);
-    const int middle_stages = pp - (first_given ? 1 : 0) - (last_given ? 1 : 0);
-    const Int middle = num_layers - first - last;
-    if (first < 0 || last < 0 || middle < 0 || (middle_stages == 0 ? middle != 0 : middle % middle_stages != 0))
-      throw ConfigError(fmt::format(
-          "model.num_layers_in_first_pipeline_stage={}, num_layers_in_last_pipeline_stage={}: the other {} of "
-          "num_layers ({}) must split evenly over the {} middle stage(s); change the first / last stage's layers",
-          opt(first_given), opt(last_given), middle, num_layers, middle_stages));
+      refuse("num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage cannot be set at the same "
+             "time with account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split");
+    Int middle = num_layers, middle_stages = pp;
+    for (const auto& [given, name] : {std::pair{first_given, "first"}, std::pair{last_given, "last"}}) {
+      if (!given) continue;
+      if (*given <= 0) refuse(fmt::format("num_layers_in_{}_pipeline_stage must be larger than 0", name));
+      if (*given % V != 0)
+        refuse(fmt::format("number of layers at {} stage: {} must be divisible by virtual pipeline parallel degree {}",
+                           name, *given, V));
+      middle -= *given, --middle_stages;
+    }
+    if ((middle != 0) != (middle_stages != 0))
+      refuse(fmt::format("Mismatch: {} middle layers remaining but {} middle PP stages available.", middle,
+                         middle_stages));
+    if (middle < 0 || (middle_stages && middle % middle_stages != 0))
+      refuse(fmt::format("number of layers at middle stage: {} must be divisible by the middle pipeline model "
+                         "parallel size {}",
+                         middle, middle_stages));
+    if (middle_stages && (middle / middle_stages) % V != 0)
+      refuse(fmt::format("number of layers on each middle pipeline rank: {} must be divisible by virtual pipeline "
+                         "parallel degree {}",
+                         middle / middle_stages, V));
     for (int v = 0; v < V; ++v)
       for (int p = 0; p < pp; ++p) {
-        const Int on_stage = p == 0 && first_given ? first : p == pp - 1 && last_given ? last : middle / middle_stages;
-        if (on_stage % V != 0)
-          throw ConfigError(fmt::format(
-              "model.virtual_pipeline_model_parallel_size={}: stage {}'s {} layers do not split evenly over its {} "
-              "model chunks; change the first / last stage's layers or the VPP size",
-              V, p, on_stage, V));
+        const Int on_stage = p == 0 && first_given ? *first_given
+                             : p == pp - 1 && last_given ? *last_given
+                                                         : middle / middle_stages;
         s.layers.push_back(static_cast<int>(on_stage / V));
       }
     return s;
@@ -148,6 +163,89 @@ PipelineSplit pipeline_split(const ModelConfig& m) {
   int next = 0;
   for (const int n : s.layers) s.first.push_back(next), next += n;
   return s;
+}
+
+}  // namespace epx
+
+namespace epx {
+
+std::string pipeline_split_fix(const ModelConfig& m) {
+  const auto splits = [](const ModelConfig& candidate) {
+    try {
+      pipeline_split(candidate);
+      return true;
+    } catch (const ConfigError&) {
+      return false;
+    }
+  };
+  const Int pp = m.pipeline_model_parallel_size, L = m.num_layers;
+  const OptInt& vpp = m.virtual_pipeline_model_parallel_size;
+  if (m.pipeline_model_parallel_layout || pp < 1 || L < 0 || L > 4096) return "";
+  ModelConfig c = m;
+  for (Int v = std::min(vpp.value_or(1) - 1, L + 2); v >= 2; --v) {  // more chunks than layers + E + L never split
+    c.virtual_pipeline_model_parallel_size = v;
+    if (splits(c)) return fmt::format("model.virtual_pipeline_model_parallel_size={}", v);
+  }
+  c = m;
+  c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
+  c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = true;
+  if (pp > 1 && splits(c)) {
+    std::string fix = "model.account_for_embedding_in_pipeline_split=true model.account_for_loss_in_pipeline_split=true";
+    if (m.num_layers_in_first_pipeline_stage) fix += " model.num_layers_in_first_pipeline_stage=null";
+    if (m.num_layers_in_last_pipeline_stage) fix += " model.num_layers_in_last_pipeline_stage=null";
+    return fix;
+  }
+  // The uneven split whose largest stage is smallest, then whose first and last stages are
+  // closest: k layers on each of the PP - 2 middle stages, the rest on the first and last, each a
+  // multiple of VPP and above 0.
+  const Int V = vpp.value_or(1), middle_stages = pp - 2;
+  std::optional<std::tuple<Int, Int, Int, Int>> best;  // largest stage, first - last, first, last
+  for (Int k = middle_stages > 0 ? V : 0; pp > 1 && k * middle_stages <= L; k += V) {
+    const Int ends = L - k * middle_stages;
+    if (ends >= 2 * V && ends % V == 0) {
+      const Int first = (ends / V + 1) / 2 * V, last = ends - first;
+      const std::tuple candidate{std::max({first, last, k}), first - last, first, last};
+      if (!best || candidate < *best) best = candidate;
+    }
+    if (middle_stages == 0) break;
+  }
+  c = m;
+  c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
+  if (best) c.num_layers_in_first_pipeline_stage = std::get<2>(*best), c.num_layers_in_last_pipeline_stage = std::get<3>(*best);
+  if (best && splits(c)) {
+    std::string fix = fmt::format("model.num_layers_in_first_pipeline_stage={} model.num_layers_in_last_pipeline_stage={}",
+                                  std::get<2>(*best), std::get<3>(*best));
+    if (m.account_for_embedding_in_pipeline_split) fix += " model.account_for_embedding_in_pipeline_split=false";
+    if (m.account_for_loss_in_pipeline_split) fix += " model.account_for_loss_in_pipeline_split=false";
+    return fix;
+  }
+  c = m;
+  c.virtual_pipeline_model_parallel_size = std::nullopt;
+  if (vpp && splits(c)) return "model.virtual_pipeline_model_parallel_size=null";
+  // Else a layout: the layers as even as they go over the PP x VPP virtual stages, the ones left
+  // over on the middle stages first (the first and last also hold the embedding and the loss).
+  const Int K = pp * V;
+  if (K < 2 || K > 4096 || m.mtp_num_layers.value_or(0) > 0) return "";
+  std::vector<Int> counts(static_cast<std::size_t>(K), L / K);
+  Int left = L % K;
+  for (std::size_t k = 1; k + 1 < counts.size() && left > 0; ++k, --left) ++counts[k];
+  if (left > 0) ++counts.front(), --left;
+  if (left > 0) ++counts.back();
+  std::vector<std::string> stages;
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    stages.push_back(fmt::format("{}{}{}", k == 0 ? "E" : "",
+                                 counts[k] > 2 ? fmt::format("t*{}", counts[k]) : std::string(static_cast<std::size_t>(counts[k]), 't'),
+                                 k + 1 == counts.size() ? "L" : ""));
+  c = m;
+  c.pipeline_model_parallel_layout = fmt::format("{}", fmt::join(stages, "|"));
+  c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
+  if (!splits(c)) return "";
+  std::string fix = fmt::format("model.pipeline_model_parallel_layout='{}'", *c.pipeline_model_parallel_layout);
+  if (m.num_layers_in_first_pipeline_stage) fix += " model.num_layers_in_first_pipeline_stage=null";
+  if (m.num_layers_in_last_pipeline_stage) fix += " model.num_layers_in_last_pipeline_stage=null";
+  if (m.account_for_embedding_in_pipeline_split) fix += " model.account_for_embedding_in_pipeline_split=false";
+  if (m.account_for_loss_in_pipeline_split) fix += " model.account_for_loss_in_pipeline_split=false";
+  return fix;
 }
 
 }  // namespace epx

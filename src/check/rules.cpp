@@ -315,10 +315,8 @@ std::vector<Rule> build_rules() {
           pipeline_split(m);
           return pass();
         } catch (const ConfigError& e) {
-          return fail(e.what(), m.pipeline_model_parallel_size > 1 &&
-                                        (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage)
-                                    ? "model.num_layers_in_first_pipeline_stage=<n>"
-                                    : "model.pipeline_model_parallel_layout=<layout>");
+          const std::string fix = pipeline_split_fix(m);
+          return fail(e.what(), fix.empty() ? "model.pipeline_model_parallel_layout=<layout>" : fix);
         }
       });
   add("pipeline.defer_embedding_wgrad", E,

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <set>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "epx/check/check.hpp"
 #include "epx/check/pipeline_layout.hpp"
 #include "test_support.hpp"
@@ -75,7 +78,16 @@ const std::vector<Case>& cases() {
         "model.num_attention_heads=12", "model.num_query_groups=4"}},
       {"pipeline.layout", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Et|tL"},
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
-      {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},
+      {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},  // fix: uneven stages
+      {"parallel.layers_divisible_by_pp",  // fix: the embedding and loss counted
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2"}, PP2},
+      {"parallel.layers_divisible_by_pp",  // fix: a smaller VPP
+       PP2 + Overrides{"model.num_layers=4", "model.virtual_pipeline_model_parallel_size=3"},
+       PP2 + Overrides{"model.num_layers=4", "model.virtual_pipeline_model_parallel_size=2"}},
+      {"parallel.layers_divisible_by_pp",  // fix: a layout
+       PP2 + Overrides{"model.num_layers=5", "model.virtual_pipeline_model_parallel_size=2"},
+       PP2 + Overrides{"model.num_layers=5", "model.virtual_pipeline_model_parallel_size=2",
+                       "model.pipeline_model_parallel_layout='Et|tt|t|tL'"}},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_preprocess]"},
@@ -367,6 +379,36 @@ TEST(CheckRules, FixesAreOverridesThatApply) {
     const CheckReport after = check(fixed, c.flag_trips);
     EXPECT_EQ(find(after, c.rule), nullptr) << format_report(after);
   }
+}
+
+TEST(CheckRules, EveryPipelineSplitThatFailsGetsAFixThatSplits) {
+  // Layer counts, PP and VPP sizes, uneven stages and the embedding / loss counted: where the
+  // layers do not split, the fix is concrete (no placeholder) and pasting it clears the finding.
+  int failing = 0;
+  for (const int layers : {1, 2, 3, 5, 7, 12, 13, 61})
+    for (const int pp : {2, 3, 4})
+      for (const std::string vpp : {"null", "2", "3"})
+        for (const Overrides& more : {Overrides{}, Overrides{"model.num_layers_in_first_pipeline_stage=1"},
+                                      Overrides{"model.account_for_loss_in_pipeline_split=true"}}) {
+          Overrides o = {fmt::format("model.num_layers={}", layers), fmt::format("model.pipeline_model_parallel_size={}", pp),
+                         "model.virtual_pipeline_model_parallel_size=" + vpp, fmt::format("target.num_gpus={}", 2 * pp)};
+          o.insert(o.end(), more.begin(), more.end());
+          const CheckReport before = check(o);
+          const Finding* f = find(before, "parallel.layers_divisible_by_pp");
+          if (!f) continue;
+          ++failing;
+          SCOPED_TRACE(fmt::format("{} -> fix: {}", fmt::join(o, " "), f->fix));
+          ASSERT_EQ(f->fix.find('<'), std::string::npos);
+          for (size_t start = 0; start < f->fix.size();) {
+            const size_t end = std::min(f->fix.find(' ', start), f->fix.size());
+            o.push_back(f->fix.substr(start, end - start));
+            start = end + 1;
+          }
+          const CheckReport after = check(o);
+          EXPECT_EQ(find(after, "parallel.layers_divisible_by_pp"), nullptr) << format_report(after);
+          EXPECT_EQ(find(after, "pipeline.layout"), nullptr) << format_report(after);
+        }
+  EXPECT_GT(failing, 100);
 }
 
 TEST(CheckRules, OverlapSetOnlyOnTheModelGetsMegatronCoreChecks) {

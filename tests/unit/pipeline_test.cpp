@@ -105,6 +105,15 @@ TEST(PipelineSplit, RefusesSplitsThatDoNotDivide) {
   EXPECT_THROW(split(8, 2, 3, {}, {}, false, false), ConfigError);
   EXPECT_THROW(split(8, 3, std::nullopt, 1, {}, false, false), ConfigError);  // 7 over 2
   EXPECT_THROW(split(8, 3, 2, 1, 1, false, false), ConfigError);  // 1 layer over 2 chunks
+  // Megatron-Core's words for the uneven split: middle stages with no layers left for them.
+  try {
+    split(4, 3, std::nullopt, 2, 2, false, false);
+    FAIL() << "a middle stage without layers was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("Mismatch: 0 middle layers remaining but 1 middle PP stages available."),
+              std::string::npos)
+        << e.what();
+  }
   try {
     split(6, 4, std::nullopt, {}, {}, false, false);
   } catch (const ConfigError& e) {

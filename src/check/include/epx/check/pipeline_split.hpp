@@ -7,6 +7,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "epx/config/config.hpp"
@@ -35,5 +36,10 @@ std::optional<Int> virtual_pipeline_size(const ModelConfig& m);
 
 // The split of `m`'s layers. Throws ConfigError naming the field when they do not split so.
 PipelineSplit pipeline_split(const ModelConfig& m);
+
+// For a config whose layers do not split (no layout): overrides that make them, nearest the
+// config first: a smaller VPP, the embedding and loss counted as layers, an uneven first / last
+// stage, no VPP. Empty when none of these does.
+std::string pipeline_split_fix(const ModelConfig& m);
 
 }  // namespace epx
