@@ -231,21 +231,22 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   for (std::size_t k = 1; k + 1 < counts.size() && left > 0; ++k, --left) ++counts[k];
   if (left > 0) ++counts.front(), --left;
   if (left > 0) ++counts.back();
-  std::vector<std::string> stages;
-  for (std::size_t k = 0; k < counts.size(); ++k)
-    stages.push_back(fmt::format("{}{}{}", k == 0 ? "E" : "",
-                                 counts[k] > 2 ? fmt::format("t*{}", counts[k]) : std::string(static_cast<std::size_t>(counts[k]), 't'),
-                                 k + 1 == counts.size() ? "L" : ""));
   c = m;
-  c.pipeline_model_parallel_layout = fmt::format("{}", fmt::join(stages, "|"));
+  c.pipeline_model_parallel_layout = pipeline_layout_text(counts);
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
+  c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
   if (!splits(c)) return "";
-  std::string fix = fmt::format("model.pipeline_model_parallel_layout='{}'", *c.pipeline_model_parallel_layout);
-  if (m.num_layers_in_first_pipeline_stage) fix += " model.num_layers_in_first_pipeline_stage=null";
-  if (m.num_layers_in_last_pipeline_stage) fix += " model.num_layers_in_last_pipeline_stage=null";
-  if (m.account_for_embedding_in_pipeline_split) fix += " model.account_for_embedding_in_pipeline_split=false";
-  if (m.account_for_loss_in_pipeline_split) fix += " model.account_for_loss_in_pipeline_split=false";
+  const std::string fix = fmt::format("{}", fmt::join(layout_overrides(m, *c.pipeline_model_parallel_layout), " "));
   return fix;
+}
+
+std::vector<std::string> layout_overrides(const ModelConfig& m, const std::string& layout) {
+  std::vector<std::string> o = {fmt::format("model.pipeline_model_parallel_layout='{}'", layout)};
+  if (m.num_layers_in_first_pipeline_stage) o.push_back("model.num_layers_in_first_pipeline_stage=null");
+  if (m.num_layers_in_last_pipeline_stage) o.push_back("model.num_layers_in_last_pipeline_stage=null");
+  if (m.account_for_embedding_in_pipeline_split) o.push_back("model.account_for_embedding_in_pipeline_split=false");
+  if (m.account_for_loss_in_pipeline_split) o.push_back("model.account_for_loss_in_pipeline_split=false");
+  return o;
 }
 
 }  // namespace epx

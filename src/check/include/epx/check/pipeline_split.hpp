@@ -42,4 +42,8 @@ PipelineSplit pipeline_split(const ModelConfig& m);
 // stage, no VPP. Empty when none of these does.
 std::string pipeline_split_fix(const ModelConfig& m);
 
+// The overrides that set `layout` on `m`: the layout, and the fields Megatron-Core refuses beside
+// one (uneven first / last stages, the embedding / loss counted) cleared.
+std::vector<std::string> layout_overrides(const ModelConfig& m, const std::string& layout);
+
 }  // namespace epx
