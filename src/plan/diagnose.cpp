@@ -5,7 +5,10 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "epx/check/pipeline_split.hpp"
+#include "epx/plan/pipeline_balance.hpp"
 #include "epx/plan/plan.hpp"
 
 namespace epx {
@@ -16,14 +19,20 @@ namespace {
 // below the attainable one make the third wall a host-overhead one.
 constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
 
-// The planner's as-configured row of `c` with `overrides`, against `base`, in words.
+// The planner's as-configured row of `c` with `overrides`, against `base`, in words: the step
+// time, or the time per sample where the overrides change the global batch.
 std::string predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides) {
   const Replanned r = replan(c, overrides);
   if (!r.plan) return "epx check refuses it here: " + r.refusal;
   const Variant& v = r.plan->configured();
-  return fmt::format("planner: step {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}", base.step_time_s,
-                     v.step_time_s, 100 * (v.step_time_s / base.step_time_s - 1), base.peak_memory_gb,
-                     v.peak_memory_gb, r.plan->fits ? "" : " (does not fit)");
+  const double batch = static_cast<double>(c.train.global_batch_size.value_or(1) * c.model.seq_length),
+               new_batch = r.plan->flops_per_step / std::max(1e-30, r.plan->flops.per_token());  // tokens
+  const bool per_sample = std::abs(new_batch / batch - 1) > 1e-6;
+  const double before = per_sample ? base.step_time_s / batch * 1e6 : base.step_time_s,
+               after = per_sample ? v.step_time_s / new_batch * 1e6 : v.step_time_s;
+  return fmt::format("planner: {} {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}",
+                     per_sample ? "time per million tokens" : "step", before, after, 100 * (after / before - 1),
+                     base.peak_memory_gb, v.peak_memory_gb, r.plan->fits ? "" : " (does not fit)");
 }
 
 }  // namespace
@@ -81,6 +90,24 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                                 base->exposed_comm_s, base->step_time_s, 100 * comm.share);
   } else {
     comm.evidence = "unknown: no trace and no config";
+  }
+  // The pipeline's waits are measured without a trace too (the results' per-stage figures).
+  double pipeline_share = 0;
+  if (run.pipeline) {
+    const PipelineEvidence& p = *run.pipeline;
+    std::vector<std::string> stages;
+    double wait = 0, schedule = 0;
+    for (std::size_t k = 0; k < p.wait_s.size(); ++k) {
+      stages.push_back(fmt::format("{:.3g} / {:.3g}", p.compute_s(k), p.wait_s[k]));
+      wait += p.wait_s[k], schedule += p.schedule_s[k];
+    }
+    pipeline_share = wait / std::max(1e-12, schedule);
+    comm.evidence += fmt::format("; pipeline PP {} x VPP {}, {} micro-batches: each stage computes / waits on the others "
+                                 "{} s per iteration ({:.0f}% of the schedule waiting; the ideal bubble is {:.0f}% of "
+                                 "the compute)",
+                                 p.stages, p.chunks, p.micro_batches, fmt::join(stages, ", "), 100 * pipeline_share,
+                                 100 * p.ideal_bubble);
+    if (!run.trace && pipeline_share > comm.share) comm.share = pipeline_share, comm.measured = true;
   }
   d.walls.push_back(comm);
 
@@ -158,7 +185,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     add("memory", "FP8 and activation offloading, when recompute and parallelism are not enough", {}, false);
   } else if (d.binding == "communication" && m) {
     const bool dp_dominates = run.trace && run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s;
+    const ParallelLayout& groups = plan->layout.layout;
     const auto token_fixes = [&] {
+      if (groups.ep == 1) return;  // no token exchanges
       if (m->moe_token_dispatcher_type != "flex")
         add("communication", "a flex dispatcher: DeepEP sends one copy per destination node, not per expert",
             {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
@@ -167,6 +196,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
             {"comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
     };
     const auto dp_fixes = [&] {
+      if (groups.dp * groups.cp == 1 && groups.edp == 1) return;  // no gradient reduction
       if (!config->ddp.overlap_grad_reduce)
         add("communication", "overlap the DP gradient reduction with the last backward (buckets of ddp.bucket_size)",
             {"ddp.overlap_grad_reduce=true"});
@@ -177,9 +207,63 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
             "the backward (epx's own)",
             {"ddp.reduce_embedding_rows=true"});
     };
-    // The kind that leaves more exposed first.
+    // The pipeline: an even split of the measured compute, then a smaller bubble.
+    const auto pipeline_fixes = [&] {
+      if (!run.pipeline) return;
+      const PipelineEvidence& p = *run.pipeline;
+      std::vector<double> compute;
+      for (std::size_t k = 0; k < p.schedule_s.size(); ++k) compute.push_back(p.compute_s(k));
+      const auto b = balance_pipeline(*m, compute);
+      if (b && !b->helps() && b->slowest_now_s > 1.2 * *std::min_element(compute.begin(), compute.end()))
+        d.notes.push_back(fmt::format(
+            "pipeline stage {} computes {:.3g} s per iteration against {:.3g} s on the fastest, which waits for it "
+            "beyond the bubble; no placement of whole layers shortens it by 5% (a layer measured at {:.3g} s)",
+            b->slowest_stage, b->slowest_now_s, *std::min_element(compute.begin(), compute.end()), b->per_layer_s));
+      if (b && b->helps())
+        add("communication",
+            fmt::format("balance the stages: stage {} computes {:.3g} s per iteration and the others wait for it; {} "
+                        "decoder layers per stage instead of {} bring the slowest to about {:.3g} s (a layer measured "
+                        "at {:.3g} s)",
+                        b->slowest_stage, b->slowest_now_s, fmt::join(b->layers_balanced, " / "),
+                        fmt::join(b->layers_now, " / "), b->slowest_balanced_s, b->per_layer_s),
+            layout_overrides(*m, b->layout));
+      if (p.chunks == 1 && !m->pipeline_model_parallel_layout)
+        for (Int v = 2; v <= 4; ++v) {
+          ModelConfig interleaved = *m;
+          interleaved.virtual_pipeline_model_parallel_size = v;
+          try {
+            pipeline_split(interleaved);
+          } catch (const ConfigError&) {
+            continue;
+          }
+          add("communication",
+              fmt::format("the interleaved schedule (VPP {}): the bubble falls from (PP - 1) / m to (PP - 1) / "
+                          "(VPP x m) of the compute",
+                          v),
+              {fmt::format("model.virtual_pipeline_model_parallel_size={}", v)});
+          break;
+        }
+      const Int mbs = config->train.micro_batch_size.value_or(1);
+      if (mbs % 2 == 0)
+        add("communication", "more, smaller micro-batches: the bubble is (PP - 1) / (VPP x m) of the compute",
+            {fmt::format("train.micro_batch_size={}", mbs / 2)});
+      else if (config->train.global_batch_size)
+        add("communication",
+            "more micro-batches with a larger global batch (the bubble is (PP - 1) / (VPP x m) of the compute; "
+            "this changes the optimization)",
+            {fmt::format("train.global_batch_size={}", 2 * *config->train.global_batch_size)});
+    };
+    // The kind that leaves the most exposed first.
+    const double token_exposed = run.trace ? run.trace->token_exchange_exposed_s : 0,
+                 dp_exposed = run.trace ? run.trace->dp_reduce_exposed_s : 0,
+                 pipeline_wait = run.trace ? run.trace->pipeline_wait_s
+                                           : run.pipeline ? pipeline_share * run.mean_step_s : 0;
+    const bool pipeline_dominates = run.pipeline && pipeline_wait >= std::max(token_exposed, dp_exposed) &&
+                                    (run.trace || pipeline_share >= comm.share);
+    if (pipeline_dominates) pipeline_fixes();
     if (dp_dominates) dp_fixes(), token_fixes();
     else token_fixes(), dp_fixes();
+    if (!pipeline_dominates) pipeline_fixes();
     if (m->tensor_model_parallel_size > 1)
       add("communication", "TP communication overlap", {"comm_overlap.tp_comm_overlap=true"}, false);
   } else if (m) {
@@ -237,6 +321,12 @@ nlohmann::json diagnosis_json(const RunEvidence& run, const Diagnosis& d) {
                   {"other_comm_s", t.other_comm_s},
                   {"other_comm_exposed_s", t.other_comm_exposed_s},
                   {"pipeline_wait_s", t.pipeline_wait_s}};
+  }
+  if (run.pipeline) {
+    const PipelineEvidence& p = *run.pipeline;
+    j["pipeline"] = {{"stages", p.stages},           {"virtual_stages_per_stage", p.chunks},
+                     {"micro_batches", p.micro_batches}, {"ideal_bubble", p.ideal_bubble},
+                     {"stage_schedule_s", p.schedule_s}, {"stage_wait_s", p.wait_s}};
   }
   j["binding_wall"] = d.binding;
   j["why"] = d.why;

@@ -58,6 +58,32 @@ std::string text_or(const nlohmann::json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+PipelineEvidence read_pipeline(const nlohmann::json& j, const std::string& path) {
+  const auto bad = [&](const std::string& why) {
+    return InputError(fmt::format("{}: summary.pipeline {}; is this the JSON `epx run --results` writes?", path, why));
+  };
+  if (!j.is_object()) throw bad("is not an object");
+  PipelineEvidence p;
+  const double stages = amount(j, "stages", path), chunks = amount(j, "virtual_stages_per_stage", path),
+               micro_batches = amount(j, "micro_batches", path);
+  if (stages < 1 || stages > 1e6 || chunks < 1 || chunks > 1e6 || micro_batches > 1e9)
+    throw bad(fmt::format("has {} stages of {} chunks and {} micro-batches", stages, chunks, micro_batches));
+  p.stages = static_cast<int>(stages), p.chunks = static_cast<int>(chunks), p.micro_batches = static_cast<int>(micro_batches);
+  p.ideal_bubble = amount(j, "ideal_bubble", path);
+  for (const auto& [key, into] : {std::pair{"stage_schedule_s", &p.schedule_s}, std::pair{"stage_wait_s", &p.wait_s}}) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_array() || it->size() != static_cast<std::size_t>(p.stages))
+      throw bad(fmt::format("'{}' is not a list of {} times", key, p.stages));
+    for (const nlohmann::json& t : *it) {
+      if (!t.is_number() || t.get<double>() < 0) throw bad(fmt::format("'{}' holds {}, not a time", key, t.dump()));
+      into->push_back(t.get<double>());
+    }
+  }
+  for (std::size_t k = 0; k < p.wait_s.size(); ++k)
+    if (p.wait_s[k] > p.schedule_s[k] * (1 + 1e-6)) throw bad(fmt::format("stage {} waits longer than its schedule runs", k));
+  return p;
+}
+
 void read_epx_results(const std::string& text, const std::string& path, RunEvidence& run) {
   const nlohmann::json j = parse_json(text, path, "epx results file");
   if (!j.is_object() || !j.contains("summary") || !j.contains("iterations") || !j["iterations"].is_array())
@@ -90,6 +116,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.schedule = text_or(s, "schedule");
   run.recompute = text_or(s, "recompute");
   if (j.contains("ranks") && j["ranks"].is_number_integer()) run.ranks = j["ranks"].get<int>();
+  if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, path);
   if (j.contains("config") && j["config"].is_object()) {
     try {
       run.config = load_config_text(j["config"].dump(), path);  // JSON is YAML

@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "epx/check/pipeline_split.hpp"
 #include "epx/plan/diagnose.hpp"
+#include "epx/plan/pipeline_balance.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
 #include "epx/plan/step_time.hpp"
@@ -275,6 +277,59 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   EXPECT_NE(fixes({}).find("ddp.reduce_embedding_rows=true"), std::string::npos) << fixes({});
   EXPECT_EQ(fixes({"ddp.reduce_embedding_rows=true"}).find("reduce_embedding_rows"), std::string::npos);
   EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
+}
+
+TEST(PipelineBalance, MovesLayersOffTheStageThatHoldsTheHead) {
+  ModelConfig m;
+  m.num_layers = 8;
+  m.pipeline_model_parallel_size = 2;
+  // Stage 1 holds 4 layers of 0.1 s and a head of 0.35 s: 6 / 2 layers give 0.6 / 0.55 s.
+  auto b = balance_pipeline(m, {0.4, 0.75});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->slowest_stage, 1);
+  EXPECT_NEAR(b->per_layer_s, 0.1, 1e-12);
+  EXPECT_EQ(b->layers_balanced, (std::vector<Int>{6, 2}));
+  EXPECT_NEAR(b->slowest_balanced_s, 0.6, 1e-12);
+  EXPECT_TRUE(b->helps());
+  EXPECT_EQ(b->layout, "Et*6|ttL");
+  // A head of one layer's time: moving a layer only moves the wait.
+  b = balance_pipeline(m, {0.4, 0.5});
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->helps());
+  // Middle stages time a layer; VPP spreads a stage's layers over its chunks, the earlier first.
+  m.num_layers = 16;
+  m.pipeline_model_parallel_size = 4;
+  m.virtual_pipeline_model_parallel_size = 2;
+  b = balance_pipeline(m, {0.4, 0.4, 0.4, 0.8});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->layers_balanced, (std::vector<Int>{5, 5, 5, 1}));
+  EXPECT_EQ(b->layout, "Et*3|t*3|t*3|t|tt|tt|tt|L");
+  ModelConfig laid_out = m;
+  laid_out.pipeline_model_parallel_layout = b->layout;
+  EXPECT_NO_THROW(pipeline_split(laid_out));
+  EXPECT_FALSE(balance_pipeline(m, {0.4, 0.4}));  // not this config's stages
+}
+
+TEST(Diagnose, APipelineWaitGetsPipelineFixesNotExchangeOnes) {
+  // PP 2 with EP 1 and DP 1: no token exchange or gradient reduction to fix; the last stage's
+  // head makes the first wait, and the fixes balance the stages and shrink the bubble.
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu", "model.num_layers=8",
+                                                    "model.pipeline_model_parallel_size=2",
+                                                    "model.expert_model_parallel_size=1"});
+  RunEvidence run;
+  run.mean_step_s = 1;
+  run.pipeline = PipelineEvidence{.stages = 2, .chunks = 1, .micro_batches = 8, .ideal_bubble = 1.0 / 8,
+                                  .schedule_s = {0.95, 0.95}, .wait_s = {0.55, 0.25}};
+  const Diagnosis d = diagnose(run, c, find_gpu("cpu"));
+  EXPECT_EQ(d.binding, "communication");
+  ASSERT_GE(d.fixes.size(), 2u);
+  EXPECT_EQ(d.fixes[0].overrides, (std::vector<std::string>{"model.pipeline_model_parallel_layout='Et*6|ttL'"}));
+  EXPECT_EQ(d.fixes[1].overrides, (std::vector<std::string>{"model.virtual_pipeline_model_parallel_size=2"}));
+  for (const Fix& f : d.fixes)
+    for (const std::string& o : f.overrides)
+      EXPECT_TRUE(o.find("dispatcher") == std::string::npos && o.find("ddp.") == std::string::npos &&
+                  o.find("overlap_moe") == std::string::npos)
+          << o;
 }
 
 TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {

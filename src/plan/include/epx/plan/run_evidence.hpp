@@ -38,6 +38,15 @@ struct TraceSpan {
   double begin_s = 0, end_s = 0;
 };
 
+// Pipeline parallelism in the steady state (epx results), per stage and iteration: the
+// schedule's time and, within it, the waits on the other stages (bubble and exposed transfers).
+struct PipelineEvidence {
+  int stages = 1, chunks = 1, micro_batches = 0;
+  double ideal_bubble = 0;  // (PP - 1) / (VPP x m)
+  std::vector<double> schedule_s, wait_s;
+  double compute_s(std::size_t stage) const { return schedule_s[stage] - wait_s[stage]; }
+};
+
 struct RunEvidence {
   std::string source;  // the file read
   std::string kind;    // "epx results" | "Megatron log"
@@ -47,6 +56,7 @@ struct RunEvidence {
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
   int ranks = 1;
   std::string layout, dispatcher, schedule, recompute;
+  std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
   std::optional<TraceBreakdown> trace;  // rank 0, from --trace
   std::vector<TraceSpan> spans;         // every rank, one steady-state iteration (the report's timeline)
 };
