@@ -1110,11 +1110,15 @@ std::vector<Rule> build_rules() {
   add("hybridep.env_without_hybridep", W, {"env_vars." + std::string(kRanksPerDomainVar)},
       kBridgeTopology, "HybridEP topology variables set without the HybridEP backend",
       [](const CheckContext& c) {
+        // Bridge drops the topology variables unless the backend is hybridep; with that backend
+        // under another dispatcher it sets them, and nothing reads them.
+        const bool backend = c.cfg.model.moe_flex_dispatcher_backend == std::optional<std::string>("hybridep");
         return fail_if(!uses_flex(c.cfg.model, "hybridep") &&
                            c.cfg.env_vars.count(kRanksPerDomainVar),
-                       fmt::format("{} is set but the dispatcher is not flex+hybridep: Bridge "
-                                   "removes it, it has no effect",
-                                   kRanksPerDomainVar),
+                       fmt::format("{} is set but the dispatcher is not flex+hybridep: {}", kRanksPerDomainVar,
+                                   backend ? "Bridge keeps it for the hybridep backend, but the token dispatcher "
+                                             "does not use HybridEP, so nothing reads it"
+                                           : "Bridge removes it, it has no effect"),
                        fmt::format("~env_vars.{}", kRanksPerDomainVar));
       });
 

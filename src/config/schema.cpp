@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <tuple>
 #include <type_traits>
 
@@ -315,6 +316,36 @@ FieldInfo make_field(const Section<S>& sec, T S::*member, const char* name,
   return f;
 }
 
+// Megatron-Core takes pipeline_model_parallel_layout as a string or as a list of stages, each a
+// list of layer names (PipelineParallelLayerLayout), and Bridge dumps it as given: a list reads
+// as its string ("embedding", "decoder", "mtp", "loss" as E, t, m, L; stages joined by '|').
+FieldInfo layout_field(FieldInfo f) {
+  f.type += ", or a list of stages, each a list of layer names";
+  f.set = [set = f.set, key = f.key()](Config& c, const YAML::Node& n) {
+    if (!n.IsSequence()) return set(c, n);
+    static const std::map<std::string, char> kLayers = {{"embedding", 'E'}, {"decoder", 't'}, {"mtp", 'm'}, {"loss", 'L'}};
+    std::vector<std::string> stages;
+    for (const YAML::Node& stage : n) {
+      if (!stage.IsSequence())
+        throw ConfigError(fmt::format("{}: pipeline_model_parallel_layout must be a list of lists, but got {}", key,
+                                      shorten(yaml_text(stage))));
+      stages.emplace_back();
+      for (const YAML::Node& layer : stage) {
+        std::string name = lower(scalar(layer, key, "a layer name (embedding, decoder, mtp, loss)"));
+        name.erase(0, name.find_first_not_of(" \t\n"));
+        name.erase(name.find_last_not_of(" \t\n") + 1);
+        const auto kind = kLayers.find(name);
+        if (kind == kLayers.end())
+          throw ConfigError(fmt::format("{}: {} is not a layer epx builds (embedding, decoder, mtp, loss)", key,
+                                        shorten(yaml_text(layer))));
+        stages.back() += kind->second;
+      }
+    }
+    set(c, YAML::Node(fmt::format("{}", fmt::join(stages, "|"))));
+  };
+  return f;
+}
+
 #define EPX_FIELD(sec, member, ...) \
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
@@ -332,7 +363,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, expert_model_parallel_size),
       EPX_FIELD(kModel, expert_tensor_parallel_size),
       EPX_FIELD(kModel, sequence_parallel),
-      EPX_FIELD(kModel, pipeline_model_parallel_layout),
+      layout_field(EPX_FIELD(kModel, pipeline_model_parallel_layout)),
       EPX_FIELD(kModel, account_for_embedding_in_pipeline_split),
       EPX_FIELD(kModel, account_for_loss_in_pipeline_split),
       EPX_FIELD(kModel, num_layers_in_first_pipeline_stage),
@@ -511,7 +542,8 @@ const std::vector<std::string>& bridge_only_sections() {
   static const std::vector<std::string> sections = {
       "dataset",         "logger", "tokenizer",         "checkpoint", "dist",           "profiling",
       "peft",            "mixed_precision", "inprocess_restart", "ft", "straggler", "nvrx_straggler",
-      "rerun_state_machine", "tensor_inspect", "mixed_precision_config"};
+      "rerun_state_machine", "tensor_inspect", "mixed_precision_config", "validation",
+      "optimizer_config_override_provider"};
   return sections;
 }
 

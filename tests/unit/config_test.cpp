@@ -231,6 +231,29 @@ TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
             std::string::npos);
 }
 
+TEST(ConfigYaml, BridgeDumpsAsBridgeWritesThem) {
+  // Fields a current ConfigContainer dump carries: the validation and optimizer-override groups,
+  // train.eval_iters None, and the layout as the list of lists Bridge's DeepSeek recipes write.
+  const std::string dump =
+      "model:\n  _target_: megatron.bridge.models.deepseek.DeepSeekV3ModelProvider\n  num_layers: 3\n"
+      "  pipeline_model_parallel_size: 2\n"
+      "  pipeline_model_parallel_layout:\n  - [Embedding, decoder]\n  - [decoder, ' decoder ', loss]\n"
+      "train:\n  _target_: megatron.bridge.training.config.TrainingConfig\n  eval_iters: null\n"
+      "validation:\n  _target_: megatron.bridge.training.config.ValidationConfig\n  eval_iters: 32\n"
+      "optimizer_config_override_provider:\n  _target_: megatron.bridge.training.config.OptimizerConfigOverrideProvider\n";
+  const Config c = load_config_text(dump, "dump.yaml");
+  EXPECT_EQ(c.model.pipeline_model_parallel_layout, "Et|ttL");
+  EXPECT_EQ(c.train.eval_iters, std::nullopt);
+  EXPECT_NE(ignored_note(c).find("validation"), std::string::npos) << ignored_note(c);
+  const auto layout_error = [](const std::string& value) {
+    return error_of([&] { load_config_text("model:\n  pipeline_model_parallel_layout: " + value + "\n", "l.yaml"); });
+  };
+  EXPECT_NE(layout_error("[[embedding], [encoder, loss]]").find("l.yaml:2:"), std::string::npos);
+  EXPECT_NE(layout_error("[[embedding], [encoder, loss]]").find("encoder is not a layer epx builds"), std::string::npos)
+      << layout_error("[[embedding], [encoder, loss]]");
+  EXPECT_NE(layout_error("[embedding, loss]").find("must be a list of lists"), std::string::npos);
+}
+
 TEST(HarnessFlags, ShortcutsAndPrecedence) {
   Config c = load_with("qwen3_30b_a3b_proxy", {"model.expert_model_parallel_size=1"});
   HarnessFlags f;

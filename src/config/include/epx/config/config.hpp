@@ -214,7 +214,7 @@ struct TrainConfig {
   OptInt train_samples;  // sample-based training: train_iters = train_samples // global_batch_size
   OptInt global_batch_size;
   OptInt micro_batch_size;
-  Int eval_iters = 100;
+  OptInt eval_iters;  // Bridge's default None (Megatron-LM's 100); epx runs no evaluation
   bool manual_gc = false;
 };
 
