@@ -75,12 +75,15 @@ int to_int(std::int64_t n, const std::string& op) {
 // A request that owns the count arrays MPI reads until completion.
 class MpiRequest final : public CommRequest {
  public:
-  explicit MpiRequest(std::string op) : CommRequest(std::move(op)) {}
+  explicit MpiRequest(std::string op, bool cancellable = false) : CommRequest(std::move(op)), cancellable_(cancellable) {}
   // MPI would go on writing into buffers their owners are about to free: never drop a request
-  // in flight (an exception between start and wait); end the job instead.
+  // in flight (an exception between start and wait). A plain receive is cancelled and waited for,
+  // so an error that unwinds past posted receives (the pipeline's, a step ahead) ends the job
+  // with its own message; anything else ends the job here.
   ~MpiRequest() override {
-    if (!done_ && req != MPI_REQUEST_NULL)
-      MpiSession::abort_job(fmt::format("internal error: {} was dropped while in flight", op), 3);
+    if (done_ || req == MPI_REQUEST_NULL) return;
+    if (cancellable_ && MPI_Cancel(&req) == MPI_SUCCESS && MPI_Wait(&req, MPI_STATUS_IGNORE) == MPI_SUCCESS) return;
+    MpiSession::abort_job(fmt::format("internal error: {} was dropped while in flight", op), 3);
   }
   bool test() override {
     if (done_) return true;
@@ -105,6 +108,7 @@ class MpiRequest final : public CommRequest {
 
  private:
   bool done_ = false;
+  const bool cancellable_;
   std::deque<std::vector<int>> arrays_;  // a deque: references stay valid as it grows
 };
 
@@ -249,7 +253,7 @@ class MpiCommunicator final : public Communicator {
     return r;
   }
   Request start_recv(void* data, std::int64_t count, DType dt, int peer, int tag) override {
-    auto r = std::make_unique<MpiRequest>(fmt::format("recv from {}", peer));
+    auto r = std::make_unique<MpiRequest>(fmt::format("recv from {}", peer), true);
     check_mpi(MPI_Irecv(data, to_int(count, r->op), mpi_type(dt), peer, tag, comm_, &r->req), "MPI_Irecv");
     return r;
   }
@@ -303,7 +307,7 @@ class MpiCommunicator final : public Communicator {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
     int sleep_us = kMinSleepUs;
-    for (int polls = 0; !r.test(); ++polls) {
+    for (int polls = 0; !r.test(); polls = std::min(polls + 1, g_spin_polls)) {
       if (polls < g_spin_polls) continue;
       const double waited = std::chrono::duration<double>(clock::now() - t0).count();
       if (waited > timeout_s_)

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 #include <optional>
+#include <stdexcept>
 
-#include "epx/base/error.hpp"
 #include "merged_step.hpp"
 
 namespace epx {
-
 
 std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_batches,
                                                const std::function<void(int, Tensor&, Tensor&)>& micro_batch,
@@ -30,11 +29,8 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
     }
     return out;
   }
-  if (model.has_full_recompute())
-    throw ConfigError(
-        "[ep_overlap.full_recompute] model.recompute_granularity=full: the EP-overlap schedule runs the layers node by node "
-        "and cannot replay checkpointed layers; use selective recompute or set "
-        "comm_overlap.overlap_moe_expert_parallel_comm=false");
+  // The job refuses full recompute with EP overlap before any rank computes (job_spec).
+  if (model.has_full_recompute()) throw std::logic_error("forward_backward: EP overlap with full recompute");
 
   // combined_1f1b_schedule_for_no_pipelining: F(0), then F(j) merged with B(j-1), then B(N-1).
   std::optional<Pass> prev;
@@ -50,7 +46,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
     Pass* b = prev ? &*prev : nullptr;
     if (b) b->x = model.head_backward(b->ctx, dloss);
     merged_step(&model, f, &model, b, options.delay_wgrad);
-    if (f) f->loss = model.head_forward(f->x, f->ctx);
+    if (f) model.head_forward(f->x, f->ctx);  // the loss lands in f->ctx
     if (b) model.embed_backward(b->ctx, b->x);
     if (next) record(j, next->ctx);
     prev = std::move(next);

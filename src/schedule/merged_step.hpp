@@ -12,7 +12,6 @@ namespace epx {
 struct Pass {
   GPTModel::Context ctx;
   Tensor x;  // forward: the next layer's input; backward: the gradient of the last output
-  double loss = 0;
 };
 
 // The forward of `f` through chunk `fm` and the backward of `b` through chunk `bm` (either may be

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -7,6 +8,9 @@
 namespace epx {
 
 std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage, int micro_batches, bool merge) {
+  // The merged order's extra warm-up forward is the interleaved schedule's; the job refuses EP
+  // overlap with PP but no VPP before it gets here (Megatron-Core asserts the same).
+  if (merge && !pipeline.interleaved) throw std::logic_error("pipeline_order: a merged order needs the interleaved schedule");
   const int PP = pipeline.stages, V = pipeline.chunks;
   using Pass = PipelineStep::Pass;
   std::vector<Pass> forwards, backwards;  // this stage's k-th forward and backward

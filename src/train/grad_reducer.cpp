@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <tuple>
@@ -14,6 +15,7 @@ namespace {
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
+constexpr std::int64_t kMaxBucketElements = std::numeric_limits<int>::max() / 2;
 
 // A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
 // router) go as their FP32 masters, which the forward reads. In 2-byte units per element.
@@ -56,21 +58,26 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
       b = Bucket{};
     };
     Bucket b;
+    std::int64_t n = 0;
+    // MPI counts are ints, and the parameter all-gather counts FP32 weights in 2-byte units: a
+    // bucket closes before it passes INT_MAX / 2 elements, however large bucket_size is.
+    // `group`: the weight's; a bucket closed here is complete with group `closes_at`.
+    const auto add = [&](Param* p, int group, int closes_at) {
+      if (n > 0 && n + p->grad.numel() > kMaxBucketElements) close(b, closes_at), n = 0;
+      if (b.params.empty()) first = group;
+      b.params.push_back(p), n += p->grad.numel();
+    };
     if (!options.overlap && options.bucket_size <= 0) {  // one bucket, in the model's order
       for (Param* p : params)
-        if (p->expert == expert) b.params.push_back(p);
+        if (p->expert == expert) add(p, 0, last);
       close(b, last);
       continue;
     }
-    std::int64_t n = 0;
     for (int g = 0; g <= last; ++g) {
       const bool alone = !expert && g == embedding_group_;  // the rows split's bucket
       if (alone) close(b, g - 1), n = 0;
       for (Param* p : groups[static_cast<std::size_t>(g)])
-        if (p->expert == expert) {
-          if (b.params.empty()) first = g;
-          b.params.push_back(p), n += p->grad.numel();
-        }
+        if (p->expert == expert) add(p, g, g);
       if (alone || (options.bucket_size > 0 && n >= options.bucket_size)) close(b, g), n = 0;
     }
     close(b, last);
@@ -227,7 +234,7 @@ void GradReducer::gather_params(bool overlap) {
   for (Bucket* bp : order) {
     Bucket& b = *bp;
     if (b.comm->size() == 1) continue;
-    if (b.gathering) finish_gather(b);  // the previous step's, if no forward needed it yet
+    if (b.gathering) throw std::logic_error("gather_params: the previous step's all-gather is still in flight");
     const std::int64_t me = b.comm->rank(), total = std::accumulate(b.gather_units.begin(), b.gather_units.end(), std::int64_t{0});
     b.mine = Tensor::uninitialized({std::max<std::int64_t>(1, b.gather_units[static_cast<std::size_t>(me)])}, DType::BF16);
     b.gathered = Tensor::uninitialized({std::max<std::int64_t>(1, total)}, DType::BF16);
@@ -267,6 +274,19 @@ void GradReducer::finish_gather(Bucket& b) {
 void GradReducer::params_needed(int group) {
   for (Bucket& b : buckets_)
     if (b.gathering && b.first_group <= group && group <= b.last_group) finish_gather(b);
+}
+
+GradReducer::~GradReducer() {
+  // An exception may unwind mid-iteration with tasks queued on the stream that read and write
+  // the buckets: they finish before the buckets go (the stream outlives this reducer).
+  const auto settle = [](const CommEvent& e) {
+    try {
+      e.wait();
+    } catch (...) {
+    }
+  };
+  for (const Bucket& b : buckets_) settle(b.done), settle(b.gather_done);
+  settle(rows_done_);
 }
 
 void GradReducer::finish_param_gathers() {

@@ -4,8 +4,8 @@
 // ddp.overlap_grad_reduce a bucket starts as soon as the last micro-batch's backward has completed
 // every weight in it (buckets follow the backward's order: head, layers last to first,
 // embedding; GPTModel::grad_groups), so the reductions run under the rest of the backward.
-// Without it, each group's gradients go in one bucket reduced after the backward, in the model's
-// parameter order (the reduction epx always did). With the distributed optimizer each bucket is
+// Without it, the buckets are reduced after the backward: one per kind (dense, expert) in the
+// model's parameter order (the reduction epx always did), or with ddp.bucket_size as above. With the distributed optimizer each bucket is
 // reduce-scattered instead: this rank keeps the sum of its shard (1/d of the bucket, Megatron's
 // contiguous split), Adam steps that shard alone, and gather_params all-gathers the updated
 // weights (with ddp.overlap_param_gather, in the background until the next forward needs them)
@@ -41,6 +41,9 @@ class GradReducer {
   GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
               const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
               const GradReduceOptions& options, int embedding_group = -1);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
 
   // An iteration of `micro_batches` micro-batches begins.
   void start(int micro_batches);
@@ -86,7 +89,6 @@ class GradReducer {
     CommEvent gather_done;
     bool gathering = false;
   };
-  const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
   void launch(Bucket& b);

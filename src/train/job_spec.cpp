@@ -20,6 +20,16 @@ namespace {
 
 std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 
+// The fields both the MoE layer and the model read: width, sequence, micro-batch, precision.
+void check_shared_fields(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
+  if (m.seq_length < 1) bad("model.seq_length", std::to_string(m.seq_length), "must be positive");
+  if (c.train.micro_batch_size.value_or(1) < 1)
+    bad("train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
+  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
+}
+
 }  // namespace
 
 ParallelLayout parallel_layout_from_config(const Config& c, int world) {
@@ -43,12 +53,12 @@ ParallelLayout layer_layout_from_config(const Config& c, int world) {
 
 MoESpec moe_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
+  check_shared_fields(c);
   MoESpec s;
   if (!m.num_moe_experts || *m.num_moe_experts < 1)
     bad("model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
         "an MoE layer needs experts; set model.num_moe_experts to 1 or more");
   s.num_experts = *m.num_moe_experts;
-  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
   s.hidden = m.hidden_size;
   s.topk = static_cast<int>(m.moe_router_topk);
   if (s.topk < 1 || s.topk > s.num_experts)
@@ -63,7 +73,6 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
   if (s.shared_ffn < 0)
     bad("model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");
-  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
   s.dtype = m.bf16 ? DType::BF16 : DType::F32;
 
   s.score_function = m.moe_router_score_function;
@@ -118,17 +127,14 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.seed = static_cast<std::uint64_t>(c.rng.seed);
   s.seq_length = m.seq_length;
   s.micro_batch = c.train.micro_batch_size.value_or(1);
-  if (s.seq_length < 1) bad("model.seq_length", std::to_string(s.seq_length), "must be positive");
-  if (s.micro_batch < 1)
-    bad("train.micro_batch_size", std::to_string(s.micro_batch), "must be positive");
   return s;
 }
 
 ModelSpec model_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
+  check_shared_fields(c);
   ModelSpec s;
   if (m.num_layers < 1) bad("model.num_layers", std::to_string(m.num_layers), "must be at least 1");
-  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
   if (!m.vocab_size || *m.vocab_size < 2)
     bad("model.vocab_size", opt(m.vocab_size), "the mock data and the LM head need a vocabulary; set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
@@ -143,7 +149,6 @@ ModelSpec model_spec_from_config(const Config& c) {
     bad("model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
   if (m.position_embedding_type != "rope" && m.position_embedding_type != "none")
     bad("model.position_embedding_type", m.position_embedding_type, "epx implements rope and none; set model.position_embedding_type=rope");
-  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
 
   s.vocab = *m.vocab_size;
   s.hidden = m.hidden_size;
@@ -155,8 +160,6 @@ ModelSpec model_spec_from_config(const Config& c) {
   s.tie_embeddings = m.share_embeddings_and_output_weights;
   s.seq_length = m.seq_length;
   s.micro_batch = c.train.micro_batch_size.value_or(1);
-  if (s.seq_length < 1) bad("model.seq_length", std::to_string(s.seq_length), "must be positive");
-  if (s.micro_batch < 1) bad("train.micro_batch_size", std::to_string(s.micro_batch), "must be positive");
 
   AttentionSpec& a = s.attention;
   a.hidden = s.hidden;
@@ -367,7 +370,7 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   if (const auto why = pipeline_micro_batch_error(j.pipeline, static_cast<int>(j.micro_batches)))
     throw ConfigError(fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
                                   mbs * dp * j.pipeline.stages));
-  if (j.pipeline.stages > 1 && j.schedule.ep_overlap && j.model.recompute.method.size())
+  if (j.schedule.ep_overlap && j.model.recompute.method.size())
     bad("model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");

@@ -262,6 +262,9 @@ IterationLog Trainer::train_step(int it) {
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norm = finalize_gradients();
+    // Every weight the last step gathered is in place before Adam writes this step's (the
+    // forward needed each group, so this only waits where one was not).
+    reducer_.finish_param_gathers();
     adam_.step(job_.lr.at(it - 1));
     if (job_.grad_reduce.distributed) reducer_.gather_params(job_.grad_reduce.overlap_param_gather);
   }
@@ -363,7 +366,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
       "  peak memory: {:.4f} GB (mem-max-allocated, max over ranks)\n"
       "  final lm loss: {:.6f} (iteration {})\n"
-      "  communication stream (rank 0): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
+      "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       result.final_loss, job_.iterations, result.comm_in_flight_s, result.comm_thread_cpu_s,

@@ -16,7 +16,7 @@ std::vector<std::int64_t> allgather_one(Communicator& c, std::int64_t v);
 std::int64_t max_over(Communicator& c, std::int64_t v);
 // The FP32 sum over the ranks (an all-reduce of one float).
 float sum_over(Communicator& c, float v);
-// Every rank's rows (dim 0) concatenated in rank order, as F32; the shapes must agree past dim 0.
+// Every rank's rows (dim 0) concatenated in rank order, as F32; every rank's shape must be the same.
 Tensor allgather_rows(Communicator& c, const Tensor& local);
 // The node of every rank of `c`: ranks that share memory get the same id, the lowest rank of `c`
 // on that node.

@@ -41,7 +41,7 @@ ScheduleOptions schedule_options_from_config(const Config& c);
 LrSchedule lr_schedule_from_config(const Config& c);
 
 // What `epx run` trains: all of the above for this job's ranks, and the batch arithmetic.
-// ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per group; Megatron's
+// ddp.overlap_grad_reduce and ddp.bucket_size (elements; 0: one bucket per kind, dense and expert; Megatron's
 // default with overlap: max(40M, 1M x DP) elements), and the distributed optimizer
 // (ddp.use_distributed_optimizer: gradients reduce-scattered, Adam on this rank's shard, the
 // parameters all-gathered).

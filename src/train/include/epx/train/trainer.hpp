@@ -55,8 +55,8 @@ struct TrainResult {
   double mean_step_s = 0, tflops_per_rank = 0, flops_per_iteration = 0;
   std::int64_t peak_memory_bytes = 0;    // max over ranks of mem-max-allocated
   double final_loss = 0;
-  double comm_in_flight_s = 0;           // this rank's communication stream, steady state
-  double comm_thread_cpu_s = 0;          // the CPU time its thread used meanwhile
+  double comm_in_flight_s = 0;           // this rank's two comm streams (exchanges, gradient reduction), summed, steady state
+  double comm_thread_cpu_s = 0;          // the CPU time their threads used meanwhile
   std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::optional<PipelineStats> pipeline;  // with PP > 1
   std::string layout, dispatcher, schedule, recompute;
