@@ -67,10 +67,12 @@ nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
                    {"layout", r.layout},
                    {"dispatcher", r.dispatcher},
                    {"schedule", r.schedule},
-                   {"recompute", r.recompute.empty() ? "-" : r.recompute},
+                   {"recompute", !r.recompute.empty() ? r.recompute
+                                 : d.config           ? d.config->model.recompute_granularity.value_or("none")
+                                                      : "-"},
                    {"mean_step_s", r.mean_step_s},
                    {"tflops_per_gpu", r.tflops_per_gpu},
-                   {"peak_memory_gb", r.peak_memory_gb},
+                   {"peak_memory_gb", r.peak_memory_gb > 0 ? nlohmann::json(r.peak_memory_gb) : nlohmann::json(nullptr)},
                    {"capacity_gb", d.gpu ? d.gpu->rates.memory_gb : 0.0},
                    {"final_loss", r.final_loss},
                    {"config", d.config ? dump_yaml(*d.config) : ""},
@@ -79,7 +81,9 @@ nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
                    {"spans", nlohmann::json::array()}};
   for (const IterationPoint& p : r.iterations)
     j["iterations"].push_back({{"iteration", p.iteration}, {"step_s", p.step_s}, {"lm_loss", p.lm_loss},
-                               {"mem_max_allocated_gb", p.mem_max_allocated_gb}});
+                               // null where the log has no memory line for the iteration: a gap, not 0
+                               {"mem_max_allocated_gb", p.mem_max_allocated_gb > 0 ? nlohmann::json(p.mem_max_allocated_gb)
+                                                                                   : nlohmann::json(nullptr)}});
   for (const TraceSpan& s : r.spans)
     j["spans"].push_back({{"rank", s.rank}, {"thread", s.thread}, {"track", s.track}, {"name", s.name},
                           {"begin", s.begin_s}, {"end", s.end_s}});

@@ -19,6 +19,10 @@ namespace {
 // below the attainable one make the third wall a host-overhead one.
 constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
 
+// The seeds' selective recompute: what the memory fix offers first.
+const std::vector<std::string> kSelectiveRecompute = {"model.recompute_granularity=selective",
+                                                      "model.recompute_modules=[core_attn,moe_act,layernorm]"};
+
 // The planner's as-configured row of `c` with `overrides`, against `base`, in words: the step
 // time, or the time per sample where the overrides change the global batch.
 std::string predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides) {
@@ -50,22 +54,27 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   const bool epx_runtime = gpu && !gpu->cuda();
   const double step = run.mean_step_s;
 
-  // Memory: the peak against the capacity; and whether only full recompute makes it fit.
+  // Memory: the peak against the capacity; and whether only full recompute makes it fit (with
+  // the selective modules the memory fix below offers, as advise weighs them).
   WallFigure memory{"memory", 0, "", true};
   bool only_with_full = false;
+  const std::string peak = run.peak_memory_gb > 0 ? fmt::format("peak {:.3g} GiB", run.peak_memory_gb)
+                                                  : std::string("peak not logged (no memory lines)");
   if (gpu && gpu->rates.memory_gb > 0) {
     memory.share = run.peak_memory_gb / gpu->rates.memory_gb;
-    memory.evidence = fmt::format("peak {:.3g} GiB of {:.3g} GiB ({:.0f}%)", run.peak_memory_gb, gpu->rates.memory_gb,
-                                  100 * memory.share);
+    memory.evidence = run.peak_memory_gb > 0 ? fmt::format("{} of {:.3g} GiB ({:.0f}%)", peak, gpu->rates.memory_gb,
+                                                           100 * memory.share)
+                                             : peak;
     if (config && config->model.recompute_granularity == std::optional<std::string>("full")) {
-      const Replanned selective = replan(*config, {"model.recompute_granularity=selective", "model.recompute_method=null",
-                                                   "model.recompute_num_layers=null"});
+      std::vector<std::string> selective_overrides = kSelectiveRecompute;
+      selective_overrides.insert(selective_overrides.end(), {"model.recompute_method=null", "model.recompute_num_layers=null"});
+      const Replanned selective = replan(*config, selective_overrides);
       only_with_full = selective.plan && !selective.plan->fits;
       memory.evidence += only_with_full ? "; it fits only with full recompute (the planner: selective does not fit)"
                                         : "; full recompute is on, but selective recompute would fit (the planner)";
     }
   } else {
-    memory.evidence = fmt::format("peak {:.3g} GiB; capacity unknown (name the GPU with -g)", run.peak_memory_gb);
+    memory.evidence = peak + "; capacity unknown (name the GPU with -g)";
   }
   d.walls.push_back(memory);
 
@@ -171,7 +180,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (d.binding == "memory" && m) {
     if (!m->recompute_granularity)
       add("memory", "selective recompute first (core_attn, moe_act, layernorm)",
-          {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"});
+          kSelectiveRecompute);
     if (!config->ddp.use_distributed_optimizer)
       add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full")) {
@@ -284,11 +293,15 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 }
 
 std::string format_diagnosis(const RunEvidence& run, const Diagnosis& d) {
-  std::string out = fmt::format("epx diagnose: {} ({}{}), {} iterations, steady {}..{}: {:.3g} s/step, {:.3g} "
-                                "TFLOP/s/GPU, peak {:.3g} GiB\n",
-                                run.source, run.kind, run.layout.empty() ? "" : ", " + run.layout,
-                                run.iterations.size(), run.steady_first, run.steady_last, run.mean_step_s,
-                                run.tflops_per_gpu, run.peak_memory_gb);
+  const int last = run.iterations.empty() ? 0 : run.iterations.back().iteration;
+  const std::string iterations = static_cast<std::size_t>(last) == run.iterations.size()
+                                     ? fmt::format("{} iterations", last)
+                                     : fmt::format("{} iterations ({} logged)", last, run.iterations.size());
+  std::string out = fmt::format("epx diagnose: {} ({}{}), {}, steady {}..{}: {:.3g} s/step, {:.3g} TFLOP/s/GPU, {}\n",
+                                run.source, run.kind, run.layout.empty() ? "" : ", " + run.layout, iterations,
+                                run.steady_first, run.steady_last, run.mean_step_s, run.tflops_per_gpu,
+                                run.peak_memory_gb > 0 ? fmt::format("peak {:.3g} GiB", run.peak_memory_gb)
+                                                       : "peak not logged");
   out += fmt::format("\nbinding wall: {}\n  {}\n\n", d.binding, d.why);
   for (const WallFigure& w : d.walls)
     out += fmt::format("  {:<14} {}{}\n", w.wall, w.evidence, w.measured ? "" : " [predicted]");

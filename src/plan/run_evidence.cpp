@@ -132,7 +132,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
   static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
+  // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
+  static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
   run.kind = "Megatron log";
   std::map<int, double> memory_after;
   std::istringstream in(text);
@@ -144,10 +146,12 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (line.size() > 8192) continue;
     std::smatch m;
     try {
-      if (std::regex_search(line, m, memory)) {
-        const double gib = std::stod(m[2]) * 1e9 / kGiB;  // Megatron logs bytes / 1e9
+      const bool in_gb = std::regex_search(line, m, memory);
+      if (in_gb || std::regex_search(line, m, memory_mb)) {
+        const double gib = std::stod(m[2]) * (in_gb ? 1e9 : 1048576.0) / kGiB;
         if (gib < 0) throw std::out_of_range("negative");
-        memory_after[std::stoi(m[1])] = gib;
+        double& peak = memory_after[std::stoi(m[1])];  // the max over the ranks that print it
+        peak = std::max(peak, gib);
         continue;
       }
       if (!std::regex_search(line, m, iteration)) continue;
@@ -169,18 +173,29 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
                                  path));
   for (IterationPoint& p : run.iterations)
     if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;
-  // The seeds' steady state: iterations 3.. (all of them for shorter logs).
-  run.steady_last = run.iterations.back().iteration;
-  run.steady_first = run.steady_last >= 3 ? 3 : run.iterations.front().iteration;
+  for (const auto& [iteration, gib] : memory_after) run.peak_memory_gb = std::max(run.peak_memory_gb, gib);
+  // The seeds' steady state: iterations 3.. (all of them for shorter logs). A line's time is the
+  // mean over the iterations since the line before (log_interval): it counts when the first of
+  // them is in the steady state. The first line's interval is taken to be the next one's.
+  const std::vector<IterationPoint>& its = run.iterations;
+  const auto first_averaged = [&](std::size_t k) {
+    if (k > 0) return its[k - 1].iteration + 1;
+    return its.size() > 1 ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1) : its[0].iteration;
+  };
+  run.steady_last = its.back().iteration;
+  const int steady_from = run.steady_last >= 3 ? 3 : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;
-  for (const IterationPoint& p : run.iterations) {
-    run.peak_memory_gb = std::max(run.peak_memory_gb, p.mem_max_allocated_gb);
-    if (p.iteration < run.steady_first || p.iteration > run.steady_last) continue;
-    sum += p.step_s, flops += p.tflops_per_gpu, ++n;
+  for (const bool fallback : {false, true}) {  // no line in the steady state: every line
+    for (std::size_t k = 0; k < its.size(); ++k) {
+      if (!fallback && first_averaged(k) < steady_from) continue;
+      if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
+      sum += its[k].step_s, flops += its[k].tflops_per_gpu, ++n;
+    }
+    if (n > 0) break;
   }
-  run.mean_step_s = sum / std::max(1, n);
-  run.tflops_per_gpu = flops / std::max(1, n);
+  run.mean_step_s = sum / n;
+  run.tflops_per_gpu = flops / n;
   run.final_loss = run.iterations.back().lm_loss;
 }
 

@@ -13,6 +13,7 @@
 #include "epx/check/pipeline_split.hpp"
 #include "epx/plan/diagnose.hpp"
 #include "epx/plan/pipeline_balance.hpp"
+#include "epx/plan/run_evidence.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
 #include "epx/plan/step_time.hpp"
@@ -277,6 +278,36 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   EXPECT_NE(fixes({}).find("ddp.reduce_embedding_rows=true"), std::string::npos) << fixes({});
   EXPECT_EQ(fixes({"ddp.reduce_embedding_rows=true"}).find("reduce_embedding_rows"), std::string::npos);
   EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
+}
+
+TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_megatron_{}.log", getpid());
+  const auto line = [](int it, double ms) {
+    return fmt::format(" [2025-11-03 10:00:00] iteration {:8d}/     100 | consumed samples: 512 | elapsed time per "
+                       "iteration (ms): {} | throughput per GPU (TFLOP/s/GPU): 20.0 | lm loss: 5.0 |\n",
+                       it, ms);
+  };
+  // log_interval 10: the first line averages iterations 1..10, warm-up included; the steady state
+  // starts with the line after it. Megatron-LM's own memory line is in MiB, the max over ranks.
+  std::ofstream(path) << line(10, 20000) << line(20, 9000) << line(30, 9000)
+                      << "[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.0 | max allocated: 2048.00 | "
+                         "reserved: 3000.0 | max reserved: 3000.0\n"
+                      << "[Rank 4] (after 10 iterations) memory (MB) | allocated: 1000.0 | max allocated: 4096.00 | "
+                         "reserved: 3000.0 | max reserved: 3000.0\n";
+  RunEvidence run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.steady_first, 11);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
+  EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
+  EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("30 iterations (3 logged)"),
+            std::string::npos);
+  // Without memory lines the peak is not known, and not called 0.
+  std::ofstream(path) << line(1, 9000) << line(2, 9000) << line(3, 9000);
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.steady_first, 3);
+  const std::string text = format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100")));
+  EXPECT_NE(text.find("peak not logged"), std::string::npos) << text;
+  EXPECT_EQ(text.find("peak 0 GiB"), std::string::npos) << text;
+  std::filesystem::remove(path);
 }
 
 TEST(PipelineBalance, MovesLayersOffTheStageThatHoldsTheHead) {
