@@ -96,20 +96,27 @@ Outcome te_at_least(const CheckContext& c, const char* minimum, std::string mess
 // The smallest multiple of `step` that is >= value (for fixes that must divide).
 Int round_up(Int value, Int step) { return step <= 0 ? value : ((value + step - 1) / step) * step; }
 
-// World sizes on which the layout folds (a multiple of TP*PP*CP and of ETP*EP*PP) and, when the
-// batch is set, the batch divides: the first `count`, smallest first.
-std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4) {
-  const auto& m = cfg.model;
-  const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size *
-                 m.context_parallel_size;
-  const Int emp = effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size;
+// The `count` smallest world sizes from `from` up that fit both sides of the layout (multiples of
+// TP x PP x CP and of ETP x EP x PP) and on which the batch divides.
+// TP x PP x CP and ETP x EP x PP, and the world sizes both fold on: their lcm (0 where it does not
+// fit 64 bits, or a size is not positive).
+struct WorldStep {
+  Int mp = 0, emp = 0, step = 0;
+};
+WorldStep world_step(const ModelConfig& m) {
+  WorldStep w{m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size,
+              effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size, 0};
+  if (w.mp <= 0 || w.emp <= 0 || __builtin_mul_overflow(w.mp / std::gcd(w.mp, w.emp), w.emp, &w.step)) w.step = 0;
+  return w;
+}
+
+std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4, Int from = 1) {
+  const auto [mp, emp, step] = world_step(cfg.model);
   std::vector<Int> sizes;
-  if (mp <= 0 || emp <= 0) return sizes;
-  Int step = 0;  // lcm(mp, emp), which may not fit in 64 bits
-  if (__builtin_mul_overflow(mp / std::gcd(mp, emp), emp, &step)) return sizes;
+  if (step <= 0) return sizes;
   const auto& t = cfg.train;
   const bool batch_set = t.global_batch_size && t.micro_batch_size && *t.micro_batch_size > 0;
-  for (Int world = step; world <= (Int{1} << 20) && sizes.size() < count; world += step) {
+  for (Int world = std::max(step, round_up(from, step)); world <= (Int{1} << 20) && sizes.size() < count; world += step) {
     const Int dp = world / mp;
     if (batch_set && *t.micro_batch_size * dp > *t.global_batch_size) break;  // DP only grows
     if (!batch_set || *t.global_batch_size % (*t.micro_batch_size * dp) == 0)
@@ -120,6 +127,13 @@ std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4) {
 
 // A rule that needs the world size when the user did not give it (a Megatron-Bridge dump has
 // none: Bridge takes it from the launcher).
+// The fix for a world size that does not fold: the next that folds both sides and divides the
+// batch, else the next that folds both sides.
+std::string world_fix(const Config& cfg, Int world) {
+  const std::vector<Int> fits = fitting_world_sizes(cfg, 1, world);
+  return fmt::format("target.num_gpus={}", fits.empty() ? round_up(world, world_step(cfg.model).step) : fits.front());
+}
+
 Outcome world_not_given(const CheckContext& c) {
   const std::vector<Int> sizes = fitting_world_sizes(c.cfg);
   if (sizes.empty())
@@ -164,7 +178,7 @@ std::vector<Rule> build_rules() {
         return fail_if(data_parallel_size(c.cfg) == 0,
                        fmt::format("world size {} is not divisible by TP*PP*CP = {}", *c.world(),
                                    mp),
-                       fmt::format("target.num_gpus={}", round_up(*c.world(), mp)));
+                       world_fix(c.cfg, *c.world()));
       });
   add("parallel.expert_world_divisible", E,
       {"target.num_gpus", "model.expert_tensor_parallel_size", "model.expert_model_parallel_size",
@@ -179,7 +193,7 @@ std::vector<Rule> build_rules() {
                        fmt::format("world size {} is not divisible by ETP*EP*PP = {}: the expert "
                                    "side cannot be folded onto the ranks",
                                    *c.world(), emp),
-                       fmt::format("target.num_gpus={}", round_up(*c.world(), emp)));
+                       world_fix(c.cfg, *c.world()));
       });
   add("parallel.ep_needs_experts", E,
       {"model.expert_model_parallel_size", "model.num_moe_experts"}, kMcore,
@@ -194,11 +208,13 @@ std::vector<Rule> build_rules() {
       "experts split evenly over EP ranks", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.num_moe_experts || m.expert_model_parallel_size <= 0) return pass();
-        return fail_if(*m.num_moe_experts % m.expert_model_parallel_size != 0,
-                       fmt::format("num_moe_experts ({}) must be divisible by "
-                                   "expert_model_parallel_size ({})",
-                                   *m.num_moe_experts, m.expert_model_parallel_size),
-                       "model.expert_model_parallel_size=<a divisor of num_moe_experts>");
+        const Int experts = *m.num_moe_experts, ep = m.expert_model_parallel_size;
+        if (experts % ep == 0) return pass();
+        Int nearest = 1;  // the divisor of the expert count nearest EP, the larger on a tie
+        for (Int d = 1; d <= experts && d <= 2 * ep; ++d)
+          if (experts % d == 0 && std::abs(d - ep) <= std::abs(nearest - ep)) nearest = d;
+        return fail(fmt::format("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", experts, ep),
+                    fmt::format("model.expert_model_parallel_size={}", nearest));
       });
   add("parallel.heads_divisible_by_tp", E,
       {"model.num_attention_heads", "model.num_query_groups", "model.tensor_model_parallel_size"},

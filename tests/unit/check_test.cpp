@@ -381,6 +381,23 @@ TEST(CheckRules, FixesAreOverridesThatApply) {
   }
 }
 
+TEST(CheckRules, AWorldSizeFixFoldsBothSides) {
+  // TP 2 and EP 3 on 8 GPUs: 9 would fold the experts but not TP; the fix is a multiple of both.
+  const Overrides o = {"model.tensor_model_parallel_size=2", "model.expert_model_parallel_size=3",
+                       "model.num_moe_experts=6", "target.num_gpus=8"};
+  const CheckReport r = check(o);
+  const Finding* f = find(r, "parallel.expert_world_divisible");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->fix, "target.num_gpus=12");
+  const CheckReport after = check(o + Overrides{f->fix});
+  EXPECT_EQ(find(after, "parallel.expert_world_divisible"), nullptr);
+  EXPECT_EQ(find(after, "parallel.world_divisible"), nullptr);
+  // EP that does not divide the experts: the nearest divisor.
+  const CheckReport e = check({"model.expert_model_parallel_size=3", "target.num_gpus=3"});
+  ASSERT_NE(find(e, "parallel.experts_divisible_by_ep"), nullptr);
+  EXPECT_EQ(find(e, "parallel.experts_divisible_by_ep")->fix, "model.expert_model_parallel_size=4");
+}
+
 TEST(CheckRules, EveryPipelineSplitThatFailsGetsAFixThatSplits) {
   // Layer counts, PP and VPP sizes, uneven stages and the embedding / loss counted: where the
   // layers do not split, the fix is concrete (no placeholder) and pasting it clears the finding.
