@@ -57,7 +57,8 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
       std::cout << format_report(report) << "epx plan: the check found errors; fix them to plan this layout\n";
     return kExitCheckFailed;
   }
-  const Plan plan = make_plan(report.resolved);
+  Plan plan = make_plan(report.resolved);
+  check_variants(plan, report.resolved);
   if (args.json) {
     std::cout << json_text(plan_json(plan), 2) << "\n";
     return kExitOk;

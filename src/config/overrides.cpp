@@ -46,6 +46,24 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
     }
     return true;
   }
+  // Unmodelled fields of a Megatron-Bridge dump's tagged section (model.fp8, ...), kept as the
+  // groups' are: Bridge takes any of its dataclass's fields there.
+  const YAML::Node& tagged = cfg.extra_fields.node;  // const: yaml-cpp's mutable [] would insert
+  const auto& modelled = schema_sections();
+  if (!name.empty() && std::find(modelled.begin(), modelled.end(), section) != modelled.end() &&
+      tagged[section].IsDefined() && tagged[section].IsMap()) {
+    YAML::Node fields = cfg.extra_fields.node[section];
+    const bool exists = static_cast<const YAML::Node&>(fields)[name].IsDefined();
+    if (deleting) {
+      if (!fields.remove(name)) throw ConfigError(fmt::format("cannot delete {}: no such key", key));
+    } else if (!exists && !adding) {
+      throw ConfigError(fmt::format("{} is not a field epx models{}; to add it to the dump's {} anyway: +{}={}", key,
+                                    did_you_mean(key), section, key, value));
+    } else {
+      fields[name] = parse_value(key, value);
+    }
+    return true;
+  }
   // Look up through a const view: yaml-cpp's mutable operator[] would insert the key.
   const YAML::Node& kept = cfg.extra_sections.node;
   const auto& bridge = bridge_only_sections();

@@ -29,6 +29,25 @@ std::string lower(std::string s) {
 
 std::string recipe_name(const Config& c) { return std::filesystem::path(c.source).stem().string(); }
 
+// The harness recipe a config stands for: a shipped recipe's own name; else the model's
+// hf_model_id as Bridge names its recipes ("deepseek-ai/DeepSeek-V3" -> deepseek_v3); else none
+// (a user's file says nothing of the recipe it came from).
+std::optional<std::string> harness_recipe(const Config& c) {
+  const std::string stem = recipe_name(c);
+  const std::vector<std::string> shipped = list_recipes();
+  std::error_code ec;
+  if (std::find(shipped.begin(), shipped.end(), stem) != shipped.end() &&
+      std::filesystem::equivalent(resolve_recipe(stem), c.source, ec))
+    return stem;
+  // A const node's missing key is an invalid node: only IsDefined may be asked of it.
+  const YAML::Node model = static_cast<const YAML::Node&>(c.extra_fields.node)["model"];
+  const YAML::Node id = model.IsDefined() && model.IsMap() ? model["hf_model_id"] : YAML::Node();
+  if (!id.IsDefined() || !id.IsScalar() || id.Scalar().empty()) return std::nullopt;
+  std::string name = lower(id.Scalar().substr(id.Scalar().rfind('/') + 1));
+  std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '-' || ch == '.'; }, '_');
+  return name;
+}
+
 // The seeds' "By hardware" table.
 std::pair<Dispatcher, std::string> hardware_rule(const GpuInfo& g) {
   const std::string n = g.name;
@@ -73,7 +92,7 @@ std::string ep_rule(const LayoutPlan& lp) {
 // The seeds' "Model-family patterns", by recipe name, else by shape.
 std::string family_rule(const Config& c) {
   const ModelConfig& m = c.model;
-  const std::string name = lower(recipe_name(c));
+  const std::string name = lower(harness_recipe(c).value_or(recipe_name(c)));
   const Int experts = m.num_moe_experts.value_or(0);
   if (name.find("vl") != std::string::npos)
     return "MoE VLM: start simple, then test HybridEP on GB200-class systems (vision workloads are sensitive to both "
@@ -380,13 +399,22 @@ Advice advise(const Config& c, const BackendAvailability& have) {
 
   // The A/B: one knob per run, routing fixed, as the seeds' verification section.
   const ParallelLayout& l = a.plan.layout.layout;
-  const std::string recipe = recipe_name(c);
+  const std::optional<std::string> recipe = harness_recipe(c);
+  const ModelConfig& m = c.model;
   const std::string fixed = c.model.moe_router_force_load_balancing ? "" : " model.moe_router_force_load_balancing=true";
   const std::string harness = fmt::format(
       "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c bf16 -ng {} -gn {} "
       "--max_steps 8 --config_variant v1 --cuda_graph_impl none --tokenizer_type NullTokenizer",
-      harness_family(recipe), recipe, a.plan.gpu.name, l.world, a.plan.layout.gpus_per_node);
-  const std::string proxy = recipe.rfind("deepseek", 0) == 0 ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";
+      recipe ? harness_family(*recipe) : "<family>", recipe.value_or("<recipe>"), a.plan.gpu.name, l.world,
+      a.plan.layout.gpus_per_node) +
+      // The layout as the config has it, whatever the recipe's defaults.
+      fmt::format(" -tp {} -pp {} -cp {} -vp {} -ep {}{} -gb {} -mb {}", m.tensor_model_parallel_size,
+                  m.pipeline_model_parallel_size, m.context_parallel_size,
+                  m.virtual_pipeline_model_parallel_size ? std::to_string(*m.virtual_pipeline_model_parallel_size) : "None",
+                  m.expert_model_parallel_size,
+                  m.expert_tensor_parallel_size ? fmt::format(" -et {}", *m.expert_tensor_parallel_size) : "",
+                  c.train.global_batch_size.value_or(0), c.train.micro_batch_size.value_or(1));
+  const std::string proxy = recipe.value_or(recipe_name(c)).rfind("deepseek", 0) == 0 ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";
   const std::string here = fmt::format("epx launch -n 2 -- epx run {} --max_steps 8", proxy);
   struct Row {
     std::string label;
@@ -408,7 +436,19 @@ Advice advise(const Config& c, const BackendAvailability& have) {
         " --moe_flex_dispatcher_backend {} --moe_a2a_overlap false comm_overlap.overlap_moe_expert_parallel_comm={} "
         "comm_overlap.delay_wgrad_compute={} model.moe_shared_expert_overlap=false{}",
         backend_flag(r.d), r.overlap, r.delay, fixed);
-    a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step)\n{}{}", i + 1, r.label, predicted, harness, knobs));
+    // The run as the target would take it: epx check on the config with the row's knobs.
+    std::vector<std::string> overrides = {
+        r.d == Dispatcher::alltoall ? "model.moe_token_dispatcher_type=alltoall" : "model.moe_token_dispatcher_type=flex",
+        fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", r.overlap),
+        fmt::format("comm_overlap.delay_wgrad_compute={}", r.delay), "model.moe_shared_expert_overlap=false"};
+    if (r.d != Dispatcher::alltoall) overrides.push_back(fmt::format("model.moe_flex_dispatcher_backend={}", to_string(r.d)));
+    const std::string refusal = check_refusal(c, overrides);
+    if (i == 0 && !recipe)
+      a.harness_ab.push_back("# -m / -mr: not known for " + c.source +
+                             " (not a shipped recipe, no model.hf_model_id): the harness recipe it came from");
+    a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step){}\n{}{}", i + 1, r.label, predicted,
+                                       refusal.empty() ? "" : "\n# epx check refuses this run as it stands: " + refusal,
+                                       harness, knobs));
     a.epx_ab.push_back(fmt::format("# {}. {}\n{}{} --results ab{}.json", i + 1, r.label, here, knobs, i + 1));
   }
   return a;

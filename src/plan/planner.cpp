@@ -43,13 +43,47 @@ const Variant& Plan::configured() const {
   throw std::logic_error("make_plan: no variant as configured");
 }
 
-Replanned replan(const Config& resolved, const std::vector<std::string>& overrides) {
+namespace {
+
+// `resolved` with `overrides` applied, checked: the report, and its first error in words.
+std::pair<CheckReport, std::string> checked(const Config& resolved, const std::vector<std::string>& overrides) {
   Config changed = resolved;
   for (const std::string& o : overrides) apply_override(changed, o);
-  const CheckReport r = run_check(changed);
-  for (const Finding& f : r.findings)
-    if (f.severity == Severity::error) return {std::nullopt, fmt::format("[{}] {}", f.rule_id, f.message)};
-  return {make_plan(r.resolved), ""};
+  CheckReport r = run_check(changed);
+  std::string first;
+  std::vector<std::string> more;
+  for (const Finding& f : r.findings) {
+    if (f.severity != Severity::error) continue;
+    if (first.empty()) first = fmt::format("[{}] {}", f.rule_id, f.message);
+    else more.push_back(f.rule_id);
+  }
+  if (!more.empty()) first += fmt::format(" (and {})", fmt::join(more, ", "));
+  return {std::move(r), first};
+}
+
+}  // namespace
+
+Replanned replan(const Config& resolved, const std::vector<std::string>& overrides) {
+  auto [report, refusal] = checked(resolved, overrides);
+  if (!refusal.empty()) return {std::nullopt, refusal};
+  return {make_plan(report.resolved), ""};
+}
+
+std::string check_refusal(const Config& resolved, const std::vector<std::string>& overrides) {
+  return checked(resolved, overrides).second;
+}
+
+void check_variants(Plan& p, const Config& resolved) {
+  for (Variant& v : p.variants) {
+    if (v.override.empty()) continue;
+    std::vector<std::string> overrides;
+    for (std::size_t at = 0; at < v.override.size();) {
+      const std::size_t end = std::min(v.override.find(' ', at), v.override.size());
+      overrides.push_back(v.override.substr(at, end - at));
+      at = end + 1;
+    }
+    v.refusal = check_refusal(resolved, overrides);
+  }
 }
 
 std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
@@ -175,11 +209,21 @@ std::string format_plan(const Plan& p) {
       m.dense_params, m.expert_params);
   out += fmt::format("step ({} micro-batch{} per DP rank):\n", p.micro_batches, p.micro_batches == 1 ? "" : "es");
   out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB  exposed comm (s)  wall           override\n";
-  for (const Variant& v : p.variants)
+  std::vector<std::pair<std::string, int>> refusals;  // each refusal and its rows, in order
+  for (const Variant& v : p.variants) {
     out += fmt::format("{} {:<10}  {:<10}  {:<11}  {:8.3f}  {:11.1f}  {:12.0f}  {:8.3f}  {:16.3f}  {:<13}  {}\n",
-                       v.as_configured ? "*" : " ", to_string(v.dispatcher), v.ep_overlap ? "on" : "off",
-                       v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu,
-                       v.peak_memory_gb, v.exposed_comm_s, v.wall, v.as_configured ? "(as configured)" : v.override);
+                       v.as_configured ? "*" : v.refusal.empty() ? " " : "!", to_string(v.dispatcher),
+                       v.ep_overlap ? "on" : "off", v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu,
+                       v.tokens_per_s_per_gpu, v.peak_memory_gb, v.exposed_comm_s, v.wall,
+                       v.as_configured ? "(as configured)" : v.override);
+    if (v.refusal.empty()) continue;
+    const auto known = std::find_if(refusals.begin(), refusals.end(), [&](const auto& r) { return r.first == v.refusal; });
+    if (known == refusals.end()) refusals.emplace_back(v.refusal, 1);
+    else ++known->second;
+  }
+  if (!refusals.empty())
+    out += "rows marked ! are timed as if they ran, but epx check refuses them as they stand:\n";
+  for (const auto& [refusal, rows] : refusals) out += fmt::format("  {} ({} row{})\n", refusal, rows, rows == 1 ? "" : "s");
   return out;
 }
 
@@ -188,7 +232,7 @@ nlohmann::json variant_json(const Variant& v) {
           {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
           {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
           {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
-          {"override", v.override}};
+          {"override", v.override}, {"refusal", v.refusal.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.refusal)}};
 }
 
 nlohmann::json plan_json(const Plan& p) {

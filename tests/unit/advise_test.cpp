@@ -54,6 +54,27 @@ TEST(Advise, HardwareEpAndFamilyRulesOfTheSeeds) {
   EXPECT_NE(cpu.ep_rule.find("small EP"), std::string::npos);
 }
 
+TEST(Advise, TheHarnessLinesNameTheRecipeAndTheLayout) {
+  // A shipped recipe by its name; the layout flags always, whatever the recipe's defaults.
+  const Advice recipe = advise_on("qwen3_30b_a3b", {});
+  EXPECT_NE(recipe.harness_ab.front().find("-m qwen -mr qwen3_30b_a3b "), std::string::npos) << recipe.harness_ab.front();
+  EXPECT_NE(recipe.harness_ab.front().find(" -tp 1 -pp 1 -cp 1 -vp None -ep 16 -et 1 -gb 1024 -mb 1 "), std::string::npos)
+      << recipe.harness_ab.front();
+  // A Bridge dump: by its model's hf_model_id, else said to be unknown, not made up from the file name.
+  const auto dump = [](const std::vector<std::string>& overrides) {
+    Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+    for (const std::string& o : overrides) apply_override(c, o);
+    const CheckReport r = run_check(c);
+    EXPECT_TRUE(r.ok()) << format_report(r);
+    return advise(r.resolved, {});
+  };
+  const Advice unknown = dump({"target.gpu=h100"});
+  EXPECT_NE(unknown.harness_ab.front().find("-m / -mr: not known"), std::string::npos) << unknown.harness_ab.front();
+  EXPECT_EQ(unknown.harness_ab[1].find("bridge_dump"), std::string::npos) << unknown.harness_ab[1];
+  const Advice named = dump({"target.gpu=h100", "+model.hf_model_id=Qwen/Qwen3-30B-A3B"});
+  EXPECT_NE(named.harness_ab.front().find("-m qwen -mr qwen3_30b_a3b "), std::string::npos) << named.harness_ab.front();
+}
+
 TEST(Advise, AMissingBackendIsNeverRanked) {
   BackendAvailability none = parse_have_list("none");
   const Advice a = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256"}, none);

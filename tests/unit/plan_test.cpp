@@ -135,6 +135,22 @@ TEST(Plan, OneRowPerDispatcherAndScheduleAndOneAsConfigured) {
     EXPECT_TRUE(j["memory_gb"].contains(key)) << key;
 }
 
+TEST(Plan, RowsTheCheckerRefusesAreMarked) {
+  // PP 2 without VPP: every EP-overlap row is one Bridge refuses as it stands.
+  const Config c = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.pipeline_model_parallel_size=2",
+                                              "target.num_gpus=32", "comm_overlap.overlap_moe_expert_parallel_comm=false"});
+  Plan p = make_plan(c);
+  check_variants(p, c);
+  int refused = 0;
+  for (const Variant& v : p.variants) {
+    EXPECT_EQ(!v.refusal.empty(), v.ep_overlap) << v.override << ": " << v.refusal;
+    if (v.ep_overlap) EXPECT_NE(v.refusal.find("[ep_overlap.pp_needs_vpp]"), std::string::npos) << v.refusal;
+    refused += !v.refusal.empty();
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_NE(format_plan(p).find("epx check refuses them as they stand"), std::string::npos);
+}
+
 TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   const MemoryPlan dist = make_plan(resolved("qwen3_30b_a3b", {})).memory;
   const MemoryPlan plain = make_plan(resolved("qwen3_30b_a3b", {"ddp.use_distributed_optimizer=false"})).memory;

@@ -89,6 +89,7 @@ struct Variant {
   double compute_s = 0, bubble_s = 0;
   std::string wall;      // memory | communication | compute
   std::string override;  // the one override that turns the configured run into this row
+  std::string refusal;   // with check_variants: epx check's first error on that run, "[rule] message"
 };
 
 struct Plan {
@@ -115,6 +116,12 @@ struct Replanned {
   std::string refusal;
 };
 Replanned replan(const Config& resolved, const std::vector<std::string>& overrides);
+// The first error `epx check` finds in `resolved` with `overrides` applied, as "[rule] message";
+// empty when it passes.
+std::string check_refusal(const Config& resolved, const std::vector<std::string>& overrides);
+// Each row's refusal (`epx plan` shows which rows the checker would refuse as they stand: EP
+// overlap at PP > 1 without VPP, say). Apart from make_plan, which --search calls per candidate.
+void check_variants(Plan& p, const Config& resolved);
 // The overrides that turn full recompute on (uniform, one layer), with per-layer CUDA graphs off
 // where `m` has them (Megatron-Core takes full recompute only with full-iteration graphs).
 std::vector<std::string> full_recompute_overrides(const ModelConfig& m);
