@@ -24,6 +24,7 @@ constexpr const char* kMcore = "Megatron-Core TransformerConfig";
 constexpr const char* kMcoreParallel = "Megatron-Core ModelParallelConfig";
 constexpr const char* kMcoreScheduler = "Megatron-Core OptimizerParamScheduler";
 constexpr const char* kTeAttention = "Transformer Engine DotProductAttention";
+constexpr const char* kTeFp8 = "Transformer Engine fp8 check_fp8_support / check_mxfp8_support";
 constexpr const char* kSeedOverlap = "seed: moe-comm-overlap / perf-expert-parallel-overlap";
 constexpr const char* kSeedWorkflow = "seed: moe-optimization-workflow";
 constexpr const char* kSeedDispatcher = "seed: moe-dispatcher-selection";
@@ -645,6 +646,24 @@ std::vector<Rule> build_rules() {
       "bf16 and fp16 are exclusive", [](const CheckContext& c) {
         return fail_if(c.cfg.model.bf16 && c.cfg.model.fp16, "bf16 and fp16 cannot both be set",
                        "model.fp16=false");
+      });
+  add("fp8.param_needs_fp8", E, {"model.fp8_param", "model.fp8"}, kMcore, "FP8 weights need FP8 mode",
+      [](const CheckContext& c) {
+        return fail_if(c.cfg.model.fp8_param && !c.cfg.model.fp8, "fp8_param must be used together with fp8 mode.",
+                       "model.fp8_param=false");
+      });
+  add("fp8.gpu", E, {"model.fp8", "model.fp8_recipe", "target.gpu"}, kTeFp8,
+      "FP8 needs compute capability 8.9 (MXFP8 10.0)", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
+        if (!c.gpu.cuda()) return pass();  // epx's own runtime refuses FP8 itself (job_spec)
+        // The catalog's GPUs below 9 (V100, A100) are all below 8.9.
+        if (c.gpu.major < 9)
+          return fail("Device compute capability 8.9 or higher required for FP8 execution.", "model.fp8=null");
+        return fail_if(m.fp8_recipe == std::optional<std::string>("mxfp8") && c.gpu.major < 10,
+                       "Device compute capability 10.0 or higher required for MXFP8 execution.",
+                       "model.fp8_recipe=tensorwise");
       });
   add("recompute.full_needs_method", E,
       {"model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"},

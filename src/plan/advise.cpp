@@ -402,10 +402,17 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   const std::optional<std::string> recipe = harness_recipe(c);
   const ModelConfig& m = c.model;
   const std::string fixed = c.model.moe_router_force_load_balancing ? "" : " model.moe_router_force_load_balancing=true";
+  // The harness's -c: bf16, or the FP8 recipe's name there (it has no delayed or custom scaling).
+  std::string compute = "bf16";
+  if (m.fp8) {
+    const std::string r = m.fp8_recipe.value_or("delayed");
+    compute = r == "tensorwise" ? "fp8_cs" : r == "mxfp8" ? "fp8_mx" : r == "blockwise" ? "fp8_sc" : "";
+  }
   const std::string harness = fmt::format(
-      "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c bf16 -ng {} -gn {} "
+      "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c {} -ng {} -gn {} "
       "--max_steps 8 --config_variant v1 --cuda_graph_impl none --tokenizer_type NullTokenizer",
-      recipe ? harness_family(*recipe) : "<family>", recipe.value_or("<recipe>"), a.plan.gpu.name, l.world,
+      recipe ? harness_family(*recipe) : "<family>", recipe.value_or("<recipe>"), a.plan.gpu.name,
+      compute.empty() ? "<fp8 recipe>" : compute, l.world,
       a.plan.layout.gpus_per_node) +
       // The layout as the config has it, whatever the recipe's defaults.
       fmt::format(" -tp {} -pp {} -cp {} -vp {} -ep {}{} -gb {} -mb {}", m.tensor_model_parallel_size,
@@ -446,6 +453,10 @@ Advice advise(const Config& c, const BackendAvailability& have) {
     if (i == 0 && !recipe)
       a.harness_ab.push_back("# -m / -mr: not known for " + c.source +
                              " (not a shipped recipe, no model.hf_model_id): the harness recipe it came from");
+    if (i == 0 && compute.empty())
+      a.harness_ab.push_back(fmt::format("# -c: the harness has no FP8 {} scaling (fp8_cs: tensorwise, fp8_mx: "
+                                         "mxfp8, fp8_sc: blockwise)",
+                                         m.fp8_recipe.value_or("delayed")));
     a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step){}\n{}{}", i + 1, r.label, predicted,
                                        refusal.empty() ? "" : "\n# epx check refuses this run as it stands: " + refusal,
                                        harness, knobs));

@@ -132,6 +132,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
                                 "gemm_efficiency {:.2g})",
                                 achieved, 100 * rate_share, attainable, gpu->rates.bf16_tflops, gpu->rates.gemm_efficiency);
+    if (config && config->model.fp8)
+      host.evidence += "; the run computes its GEMMs in FP8, above this BF16 rate";
     // One efficiency for every model: calibrated on a narrower one (the cpu catalog entry's proxy),
     // it under-rates a wider model's GEMMs.
     if (rate_share > 1.05)
@@ -191,7 +193,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)
       add("memory", "a deeper pipeline (PP x2) spreads the layers", {fmt::format("model.pipeline_model_parallel_size={}", 2 * m->pipeline_model_parallel_size)},
           false);
-    add("memory", "FP8 and activation offloading, when recompute and parallelism are not enough", {}, false);
+    add("memory", m->fp8 ? "activation offloading, when recompute and parallelism are not enough"
+                         : "FP8 and activation offloading, when recompute and parallelism are not enough",
+        {}, false);
   } else if (d.binding == "communication" && m) {
     const bool dp_dominates = run.trace && run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s;
     const ParallelLayout& groups = plan->layout.layout;
@@ -287,7 +291,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     }
     if (!m->moe_grouped_gemm) add("compute/host", "grouped GEMM for the experts", {"model.moe_grouped_gemm=true"});
     if (!m->moe_permute_fusion) add("compute/host", "fused permutation", {"model.moe_permute_fusion=true"}, false);
-    add("compute/host", "FP8, and the dispatcher's kernel tuning (SMs)", {}, false);
+    add("compute/host", m->fp8 ? "the dispatcher's kernel tuning (SMs); FP8 is on already"
+                               : "FP8, and the dispatcher's kernel tuning (SMs)",
+        {}, false);
   }
   return d;
 }

@@ -174,6 +174,13 @@ Plan make_plan(const Config& c) {
     }
   }
   p.fits = capacity <= 0 || p.memory.peak() <= capacity;
+  if (m.fp8)
+    p.notes.push_back(fmt::format("FP8 ({}, {} scaling): every GEMM is timed at the BF16 rate, so the step times are an "
+                                  "upper bound; the planner does not model FP8's gain (the reference has no FP8 run to "
+                                  "check it against)",
+                                  *m.fp8, m.fp8_recipe.value_or("delayed")));
+  if (m.fp8_param)
+    p.notes.push_back("fp8_param: the GEMM weights are counted in BF16, so their memory is an upper bound");
   return p;
 }
 
@@ -224,6 +231,7 @@ std::string format_plan(const Plan& p) {
   if (!refusals.empty())
     out += "rows marked ! are timed as if they ran, but epx check refuses them as they stand:\n";
   for (const auto& [refusal, rows] : refusals) out += fmt::format("  {} ({} row{})\n", refusal, rows, rows == 1 ? "" : "s");
+  for (const std::string& n : p.notes) out += "note: " + n + "\n";
   return out;
 }
 
@@ -254,7 +262,8 @@ nlohmann::json plan_json(const Plan& p) {
                          {"activations", m.activations / kGiB}, {"dispatcher_buffers", m.dispatcher_buffers / kGiB},
                          {"logits", m.logits / kGiB}, {"step_grads", m.step_grads / kGiB}, {"other", m.other / kGiB},
                          {"peak", m.peak() / kGiB}}},
-          {"variants", variants}};
+          {"variants", variants},
+          {"notes", p.notes}};
 }
 
 }  // namespace epx

@@ -28,6 +28,7 @@ void check_shared_fields(const Config& c) {
   if (c.train.micro_batch_size.value_or(1) < 1)
     bad("train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
   if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
+  if (m.fp8) bad("model.fp8", *m.fp8, "epx computes in BF16 or FP32, with no FP8 GEMMs; set model.fp8=null");
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ const std::vector<Case>& cases() {
         "model.num_attention_heads=12", "model.num_query_groups=4"}},
       {"pipeline.layout", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Et|tL"},
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
+      {"fp8.param_needs_fp8", {"model.fp8_param=true"}, {"model.fp8_param=true", "model.fp8=hybrid", "target.gpu=h100"}},
+      {"fp8.gpu", {"model.fp8=hybrid", "target.gpu=a100"}, {"model.fp8=hybrid", "target.gpu=h100"}},
+      {"fp8.gpu", {"model.fp8=hybrid", "model.fp8_recipe=mxfp8", "target.gpu=h100"},
+       {"model.fp8=hybrid", "model.fp8_recipe=mxfp8", "target.gpu=b200"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},  // fix: uneven stages
       {"parallel.layers_divisible_by_pp",  // fix: the embedding and loss counted
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2"}, PP2},

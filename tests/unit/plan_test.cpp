@@ -135,6 +135,20 @@ TEST(Plan, OneRowPerDispatcherAndScheduleAndOneAsConfigured) {
     EXPECT_TRUE(j["memory_gb"].contains(key)) << key;
 }
 
+TEST(Plan, FP8IsSaidToBeTimedAtTheBF16Rate) {
+  const Config bf16 = resolved("qwen3_30b_a3b", {"target.gpu=h100"});
+  const Config fp8 = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.fp8=hybrid", "model.fp8_recipe=tensorwise"});
+  EXPECT_TRUE(make_plan(bf16).notes.empty());
+  const Plan p = make_plan(fp8);
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes.front().find("timed at the BF16 rate"), std::string::npos);
+  EXPECT_EQ(p.configured().step_time_s, make_plan(bf16).configured().step_time_s);  // an upper bound, as said
+  // diagnose does not offer FP8 to a run that has it.
+  RunEvidence run;
+  run.mean_step_s = 40, run.tflops_per_gpu = 50;
+  for (const Fix& f : diagnose(run, fp8, find_gpu("h100")).fixes) EXPECT_EQ(f.what.rfind("FP8,", 0), std::string::npos) << f.what;
+}
+
 TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   // PP 2 without VPP: every EP-overlap row is one Bridge refuses as it stands.
   const Config c = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.pipeline_model_parallel_size=2",

@@ -95,6 +95,13 @@ TEST(JobSpec, TheRouterRunsInFp32) {
             std::string::npos);
 }
 
+TEST(JobSpec, FP8IsRefusedByTheRuntime) {
+  EXPECT_NE(error_of([] { model_spec_from_config(resolved({"model.fp8=hybrid"})); }).find("model.fp8=hybrid: epx computes"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.fp8=e4m3"})); }).find("set model.fp8=null"),
+            std::string::npos);
+}
+
 TEST(JobSpec, EmbeddingRowsNeedOverlapAndAnUntiedHead) {
   EXPECT_TRUE(grad_reduce_options_from_config(resolved({"ddp.overlap_grad_reduce=true", "ddp.reduce_embedding_rows=true"}), 2)
                   .embedding_rows);

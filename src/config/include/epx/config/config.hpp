@@ -132,6 +132,9 @@ struct ModelConfig {
   // Precision.
   bool bf16 = false;
   bool fp16 = false;
+  OptString fp8;                     // Transformer Engine's FP8 format: e4m3 | hybrid (None: off)
+  OptString fp8_recipe = "delayed";  // tensorwise | delayed | mxfp8 | blockwise | custom
+  bool fp8_param = false;            // the GEMM weights kept in FP8
   bool gradient_accumulation_fusion = false;
 
   // Activation recomputation.

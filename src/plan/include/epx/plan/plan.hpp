@@ -101,6 +101,7 @@ struct Plan {
   MemoryPlan memory;               // as configured
   bool fits = false;
   std::vector<Variant> variants;
+  std::vector<std::string> notes;  // what the figures leave out (FP8, ...)
   const Variant& configured() const;  // the one row `as_configured`
 };
 // A peak within 5% of a GPU's memory: it fits on paper, but what the count leaves out (the CUDA
