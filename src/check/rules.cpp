@@ -23,6 +23,7 @@ constexpr const char* kBridgeConfig = "Megatron-Bridge training/config.py";
 constexpr const char* kMcore = "Megatron-Core TransformerConfig";
 constexpr const char* kMcoreParallel = "Megatron-Core ModelParallelConfig";
 constexpr const char* kMcoreScheduler = "Megatron-Core OptimizerParamScheduler";
+constexpr const char* kMcoreOptimizer = "Megatron-Core OptimizerConfig";
 constexpr const char* kTeAttention = "Transformer Engine DotProductAttention";
 constexpr const char* kTeFp8 = "Transformer Engine fp8 check_fp8_support / check_mxfp8_support";
 constexpr const char* kSeedOverlap = "seed: moe-comm-overlap / perf-expert-parallel-overlap";
@@ -888,6 +889,24 @@ std::vector<Rule> build_rules() {
       });
 
   // ---- epx's own gradient reduction ----------------------------------------------------------
+  add("optimizer.precision_aware_dtypes", E,
+      {"optimizer.use_precision_aware_optimizer", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
+       "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.optimizer"},
+      kMcoreOptimizer, "lower-precision optimizer state needs the precision-aware (TE FusedAdam) optimizer",
+      [](const CheckContext& c) {
+        const OptimizerConfig& o = c.cfg.optimizer;
+        if (o.use_precision_aware_optimizer)
+          return fail_if(o.optimizer != "adam", "--use-precision-aware-optimizer only supported with adam",
+                         "optimizer.use_precision_aware_optimizer=false");
+        for (const auto& [name, dtype] : {std::pair{"main_grads_dtype", &o.main_grads_dtype},
+                                          std::pair{"main_params_dtype", &o.main_params_dtype},
+                                          std::pair{"exp_avg_dtype", &o.exp_avg_dtype},
+                                          std::pair{"exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
+          if (*dtype != "fp32")
+            return fail(fmt::format("{} can only be fp32 when not using precision-aware optimizer", name),
+                        "optimizer.use_precision_aware_optimizer=true");
+        return pass();
+      });
   add("ddp.embedding_rows", E,
       {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
       "epx train/grad_reducer.hpp", "reduce_embedding_rows splits the overlapped reduction of an untied embedding",

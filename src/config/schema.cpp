@@ -346,9 +346,29 @@ FieldInfo layout_field(FieldInfo f) {
   return f;
 }
 
+// A torch dtype as Megatron's --*-dtype flags name it (fp32, bf16, fp16, fp8: torch.uint8), also
+// given as torch's name ("torch.bfloat16") or as a Bridge dump writes one ({_target_:
+// torch.bfloat16, _call_: false}).
+FieldInfo torch_dtype_field(FieldInfo f) {
+  f.type += " (fp32, bf16, fp16, fp8, or a torch dtype)";
+  f.set = [set = f.set, key = f.key()](Config& c, const YAML::Node& n) {
+    const YAML::Node target = n.IsMap() ? n["_target_"] : YAML::Node();
+    if (n.IsMap() && !(target.IsDefined() && target.IsScalar()))
+      throw ConfigError(fmt::format("{} expects a dtype, got {}", key, shorten(yaml_text(n))));
+    const std::string text = n.IsMap() ? target.Scalar() : n.IsScalar() ? n.Scalar() : std::string();
+    static const std::map<std::string, std::string> kTorch = {
+        {"torch.float32", "fp32"}, {"torch.float", "fp32"},     {"torch.bfloat16", "bf16"},
+        {"torch.float16", "fp16"}, {"torch.half", "fp16"},      {"torch.uint8", "fp8"}};
+    const auto torch = kTorch.find(text);
+    set(c, torch != kTorch.end() ? YAML::Node(torch->second) : n.IsMap() ? YAML::Node(text) : n);
+  };
+  return f;
+}
+
 #define EPX_FIELD(sec, member, ...) \
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
+const std::vector<std::string> kOptimizerDtypes = {"fp32", "bf16", "fp16", "fp8"};
 const std::vector<std::string> kRecomputeModules = {
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
 const std::vector<std::string> kCudaGraphScopes = {"full", "attn", "mlp", "moe", "moe_router",
@@ -487,6 +507,12 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kOptimizer, overlap_param_gather),
       EPX_FIELD(kOptimizer, overlap_param_gather_with_optimizer_step),
       EPX_FIELD(kOptimizer, align_param_gather),
+      EPX_FIELD(kOptimizer, use_precision_aware_optimizer),
+      EPX_FIELD(kOptimizer, store_param_remainders),
+      torch_dtype_field(EPX_FIELD(kOptimizer, main_grads_dtype, kOptimizerDtypes)),
+      torch_dtype_field(EPX_FIELD(kOptimizer, main_params_dtype, kOptimizerDtypes)),
+      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_dtype, kOptimizerDtypes)),
+      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_sq_dtype, kOptimizerDtypes)),
 
       EPX_FIELD(kScheduler, lr_decay_style,
                 {"constant", "linear", "cosine", "inverse-square-root", "WSD"}),

@@ -102,6 +102,19 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // BF16 grads, alive at the step (distrib_optimizer.py, optimizer.py).
   if (!fp32_grads && weight_bytes < 4) out.step_grads = 4 * out.optimizer_params;
   out.optimizer = 12 * out.optimizer_params;
+  const OptimizerConfig& o = c.optimizer;
+  if (o.use_precision_aware_optimizer) {
+    // TE's FusedAdam keeps the master and Adam's m and v in their dtypes: an FP32 master of a
+    // BF16 weight as its 16 remainder bits (store_param_remainders). It reads the grads in place
+    // (decoupled_grad), except under an FP8 recipe other than delayed scaling with FP32 masters.
+    const auto bytes = [](const std::string& dtype) { return dtype == "fp32" ? 4.0 : dtype == "fp8" ? 1.0 : 2.0; };
+    const double master = o.main_params_dtype == "fp32" && o.store_param_remainders && weight_bytes == 2
+                              ? 2
+                              : bytes(o.main_params_dtype);
+    out.optimizer = (master + bytes(o.exp_avg_dtype) + bytes(o.exp_avg_sq_dtype)) * out.optimizer_params;
+    const bool in_place = o.main_params_dtype != "fp32" || !m.fp8 || m.fp8_recipe == std::optional<std::string>("delayed");
+    if (in_place) out.step_grads = 0;
+  }
 
   // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:
   // Megatron's s*b*h*(18 + 4*F/h) with F the active MLP width (F_moe*k + F_shared for MoE layers),

@@ -375,6 +375,9 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
     bad("model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
+  if (c.optimizer.use_precision_aware_optimizer)
+    bad("optimizer.use_precision_aware_optimizer", "true",
+        "epx's Adam keeps FP32 masters and FP32 m and v (no TE FusedAdam); set it to false");
   j.lr = lr_schedule_from_config(c);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;

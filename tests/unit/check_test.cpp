@@ -78,6 +78,8 @@ const std::vector<Case>& cases() {
         "model.num_attention_heads=12", "model.num_query_groups=4"}},
       {"pipeline.layout", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Et|tL"},
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
+      {"optimizer.precision_aware_dtypes", {"optimizer.exp_avg_dtype=bf16"},
+       {"optimizer.exp_avg_dtype=bf16", "optimizer.use_precision_aware_optimizer=true"}},
       {"fp8.param_needs_fp8", {"model.fp8_param=true"}, {"model.fp8_param=true", "model.fp8=hybrid", "target.gpu=h100"}},
       {"fp8.gpu", {"model.fp8=hybrid", "target.gpu=a100"}, {"model.fp8=hybrid", "target.gpu=h100"}},
       {"fp8.gpu", {"model.fp8=hybrid", "model.fp8_recipe=mxfp8", "target.gpu=h100"},

@@ -175,6 +175,15 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
                                                                "comm_overlap.overlap_moe_expert_parallel_comm=false"}))
                               .memory;
   EXPECT_LT(full.activations, dist.activations / 5);
+  // The precision-aware optimizer: BF16 m and v, the FP32 master as its 16 remainder bits, and
+  // the grads read in place (no FP32 copy at the step).
+  const MemoryPlan aware = make_plan(resolved("qwen3_30b_a3b", {"optimizer.use_precision_aware_optimizer=true",
+                                                                "optimizer.exp_avg_dtype=bf16",
+                                                                "optimizer.exp_avg_sq_dtype=bf16"}))
+                               .memory;
+  EXPECT_NEAR(aware.optimizer, dist.optimizer / 2, 1);
+  EXPECT_GT(dist.step_grads, 0);
+  EXPECT_EQ(aware.step_grads, 0);
 }
 
 TEST(Plan, GroupsInsideOrAcrossNodes) {

@@ -197,6 +197,14 @@ struct OptimizerConfig {
   bool overlap_param_gather = false;
   bool overlap_param_gather_with_optimizer_step = false;
   bool align_param_gather = false;
+  // Transformer Engine's FusedAdam with lower-precision state (fp32 | bf16 | fp16 | fp8, as
+  // Megatron's --*-dtype flags; a Bridge dump's torch dtypes read so).
+  bool use_precision_aware_optimizer = false;
+  bool store_param_remainders = true;  // an FP32 master as the 16 bits a BF16 weight lacks
+  std::string main_grads_dtype = "fp32";
+  std::string main_params_dtype = "fp32";
+  std::string exp_avg_dtype = "fp32";
+  std::string exp_avg_sq_dtype = "fp32";
 };
 
 // Iteration-based (train.train_iters) or sample-based (train.train_samples) training, as Bridge's
