@@ -3,9 +3,10 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/edit_distance.hpp"
 #include "epx/check/check.hpp"
-#include "epx/config/schema.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {
@@ -123,6 +124,31 @@ void check_real_ranges(const Config& cfg) {
                                   cfg.cite("model.moe_expert_capacity_factor")));
 }
 
+// A Bridge dump's unmodelled fields are kept and ignored, so a misspelt one (moe_router_top_k)
+// leaves the field it meant at its default. None of the unmodelled fields of Bridge's own dumps
+// is this close to a modelled one (214 fields of two dumps, checked).
+void flag_misspelt_fields(const Config& user, std::vector<Finding>& findings) {
+  const YAML::Node& kept = user.extra_fields.node;
+  if (!kept.IsMap()) return;
+  for (const auto& section : kept) {
+    if (!section.second.IsMap()) continue;
+    const std::string sec = section.first.as<std::string>();
+    for (const auto& field : section.second) {
+      const std::string name = field.first.as<std::string>(), key = sec + "." + name;
+      if (name.starts_with("_")) continue;
+      for (const FieldInfo& f : schema()) {
+        if (f.section != sec || edit_distance(name, f.name) > (f.name.size() < 8 ? 1u : 2u)) continue;
+        const std::string value = YAML::Dump(field.second);
+        findings.push_back({"config.misspelt_field", Severity::warning,
+                            {{key, value}, {f.key(), field_text(user, f.key())}},
+                            fmt::format("{} is kept but not modelled, so {} stays as it is: misspelt?", key, f.key()),
+                            field.second.IsScalar() ? fmt::format("{}={} ~{}", f.key(), value, key) : ""});
+        break;
+      }
+    }
+  }
+}
+
 std::string value_text(const Config& cfg, const std::string& key) {
   if (key.starts_with("env_vars.")) {
     auto it = cfg.env_vars.find(key.substr(9));
@@ -201,6 +227,7 @@ CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) 
       report.findings.push_back({rule.id, rule.severity, {}, o.message, o.fix});
     }
   }
+  flag_misspelt_fields(report.user, report.findings);
   // Values as resolved, for every field the rule reads (resolve-step findings carry their own).
   for (Finding& f : report.findings) {
     if (!f.values.empty()) continue;
@@ -220,8 +247,8 @@ std::string format_report(const CheckReport& r) {
   for (const Finding& f : r.findings) {
     std::vector<std::string> values;
     for (const auto& [k, v] : f.values) values.push_back(k + "=" + v);
-    out += fmt::format("{:<7} {} [{}] {}", to_string(f.severity), f.rule_id,
-                       fmt::join(values, " "), f.message);
+    out += fmt::format("{:<7} {} {}{}", to_string(f.severity), f.rule_id,
+                       values.empty() ? "" : fmt::format("[{}] ", fmt::join(values, " ")), f.message);
     if (!f.fix.empty()) out += fmt::format(" | fix: {}", f.fix);
     out += "\n";
   }

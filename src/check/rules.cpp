@@ -1022,6 +1022,8 @@ std::vector<Rule> build_rules() {
   add("tp_overlap.default_cfg", W,
       {"comm_overlap.tp_comm_overlap", "comm_overlap.tp_comm_overlap_cfg"}, kBridgeCommOverlap,
       "TP overlap without a userbuffer config uses TE's default");
+  add("config.misspelt_field", W, {}, "epx: a dump's kept fields against the modelled ones",
+      "an unmodelled field of a Bridge dump one or two letters from a modelled one (checker.cpp)");
   add("comm_overlap.overwrites_model", W,
       {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
       "comm_overlap copies its (unset) overlap switches over the model's");
