@@ -69,8 +69,11 @@ void check_output_path(const std::string& path, const std::string& option, const
                                    option, path, other.name, other.path));
   }
   if (fs::is_directory(path, ec))
-    throw InputError(fmt::format("{} {}: is a directory; give a file path such as {}/{}", option,
-                                 path, path, option == "--trace" ? "trace.json" : "results.json"));
+    throw InputError(fmt::format("{} {}: is a directory; give a file path such as {}/{}", option, path, path,
+                                 option == "--trace"     ? "trace.json"
+                                 : option == "--results" ? "results.json"
+                                 : option == "-o"        ? "report.html"
+                                                         : "file.safetensors"));
   const fs::path dir = directory_of(path);
   if (!fs::is_directory(dir, ec))
     throw InputError(fmt::format("{} {}: the directory {} does not exist; create it (mkdir -p {}) "

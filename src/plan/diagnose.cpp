@@ -170,6 +170,29 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     if (!run.trace && !base) d.why += "; communication is unknown (no trace, no config), so this is by elimination";
   }
 
+  // What the log says beside the walls: iterations skipped or NaN, and steady-state steps far
+  // from the others (a straggler, a checkpoint save, a GC pause), which the mean includes.
+  if (run.skipped_iterations > 0 || run.nan_iterations > 0)
+    d.notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
+                                  "walls, first",
+                                  run.skipped_iterations, run.nan_iterations));
+  std::vector<double> steps;
+  for (const IterationPoint& p : run.iterations)
+    if (p.iteration >= run.steady_first && p.iteration <= run.steady_last) steps.push_back(p.step_s);
+  if (steps.size() >= 3) {
+    std::vector<double> sorted = steps;
+    std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(sorted.size() / 2), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    std::vector<std::string> slow;
+    for (const IterationPoint& p : run.iterations)
+      if (p.iteration >= run.steady_first && p.iteration <= run.steady_last && p.step_s > 1.3 * median)
+        slow.push_back(fmt::format("{} ({:.2f}x)", p.iteration, p.step_s / median));
+    if (!slow.empty())
+      d.notes.push_back(fmt::format("steady-state iteration(s) {} took over 1.3x the median step ({:.3g} s): a straggler, "
+                                    "a checkpoint save or a GC pause? The mean above includes them",
+                                    fmt::join(slow, ", "), median));
+  }
+
   // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
   const ModelConfig* m = config ? &config->model : nullptr;
   const auto add = [&](const std::string& wall, const std::string& what, std::vector<std::string> overrides,

@@ -2,6 +2,7 @@
 #include "epx/plan/run_evidence.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -19,6 +20,9 @@ namespace {
 constexpr double kGiB = 1073741824.0;
 
 std::string read_text(const std::string& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("{}: is a directory; give the {} itself", path, what));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot read the {}", path, what));
   std::stringstream s;
@@ -132,6 +136,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
   static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
+  static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
+  static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
   static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
@@ -162,6 +168,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
       if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
+      if (std::regex_search(line, m, skipped)) run.skipped_iterations += std::stoi(m[1]);
+      if (std::regex_search(line, m, nans)) run.nan_iterations += std::stoi(m[1]);
       run.iterations.push_back(p);
     } catch (const std::exception&) {
       throw InputError(fmt::format("{}:{}: a number in this log line is out of range: {}", path, line_no, line.substr(0, 120)));

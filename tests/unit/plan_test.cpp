@@ -339,13 +339,19 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("30 iterations (3 logged)"),
             std::string::npos);
-  // Without memory lines the peak is not known, and not called 0.
-  std::ofstream(path) << line(1, 9000) << line(2, 9000) << line(3, 9000);
+  // Without memory lines the peak is not known, and not called 0. A skipped iteration and a
+  // steady step far above the others are named.
+  std::ofstream(path) << line(1, 9000) << line(2, 9000) << line(3, 9000) << line(4, 9000) << line(5, 14000)
+                      << " [2025-11-03 10:00:00] iteration        6/     100 | elapsed time per iteration (ms): 9000 | "
+                         "lm loss: 5.0 | number of skipped iterations:   1 | number of nan iterations:   0 |\n";
   run = read_run(path.string(), std::nullopt);
   EXPECT_EQ(run.steady_first, 3);
+  EXPECT_EQ(run.skipped_iterations, 1);
   const std::string text = format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100")));
   EXPECT_NE(text.find("peak not logged"), std::string::npos) << text;
   EXPECT_EQ(text.find("peak 0 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 skipped and 0 NaN"), std::string::npos) << text;
+  EXPECT_NE(text.find("iteration(s) 5 (1.56x)"), std::string::npos) << text;
   std::filesystem::remove(path);
 }
 
