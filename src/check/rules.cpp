@@ -425,13 +425,21 @@ std::vector<Rule> build_rules() {
         const auto& t = c.cfg.train;
         // num_epochs (SFT datasets) is not modelled; a Bridge dump keeps it among its other fields.
         const YAML::Node& kept = c.cfg.extra_fields.node;
-        const bool epochs = kept.IsMap() && kept["train"].IsDefined() && kept["train"].IsMap() &&
-                            kept["train"]["num_epochs"].IsDefined() && !kept["train"]["num_epochs"].IsNull();
+        const auto kept_train = [&](const char* name) {  // set and not null
+          return kept.IsMap() && kept["train"].IsDefined() && kept["train"].IsMap() && kept["train"][name].IsDefined() &&
+                 !kept["train"][name].IsNull();
+        };
+        const bool epochs = kept_train("num_epochs");
         const int modes = (t.train_iters ? 1 : 0) + (t.train_samples ? 1 : 0) + (epochs ? 1 : 0);
         if (modes == 0)
           return fail("One of train_iters, train_samples, or num_epochs must be provided", "train.train_iters=<n>");
-        return fail_if(modes > 1, "Cannot specify more than one of train_iters, train_samples, or num_epochs",
-                       t.train_iters ? "train.train_samples=null" : "train.train_iters=null");
+        if (modes > 1)
+          return fail("Cannot specify more than one of train_iters, train_samples, or num_epochs",
+                      t.train_iters ? "train.train_samples=null" : "train.train_iters=null");
+        return fail_if(kept_train("rampup_batch_size") && (t.train_samples || epochs),
+                       epochs ? "Batch size rampup not supported with epoch-based training"
+                              : "Batch size rampup not supported with sample-based training yet",
+                       "train.rampup_batch_size=null");
       });
   add("scheduler.iteration_or_sample_fields", E,
       {"scheduler.lr_decay_iters", "scheduler.lr_warmup_iters", "scheduler.lr_decay_samples",

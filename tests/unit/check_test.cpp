@@ -87,6 +87,8 @@ const std::vector<Case>& cases() {
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout=Ett|ttL"}},
       {"optimizer.precision_aware_dtypes", {"optimizer.exp_avg_dtype=bf16"},
        {"optimizer.exp_avg_dtype=bf16", "optimizer.use_precision_aware_optimizer=true"}},
+      {"train.mode", {"train.train_iters=null", "train.train_samples=1024", "+train.rampup_batch_size=[16,16,1024]"},
+       {"train.train_iters=null", "train.train_samples=1024"}, {}, {}, kDump},
       {"config.misspelt_field", {"+model.moe_router_top_k=4"}, {"+model.moe_router_top_k_unrelated=4"}, {}, {}, kDump},
       {"fp8.param_needs_fp8", {"model.fp8_param=true"}, {"model.fp8_param=true", "model.fp8=hybrid", "target.gpu=h100"}},
       {"fp8.gpu", {"model.fp8=hybrid", "target.gpu=a100"}, {"model.fp8=hybrid", "target.gpu=h100"}},
