@@ -14,16 +14,14 @@ namespace epx::cli {
 void DiagnoseArgs::add_to(CLI::App& app) {
   app.add_option("RUN", run, "an `epx run --results` JSON, or a Megatron training log")->required();
   app.add_option("--trace", trace, "the run's `epx run --trace` file: exposed communication by kind, host gaps");
-  app.add_option("--config", config,
-                 "the run's config (recipe or YAML) when RUN does not carry it (a Megatron log): for the planner");
-  app.add_option("-g,--gpu", gpu, "the hardware the run ran on (default: the config's target.gpu)");
+  add_run_source_options(app, source);
   app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)");
   app.add_flag("--json", json, "one JSON object: run, binding_wall, why, walls, fixes");
 }
 
 int run_diagnose_command(const DiagnoseArgs& args) {
   for (const std::string& file : args.hardware) add_hardware_file(file);
-  const DiagnosedRun d = diagnose_run(args.run, args.trace, args.config, args.gpu);
+  const DiagnosedRun d = diagnose_run(args.run, args.trace, args.source);
   if (args.json) {
     std::cout << json_text(diagnosis_json(d.run, d.diagnosis), 2) << "\n";
     return kExitOk;

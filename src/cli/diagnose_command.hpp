@@ -1,4 +1,5 @@
-// `epx diagnose RUN [--trace TRACE] [--config CONFIG] [-g GPU] [--hardware FILE] [--json]`: the
+// `epx diagnose RUN [--trace TRACE] [--config CONFIG] [--override K=V]... [-g GPU] [-ng N]
+// [--hardware FILE] [--json]`: the
 // binding wall of a finished run and the fixes for it (src/plan/diagnose.cpp).
 #pragma once
 
@@ -8,11 +9,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "run_diagnosis.hpp"
+
 namespace epx::cli {
 
 struct DiagnoseArgs {
   std::string run;
-  std::optional<std::string> trace, config, gpu;
+  std::optional<std::string> trace;
+  RunSource source;
   std::vector<std::string> hardware;
   bool json = false;
 

@@ -96,8 +96,7 @@ void ReportArgs::add_to(CLI::App& app) {
   app.add_option("RUN", runs, "RESULTS[:TRACE] of `epx run --results/--trace`, or a Megatron log; several: side by side")
       ->required();
   app.add_option("-o,--output", output, "the HTML file to write")->required();
-  app.add_option("--config", config, "the runs' config when a run does not carry it (a Megatron log)");
-  app.add_option("-g,--gpu", gpu, "the hardware the runs ran on (default: the config's target.gpu)");
+  add_run_source_options(app, source);
   app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)");
 }
 
@@ -108,7 +107,7 @@ int run_report_command(const ReportArgs& args) {
     if (const auto colon = spec.rfind(':'); colon != std::string::npos)
       inputs.insert(inputs.end(), {{"RUN", spec.substr(0, colon)}, {"RUN's trace", spec.substr(colon + 1)}});
   }
-  if (args.config) inputs.push_back({"--config", *args.config});
+  if (args.source.config) inputs.push_back({"--config", *args.source.config});
   for (const std::string& file : args.hardware) inputs.push_back({"--hardware", file});
   check_output_path(args.output, "-o", inputs);
   for (const std::string& file : args.hardware) add_hardware_file(file);
@@ -122,7 +121,7 @@ int run_report_command(const ReportArgs& args) {
     const bool traced = !std::filesystem::exists(spec) && colon != std::string::npos && colon > 0 && colon + 1 < spec.size();
     const std::string results = traced ? spec.substr(0, colon) : spec;
     const std::optional<std::string> trace = traced ? std::optional(spec.substr(colon + 1)) : std::nullopt;
-    const DiagnosedRun d = diagnose_run(results, trace, args.config, args.gpu);
+    const DiagnosedRun d = diagnose_run(results, trace, args.source);
     // Labels name the runs in the plots: the file's stem, numbered when two runs share it.
     std::string label = std::filesystem::path(results).stem().string();
     if (const int seen = labels[label]++; seen > 0) label += fmt::format(" ({})", seen + 1);

@@ -10,12 +10,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "run_diagnosis.hpp"
+
 namespace epx::cli {
 
 struct ReportArgs {
   std::vector<std::string> runs;  // RESULTS[:TRACE] or a Megatron log
   std::string output;
-  std::optional<std::string> config, gpu;
+  RunSource source;
   std::vector<std::string> hardware;
 
   void add_to(CLI::App& app);

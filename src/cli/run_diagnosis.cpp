@@ -7,15 +7,34 @@
 
 namespace epx::cli {
 
+void add_run_source_options(CLI::App& app, RunSource& source) {
+  app.add_option("--config", source.config,
+                 "the run's config (recipe or YAML) when it does not carry one (a Megatron log): for the planner");
+  app.add_option("--override", source.overrides, "KEY=VALUE (+KEY=VALUE, ~KEY) applied to the run's config; repeatable");
+  app.add_option("-g,--gpu", source.gpu, "the hardware the run ran on (default: the config's target.gpu)");
+  app.add_option("--ng,--num_gpus", source.num_gpus, "-ng: the world size (default: the run's, or the config's)")
+      ->check(CLI::PositiveNumber);
+}
+
 DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::string>& trace_path,
-                          const std::optional<std::string>& config, const std::optional<std::string>& gpu) {
+                          const RunSource& source) {
+  const auto& [config, gpu, num_gpus, overrides] = source;
   DiagnosedRun d;
   d.run = read_run(run_path, trace_path);
   if (config) d.config = load_config_file(resolve_recipe(*config));
   else if (d.run.config) d.config = *d.run.config;
+  if (!d.config && !overrides.empty())
+    throw ConfigError(fmt::format("--override {}: {} carries no config to change; name it with --config", overrides.front(),
+                                  run_path));
   if (d.config) {
+    for (const std::string& o : overrides) apply_override(*d.config, o, Config::Origin::override_arg);
     if (gpu) d.config->target.gpu = *gpu;
-    if (!d.config->target.num_gpus) d.config->target.num_gpus = d.run.ranks;
+    if (num_gpus) d.config->target.num_gpus = *num_gpus;
+    if (!d.config->target.num_gpus && d.run.ranks > 0) d.config->target.num_gpus = d.run.ranks;
+    if (!d.config->target.num_gpus)
+      throw ConfigError(fmt::format("{}: the world size is said neither in the run nor in its config (a Megatron log "
+                                    "says it only in its arguments dump); pass -ng N",
+                                    run_path));
     const CheckReport report = run_check(*d.config);
     if (!report.ok()) {
       for (const Finding& f : report.findings)

@@ -138,6 +138,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
+  static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$)");  // Megatron's arguments dump
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
   static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
@@ -152,6 +153,11 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (line.size() > 8192) continue;
     std::smatch m;
     try {
+      if (std::regex_search(line, m, world_size)) {
+        run.ranks = std::stoi(m[1]);
+        if (run.ranks < 1) throw std::out_of_range("world size");
+        continue;
+      }
       const bool in_gb = std::regex_search(line, m, memory);
       if (in_gb || std::regex_search(line, m, memory_mb)) {
         const double gib = std::stod(m[2]) * (in_gb ? 1e9 : 1048576.0) / kGiB;

@@ -47,4 +47,11 @@ assert log["steady_state_iterations"] == [3, 4], log
 assert abs(log["mean_step_time_s"] / res["mean_step_time_s"] - 1) < 0.01, (log, res)
 assert abs(log["peak_memory_gb"] * 2**30 / res["peak_memory_bytes"] - 1) < 0.01, (log, res)
 PY
+# A log without its world size and a config without one: -ng names it, --override edits the config.
+"$epx" diagnose "$dir/normal.log" --config qwen3_30b_a3b_proxy -g cpu --override '~target.num_gpus' >"$dir/noworld.txt" 2>&1 &&
+  { echo "a run without a world size was diagnosed"; exit 1; }
+grep -q "pass -ng N" "$dir/noworld.txt"
+"$epx" diagnose "$dir/normal.log" --config qwen3_30b_a3b_proxy -g cpu --override '~target.num_gpus' -ng 2 \
+  --override model.moe_permute_fusion=true --json >"$dir/ng.d.json"
+[[ $(field "$dir/ng.d.json" 'd["run"]["kind"]') == "Megatron log" ]]
 echo "diagnose_walls: passed"

@@ -328,13 +328,15 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   };
   // log_interval 10: the first line averages iterations 1..10, warm-up included; the steady state
   // starts with the line after it. Megatron-LM's own memory line is in MiB, the max over ranks.
-  std::ofstream(path) << line(10, 20000) << line(20, 9000) << line(30, 9000)
+  std::ofstream(path) << "  world_size ...................................... 16\n"  // Megatron's arguments dump
+                      << line(10, 20000) << line(20, 9000) << line(30, 9000)
                       << "[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.0 | max allocated: 2048.00 | "
                          "reserved: 3000.0 | max reserved: 3000.0\n"
                       << "[Rank 4] (after 10 iterations) memory (MB) | allocated: 1000.0 | max allocated: 4096.00 | "
                          "reserved: 3000.0 | max reserved: 3000.0\n";
   RunEvidence run = read_run(path.string(), std::nullopt);
   EXPECT_EQ(run.steady_first, 11);
+  EXPECT_EQ(run.ranks, 16);
   EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("30 iterations (3 logged)"),
