@@ -18,7 +18,8 @@ void AdviseArgs::add_to(CLI::App& app) {
                  "the flex backends the target container has, e.g. deepep,hybridep or none (default: not stated)");
   app.add_option("--probe", probe,
                  "a probe file written in the target container: 'deepep: true|false' and 'hybridep: true|false'");
-  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (as epx plan)");
+  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (as epx plan)")
+      ->allow_extra_args(false);  // one value per occurrence: a following override stays one
 }
 
 int run_advise_command(const AdviseArgs& args) {

@@ -15,7 +15,8 @@ void DiagnoseArgs::add_to(CLI::App& app) {
   app.add_option("RUN", run, "an `epx run --results` JSON, or a Megatron training log")->required();
   app.add_option("--trace", trace, "the run's `epx run --trace` file: exposed communication by kind, host gaps");
   add_run_source_options(app, source);
-  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)");
+  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)")
+      ->allow_extra_args(false);  // one value per occurrence: a following override stays one
   app.add_flag("--json", json, "one JSON object: run, binding_wall, why, walls, fixes");
 }
 

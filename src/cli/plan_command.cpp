@@ -28,7 +28,8 @@ void PlanArgs::add_to(CLI::App& app) {
                "measure this machine for -g cpu (one core's GEMM and memory rates, epx's end-to-end efficiency "
                "on CONFIG's model, the emulated link) and print it as a hardware file for --hardware");
   app.add_option("--hardware", hardware,
-                 "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override");
+                 "a YAML file of hardware entries (the keys of hardware/catalog.yaml) to add or override")
+      ->allow_extra_args(false);  // one value per occurrence: a following override stays one
 }
 
 int run_plan_command(const PlanArgs& args, MpiSession* mpi) {

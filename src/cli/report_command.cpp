@@ -97,7 +97,8 @@ void ReportArgs::add_to(CLI::App& app) {
       ->required();
   app.add_option("-o,--output", output, "the HTML file to write")->required();
   add_run_source_options(app, source);
-  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)");
+  app.add_option("--hardware", hardware, "a YAML file of hardware entries to add or override (e.g. from --calibrate)")
+      ->allow_extra_args(false);  // one value per occurrence: a following override stays one
 }
 
 int run_report_command(const ReportArgs& args) {

@@ -10,7 +10,8 @@ namespace epx::cli {
 void add_run_source_options(CLI::App& app, RunSource& source) {
   app.add_option("--config", source.config,
                  "the run's config (recipe or YAML) when it does not carry one (a Megatron log): for the planner");
-  app.add_option("--override", source.overrides, "KEY=VALUE (+KEY=VALUE, ~KEY) applied to the run's config; repeatable");
+  app.add_option("--override", source.overrides, "KEY=VALUE (+KEY=VALUE, ~KEY) applied to the run's config; repeatable")
+      ->allow_extra_args(false);  // one value per occurrence: a following override stays one
   app.add_option("-g,--gpu", source.gpu, "the hardware the run ran on (default: the config's target.gpu)");
   app.add_option("--ng,--num_gpus", source.num_gpus, "-ng: the world size (default: the run's, or the config's)")
       ->check(CLI::PositiveNumber);

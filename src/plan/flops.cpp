@@ -49,15 +49,19 @@ Int padded_vocab_size(const ModelConfig& m) {
 
 ModelFlops model_flops(const Config& c) {
   const ModelConfig& m = c.model;
+  return layer_flops(c, static_cast<double>(m.num_layers), moe_layers_in(m, 0, m.num_layers) + mtp_moe_layers(m),
+                     static_cast<double>(m.mtp_num_layers.value_or(0)), true);
+}
+
+ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers, double mtp, bool loss) {
+  const ModelConfig& m = c.model;
   if (m.num_layers < 1 || m.hidden_size < 1 || m.num_attention_heads < 1)
     throw ConfigError(fmt::format("model.num_layers={}, model.hidden_size={}, model.num_attention_heads={}: "
                                   "the FLOPs count needs a model shape; set all three",
                                   m.num_layers, m.hidden_size, m.num_attention_heads));
   const double h = static_cast<double>(m.hidden_size);
   const double gated = m.gated_linear_unit ? 1.5 : 1.0;
-  const Int mtp = m.mtp_num_layers.value_or(0);
-  const double layers = static_cast<double>(m.num_layers + mtp);
-  const double moe_layers = moe_layers_in(m, 0, m.num_layers) + mtp_moe_layers(m);
+  const double layers = decoder_layers + mtp;
   const double dense_layers = layers - moe_layers;
 
   // Sums over layers of the FFN width a token passes through: dense and shared, and routed.
@@ -78,8 +82,9 @@ ModelFlops model_flops(const Config& c) {
   f.routed_experts = 12 * h * routed_width * gated;
   f.attention = 6 * (a.linear + a.core) * layers;
   f.attention_core = 6 * a.core * layers;
-  f.mtp = 6 * static_cast<double>(mtp) * (3 * h + 2 * h * h);
-  f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(mtp + 1);
+  f.mtp = 6 * mtp * (3 * h + 2 * h * h);
+  // The output layer's logits: the loss's, and each MTP layer's own.
+  f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * (mtp + (loss ? 1 : 0));
   return f;
 }
 

@@ -52,20 +52,23 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * cores, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
   const double h = static_cast<double>(m.hidden_size), k = static_cast<double>(m.moe_router_topk);
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
-  const ModelFlops f = model_flops(c);
-
-  // The routed experts' FLOPs run at the rows each expert sees, the rest at the tokens.
-  const double routed = f.routed_experts;
+  // The routed experts' FLOPs run at the rows each expert sees, the rest at the tokens. Each
+  // pipeline stage computes its own layers (and the head and loss on the last): the slowest
+  // stage sets the pace of every other.
   const double expert_rows = m.num_moe_experts ? tokens * k * l.ep * l.etp / (static_cast<double>(*m.num_moe_experts) * l.tp) : tokens;
-  double other = f.per_token() - routed;
-  const double per_rank = tokens / (l.tp * l.pp);  // each rank's share of a micro-batch's tokens x layers
+  const double per_rank = tokens / l.tp;  // each rank's share of a micro-batch's tokens
   StepCosts s;
-  if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
-    other -= f.attention_core;
-    s.compute = cpu_attention_s(m, static_cast<double>(m.num_layers + m.mtp_num_layers.value_or(0)), per_rank,
-                                hw.attention_tflops * 1e12 * cores);
+  for (int p = 0; p < lp.split.stages; ++p) {
+    const PipelineStage st = pipeline_stage(m, lp.split, p);
+    const ModelFlops f = layer_flops(c, st.layers, st.moe_layers, st.mtp_layers, st.last);
+    double other = f.per_token() - f.routed_experts, stage = 0;
+    if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
+      other -= f.attention_core;
+      stage = cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
+    }
+    stage += per_rank * (other / (peak * efficiency(hw, tokens)) + f.routed_experts / (peak * efficiency(hw, expert_rows)));
+    s.compute = std::max(s.compute, stage);
   }
-  s.compute += per_rank * (other / (peak * efficiency(hw, tokens)) + routed / (peak * efficiency(hw, expert_rows)));
   // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.
   if (m.recompute_granularity && *m.recompute_granularity == "full") s.compute *= 4.0 / 3.0;
 

@@ -2,13 +2,16 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "epx/check/check.hpp"
@@ -271,4 +274,10 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   const Result no_file = run("plan qwen3_30b_a3b --hardware /nonexistent/hw.yaml");
   EXPECT_EQ(no_file.code, 2) << no_file.out;
   EXPECT_TRUE(has(no_file, "/nonexistent/hw.yaml: cannot open the file")) << no_file.out;
+  // --hardware takes one file per occurrence: an override after it stays an override.
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_cli_hw_{}.yaml", getpid());
+  std::ofstream(path) << "h100:\n  memory_gb: 80\n";
+  const Result then_override = run("plan qwen3_30b_a3b --hardware " + path.string() + " model.num_layers=24");
+  EXPECT_EQ(then_override.code, 0) << then_override.out;
+  std::filesystem::remove(path);
 }

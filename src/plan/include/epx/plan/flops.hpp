@@ -31,6 +31,10 @@ AttentionMacs attention_macs(const ModelConfig& m);
 // make_vocab_size_divisible_by x TP as Megatron pads it). Throws ConfigError for a shape without
 // the sizes the formula needs.
 ModelFlops model_flops(const Config& c);
+// The same for some of the layers, per token: `decoder_layers` of them, `moe_layers` of those
+// and the `mtp` MTP layers MoE layers, and the output layer's logits with `loss` (a pipeline
+// stage's share; model_flops is the whole model's).
+ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers, double mtp, bool loss);
 
 // How many of layers [first, last) are MoE layers (moe_layer_freq: every N-th, or the 0/1
 // pattern, a layer past the pattern's end dense; none without experts).
