@@ -81,7 +81,7 @@ PipelineSplit split_layers(const ModelConfig& m) {
   const OptInt &first_given = m.num_layers_in_first_pipeline_stage, &last_given = m.num_layers_in_last_pipeline_stage;
   const bool embedding_counts = m.account_for_embedding_in_pipeline_split,
              loss_counts = m.account_for_loss_in_pipeline_split;
-  if (pp > 1 && (first_given || last_given)) {
+  if (first_given || last_given) {  // Megatron-Core checks these at any PP size
     // Uneven: the first / last stage as given, the rest even over the middle stages, each
     // stage's layers even over its chunks. Megatron-Core's checks and messages
     // (TransformerConfig.__post_init__), the fields named first.
@@ -104,7 +104,9 @@ PipelineSplit split_layers(const ModelConfig& m) {
     if ((middle != 0) != (middle_stages != 0))
       refuse(fmt::format("Mismatch: {} middle layers remaining but {} middle PP stages available.", middle,
                          middle_stages));
-    if (middle < 0 || (middle_stages && middle % middle_stages != 0))
+    if (middle < 0)
+      refuse(fmt::format("the first and last stages' layers add up to more than num_layers ({})", num_layers));
+    if (middle_stages && middle % middle_stages != 0)
       refuse(fmt::format("number of layers at middle stage: {} must be divisible by the middle pipeline model "
                          "parallel size {}",
                          middle, middle_stages));
@@ -165,10 +167,6 @@ PipelineSplit pipeline_split(const ModelConfig& m) {
   return s;
 }
 
-}  // namespace epx
-
-namespace epx {
-
 std::string pipeline_split_fix(const ModelConfig& m) {
   const auto splits = [](const ModelConfig& candidate) {
     try {
@@ -182,6 +180,16 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   const OptInt& vpp = m.virtual_pipeline_model_parallel_size;
   if (m.pipeline_model_parallel_layout || pp < 1 || L < 0 || L > 4096) return "";
   ModelConfig c = m;
+  if (pp == 1) {  // one stage: the uneven fields or the VPP are what does not split
+    std::vector<std::string> fix;
+    if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage) {
+      c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
+      fix = {"model.num_layers_in_first_pipeline_stage=null", "model.num_layers_in_last_pipeline_stage=null"};
+    }
+    if (vpp && !splits(c)) c.virtual_pipeline_model_parallel_size = std::nullopt, fix.push_back("model.virtual_pipeline_model_parallel_size=null");
+    return splits(c) ? fmt::format("{}", fmt::join(fix, " ")) : "";
+  }
+  if (vpp && *vpp < 1) return "";
   for (Int v = std::min(vpp.value_or(1) - 1, L + 2); v >= 2; --v) {  // more chunks than layers + E + L never split
     c.virtual_pipeline_model_parallel_size = v;
     if (splits(c)) return fmt::format("model.virtual_pipeline_model_parallel_size={}", v);
@@ -236,8 +244,7 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
   if (!splits(c)) return "";
-  const std::string fix = fmt::format("{}", fmt::join(layout_overrides(m, *c.pipeline_model_parallel_layout), " "));
-  return fix;
+  return fmt::format("{}", fmt::join(layout_overrides(m, *c.pipeline_model_parallel_layout), " "));
 }
 
 std::vector<std::string> layout_overrides(const ModelConfig& m, const std::string& layout) {

@@ -98,8 +98,6 @@ Outcome te_at_least(const CheckContext& c, const char* minimum, std::string mess
 // The smallest multiple of `step` that is >= value (for fixes that must divide).
 Int round_up(Int value, Int step) { return step <= 0 ? value : ((value + step - 1) / step) * step; }
 
-// The `count` smallest world sizes from `from` up that fit both sides of the layout (multiples of
-// TP x PP x CP and of ETP x EP x PP) and on which the batch divides.
 // TP x PP x CP and ETP x EP x PP, and the world sizes both fold on: their lcm (0 where it does not
 // fit 64 bits, or a size is not positive).
 struct WorldStep {
@@ -112,6 +110,8 @@ WorldStep world_step(const ModelConfig& m) {
   return w;
 }
 
+// The `count` smallest world sizes from `from` up that fit both sides of the layout (multiples of
+// TP x PP x CP and of ETP x EP x PP) and on which the batch divides.
 std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4, Int from = 1) {
   const auto [mp, emp, step] = world_step(cfg.model);
   std::vector<Int> sizes;
@@ -127,15 +127,17 @@ std::vector<Int> fitting_world_sizes(const Config& cfg, std::size_t count = 4, I
   return sizes;
 }
 
-// A rule that needs the world size when the user did not give it (a Megatron-Bridge dump has
-// none: Bridge takes it from the launcher).
 // The fix for a world size that does not fold: the next that folds both sides and divides the
-// batch, else the next that folds both sides.
+// batch, else the next that folds both sides (none where their lcm is beyond 64 bits).
 std::string world_fix(const Config& cfg, Int world) {
   const std::vector<Int> fits = fitting_world_sizes(cfg, 1, world);
-  return fmt::format("target.num_gpus={}", fits.empty() ? round_up(world, world_step(cfg.model).step) : fits.front());
+  const Int step = world_step(cfg.model).step;
+  if (fits.empty() && step <= 0) return "";
+  return fmt::format("target.num_gpus={}", fits.empty() ? round_up(world, step) : fits.front());
 }
 
+// A rule that needs the world size when the user did not give it (a Megatron-Bridge dump has
+// none: Bridge takes it from the launcher).
 Outcome world_not_given(const CheckContext& c) {
   const std::vector<Int> sizes = fitting_world_sizes(c.cfg);
   if (sizes.empty())
@@ -667,7 +669,8 @@ std::vector<Rule> build_rules() {
         if (!m.fp8) return pass();
         if (!c.gpu_named()) return gpu_not_given();
         if (!c.gpu.cuda()) return pass();  // epx's own runtime refuses FP8 itself (job_spec)
-        // The catalog's GPUs below 9 (V100, A100) are all below 8.9.
+        // The catalog's GPUs below 9 (V100, A100) are all below 8.9. Compute capability is a
+        // major version here, so an Ada GPU (8.9) from --hardware is refused too.
         if (c.gpu.major < 9)
           return fail("Device compute capability 8.9 or higher required for FP8 execution.", "model.fp8=null");
         return fail_if(m.fp8_recipe == std::optional<std::string>("mxfp8") && c.gpu.major < 10,

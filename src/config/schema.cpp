@@ -368,7 +368,7 @@ FieldInfo torch_dtype_field(FieldInfo f) {
 #define EPX_FIELD(sec, member, ...) \
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
-const std::vector<std::string> kOptimizerDtypes = {"fp32", "bf16", "fp16", "fp8"};
+const std::vector<std::string> kAdamStateDtypes = {"fp32", "fp16", "bf16", "fp8"};
 const std::vector<std::string> kRecomputeModules = {
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
 const std::vector<std::string> kCudaGraphScopes = {"full", "attn", "mlp", "moe", "moe_router",
@@ -509,10 +509,11 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kOptimizer, align_param_gather),
       EPX_FIELD(kOptimizer, use_precision_aware_optimizer),
       EPX_FIELD(kOptimizer, store_param_remainders),
-      torch_dtype_field(EPX_FIELD(kOptimizer, main_grads_dtype, kOptimizerDtypes)),
-      torch_dtype_field(EPX_FIELD(kOptimizer, main_params_dtype, kOptimizerDtypes)),
-      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_dtype, kOptimizerDtypes)),
-      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_sq_dtype, kOptimizerDtypes)),
+      // Megatron's choices for --main-grads-dtype, --main-params-dtype, --exp-avg(-sq)-dtype.
+      torch_dtype_field(EPX_FIELD(kOptimizer, main_grads_dtype, {"fp32", "bf16"})),
+      torch_dtype_field(EPX_FIELD(kOptimizer, main_params_dtype, {"fp32", "fp16"})),
+      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_dtype, kAdamStateDtypes)),
+      torch_dtype_field(EPX_FIELD(kOptimizer, exp_avg_sq_dtype, kAdamStateDtypes)),
 
       EPX_FIELD(kScheduler, lr_decay_style,
                 {"constant", "linear", "cosine", "inverse-square-root", "WSD"}),

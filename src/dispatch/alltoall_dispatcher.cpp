@@ -259,6 +259,10 @@ class AlltoallDispatcher final : public DispatcherBase {
       const std::int64_t local = num_local_experts_, h = s.hidden_size;
       const DType dt = s.hidden.dtype();
       const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(dt);
+      // The receive buffers before the requests: an error unwinding past them cancels the
+      // requests (or waits for them) while the buffers still stand.
+      Tensor out;
+      std::vector<float> out_probs;
       std::vector<Request> requests;
       const std::vector<std::int64_t> token_at = token_offsets(s);
       for (int p = 0; p < ep; ++p)
@@ -277,8 +281,8 @@ class AlltoallDispatcher final : public DispatcherBase {
           messages.push_back(std::move(m));
         }
       plan_receives(s);
-      auto out = Tensor::uninitialized({sum(s.recv_rows), h}, dt);
-      std::vector<float> out_probs(static_cast<std::size_t>(out.dim(0)));
+      out = Tensor::uninitialized({sum(s.recv_rows), h}, dt);
+      out_probs.assign(static_cast<std::size_t>(out.dim(0)), 0.f);
       const std::vector<std::int64_t> expert_at = expert_offsets(s);
       for (int p = 0; p < ep; ++p)
         for (std::int64_t l = 0; l < local; ++l) {

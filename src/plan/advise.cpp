@@ -29,23 +29,42 @@ std::string lower(std::string s) {
 
 std::string recipe_name(const Config& c) { return std::filesystem::path(c.source).stem().string(); }
 
-// The harness recipe a config stands for: a shipped recipe's own name; else the model's
-// hf_model_id as Bridge names its recipes ("deepseek-ai/DeepSeek-V3" -> deepseek_v3); else none
-// (a user's file says nothing of the recipe it came from).
-std::optional<std::string> harness_recipe(const Config& c) {
+// The performance harness's MoE recipes (-m family, -mr recipe), as scripts/performance lists them.
+const std::vector<std::pair<std::string, std::string>> kHarnessRecipes = {
+    {"deepseek", "deepseek_v3"},        {"deepseek", "deepseek_v4_pro"},    {"gpt_oss", "gpt_oss_120b"},
+    {"gpt_oss", "gpt_oss_20b"},         {"kimi", "kimi_k2"},                {"qwen", "qwen3_235b_a22b"},
+    {"qwen", "qwen3_30b_a3b"},          {"qwen", "qwen3_next_80b_a3b"},     {"qwen_vl", "qwen3_vl_235b_a22b"},
+    {"qwen_vl", "qwen3_vl_30b_a3b"},    {"qwen_vl", "qwen35_vl_35b_a3b"},   {"qwen_vl", "qwen35_vl_122b_a10b"},
+    {"qwen_vl", "qwen35_vl_397b_a17b"}};
+
+// The harness recipe (family, name) a config stands for: a shipped recipe's own name; else the
+// harness recipe its model's hf_model_id names ("moonshotai/Kimi-K2-Instruct" -> kimi_k2: the
+// longest recipe the id, lower-cased with '_' for '-' and '.', starts with); else none (a
+// user's file says nothing of the recipe it came from).
+std::optional<std::pair<std::string, std::string>> harness_recipe(const Config& c) {
+  const auto family_of = [](const std::string& recipe) {
+    for (const auto& [family, name] : kHarnessRecipes)
+      if (name == recipe) return family;
+    return recipe.substr(0, recipe.find('_'));
+  };
   const std::string stem = recipe_name(c);
   const std::vector<std::string> shipped = list_recipes();
   std::error_code ec;
   if (std::find(shipped.begin(), shipped.end(), stem) != shipped.end() &&
       std::filesystem::equivalent(resolve_recipe(stem), c.source, ec))
-    return stem;
+    return std::pair{family_of(stem), stem};
   // A const node's missing key is an invalid node: only IsDefined may be asked of it.
   const YAML::Node model = static_cast<const YAML::Node&>(c.extra_fields.node)["model"];
   const YAML::Node id = model.IsDefined() && model.IsMap() ? model["hf_model_id"] : YAML::Node();
-  if (!id.IsDefined() || !id.IsScalar() || id.Scalar().empty()) return std::nullopt;
+  if (!id.IsDefined() || !id.IsScalar()) return std::nullopt;
   std::string name = lower(id.Scalar().substr(id.Scalar().rfind('/') + 1));
   std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '-' || ch == '.'; }, '_');
-  return name;
+  std::optional<std::pair<std::string, std::string>> best;
+  for (const auto& [family, recipe] : kHarnessRecipes)
+    if (name.starts_with(recipe) && (name.size() == recipe.size() || name[recipe.size()] == '_') &&
+        (!best || recipe.size() > best->second.size()))
+      best = std::pair{family, recipe};
+  return best;
 }
 
 // The seeds' "By hardware" table.
@@ -92,7 +111,8 @@ std::string ep_rule(const LayoutPlan& lp) {
 // The seeds' "Model-family patterns", by recipe name, else by shape.
 std::string family_rule(const Config& c) {
   const ModelConfig& m = c.model;
-  const std::string name = lower(harness_recipe(c).value_or(recipe_name(c)));
+  const auto recipe = harness_recipe(c);
+  const std::string name = lower(recipe ? recipe->second : recipe_name(c));
   const Int experts = m.num_moe_experts.value_or(0);
   if (name.find("vl") != std::string::npos)
     return "MoE VLM: start simple, then test HybridEP on GB200-class systems (vision workloads are sensitive to both "
@@ -115,12 +135,6 @@ double gap(const Variant& a, const Variant& b) { return b.step_time_s / a.step_t
 std::string describe(const Variant& v) {
   return fmt::format("{:.3g} s/step, {:.3g} GiB ({})", v.step_time_s, v.peak_memory_gb,
                      v.ep_overlap ? (v.delay_wgrad ? "EP overlap + delay_wgrad" : "EP overlap") : "no EP overlap");
-}
-
-std::string harness_family(const std::string& recipe) {
-  if (recipe.rfind("qwen", 0) == 0) return "qwen";
-  if (recipe.rfind("deepseek", 0) == 0) return "deepseek";
-  return recipe.substr(0, recipe.find('_'));
 }
 
 std::string backend_flag(Dispatcher d) { return d == Dispatcher::alltoall ? "None" : to_string(d); }
@@ -399,7 +413,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
 
   // The A/B: one knob per run, routing fixed, as the seeds' verification section.
   const ParallelLayout& l = a.plan.layout.layout;
-  const std::optional<std::string> recipe = harness_recipe(c);
+  const auto recipe = harness_recipe(c);
   const ModelConfig& m = c.model;
   const std::string fixed = c.model.moe_router_force_load_balancing ? "" : " model.moe_router_force_load_balancing=true";
   // The harness's -c: bf16, or the FP8 recipe's name there (it has no delayed or custom scaling).
@@ -411,17 +425,18 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   const std::string harness = fmt::format(
       "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c {} -ng {} -gn {} "
       "--max_steps 8 --config_variant v1 --cuda_graph_impl none --tokenizer_type NullTokenizer",
-      recipe ? harness_family(*recipe) : "<family>", recipe.value_or("<recipe>"), a.plan.gpu.name,
+      recipe ? recipe->first : "<family>", recipe ? recipe->second : "<recipe>", a.plan.gpu.name,
       compute.empty() ? "<fp8 recipe>" : compute, l.world,
       a.plan.layout.gpus_per_node) +
-      // The layout as the config has it, whatever the recipe's defaults.
-      fmt::format(" -tp {} -pp {} -cp {} -vp {} -ep {}{} -gb {} -mb {}", m.tensor_model_parallel_size,
+      // The parallel sizes and batch as the config has them, whatever the recipe's defaults (ETP
+      // None is TP's, as Megatron takes it); a pipeline layout or uneven stages are not flags.
+      fmt::format(" -tp {} -pp {} -cp {} -vp {} -ep {} -et {}{} -mb {}", m.tensor_model_parallel_size,
                   m.pipeline_model_parallel_size, m.context_parallel_size,
                   m.virtual_pipeline_model_parallel_size ? std::to_string(*m.virtual_pipeline_model_parallel_size) : "None",
-                  m.expert_model_parallel_size,
-                  m.expert_tensor_parallel_size ? fmt::format(" -et {}", *m.expert_tensor_parallel_size) : "",
-                  c.train.global_batch_size.value_or(0), c.train.micro_batch_size.value_or(1));
-  const std::string proxy = recipe.value_or(recipe_name(c)).rfind("deepseek", 0) == 0 ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";
+                  m.expert_model_parallel_size, m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size),
+                  c.train.global_batch_size ? fmt::format(" -gb {}", *c.train.global_batch_size) : "",
+                  c.train.micro_batch_size.value_or(1));
+  const std::string proxy = (recipe ? recipe->second : recipe_name(c)).starts_with("deepseek") ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";
   const std::string here = fmt::format("epx launch -n 2 -- epx run {} --max_steps 8", proxy);
   struct Row {
     std::string label;

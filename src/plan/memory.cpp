@@ -104,15 +104,17 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   out.optimizer = 12 * out.optimizer_params;
   const OptimizerConfig& o = c.optimizer;
   if (o.use_precision_aware_optimizer) {
-    // TE's FusedAdam keeps the master and Adam's m and v in their dtypes: an FP32 master of a
-    // BF16 weight as its 16 remainder bits (store_param_remainders). It reads the grads in place
-    // (decoupled_grad), except under an FP8 recipe other than delayed scaling with FP32 masters.
+    // TE's FusedAdam keeps Adam's m and v in their dtypes. Megatron's distributed optimizer
+    // hands it the grads in place and the masters as TE's (an FP32 master of a BF16 weight as its
+    // 16 remainder bits) only where `use_precision_aware_optimizer_no_fp8_or_ds_fp8`: masters
+    // not FP32, or the FP8 recipe none or delayed. The recipe is Bridge's mixed-precision
+    // setting, copied onto the model and the optimizer alike (tensorwise even for bf16_mixed);
+    // elsewhere the FP32 masters and the step's FP32 grad copy stay.
     const auto bytes = [](const std::string& dtype) { return dtype == "fp32" ? 4.0 : dtype == "fp8" ? 1.0 : 2.0; };
-    const double master = o.main_params_dtype == "fp32" && o.store_param_remainders && weight_bytes == 2
-                              ? 2
-                              : bytes(o.main_params_dtype);
+    const bool in_place = o.main_params_dtype != "fp32" || !m.fp8_recipe || *m.fp8_recipe == "delayed";
+    const double master =
+        in_place && o.main_params_dtype == "fp32" && o.store_param_remainders && m.bf16 ? 2 : bytes(o.main_params_dtype);
     out.optimizer = (master + bytes(o.exp_avg_dtype) + bytes(o.exp_avg_sq_dtype)) * out.optimizer_params;
-    const bool in_place = o.main_params_dtype != "fp32" || !m.fp8 || m.fp8_recipe == std::optional<std::string>("delayed");
     if (in_place) out.step_grads = 0;
   }
 

@@ -17,8 +17,8 @@ Dispatcher configured_dispatcher(const ModelConfig& m) {
   return m.moe_flex_dispatcher_backend.value_or("deepep") == "hybridep" ? Dispatcher::hybridep : Dispatcher::deepep;
 }
 
-// The overrides that turn the configured run into `v` (empty for the configured row).
-std::string override_for(const ModelConfig& m, const Variant& v) {
+// The overrides that turn the configured run into `v` (none for the configured row).
+std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v) {
   std::vector<std::string> out;
   if (v.dispatcher != configured_dispatcher(m)) {
     if (v.dispatcher == Dispatcher::alltoall) {
@@ -32,7 +32,7 @@ std::string override_for(const ModelConfig& m, const Variant& v) {
     out.push_back(fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", v.ep_overlap));
   if (v.delay_wgrad != m.delay_wgrad_compute)
     out.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}", v.delay_wgrad));
-  return fmt::format("{}", fmt::join(out, " "));
+  return out;
 }
 
 }  // namespace
@@ -74,16 +74,8 @@ std::string check_refusal(const Config& resolved, const std::vector<std::string>
 }
 
 void check_variants(Plan& p, const Config& resolved) {
-  for (Variant& v : p.variants) {
-    if (v.override.empty()) continue;
-    std::vector<std::string> overrides;
-    for (std::size_t at = 0; at < v.override.size();) {
-      const std::size_t end = std::min(v.override.find(' ', at), v.override.size());
-      overrides.push_back(v.override.substr(at, end - at));
-      at = end + 1;
-    }
-    v.refusal = check_refusal(resolved, overrides);
-  }
+  for (Variant& v : p.variants)
+    if (!v.overrides.empty()) v.refusal = check_refusal(resolved, v.overrides);
 }
 
 std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
@@ -168,7 +160,8 @@ Plan make_plan(const Config& c) {
       v.compute_s = t.compute;
       v.bubble_s = t.bubble;
       v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
-      v.override = v.as_configured ? "" : override_for(m, v);
+      if (!v.as_configured) v.overrides = overrides_for(m, v);
+      v.override = fmt::format("{}", fmt::join(v.overrides, " "));
       if (v.as_configured) p.memory = mem;
       p.variants.push_back(v);
     }

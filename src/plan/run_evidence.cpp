@@ -174,8 +174,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
       if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
-      if (std::regex_search(line, m, skipped)) run.skipped_iterations += std::stoi(m[1]);
-      if (std::regex_search(line, m, nans)) run.nan_iterations += std::stoi(m[1]);
+      if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);
+      if (std::regex_search(line, m, nans)) p.nans = std::stoi(m[1]);
       run.iterations.push_back(p);
     } catch (const std::exception&) {
       throw InputError(fmt::format("{}:{}: a number in this log line is out of range: {}", path, line_no, line.substr(0, 120)));
@@ -188,16 +188,24 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   for (IterationPoint& p : run.iterations)
     if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;
   for (const auto& [iteration, gib] : memory_after) run.peak_memory_gb = std::max(run.peak_memory_gb, gib);
-  // The seeds' steady state: iterations 3.. (all of them for shorter logs). A line's time is the
-  // mean over the iterations since the line before (log_interval): it counts when the first of
-  // them is in the steady state. The first line's interval is taken to be the next one's.
+  // A line's time (and its skipped / NaN counts) covers the iterations since the line before
+  // (log_interval). Megatron also logs the run's first iteration, off the interval, and does
+  // not reset its timer or counters there: the next line covers that iteration again. The first
+  // line's interval, when it is on the interval, is taken to be the next one's.
   const std::vector<IterationPoint>& its = run.iterations;
+  const bool first_off_interval = its.size() >= 3 && its[1].iteration - its[0].iteration != its[2].iteration - its[1].iteration;
   const auto first_averaged = [&](std::size_t k) {
+    if (k == 1 && first_off_interval) return its[0].iteration;
     if (k > 0) return its[k - 1].iteration + 1;
-    return its.size() > 1 ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1) : its[0].iteration;
+    return its.size() > 1 && !first_off_interval ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1)
+                                                 : its[0].iteration;
   };
+  for (std::size_t k = first_off_interval ? 1 : 0; k < its.size(); ++k)
+    run.skipped_iterations += its[k].skipped, run.nan_iterations += its[k].nans;
+  // The seeds' steady state: from the run's third iteration (all of it for shorter logs); a line
+  // counts when the first iteration it covers is in it. A resumed run starts where its log does.
   run.steady_last = its.back().iteration;
-  const int steady_from = run.steady_last >= 3 ? 3 : its.front().iteration;
+  const int steady_from = first_averaged(0) + 2 <= run.steady_last ? first_averaged(0) + 2 : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line

@@ -60,7 +60,8 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     Bucket b;
     std::int64_t n = 0;
     // MPI counts are ints, and the parameter all-gather counts FP32 weights in 2-byte units: a
-    // bucket closes before it passes INT_MAX / 2 elements, however large bucket_size is.
+    // bucket closes before it passes INT_MAX / 2 elements, however large bucket_size is (a
+    // single weight beyond that stays one bucket, and MPI's count refuses it).
     // `group`: the weight's; a bucket closed here is complete with group `closes_at`.
     const auto add = [&](Param* p, int group, int closes_at) {
       if (n > 0 && n + p->grad.numel() > kMaxBucketElements) close(b, closes_at), n = 0;

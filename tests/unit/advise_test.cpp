@@ -73,6 +73,10 @@ TEST(Advise, TheHarnessLinesNameTheRecipeAndTheLayout) {
   EXPECT_EQ(unknown.harness_ab[1].find("bridge_dump"), std::string::npos) << unknown.harness_ab[1];
   const Advice named = dump({"target.gpu=h100", "+model.hf_model_id=Qwen/Qwen3-30B-A3B"});
   EXPECT_NE(named.harness_ab.front().find("-m qwen -mr qwen3_30b_a3b "), std::string::npos) << named.harness_ab.front();
+  const Advice kimi = dump({"target.gpu=h100", "+model.hf_model_id=moonshotai/Kimi-K2-Instruct"});  // the longest prefix
+  EXPECT_NE(kimi.harness_ab.front().find("-m kimi -mr kimi_k2 "), std::string::npos) << kimi.harness_ab.front();
+  const Advice llama = dump({"target.gpu=h100", "+model.hf_model_id=meta-llama/Llama-3.1-405B"});  // no MoE recipe
+  EXPECT_NE(llama.harness_ab.front().find("-m / -mr: not known"), std::string::npos) << llama.harness_ab.front();
 }
 
 TEST(Advise, AMissingBackendIsNeverRanked) {

@@ -402,6 +402,9 @@ TEST(CheckRules, AMisspeltFieldOfABridgeDumpIsFlagged) {
   // that leaves the real field at its default. The shipped dump's own fields raise nothing.
   Config dump = load_config_file(kDump);
   EXPECT_EQ(find(run_check(dump), "config.misspelt_field"), nullptr);
+  for (const std::string real : {"+model.fp4=null", "+model.fp4_recipe=nvfp4", "+model.fp4_param=false"})
+    apply_override(dump, real);  // Megatron's own fields, a letter from fp8's
+  EXPECT_EQ(find(run_check(dump), "config.misspelt_field"), nullptr);
   apply_override(dump, "+model.moe_router_top_k=4");
   const CheckReport r = run_check(dump);
   const Finding* f = find(r, "config.misspelt_field");
@@ -436,7 +439,7 @@ TEST(CheckRules, EveryPipelineSplitThatFailsGetsAFixThatSplits) {
   // layers do not split, the fix is concrete (no placeholder) and pasting it clears the finding.
   int failing = 0;
   for (const int layers : {1, 2, 3, 5, 7, 12, 13, 61})
-    for (const int pp : {2, 3, 4})
+    for (const int pp : {1, 2, 3, 4})
       for (const std::string vpp : {"null", "2", "3"})
         for (const Overrides& more : {Overrides{}, Overrides{"model.num_layers_in_first_pipeline_stage=1"},
                                       Overrides{"model.account_for_loss_in_pipeline_split=true"}}) {

@@ -184,6 +184,15 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   EXPECT_NEAR(aware.optimizer, dist.optimizer / 2, 1);
   EXPECT_GT(dist.step_grads, 0);
   EXPECT_EQ(aware.step_grads, 0);
+  // Under a tensorwise recipe (Bridge's default, bf16_mixed included) Megatron keeps its FP32
+  // masters and the step's grad copy: only m and v shrink.
+  const MemoryPlan tensorwise = make_plan(resolved("qwen3_30b_a3b", {"optimizer.use_precision_aware_optimizer=true",
+                                                                     "optimizer.exp_avg_dtype=bf16",
+                                                                     "optimizer.exp_avg_sq_dtype=bf16",
+                                                                     "model.fp8_recipe=tensorwise"}))
+                                    .memory;
+  EXPECT_NEAR(tensorwise.optimizer, dist.optimizer * 8 / 12, 1);
+  EXPECT_EQ(tensorwise.step_grads, dist.step_grads);
 }
 
 TEST(Plan, GroupsInsideOrAcrossNodes) {
@@ -341,6 +350,19 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("30 iterations (3 logged)"),
             std::string::npos);
+  // A run resumed at iteration 1000: its first line (1001, off the interval) and the next one,
+  // which covers 1001 again with its counts, stay out of the steady state and the sums.
+  const auto counted = [&](int it, double ms, int skipped) {
+    return fmt::format(" [2025-11-03 10:00:00] iteration {:8d}/  2000 | elapsed time per iteration (ms): {} | "
+                       "number of skipped iterations: {:3d} | number of nan iterations:   0 |\n",
+                       it, ms, skipped);
+  };
+  std::ofstream(path) << counted(1001, 60000, 1) << counted(1010, 15000, 1) << counted(1020, 9000, 0)
+                      << counted(1030, 9000, 0);
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.steady_first, 1011);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
+  EXPECT_EQ(run.skipped_iterations, 1);
   // Without memory lines the peak is not known, and not called 0. A skipped iteration and a
   // steady step far above the others are named.
   std::ofstream(path) << line(1, 9000) << line(2, 9000) << line(3, 9000) << line(4, 9000) << line(5, 14000)

@@ -39,7 +39,8 @@ PipelineSplit pipeline_split(const ModelConfig& m);
 
 // For a config whose layers do not split (no layout): overrides that make them, nearest the
 // config first: a smaller VPP, the embedding and loss counted as layers, an uneven first / last
-// stage, no VPP. Empty when none of these does.
+// stage, no VPP, else a layout (at PP 1: the uneven fields or the VPP unset). Empty when none
+// of these does.
 std::string pipeline_split_fix(const ModelConfig& m);
 
 // The overrides that set `layout` on `m`: the layout, and the fields Megatron-Core refuses beside

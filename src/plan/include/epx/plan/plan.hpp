@@ -88,7 +88,8 @@ struct Variant {
   double step_time_s = 0, tflops_per_gpu = 0, tokens_per_s_per_gpu = 0, peak_memory_gb = 0, exposed_comm_s = 0;
   double compute_s = 0, bubble_s = 0;
   std::string wall;      // memory | communication | compute
-  std::string override;  // the one override that turns the configured run into this row
+  std::vector<std::string> overrides;  // the overrides that turn the configured run into this row
+  std::string override;                // the same, as one line
   std::string refusal;   // with check_variants: epx check's first error on that run, "[rule] message"
 };
 

@@ -15,6 +15,7 @@ struct IterationPoint {
   int iteration = 0;
   double step_s = 0, tflops_per_gpu = 0, lm_loss = 0;
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
+  int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
 };
 
 // Time on one rank's tracks over the steady-state iterations, per iteration: the compute
