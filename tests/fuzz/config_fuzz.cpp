@@ -246,7 +246,13 @@ int main(int argc, char** argv) {
       "model.account_for_embedding_in_pipeline_split=true", "train.train_samples=64", "train.train_iters=null",
       "scheduler.lr_warmup_fraction=1.5", "scheduler.max_steps=1", "scheduler.lr_decay_samples=1",
       "scheduler.lr_warmup_samples=99999999", "+dataset.x=1", "+peft.y=[1", "ddp.grad_reduce_in_fp32=true",
-      "ddp.use_distributed_optimizer=true"};
+      "ddp.use_distributed_optimizer=true", "model.pipeline_model_parallel_layout=[[embedding,decoder],[decoder,loss]]",
+      "model.pipeline_model_parallel_layout=[[encoder],[1]]", "model.pipeline_model_parallel_layout=[embedding]",
+      "model.fp8=hybrid", "model.fp8=hybird", "model.fp8_recipe=mxfp8", "model.fp8_param=true",
+      "optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
+      "optimizer.main_grads_dtype={_target_: torch.bfloat16, _call_: false}", "optimizer.exp_avg_dtype={_target_: 3}",
+      "+model.moe_router_top_k=4", "+model.fp4=null", "~model.moe_router_top_k", "+train.rampup_batch_size=[1,1,8]",
+      "model.num_layers_in_last_pipeline_stage=3", "model.virtual_pipeline_model_parallel_size=3"};
 
   int passed = 0, failed = 0;
   for (int i = 0; i < cases; ++i) {
