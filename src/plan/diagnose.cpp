@@ -100,6 +100,24 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   } else {
     comm.evidence = "unknown: no trace and no config";
   }
+  // Megatron's timers (a log with --timing-log-level 1 or 2) measure, without a trace, what the
+  // step waits for after the backward: the DP reduction left over (all-grads-sync, with its
+  // layernorm and embedding parts), the parameter all-gather, and the pipeline's blocking
+  // receives. The token exchanges sit inside forward / backward compute and are not timed apart.
+  double timed_dp = 0, timed_pp = 0;
+  if (!run.trace && !run.timers_ms.empty()) {
+    std::vector<std::string> shown;
+    for (const auto& [name, ms] : run.timers_ms) {
+      const bool dp = name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
+                      name == "embedding-grads-all-reduce";
+      const bool pp = name.ends_with("-recv");
+      if (dp) timed_dp += ms / 1000;
+      if (pp) timed_pp += ms / 1000;
+      if (dp || pp || name == "forward-backward" || name == "optimizer") shown.push_back(fmt::format("{} {:.4g}", name, ms));
+    }
+    comm.evidence += fmt::format("; Megatron's timers (ms per iteration, max over ranks): {}", fmt::join(shown, ", "));
+    if ((timed_dp + timed_pp) / step > comm.share) comm.share = (timed_dp + timed_pp) / step, comm.measured = true;
+  }
   // The pipeline's waits are measured without a trace too (the results' per-stage figures).
   double pipeline_share = 0;
   if (run.pipeline) {
@@ -220,7 +238,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                          : "FP8 and activation offloading, when recompute and parallelism are not enough",
         {}, false);
   } else if (d.binding == "communication" && m) {
-    const bool dp_dominates = run.trace && run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s;
+    const bool dp_dominates = run.trace ? run.trace->dp_reduce_exposed_s > run.trace->token_exchange_exposed_s
+                                        : timed_dp > 0.5 * comm.share * step;  // the timed DP wait is most of it
     const ParallelLayout& groups = plan->layout.layout;
     const auto token_fixes = [&] {
       if (groups.ep == 1) return;  // no token exchanges
@@ -245,11 +264,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     };
     // The pipeline: an even split of the measured compute, then a smaller bubble.
     const auto pipeline_fixes = [&] {
-      if (!run.pipeline) return;
-      const PipelineEvidence& p = *run.pipeline;
+      if (m->pipeline_model_parallel_size < 2) return;
+      // The stages' balance needs their measured compute (epx results); the bubble's fixes do not.
       std::vector<double> compute;
-      for (std::size_t k = 0; k < p.schedule_s.size(); ++k) compute.push_back(p.compute_s(k));
-      const auto b = balance_pipeline(*m, compute);
+      if (run.pipeline)
+        for (std::size_t k = 0; k < run.pipeline->schedule_s.size(); ++k) compute.push_back(run.pipeline->compute_s(k));
+      const auto b = run.pipeline ? balance_pipeline(*m, compute) : std::nullopt;
       if (b && !b->helps() && b->slowest_now_s > 1.2 * *std::min_element(compute.begin(), compute.end()))
         d.notes.push_back(fmt::format(
             "pipeline stage {} computes {:.3g} s per iteration against {:.3g} s on the fastest, which waits for it "
@@ -263,7 +283,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                         b->slowest_stage, b->slowest_now_s, fmt::join(b->layers_balanced, " / "),
                         fmt::join(b->layers_now, " / "), b->slowest_balanced_s, b->per_layer_s),
             layout_overrides(*m, b->layout));
-      if (p.chunks == 1 && !m->pipeline_model_parallel_layout)
+      if (virtual_pipeline_size(*m).value_or(1) == 1 && !m->pipeline_model_parallel_layout)
         for (Int v = 2; v <= 4; ++v) {
           ModelConfig interleaved = *m;
           interleaved.virtual_pipeline_model_parallel_size = v;
@@ -291,11 +311,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     };
     // The kind that leaves the most exposed first.
     const double token_exposed = run.trace ? run.trace->token_exchange_exposed_s : 0,
-                 dp_exposed = run.trace ? run.trace->dp_reduce_exposed_s : 0,
-                 pipeline_wait = run.trace ? run.trace->pipeline_wait_s
-                                           : run.pipeline ? pipeline_share * run.mean_step_s : 0;
-    const bool pipeline_dominates = run.pipeline && pipeline_wait >= std::max(token_exposed, dp_exposed) &&
-                                    (run.trace || pipeline_share >= comm.share);
+                 dp_exposed = run.trace ? run.trace->dp_reduce_exposed_s : timed_dp,
+                 pipeline_wait = run.trace      ? run.trace->pipeline_wait_s
+                                 : run.pipeline ? pipeline_share * run.mean_step_s
+                                                : timed_pp;
+    const bool pipeline_dominates = (run.pipeline || timed_pp > 0) && pipeline_wait >= std::max(token_exposed, dp_exposed) &&
+                                    (run.trace || pipeline_share >= comm.share || timed_pp > timed_dp);
     if (pipeline_dominates) pipeline_fixes();
     if (dp_dominates) dp_fixes(), token_fixes();
     else token_fixes(), dp_fixes();

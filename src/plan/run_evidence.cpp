@@ -139,6 +139,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
   static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$)");  // Megatron's arguments dump
+  // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
+  static const std::regex timer(R"(^\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
   static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
@@ -153,6 +155,12 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (line.size() > 8192) continue;
     std::smatch m;
     try {
+      if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
+        const double ms = std::stod(m[3]);
+        if (ms < 0) throw std::out_of_range("negative");
+        run.iterations.back().timers_ms[m[1]] = ms;
+        continue;
+      }
       if (std::regex_search(line, m, world_size)) {
         run.ranks = std::stoi(m[1]);
         if (run.ranks < 1) throw std::out_of_range("world size");
@@ -213,11 +221,13 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (!fallback && first_averaged(k) < steady_from) continue;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu, ++n;
+      for (const auto& [name, ms] : its[k].timers_ms) run.timers_ms[name] += ms;
     }
     if (n > 0) break;
   }
   run.mean_step_s = sum / n;
   run.tflops_per_gpu = flops / n;
+  for (auto& [name, ms] : run.timers_ms) ms /= n;  // a timer missing on some lines counts as 0 there
   run.final_loss = run.iterations.back().lm_loss;
 }
 

@@ -350,6 +350,20 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("30 iterations (3 logged)"),
             std::string::npos);
+  // Megatron's timers (--timing-log-level 1) after each line: the DP reduction's wait after the
+  // backward is measured communication without a trace.
+  const std::string timers = "(min, max) time across ranks (ms):\n"
+                             "    forward-backward ...............................: (8000.00, 8100.00)\n"
+                             "    all-grads-sync .................................: (2500.00, 3000.00)\n"
+                             "    optimizer ......................................: (90.00, 100.00)\n";
+  std::ofstream(path) << line(1, 9000) << timers << line(2, 9000) << timers << line(3, 9000) << timers;
+  run = read_run(path.string(), std::nullopt);
+  ASSERT_EQ(run.timers_ms.count("all-grads-sync"), 1u);
+  EXPECT_DOUBLE_EQ(run.timers_ms["all-grads-sync"], 3000);
+  const Diagnosis timed = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100"}), find_gpu("h100"));
+  EXPECT_EQ(timed.binding, "communication") << timed.why;
+  EXPECT_NE(timed.why.find("all-grads-sync 3000"), std::string::npos) << timed.why;
+  EXPECT_TRUE(timed.walls[1].measured);
   // A run resumed at iteration 1000: its first line (1001, off the interval) and the next one,
   // which covers 1001 again with its counts, stay out of the steady state and the sums.
   const auto counted = [&](int it, double ms, int skipped) {

@@ -3,6 +3,7 @@
 // `Step Time`, the memory lines). `epx diagnose` and `epx report` read runs through this.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@ struct IterationPoint {
   double step_s = 0, tflops_per_gpu = 0, lm_loss = 0;
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
   int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
+  // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks.
+  std::map<std::string, double> timers_ms;
 };
 
 // Time on one rank's tracks over the steady-state iterations, per iteration: the compute
@@ -57,6 +60,7 @@ struct RunEvidence {
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
   int ranks = 0;  // the world size: epx results' ranks, a Megatron log's arguments dump; 0: not said
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
+  std::map<std::string, double> timers_ms;  // Megatron's timers, the mean over the steady lines
   std::string layout, dispatcher, schedule, recompute;
   std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
   std::optional<TraceBreakdown> trace;  // rank 0, from --trace
