@@ -39,6 +39,55 @@ std::string predicted_effect(const Config& c, const Variant& base, const std::ve
                      base.peak_memory_gb, v.peak_memory_gb, r.plan->fits ? "" : " (does not fit)");
 }
 
+// Megatron's timers (a log with --timing-log-level 1 or 2) measure, without a trace, what the
+// step waits for after the backward: the DP reduction left over (all-grads-sync, with its
+// layernorm and embedding parts), the parameter all-gather, and the pipeline's blocking
+// receives. The token exchanges sit inside forward / backward compute and are not timed apart.
+struct TimedWaits {
+  double dp_s = 0, pp_s = 0;  // per iteration
+  std::string text;           // the timers shown, in words (empty: none logged)
+};
+TimedWaits timed_waits(const RunEvidence& run) {
+  TimedWaits t;
+  std::vector<std::string> shown;
+  for (const auto& [name, ms] : run.timers_ms) {
+    const bool dp = name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
+                    name == "embedding-grads-all-reduce";
+    const bool pp = name.ends_with("-recv");
+    if (dp) t.dp_s += ms / 1000;
+    if (pp) t.pp_s += ms / 1000;
+    if (dp || pp || name == "forward-backward" || name == "optimizer") shown.push_back(fmt::format("{} {:.4g}", name, ms));
+  }
+  if (!shown.empty())
+    t.text = fmt::format("Megatron's timers (ms per iteration, max over ranks): {}", fmt::join(shown, ", "));
+  return t;
+}
+
+// What the log says beside the walls: iterations skipped or NaN, and steady-state steps far
+// from the others (a straggler, a checkpoint save, a GC pause), which the mean includes.
+std::vector<std::string> log_notes(const RunEvidence& run) {
+  std::vector<std::string> notes;
+  if (run.skipped_iterations > 0 || run.nan_iterations > 0)
+    notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
+                                "walls, first",
+                                run.skipped_iterations, run.nan_iterations));
+  std::vector<double> steps;
+  for (const IterationPoint& p : run.iterations)
+    if (p.iteration >= run.steady_first && p.iteration <= run.steady_last) steps.push_back(p.step_s);
+  if (steps.size() < 3) return notes;
+  std::nth_element(steps.begin(), steps.begin() + static_cast<long>(steps.size() / 2), steps.end());
+  const double median = steps[steps.size() / 2];
+  std::vector<std::string> slow;
+  for (const IterationPoint& p : run.iterations)
+    if (p.iteration >= run.steady_first && p.iteration <= run.steady_last && p.step_s > 1.3 * median)
+      slow.push_back(fmt::format("{} ({:.2f}x)", p.iteration, p.step_s / median));
+  if (!slow.empty())
+    notes.push_back(fmt::format("steady-state iteration(s) {} took over 1.3x the median step ({:.3g} s): a straggler, "
+                                "a checkpoint save or a GC pause? The mean above includes them",
+                                fmt::join(slow, ", "), median));
+  return notes;
+}
+
 }  // namespace
 
 Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, const GpuInfo* gpu) {
@@ -100,22 +149,10 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   } else {
     comm.evidence = "unknown: no trace and no config";
   }
-  // Megatron's timers (a log with --timing-log-level 1 or 2) measure, without a trace, what the
-  // step waits for after the backward: the DP reduction left over (all-grads-sync, with its
-  // layernorm and embedding parts), the parameter all-gather, and the pipeline's blocking
-  // receives. The token exchanges sit inside forward / backward compute and are not timed apart.
-  double timed_dp = 0, timed_pp = 0;
-  if (!run.trace && !run.timers_ms.empty()) {
-    std::vector<std::string> shown;
-    for (const auto& [name, ms] : run.timers_ms) {
-      const bool dp = name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
-                      name == "embedding-grads-all-reduce";
-      const bool pp = name.ends_with("-recv");
-      if (dp) timed_dp += ms / 1000;
-      if (pp) timed_pp += ms / 1000;
-      if (dp || pp || name == "forward-backward" || name == "optimizer") shown.push_back(fmt::format("{} {:.4g}", name, ms));
-    }
-    comm.evidence += fmt::format("; Megatron's timers (ms per iteration, max over ranks): {}", fmt::join(shown, ", "));
+  const TimedWaits timed = run.trace ? TimedWaits{} : timed_waits(run);
+  const double timed_dp = timed.dp_s, timed_pp = timed.pp_s;
+  if (!timed.text.empty()) {
+    comm.evidence += "; " + timed.text;
     if ((timed_dp + timed_pp) / step > comm.share) comm.share = (timed_dp + timed_pp) / step, comm.measured = true;
   }
   // The pipeline's waits are measured without a trace too (the results' per-stage figures).
@@ -188,28 +225,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     if (!run.trace && !base) d.why += "; communication is unknown (no trace, no config), so this is by elimination";
   }
 
-  // What the log says beside the walls: iterations skipped or NaN, and steady-state steps far
-  // from the others (a straggler, a checkpoint save, a GC pause), which the mean includes.
-  if (run.skipped_iterations > 0 || run.nan_iterations > 0)
-    d.notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
-                                  "walls, first",
-                                  run.skipped_iterations, run.nan_iterations));
-  std::vector<double> steps;
-  for (const IterationPoint& p : run.iterations)
-    if (p.iteration >= run.steady_first && p.iteration <= run.steady_last) steps.push_back(p.step_s);
-  if (steps.size() >= 3) {
-    std::vector<double> sorted = steps;
-    std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(sorted.size() / 2), sorted.end());
-    const double median = sorted[sorted.size() / 2];
-    std::vector<std::string> slow;
-    for (const IterationPoint& p : run.iterations)
-      if (p.iteration >= run.steady_first && p.iteration <= run.steady_last && p.step_s > 1.3 * median)
-        slow.push_back(fmt::format("{} ({:.2f}x)", p.iteration, p.step_s / median));
-    if (!slow.empty())
-      d.notes.push_back(fmt::format("steady-state iteration(s) {} took over 1.3x the median step ({:.3g} s): a straggler, "
-                                    "a checkpoint save or a GC pause? The mean above includes them",
-                                    fmt::join(slow, ", "), median));
-  }
+  for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
 
   // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
   const ModelConfig* m = config ? &config->model : nullptr;
