@@ -197,7 +197,7 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   c = m;
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = true;
-  if (pp > 1 && splits(c)) {
+  if (splits(c)) {
     std::string fix = "model.account_for_embedding_in_pipeline_split=true model.account_for_loss_in_pipeline_split=true";
     if (m.num_layers_in_first_pipeline_stage) fix += " model.num_layers_in_first_pipeline_stage=null";
     if (m.num_layers_in_last_pipeline_stage) fix += " model.num_layers_in_last_pipeline_stage=null";
@@ -208,7 +208,7 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   // multiple of VPP and above 0.
   const Int V = vpp.value_or(1), middle_stages = pp - 2;
   std::optional<std::tuple<Int, Int, Int, Int>> best;  // largest stage, first - last, first, last
-  for (Int k = middle_stages > 0 ? V : 0; pp > 1 && k * middle_stages <= L; k += V) {
+  for (Int k = middle_stages > 0 ? V : 0; k * middle_stages <= L; k += V) {
     const Int ends = L - k * middle_stages;
     if (ends >= 2 * V && ends % V == 0) {
       const Int first = (ends / V + 1) / 2 * V, last = ends - first;
