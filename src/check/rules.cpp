@@ -899,7 +899,6 @@ std::vector<Rule> build_rules() {
                        "model.ep_overlap_early_attn_memory_release=false");
       });
 
-  // ---- epx's own gradient reduction ----------------------------------------------------------
   add("optimizer.precision_aware_dtypes", E,
       {"optimizer.use_precision_aware_optimizer", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
        "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.optimizer"},
@@ -918,6 +917,7 @@ std::vector<Rule> build_rules() {
                         "optimizer.use_precision_aware_optimizer=true");
         return pass();
       });
+  // ---- epx's own gradient reduction ----------------------------------------------------------
   add("ddp.embedding_rows", E,
       {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
       "epx train/grad_reducer.hpp", "reduce_embedding_rows splits the overlapped reduction of an untied embedding",
