@@ -917,6 +917,7 @@ std::vector<Rule> build_rules() {
                         "optimizer.use_precision_aware_optimizer=true");
         return pass();
       });
+
   // ---- epx's own gradient reduction ----------------------------------------------------------
   add("ddp.embedding_rows", E,
       {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
