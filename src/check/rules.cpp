@@ -319,8 +319,23 @@ std::vector<Rule> build_rules() {
         if (n('m') != m.mtp_num_layers.value_or(0))
           return fail("Number of mtp layers in layout must match mtp_num_layers", fix);
         const auto first_mtp = layers.find('m');
-        return fail_if(first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos,
-                       "decoder layers must be placed before MTP layers", fix);
+        if (first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos)
+          return fail("decoder layers must be placed before MTP layers", fix);
+        // Virtual stage v * PP + p is chunk v of rank p: MTP only in a rank's last chunk, all of it there.
+        const Int chunks = count / pp;
+        for (Int k = 0; k < count; ++k) {
+          const std::string& stage = stages[static_cast<std::size_t>(k)];
+          const auto mtp = static_cast<Int>(std::count(stage.begin(), stage.end(), 'm'));
+          if (mtp == 0) continue;
+          if (k / pp < chunks - 1)
+            return fail(fmt::format("Currently we restrict that the MTP should be always in the last virtual pipeline "
+                                    "stage of that rank. But got {}",
+                                    stage),
+                        fix);
+          if (mtp != m.mtp_num_layers.value_or(0))
+            return fail("All of the MTP layers must be in the same one virtual pipeline stage", fix);
+        }
+        return pass();
       });
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",

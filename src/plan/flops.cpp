@@ -83,8 +83,10 @@ ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers
   f.attention = 6 * (a.linear + a.core) * layers;
   f.attention_core = 6 * a.core * layers;
   f.mtp = 6 * mtp * (3 * h + 2 * h * h);
-  // The output layer's logits: the loss's, and each MTP layer's own.
-  f.logits = 6 * h * static_cast<double>(padded_vocab_size(m)) * (mtp + (loss ? 1 : 0));
+  // The output layer's logits: the loss's and each MTP layer's own, all where the loss is
+  // (Megatron's GPTModel computes the MTP losses in its postprocess, on the loss stage).
+  f.logits = loss ? 6 * h * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(m.mtp_num_layers.value_or(0) + 1)
+                  : 0;
   return f;
 }
 

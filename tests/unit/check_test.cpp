@@ -397,6 +397,23 @@ TEST(CheckRules, FixesAreOverridesThatApply) {
   }
 }
 
+TEST(CheckRules, MtpLayersSitInTheLastChunkOfOneRank) {
+  // Megatron-Core's validate_layer_layout: MTP only in a rank's last virtual stage, all of it.
+  const auto layout_error = [](const std::string& layout, int mtp) {
+    const CheckReport r = check({"model.pipeline_model_parallel_size=2", "target.num_gpus=4", "model.num_layers=4",
+                                 fmt::format("model.mtp_num_layers={}", mtp),
+                                 "model.pipeline_model_parallel_layout=" + layout});
+    const Finding* f = find(r, "pipeline.layout");
+    return f ? f->message : std::string("(none)");
+  };
+  // Four virtual stages over PP 2: chunk 0 of ranks 0 and 1, then chunk 1 of each.
+  EXPECT_EQ(layout_error("Ettt|tm||L", 1).rfind("Currently we restrict that the MTP should be always in the last", 0), 0u)
+      << layout_error("Ettt|tm||L", 1);
+  EXPECT_EQ(layout_error("Ett|tt|m|mL", 2), "All of the MTP layers must be in the same one virtual pipeline stage");
+  EXPECT_EQ(layout_error("Ett|tt||mL", 1), "(none)");
+  EXPECT_EQ(layout_error("Ett|ttmL", 1), "(none)");
+}
+
 TEST(CheckRules, AMisspeltFieldOfABridgeDumpIsFlagged) {
   // Unmodelled fields of a tagged section are kept; one a letter from a modelled field is a typo
   // that leaves the real field at its default. The shipped dump's own fields raise nothing.

@@ -32,8 +32,8 @@ AttentionMacs attention_macs(const ModelConfig& m);
 // the sizes the formula needs.
 ModelFlops model_flops(const Config& c);
 // The same for some of the layers, per token: `decoder_layers` of them, `moe_layers` of those
-// and the `mtp` MTP layers MoE layers, and the output layer's logits with `loss` (a pipeline
-// stage's share; model_flops is the whole model's).
+// and the `mtp` MTP layers MoE layers, and with `loss` the output layer's logits, the loss's and
+// every MTP layer's (a pipeline stage's share; model_flops is the whole model's).
 ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers, double mtp, bool loss);
 
 // How many of layers [first, last) are MoE layers (moe_layer_freq: every N-th, or the 0/1
