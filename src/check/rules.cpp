@@ -72,14 +72,23 @@ bool contains(const std::vector<T>& list, const std::type_identity_t<T>& item) {
 // keeps it >= 1), or a pattern with a 0.
 bool has_dense_layers(const MoeLayerFreq& f) { return f.pattern.empty() ? f.every > 1 : contains(f.pattern, Int{0}); }
 
-// The VPP to give where EP overlap needs one set: the layout's stages per rank, else 2.
+// The VPP to give where EP overlap needs one set: the layout's stages per rank, else the smallest
+// from 2 that splits the layers, else 1.
 std::string vpp_to_set(const ModelConfig& m) {
-  Int vpp = 2;
   if (m.pipeline_model_parallel_layout) try {
-      vpp = pipeline_split(m).chunks;
+      return fmt::format("model.virtual_pipeline_model_parallel_size={}", pipeline_split(m).chunks);
     } catch (const ConfigError&) {
     }
-  return fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp);
+  ModelConfig c = m;
+  for (Int vpp = 2; vpp <= std::min<Int>(8, m.num_layers); ++vpp) {
+    c.virtual_pipeline_model_parallel_size = vpp;
+    try {
+      pipeline_split(c);
+      return fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp);
+    } catch (const ConfigError&) {
+    }
+  }
+  return "model.virtual_pipeline_model_parallel_size=1";
 }
 
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
@@ -404,7 +413,9 @@ std::vector<Rule> build_rules() {
                        fmt::format("{} micro-batches per step with the interleaved schedule: Megatron's "
                                    "microbatch_group_size_per_vp_stage (= PP = {}) must divide them",
                                    n, pp),
-                       "train.global_batch_size=<a multiple of micro_batch_size x DP x PP>");
+                       fmt::format("train.global_batch_size={}",
+                                   round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
+                                            c.cfg.train.micro_batch_size.value_or(1) * data_parallel_size(c.cfg) * pp)));
       });
   add("parallel.ep_tp_needs_sp", W,
       {"model.expert_model_parallel_size", "model.tensor_model_parallel_size",

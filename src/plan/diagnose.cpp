@@ -55,7 +55,9 @@ TimedWaits timed_waits(const RunEvidence& run) {
                     name == "embedding-grads-all-reduce";
     const bool pp = name.ends_with("-recv");
     if (dp) t.dp_s += ms / 1000;
-    if (pp) t.pp_s += ms / 1000;
+    // Each receive's max is some rank's: their sum may add up waits of different ranks, so the
+    // largest one stands for the pipeline's wait (a lower bound).
+    if (pp) t.pp_s = std::max(t.pp_s, ms / 1000);
     if (dp || pp || name == "forward-backward" || name == "optimizer") shown.push_back(fmt::format("{} {:.4g}", name, ms));
   }
   if (!shown.empty())
@@ -155,23 +157,22 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     comm.evidence += "; " + timed.text;
     if ((timed_dp + timed_pp) / step > comm.share) comm.share = (timed_dp + timed_pp) / step, comm.measured = true;
   }
-  // The pipeline's waits are measured without a trace too (the results' per-stage figures).
+  // The pipeline's waits, per stage, from the results (with or without a trace, which is rank
+  // 0's alone): the stage that waits most tells what the step loses to the others.
   double pipeline_share = 0;
   if (run.pipeline) {
     const PipelineEvidence& p = *run.pipeline;
     std::vector<std::string> stages;
-    double wait = 0, schedule = 0;
     for (std::size_t k = 0; k < p.wait_s.size(); ++k) {
       stages.push_back(fmt::format("{:.3g} / {:.3g}", p.compute_s(k), p.wait_s[k]));
-      wait += p.wait_s[k], schedule += p.schedule_s[k];
+      pipeline_share = std::max(pipeline_share, p.wait_s[k] / std::max(1e-12, p.schedule_s[k]));
     }
-    pipeline_share = wait / std::max(1e-12, schedule);
     comm.evidence += fmt::format("; pipeline PP {} x VPP {}, {} micro-batches: each stage computes / waits on the others "
-                                 "{} s per iteration ({:.0f}% of the schedule waiting; the ideal bubble is {:.0f}% of "
-                                 "the compute)",
+                                 "{} s per iteration (up to {:.0f}% of a stage's schedule waiting; the ideal bubble is "
+                                 "{:.0f}% of the compute)",
                                  p.stages, p.chunks, p.micro_batches, fmt::join(stages, ", "), 100 * pipeline_share,
                                  100 * p.ideal_bubble);
-    if (!run.trace && pipeline_share > comm.share) comm.share = pipeline_share, comm.measured = true;
+    if (pipeline_share > comm.share) comm.share = pipeline_share, comm.measured = true;
   }
   d.walls.push_back(comm);
 
@@ -179,7 +180,14 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   // against the hardware's attainable rate (its peak at the calibrated GEMM efficiency).
   WallFigure host{"compute/host", 0, "", true};
   double rate_share = -1;
-  const double computing = run.trace ? run.trace->compute_s : step;
+  // While computing: the trace's compute (rank 0), or with PP the stages' mean compute (the
+  // model's FLOPs are every stage's).
+  double computing = run.trace ? run.trace->compute_s : step;
+  if (run.pipeline) {
+    double sum = 0;
+    for (std::size_t k = 0; k < run.pipeline->schedule_s.size(); ++k) sum += run.pipeline->compute_s(k);
+    computing = sum / static_cast<double>(std::max<std::size_t>(1, run.pipeline->schedule_s.size()));
+  }
   const double achieved = run.tflops_per_gpu * step / std::max(1e-12, computing);
   if (gpu && gpu->rates.bf16_tflops > 0) {
     const double attainable = gpu->rates.bf16_tflops * gpu->rates.gemm_efficiency;
@@ -226,6 +234,16 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   }
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
+  // A log names its own world and batch: a config that says otherwise is not the run's.
+  if (config && run.ranks > 0 && config->target.num_gpus && *config->target.num_gpus != run.ranks)
+    d.notes.push_back(fmt::format("the run had {} ranks (its arguments dump), the config plans {}: the planner's figures "
+                                  "are for the config's (-ng {} for the run's)",
+                                  run.ranks, *config->target.num_gpus, run.ranks));
+  if (config && run.global_batch_size > 0 && config->train.global_batch_size &&
+      *config->train.global_batch_size != run.global_batch_size)
+    d.notes.push_back(fmt::format("the log's global batch is {}, the config's {}: is this the run's config? "
+                                  "(--override train.global_batch_size={})",
+                                  run.global_batch_size, *config->train.global_batch_size, run.global_batch_size));
 
   // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
   const ModelConfig* m = config ? &config->model : nullptr;
@@ -328,9 +346,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     // The kind that leaves the most exposed first.
     const double token_exposed = run.trace ? run.trace->token_exchange_exposed_s : 0,
                  dp_exposed = run.trace ? run.trace->dp_reduce_exposed_s : timed_dp,
-                 pipeline_wait = run.trace      ? run.trace->pipeline_wait_s
-                                 : run.pipeline ? pipeline_share * run.mean_step_s
-                                                : timed_pp;
+                 pipeline_wait = std::max({run.trace ? run.trace->pipeline_wait_s : 0.0, pipeline_share * step, timed_pp});
     const bool pipeline_dominates = (run.pipeline || timed_pp > 0) && pipeline_wait >= std::max(token_exposed, dp_exposed) &&
                                     (run.trace || pipeline_share >= comm.share || timed_pp > timed_dp);
     if (pipeline_dominates) pipeline_fixes();
@@ -359,8 +375,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 }
 
 std::string format_diagnosis(const RunEvidence& run, const Diagnosis& d) {
-  const int last = run.iterations.empty() ? 0 : run.iterations.back().iteration;
-  const std::string iterations = static_cast<std::size_t>(last) == run.iterations.size()
+  const int first = run.first_iteration, last = run.iterations.empty() ? 0 : run.iterations.back().iteration;
+  const std::string iterations = first > 1 ? fmt::format("iterations {}..{} ({} logged)", first, last, run.iterations.size())
+                                 : static_cast<std::size_t>(last) == run.iterations.size()
                                      ? fmt::format("{} iterations", last)
                                      : fmt::format("{} iterations ({} logged)", last, run.iterations.size());
   std::string out = fmt::format("epx diagnose: {} ({}{}), {}, steady {}..{}: {:.3g} s/step, {:.3g} TFLOP/s/GPU, {}\n",

@@ -138,9 +138,13 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
-  static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$)");  // Megatron's arguments dump
+  // Lines a launcher prefixes ("[default3]:" from torchrun --tee, "3: " from srun -l) keep their
+  // shape after the prefix.
+  static const std::regex world_size(R"(^(?:\[[^\]]*\]:|\d+:)?\s*world_size \.+ (\d+)\s*$)");  // the arguments dump
   // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
-  static const std::regex timer(R"(^\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
+  static const std::regex timer(
+      R"(^(?:\[[^\]]*\]:|\d+:)?\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
+  static const std::regex global_batch(R"(global batch size:\s*(\d+))");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
   static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
@@ -183,6 +187,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
       if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
       if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);
+      if (std::regex_search(line, m, global_batch)) run.global_batch_size = std::stoll(m[1]);
       if (std::regex_search(line, m, nans)) p.nans = std::stoi(m[1]);
       run.iterations.push_back(p);
     } catch (const std::exception&) {
@@ -213,6 +218,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   // The seeds' steady state: from the run's third iteration (all of it for shorter logs); a line
   // counts when the first iteration it covers is in it. A resumed run starts where its log does.
   run.steady_last = its.back().iteration;
+  run.first_iteration = first_averaged(0);
   const int steady_from = first_averaged(0) + 2 <= run.steady_last ? first_averaged(0) + 2 : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;

@@ -364,6 +364,20 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_EQ(timed.binding, "communication") << timed.why;
   EXPECT_NE(timed.why.find("all-grads-sync 3000"), std::string::npos) << timed.why;
   EXPECT_TRUE(timed.walls[1].measured);
+  // Prefixed by the launcher (torchrun --tee, srun -l), the same lines read the same; a log whose
+  // batch is not the config's says so.
+  std::ofstream(path) << "[default0]:  world_size ...... 16\n" << line(1, 9000) << line(2, 9000) << line(3, 9000)
+                      << "[default0]:    all-grads-sync .................: (2500.00, 3000.00)\n"
+                      << "7:    backward-recv ..................: (10.00, 20.00)\n";
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.ranks, 16);
+  EXPECT_DOUBLE_EQ(run.timers_ms["all-grads-sync"], 3000);
+  EXPECT_DOUBLE_EQ(run.timers_ms["backward-recv"], 20);
+  run.global_batch_size = 64;
+  const Diagnosis other = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100"}), find_gpu("h100"));
+  std::string notes;
+  for (const std::string& n : other.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("the log's global batch is 64, the config's 1024"), std::string::npos) << notes;
   // A run resumed at iteration 1000: its first line (1001, off the interval) and the next one,
   // which covers 1001 again with its counts, stay out of the steady state and the sums.
   const auto counted = [&](int it, double ms, int skipped) {

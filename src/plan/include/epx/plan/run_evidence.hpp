@@ -3,6 +3,7 @@
 // `Step Time`, the memory lines). `epx diagnose` and `epx report` read runs through this.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -56,10 +57,12 @@ struct RunEvidence {
   std::string kind;    // "epx results" | "Megatron log"
   std::optional<Config> config;  // the resolved config (epx results carry it)
   std::vector<IterationPoint> iterations;
+  int first_iteration = 1;  // the first the run's lines cover (a resumed run's: past its checkpoint)
   int steady_first = 0, steady_last = 0;
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
   int ranks = 0;  // the world size: epx results' ranks, a Megatron log's arguments dump; 0: not said
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
+  std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
   std::map<std::string, double> timers_ms;  // Megatron's timers, the mean over the steady lines
   std::string layout, dispatcher, schedule, recompute;
   std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
