@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "epx/check/pipeline_split.hpp"
 #include "epx/config/schema.hpp"
 
 namespace epx {
@@ -19,12 +20,20 @@ std::vector<int> powers_of_two_up_to(Int limit) {
 
 // The overrides that change a value of `given` (the rest restate it).
 std::vector<std::string> changes(const Config& given, const std::vector<std::string>& overrides) {
-  std::vector<std::string> out;
+  // A key set twice (a reset, then the split's fix) counts as its last value.
+  Config all = given;
+  std::vector<std::pair<std::string, std::string>> last;  // key, its last override, in first-set order
   for (const std::string& o : overrides) {
-    const FieldInfo* f = find_field(o.substr(0, o.find('=')));
-    Config c = given;
-    apply_override(c, o);
-    if (f == nullptr || YAML::Dump(f->get(c)) != YAML::Dump(f->get(given))) out.push_back(o);
+    apply_override(all, o);
+    const std::string key = o.substr(0, o.find('='));
+    const auto known = std::find_if(last.begin(), last.end(), [&](const auto& k) { return k.first == key; });
+    if (known == last.end()) last.emplace_back(key, o);
+    else known->second = o;
+  }
+  std::vector<std::string> out;
+  for (const auto& [key, o] : last) {
+    const FieldInfo* f = find_field(key);
+    if (f == nullptr || YAML::Dump(f->get(all)) != YAML::Dump(f->get(given))) out.push_back(o);
   }
   return out;
 }
@@ -46,7 +55,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
           for (int ep : powers_of_two_up_to(std::min(experts, world)))
             for (int mbs : {1, 2})
               for (bool full : {false, true}) {
-                if (m.num_attention_heads % tp != 0 || m.num_layers % (pp * vpp) != 0 || experts % ep != 0) continue;
+                if (m.num_attention_heads % tp != 0 || pp * vpp > m.num_layers + 2 || experts % ep != 0) continue;
                 if ((pp == 1) != (vpp == 1) || world % (tp * cp * pp) != 0 || world % (ep * pp) != 0) continue;
                 if (m.seq_length % (2 * cp) != 0) continue;
                 ++result.layouts_tried;
@@ -60,7 +69,27 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                     "model.expert_tensor_parallel_size=1",
                     fmt::format("train.micro_batch_size={}", mbs),
                     "model.sequence_parallel=" + std::string(tp > 1 ? "true" : "false"),
-                    "model.pipeline_model_parallel_layout=null"};  // the even split replaces a layout
+                    // The even split first, replacing a layout or uneven stages; where the layers do
+                    // not split so, the check's own fix at this PP and VPP (the embedding and loss
+                    // counted, uneven first / last stages, or a layout), as a user would apply it.
+                    "model.pipeline_model_parallel_layout=null", "model.num_layers_in_first_pipeline_stage=null",
+                    "model.num_layers_in_last_pipeline_stage=null", "model.account_for_embedding_in_pipeline_split=false",
+                    "model.account_for_loss_in_pipeline_split=false"};
+                if (pp > 1 && m.num_layers % (pp * vpp) != 0) {
+                  ModelConfig even = m;
+                  even.pipeline_model_parallel_size = pp;
+                  even.virtual_pipeline_model_parallel_size = vpp > 1 ? OptInt(vpp) : std::nullopt;
+                  even.pipeline_model_parallel_layout = std::nullopt;
+                  even.num_layers_in_first_pipeline_stage = even.num_layers_in_last_pipeline_stage = std::nullopt;
+                  even.account_for_embedding_in_pipeline_split = even.account_for_loss_in_pipeline_split = false;
+                  const std::string fix = pipeline_split_fix(even);
+                  if (fix.empty() || fix.starts_with("model.virtual_pipeline_model_parallel_size")) continue;
+                  for (std::size_t at = 0; at < fix.size();) {
+                    const std::size_t end = std::min(fix.find(' ', at), fix.size());
+                    layout.push_back(fix.substr(at, end - at));
+                    at = end + 1;
+                  }
+                }
                 if (full) {
                   const std::vector<std::string> recompute = full_recompute_overrides(m);
                   layout.insert(layout.end(), recompute.begin(), recompute.end());
@@ -158,6 +187,9 @@ nlohmann::json search_json(const SearchResult& r) {
   nlohmann::json top = nlohmann::json::array();
   for (const SearchRow& row : r.top) {
     nlohmann::json v = variant_json(row.variant);
+    // A row is its candidate config as planned: the plan's own "as configured" and row override
+    // would describe the candidate against itself.
+    for (const char* key : {"as_configured", "override", "refusal"}) v.erase(key);
     v["overrides"] = row.overrides;
     v["tight_fit"] = tight_fit(row.variant.peak_memory_gb, r.gpu);
     top.push_back(v);

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "epx/check/pipeline_split.hpp"
@@ -536,6 +537,26 @@ TEST(PlanSearch, RanksLegalLayoutsThatFit) {
   EXPECT_TRUE(r.unchecked.contains("ep_overlap.torch_version: pass --torch-version to check"));
   EXPECT_NE(format_search(r).find("unchecked ep_overlap.torch_version"), std::string::npos);
   EXPECT_EQ(search_json(r)["top"].size(), 5u);
+}
+
+TEST(PlanSearch, PipelinesWhoseLayersDoNotDivideTakeTheCheckersSplit) {
+  // 94 layers over PP 4 x VPP 2 do not split evenly: the candidate takes the split the check's
+  // fix gives (here the recipe's own embedding and loss counted), and each such row, applied,
+  // passes and plans to its step time.
+  const Config c = test::load_with("qwen3_235b_a22b", {});
+  const SearchResult r = search_layouts(c, std::nullopt, 400);
+  int uneven = 0;
+  for (const SearchRow& row : r.top) {
+    Config applied = c;
+    for (const std::string& o : row.overrides) apply_override(applied, o);
+    const Int pp = applied.model.pipeline_model_parallel_size, v = applied.model.virtual_pipeline_model_parallel_size.value_or(1);
+    if (pp == 1 || applied.model.num_layers % (pp * v) == 0) continue;
+    ++uneven;
+    const CheckReport report = run_check(applied);
+    ASSERT_TRUE(report.ok()) << fmt::format("{}", fmt::join(row.overrides, " ")) << format_report(report);
+    EXPECT_DOUBLE_EQ(make_plan(report.resolved).configured().step_time_s, row.variant.step_time_s);
+  }
+  EXPECT_GT(uneven, 0);
 }
 
 }  // namespace
