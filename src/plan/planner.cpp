@@ -143,6 +143,7 @@ Plan make_plan(const Config& c) {
     const MemoryPlan mem_plain = plan_memory(c, p.layout, d, false), mem_overlap = plan_memory(c, p.layout, d, true);
     const CommPlan comm = plan_comm(c, p.layout, p.gpu, d, mem_plain);
     const StepCosts costs = step_costs(c, p.layout, p.gpu, comm, mem_plain, d);
+    if (l.pp > 1) p.stage_compute_s = costs.stage_compute;  // the same for every dispatcher
     for (auto [overlap, delay] : schedules) {
       Variant v;
       v.dispatcher = d;
@@ -207,6 +208,14 @@ std::string format_plan(const Plan& p) {
                         "the peak is the step's", m.step_grads / kGiB)
           : fmt::format(" | (at the step, instead of activations + logits: FP32 grads {:.3g})", m.step_grads / kGiB),
       m.dense_params, m.expert_params);
+  if (!p.stage_compute_s.empty()) {
+    // Which stage sets the pace: the slowest one's compute, every micro-batch.
+    std::vector<std::string> stages;
+    for (std::size_t k = 0; k < p.stage_compute_s.size(); ++k) stages.push_back(fmt::format("{:.3g}", p.stage_compute_s[k]));
+    const auto slowest = std::max_element(p.stage_compute_s.begin(), p.stage_compute_s.end()) - p.stage_compute_s.begin();
+    out += fmt::format("pipeline stages' compute per micro-batch (s): {}; stage {} is the slowest and sets the step\n",
+                       fmt::join(stages, " | "), slowest);
+  }
   out += fmt::format("step ({} micro-batch{} per DP rank):\n", p.micro_batches, p.micro_batches == 1 ? "" : "es");
   out += "  dispatcher  EP overlap  delay_wgrad  step (s)  TFLOP/s/GPU  tokens/s/GPU  peak GiB  exposed comm (s)  wall           override\n";
   std::vector<std::pair<std::string, int>> refusals;  // each refusal and its rows, in order
@@ -256,6 +265,7 @@ nlohmann::json plan_json(const Plan& p) {
                          {"logits", m.logits / kGiB}, {"step_grads", m.step_grads / kGiB}, {"other", m.other / kGiB},
                          {"peak", m.peak() / kGiB}}},
           {"variants", variants},
+          {"stage_compute_s", p.stage_compute_s},
           {"notes", p.notes}};
 }
 

@@ -67,6 +67,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
       stage = cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) + f.routed_experts / (peak * efficiency(hw, expert_rows)));
+    s.stage_compute.push_back(stage);
     s.compute = std::max(s.compute, stage);
   }
   // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.

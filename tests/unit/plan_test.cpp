@@ -150,6 +150,23 @@ TEST(Plan, FP8IsSaidToBeTimedAtTheBF16Rate) {
   for (const Fix& f : diagnose(run, fp8, find_gpu("h100")).fixes) EXPECT_EQ(f.what.rfind("FP8,", 0), std::string::npos) << f.what;
 }
 
+TEST(Plan, EachPipelineStageIsTimedFromItsOwnLayers) {
+  // PP 2 with a heavy head on the last stage: it is the slowest, and it sets the step.
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu", "model.num_layers=8",
+                                                    "model.vocab_size=16384", "model.pipeline_model_parallel_size=2",
+                                                    "model.expert_model_parallel_size=1"});
+  const Plan even = make_plan(c);
+  ASSERT_EQ(even.stage_compute_s.size(), 2u);
+  EXPECT_GT(even.stage_compute_s[1], 1.5 * even.stage_compute_s[0]);
+  EXPECT_NE(format_plan(even).find("stage 1 is the slowest"), std::string::npos);
+  // Two layers moved off it: the stages come closer and the step shortens.
+  Config moved = c;
+  apply_override(moved, "model.pipeline_model_parallel_layout=Et*6|ttL");
+  const Plan balanced = make_plan(run_check(moved).resolved);
+  EXPECT_LT(balanced.configured().step_time_s, even.configured().step_time_s);
+  EXPECT_TRUE(make_plan(resolved("qwen3_30b_a3b", {})).stage_compute_s.empty());  // PP 1: no stage table
+}
+
 TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   // PP 2 without VPP: every EP-overlap row is one Bridge refuses as it stands.
   const Config c = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.pipeline_model_parallel_size=2",

@@ -103,6 +103,7 @@ struct Plan {
   bool fits = false;
   std::vector<Variant> variants;
   std::vector<std::string> notes;  // what the figures leave out (FP8, ...)
+  std::vector<double> stage_compute_s;  // with PP: each stage's compute per micro-batch
   const Variant& configured() const;  // the one row `as_configured`
 };
 // A peak within 5% of a GPU's memory: it fits on paper, but what the count leaves out (the CUDA

@@ -1,13 +1,16 @@
 // The time model behind `epx plan`'s table (step_time.cpp explains each term).
 #pragma once
 
+#include <vector>
+
 #include "epx/plan/plan.hpp"
 
 namespace epx {
 
 // Seconds per micro-batch on one rank of the first stage, by kind, and per step for the rest.
 struct StepCosts {
-  double compute = 0;       // GEMMs and attention at the size-dependent efficiency
+  double compute = 0;       // GEMMs and attention at the size-dependent efficiency (the slowest stage's)
+  std::vector<double> stage_compute;  // the same per pipeline stage, per micro-batch
   double memory_bound = 0;  // permutation and elementwise at HBM bandwidth
   double host = 0;          // launches and host syncs per MoE layer
   double exchange = 0;      // the token exchanges (plan_comm)
