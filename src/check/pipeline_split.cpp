@@ -167,18 +167,28 @@ PipelineSplit pipeline_split(const ModelConfig& m) {
   return s;
 }
 
-std::string pipeline_split_fix(const ModelConfig& m) {
-  const auto splits = [](const ModelConfig& candidate) {
-    try {
-      pipeline_split(candidate);
-      return true;
-    } catch (const ConfigError&) {
-      return false;
-    }
-  };
+bool layers_split(const ModelConfig& m) {
+  try {
+    pipeline_split(m);
+    return true;
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
+std::optional<Int> smallest_splitting_vpp(const ModelConfig& m, Int most) {
+  ModelConfig c = m;
+  for (Int vpp = 2; vpp <= most; ++vpp) {
+    c.virtual_pipeline_model_parallel_size = vpp;
+    if (layers_split(c)) return vpp;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> pipeline_split_fix(const ModelConfig& m) {
   const Int pp = m.pipeline_model_parallel_size, L = m.num_layers;
   const OptInt& vpp = m.virtual_pipeline_model_parallel_size;
-  if (m.pipeline_model_parallel_layout || pp < 1 || L < 0 || L > 4096) return "";
+  if (m.pipeline_model_parallel_layout || pp < 1 || L < 0 || L > 4096) return {};
   ModelConfig c = m;
   if (pp == 1) {  // one stage: the uneven fields or the VPP are what does not split
     std::vector<std::string> fix;
@@ -186,21 +196,22 @@ std::string pipeline_split_fix(const ModelConfig& m) {
       c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
       fix = {"model.num_layers_in_first_pipeline_stage=null", "model.num_layers_in_last_pipeline_stage=null"};
     }
-    if (vpp && !splits(c)) c.virtual_pipeline_model_parallel_size = std::nullopt, fix.push_back("model.virtual_pipeline_model_parallel_size=null");
-    return splits(c) ? fmt::format("{}", fmt::join(fix, " ")) : "";
+    if (vpp && !layers_split(c)) c.virtual_pipeline_model_parallel_size = std::nullopt, fix.push_back("model.virtual_pipeline_model_parallel_size=null");
+    return layers_split(c) ? fix : std::vector<std::string>{};
   }
-  if (vpp && *vpp < 1) return "";
+  if (vpp && *vpp < 1) return {};
   for (Int v = std::min(vpp.value_or(1) - 1, L + 2); v >= 2; --v) {  // more chunks than layers + E + L never split
     c.virtual_pipeline_model_parallel_size = v;
-    if (splits(c)) return fmt::format("model.virtual_pipeline_model_parallel_size={}", v);
+    if (layers_split(c)) return {fmt::format("model.virtual_pipeline_model_parallel_size={}", v)};
   }
   c = m;
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = true;
-  if (splits(c)) {
-    std::string fix = "model.account_for_embedding_in_pipeline_split=true model.account_for_loss_in_pipeline_split=true";
-    if (m.num_layers_in_first_pipeline_stage) fix += " model.num_layers_in_first_pipeline_stage=null";
-    if (m.num_layers_in_last_pipeline_stage) fix += " model.num_layers_in_last_pipeline_stage=null";
+  if (layers_split(c)) {
+    std::vector<std::string> fix = {"model.account_for_embedding_in_pipeline_split=true",
+                                    "model.account_for_loss_in_pipeline_split=true"};
+    if (m.num_layers_in_first_pipeline_stage) fix.push_back("model.num_layers_in_first_pipeline_stage=null");
+    if (m.num_layers_in_last_pipeline_stage) fix.push_back("model.num_layers_in_last_pipeline_stage=null");
     return fix;
   }
   // The uneven split whose largest stage is smallest, then whose first and last stages are
@@ -220,20 +231,20 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   c = m;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
   if (best) c.num_layers_in_first_pipeline_stage = std::get<2>(*best), c.num_layers_in_last_pipeline_stage = std::get<3>(*best);
-  if (best && splits(c)) {
-    std::string fix = fmt::format("model.num_layers_in_first_pipeline_stage={} model.num_layers_in_last_pipeline_stage={}",
-                                  std::get<2>(*best), std::get<3>(*best));
-    if (m.account_for_embedding_in_pipeline_split) fix += " model.account_for_embedding_in_pipeline_split=false";
-    if (m.account_for_loss_in_pipeline_split) fix += " model.account_for_loss_in_pipeline_split=false";
+  if (best && layers_split(c)) {
+    std::vector<std::string> fix = {fmt::format("model.num_layers_in_first_pipeline_stage={}", std::get<2>(*best)),
+                                    fmt::format("model.num_layers_in_last_pipeline_stage={}", std::get<3>(*best))};
+    if (m.account_for_embedding_in_pipeline_split) fix.push_back("model.account_for_embedding_in_pipeline_split=false");
+    if (m.account_for_loss_in_pipeline_split) fix.push_back("model.account_for_loss_in_pipeline_split=false");
     return fix;
   }
   c = m;
   c.virtual_pipeline_model_parallel_size = std::nullopt;
-  if (vpp && splits(c)) return "model.virtual_pipeline_model_parallel_size=null";
+  if (vpp && layers_split(c)) return {"model.virtual_pipeline_model_parallel_size=null"};
   // Else a layout: the layers as even as they go over the PP x VPP virtual stages, the ones left
   // over on the middle stages first (the first and last also hold the embedding and the loss).
   const Int K = pp * V;
-  if (K < 2 || K > 4096 || m.mtp_num_layers.value_or(0) > 0) return "";
+  if (K < 2 || K > 4096 || m.mtp_num_layers.value_or(0) > 0) return {};
   std::vector<Int> counts(static_cast<std::size_t>(K), L / K);
   Int left = L % K;
   for (std::size_t k = 1; k + 1 < counts.size() && left > 0; ++k, --left) ++counts[k];
@@ -243,8 +254,8 @@ std::string pipeline_split_fix(const ModelConfig& m) {
   c.pipeline_model_parallel_layout = pipeline_layout_text(counts);
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
-  if (!splits(c)) return "";
-  return fmt::format("{}", fmt::join(layout_overrides(m, *c.pipeline_model_parallel_layout), " "));
+  if (!layers_split(c)) return {};
+  return layout_overrides(m, *c.pipeline_model_parallel_layout);
 }
 
 std::vector<std::string> layout_overrides(const ModelConfig& m, const std::string& layout) {

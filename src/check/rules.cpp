@@ -79,16 +79,8 @@ std::string vpp_to_set(const ModelConfig& m) {
       return fmt::format("model.virtual_pipeline_model_parallel_size={}", pipeline_split(m).chunks);
     } catch (const ConfigError&) {
     }
-  ModelConfig c = m;
-  for (Int vpp = 2; vpp <= std::min<Int>(8, m.num_layers); ++vpp) {
-    c.virtual_pipeline_model_parallel_size = vpp;
-    try {
-      pipeline_split(c);
-      return fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp);
-    } catch (const ConfigError&) {
-    }
-  }
-  return "model.virtual_pipeline_model_parallel_size=1";
+  return fmt::format("model.virtual_pipeline_model_parallel_size={}",
+                     smallest_splitting_vpp(m, std::min<Int>(8, m.num_layers)).value_or(1));
 }
 
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
@@ -359,8 +351,9 @@ std::vector<Rule> build_rules() {
           pipeline_split(m);
           return pass();
         } catch (const ConfigError& e) {
-          const std::string fix = pipeline_split_fix(m);
-          return fail(e.what(), fix.empty() ? "model.pipeline_model_parallel_layout=<layout>" : fix);
+          const std::vector<std::string> fix = pipeline_split_fix(m);
+          return fail(e.what(), fix.empty() ? "model.pipeline_model_parallel_layout=<layout>"
+                                            : fmt::format("{}", fmt::join(fix, " ")));
         }
       });
   add("pipeline.defer_embedding_wgrad", E,

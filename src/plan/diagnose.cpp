@@ -318,21 +318,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                         fmt::join(b->layers_now, " / "), b->slowest_balanced_s, b->per_layer_s),
             layout_overrides(*m, b->layout));
       if (virtual_pipeline_size(*m).value_or(1) == 1 && !m->pipeline_model_parallel_layout)
-        for (Int v = 2; v <= 4; ++v) {
-          ModelConfig interleaved = *m;
-          interleaved.virtual_pipeline_model_parallel_size = v;
-          try {
-            pipeline_split(interleaved);
-          } catch (const ConfigError&) {
-            continue;
-          }
+        if (const auto v = smallest_splitting_vpp(*m, 4))
           add("communication",
               fmt::format("the interleaved schedule (VPP {}): the bubble falls from (PP - 1) / m to (PP - 1) / "
                           "(VPP x m) of the compute",
-                          v),
-              {fmt::format("model.virtual_pipeline_model_parallel_size={}", v)});
-          break;
-        }
+                          *v),
+              {fmt::format("model.virtual_pipeline_model_parallel_size={}", *v)});
       const Int mbs = config->train.micro_batch_size.value_or(1);
       if (mbs % 2 == 0)
         add("communication", "more, smaller micro-batches: the bubble is (PP - 1) / (VPP x m) of the compute",

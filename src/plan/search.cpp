@@ -82,13 +82,9 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                   even.pipeline_model_parallel_layout = std::nullopt;
                   even.num_layers_in_first_pipeline_stage = even.num_layers_in_last_pipeline_stage = std::nullopt;
                   even.account_for_embedding_in_pipeline_split = even.account_for_loss_in_pipeline_split = false;
-                  const std::string fix = pipeline_split_fix(even);
-                  if (fix.empty() || fix.starts_with("model.virtual_pipeline_model_parallel_size")) continue;
-                  for (std::size_t at = 0; at < fix.size();) {
-                    const std::size_t end = std::min(fix.find(' ', at), fix.size());
-                    layout.push_back(fix.substr(at, end - at));
-                    at = end + 1;
-                  }
+                  const std::vector<std::string> fix = pipeline_split_fix(even);
+                  if (fix.empty() || fix.front().starts_with("model.virtual_pipeline_model_parallel_size")) continue;
+                  layout.insert(layout.end(), fix.begin(), fix.end());
                 }
                 if (full) {
                   const std::vector<std::string> recompute = full_recompute_overrides(m);

@@ -37,11 +37,16 @@ std::optional<Int> virtual_pipeline_size(const ModelConfig& m);
 // The split of `m`'s layers. Throws ConfigError naming the field when they do not split so.
 PipelineSplit pipeline_split(const ModelConfig& m);
 
+// Whether pipeline_split takes `m` (its layers split so).
+bool layers_split(const ModelConfig& m);
+// The smallest VPP from 2 up to `most` with which `m`'s layers split (none: none does).
+std::optional<Int> smallest_splitting_vpp(const ModelConfig& m, Int most);
+
 // For a config whose layers do not split (no layout): overrides that make them, nearest the
 // config first: a smaller VPP, the embedding and loss counted as layers, an uneven first / last
 // stage, no VPP, else a layout (at PP 1: the uneven fields or the VPP unset). Empty when none
 // of these does.
-std::string pipeline_split_fix(const ModelConfig& m);
+std::vector<std::string> pipeline_split_fix(const ModelConfig& m);
 
 // The overrides that set `layout` on `m`: the layout, and the fields Megatron-Core refuses beside
 // one (uneven first / last stages, the embedding / loss counted) cleared.
