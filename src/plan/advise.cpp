@@ -459,11 +459,10 @@ Advice advise(const Config& c, const BackendAvailability& have) {
         "comm_overlap.delay_wgrad_compute={} model.moe_shared_expert_overlap=false{}",
         backend_flag(r.d), r.overlap, r.delay, fixed);
     // The run as the target would take it: epx check on the config with the row's knobs.
-    std::vector<std::string> overrides = {
-        r.d == Dispatcher::alltoall ? "model.moe_token_dispatcher_type=alltoall" : "model.moe_token_dispatcher_type=flex",
-        fmt::format("comm_overlap.overlap_moe_expert_parallel_comm={}", r.overlap),
-        fmt::format("comm_overlap.delay_wgrad_compute={}", r.delay), "model.moe_shared_expert_overlap=false"};
-    if (r.d != Dispatcher::alltoall) overrides.push_back(fmt::format("model.moe_flex_dispatcher_backend={}", to_string(r.d)));
+    Variant row;
+    row.dispatcher = r.d, row.ep_overlap = r.overlap, row.delay_wgrad = r.delay;
+    std::vector<std::string> overrides = overrides_for(c.model, row);
+    overrides.push_back("model.moe_shared_expert_overlap=false");
     const std::string refusal = check_refusal(c, overrides);
     if (i == 0 && !recipe)
       a.harness_ab.push_back("# -m / -mr: not known for " + c.source +

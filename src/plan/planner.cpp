@@ -17,7 +17,8 @@ Dispatcher configured_dispatcher(const ModelConfig& m) {
   return m.moe_flex_dispatcher_backend.value_or("deepep") == "hybridep" ? Dispatcher::hybridep : Dispatcher::deepep;
 }
 
-// The overrides that turn the configured run into `v` (none for the configured row).
+}  // namespace
+
 std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v) {
   std::vector<std::string> out;
   if (v.dispatcher != configured_dispatcher(m)) {
@@ -34,8 +35,6 @@ std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v) {
     out.push_back(fmt::format("comm_overlap.delay_wgrad_compute={}", v.delay_wgrad));
   return out;
 }
-
-}  // namespace
 
 const Variant& Plan::configured() const {
   for (const Variant& v : variants)
@@ -162,7 +161,6 @@ Plan make_plan(const Config& c) {
       v.bubble_s = t.bubble;
       v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
       if (!v.as_configured) v.overrides = overrides_for(m, v);
-      v.override = fmt::format("{}", fmt::join(v.overrides, " "));
       if (v.as_configured) p.memory = mem;
       p.variants.push_back(v);
     }
@@ -224,7 +222,7 @@ std::string format_plan(const Plan& p) {
                        v.as_configured ? "*" : v.refusal.empty() ? " " : "!", to_string(v.dispatcher),
                        v.ep_overlap ? "on" : "off", v.delay_wgrad ? "on" : "off", v.step_time_s, v.tflops_per_gpu,
                        v.tokens_per_s_per_gpu, v.peak_memory_gb, v.exposed_comm_s, v.wall,
-                       v.as_configured ? "(as configured)" : v.override);
+                       v.as_configured ? "(as configured)" : fmt::format("{}", fmt::join(v.overrides, " ")));
     if (v.refusal.empty()) continue;
     const auto known = std::find_if(refusals.begin(), refusals.end(), [&](const auto& r) { return r.first == v.refusal; });
     if (known == refusals.end()) refusals.emplace_back(v.refusal, 1);
@@ -242,7 +240,7 @@ nlohmann::json variant_json(const Variant& v) {
           {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
           {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
           {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
-          {"override", v.override}, {"refusal", v.refusal.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.refusal)}};
+          {"override", fmt::format("{}", fmt::join(v.overrides, " "))}, {"refusal", v.refusal.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.refusal)}};
 }
 
 nlohmann::json plan_json(const Plan& p) {

@@ -121,7 +121,7 @@ TEST(Plan, OneRowPerDispatcherAndScheduleAndOneAsConfigured) {
   for (std::size_t i = 0; i < p.variants.size(); ++i) {
     const Variant& v = p.variants[i];
     configured_rows += v.as_configured;
-    EXPECT_EQ(v.as_configured, v.override.empty());
+    EXPECT_EQ(v.as_configured, v.overrides.empty());
     EXPECT_GT(v.step_time_s, 0);
     // Rows come in threes per dispatcher (no overlap first); overlap exposes less.
     if (v.ep_overlap) {
@@ -175,7 +175,7 @@ TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   check_variants(p, c);
   int refused = 0;
   for (const Variant& v : p.variants) {
-    EXPECT_EQ(!v.refusal.empty(), v.ep_overlap) << v.override << ": " << v.refusal;
+    EXPECT_EQ(!v.refusal.empty(), v.ep_overlap) << testing::PrintToString(v.overrides) << ": " << v.refusal;
     if (v.ep_overlap) EXPECT_NE(v.refusal.find("[ep_overlap.pp_needs_vpp]"), std::string::npos) << v.refusal;
     refused += !v.refusal.empty();
   }

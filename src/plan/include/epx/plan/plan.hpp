@@ -89,7 +89,6 @@ struct Variant {
   double compute_s = 0, bubble_s = 0;
   std::string wall;      // memory | communication | compute
   std::vector<std::string> overrides;  // the overrides that turn the configured run into this row
-  std::string override;                // the same, as one line
   std::string refusal;   // with check_variants: epx check's first error on that run, "[rule] message"
 };
 
@@ -119,6 +118,9 @@ struct Replanned {
   std::string refusal;
 };
 Replanned replan(const Config& resolved, const std::vector<std::string>& overrides);
+// The overrides that turn a config with model `m` into the dispatcher and schedule of `v` (none
+// where they are the config's).
+std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v);
 // The first error `epx check` finds in `resolved` with `overrides` applied, as "[rule] message";
 // empty when it passes.
 std::string check_refusal(const Config& resolved, const std::vector<std::string>& overrides);
