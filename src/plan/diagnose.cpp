@@ -3,6 +3,7 @@
 #include "epx/plan/diagnose.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -163,8 +164,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (run.pipeline) {
     const PipelineEvidence& p = *run.pipeline;
     std::vector<std::string> stages;
+    const std::vector<double> compute = p.compute_s();
     for (std::size_t k = 0; k < p.wait_s.size(); ++k) {
-      stages.push_back(fmt::format("{:.3g} / {:.3g}", p.compute_s(k), p.wait_s[k]));
+      stages.push_back(fmt::format("{:.3g} / {:.3g}", compute[k], p.wait_s[k]));
       pipeline_share = std::max(pipeline_share, p.wait_s[k] / std::max(1e-12, p.schedule_s[k]));
     }
     comm.evidence += fmt::format("; pipeline PP {} x VPP {}, {} micro-batches: each stage computes / waits on the others "
@@ -183,10 +185,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   // While computing: the trace's compute (rank 0), or with PP the stages' mean compute (the
   // model's FLOPs are every stage's).
   double computing = run.trace ? run.trace->compute_s : step;
-  if (run.pipeline) {
-    double sum = 0;
-    for (std::size_t k = 0; k < run.pipeline->schedule_s.size(); ++k) sum += run.pipeline->compute_s(k);
-    computing = sum / static_cast<double>(std::max<std::size_t>(1, run.pipeline->schedule_s.size()));
+  if (run.pipeline && !run.pipeline->schedule_s.empty()) {
+    const std::vector<double> compute = run.pipeline->compute_s();
+    computing = std::accumulate(compute.begin(), compute.end(), 0.0) / static_cast<double>(compute.size());
   }
   const double achieved = run.tflops_per_gpu * step / std::max(1e-12, computing);
   if (gpu && gpu->rates.bf16_tflops > 0) {
@@ -300,9 +301,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     const auto pipeline_fixes = [&] {
       if (m->pipeline_model_parallel_size < 2) return;
       // The stages' balance needs their measured compute (epx results); the bubble's fixes do not.
-      std::vector<double> compute;
-      if (run.pipeline)
-        for (std::size_t k = 0; k < run.pipeline->schedule_s.size(); ++k) compute.push_back(run.pipeline->compute_s(k));
+      const std::vector<double> compute = run.pipeline ? run.pipeline->compute_s() : std::vector<double>{};
       const auto b = run.pipeline ? balance_pipeline(*m, compute) : std::nullopt;
       if (b && !b->helps() && b->slowest_now_s > 1.2 * *std::min_element(compute.begin(), compute.end()))
         d.notes.push_back(fmt::format(

@@ -138,12 +138,12 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
-  // Lines a launcher prefixes ("[default3]:" from torchrun --tee, "3: " from srun -l) keep their
-  // shape after the prefix.
-  static const std::regex world_size(R"(^(?:\[[^\]]*\]:|\d+:)?\s*world_size \.+ (\d+)\s*$)");  // the arguments dump
+  // A launcher's prefix ("[default3]:" from torchrun --tee, "3: " from srun -l), dropped from
+  // every line before the rest is read.
+  static const std::regex launcher_prefix(R"(^(?:\[[^\]]*\]|\d+):)");
+  static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$)");  // the arguments dump
   // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
-  static const std::regex timer(
-      R"(^(?:\[[^\]]*\]:|\d+:)?\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
+  static const std::regex timer(R"(^\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
   static const std::regex global_batch(R"(global batch size:\s*(\d+))");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
@@ -158,6 +158,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     // log lines are a few hundred characters, so a longer one is not one of them.
     if (line.size() > 8192) continue;
     std::smatch m;
+    if (std::regex_search(line, m, launcher_prefix)) line.erase(0, static_cast<std::size_t>(m.length(0)));
     try {
       if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
         const double ms = std::stod(m[3]);

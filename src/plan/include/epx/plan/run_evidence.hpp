@@ -49,7 +49,11 @@ struct PipelineEvidence {
   int stages = 1, chunks = 1, micro_batches = 0;
   double ideal_bubble = 0;  // (PP - 1) / (VPP x m)
   std::vector<double> schedule_s, wait_s;
-  double compute_s(std::size_t stage) const { return schedule_s[stage] - wait_s[stage]; }
+  std::vector<double> compute_s() const {  // each stage's schedule less its waits
+    std::vector<double> out;
+    for (std::size_t k = 0; k < schedule_s.size(); ++k) out.push_back(schedule_s[k] - wait_s[k]);
+    return out;
+  }
 };
 
 struct RunEvidence {
