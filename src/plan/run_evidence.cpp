@@ -220,7 +220,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   // counts when the first iteration it covers is in it. A resumed run starts where its log does.
   run.steady_last = its.back().iteration;
   run.first_iteration = first_averaged(0);
-  const int steady_from = first_averaged(0) + 2 <= run.steady_last ? first_averaged(0) + 2 : its.front().iteration;
+  const int steady_from = run.first_iteration + 2 <= run.steady_last ? run.first_iteration + 2 : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line
