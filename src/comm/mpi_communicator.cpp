@@ -32,6 +32,7 @@ namespace {
 constexpr int kMinSleepUs = 5;
 int g_spin_polls = 32;
 int g_max_sleep_us = 100;
+std::int64_t g_max_count = INT_MAX;  // EPX_MPI_MAX_COUNT
 
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -110,6 +111,18 @@ class MpiRequest final : public CommRequest {
   bool done_ = false;
   const bool cancellable_;
   std::deque<std::vector<int>> arrays_;  // a deque: references stay valid as it grows
+};
+
+// Several requests as one: complete once every part is.
+class MpiRequests final : public CommRequest {
+ public:
+  explicit MpiRequests(std::string op) : CommRequest(std::move(op)) {}
+  bool test() override {
+    for (auto& p : parts)
+      if (!p->test()) return false;
+    return true;
+  }
+  std::vector<std::unique_ptr<MpiRequest>> parts;
 };
 
 // MPI_Improbe as a request: complete once a matching message has arrived; `message` and
@@ -235,11 +248,20 @@ class MpiCommunicator final : public Communicator {
               "MPI_Ireduce_scatter");
     return r;
   }
+  // MPI's count is an int and Open MPI 4 has no large-count calls: a longer all-reduce (an
+  // embedding's gradient of more than 2^31 elements) runs as consecutive slices, all in flight
+  // at once; collectives on one communicator match in the order they start.
   Request start_allreduce(void* data, std::int64_t count, DType dt) override {
-    auto r = std::make_unique<MpiRequest>("allreduce");
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count, r->op), mpi_type(dt), sum_op(dt), comm_,
-                             &r->req),
-              "MPI_Iallreduce");
+    auto r = std::make_unique<MpiRequests>("allreduce");
+    std::int64_t at = 0;
+    do {
+      const std::int64_t n = std::min(count - at, g_max_count);
+      auto& part = r->parts.emplace_back(std::make_unique<MpiRequest>(r->op));
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, static_cast<std::byte*>(data) + at * dtype_size(dt), to_int(n, r->op),
+                               mpi_type(dt), sum_op(dt), comm_, &part->req),
+                "MPI_Iallreduce");
+      at += n;
+    } while (at < count);
     return r;
   }
   Request start_barrier() override {
@@ -349,6 +371,7 @@ double collective_timeout_from_env(double fallback) {
 MpiSession::MpiSession(double collective_timeout_s) {
   g_spin_polls = static_cast<int>(read_env(env::kCommSpinPolls));
   g_max_sleep_us = static_cast<int>(read_env(env::kCommMaxSleepUs));
+  g_max_count = static_cast<std::int64_t>(read_env(env::kMpiMaxCount));
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) throw std::logic_error("MpiSession: MPI is already initialised");

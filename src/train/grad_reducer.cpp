@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <tuple>
 #include <utility>
+
+#include <fmt/format.h>
+
+#include "epx/base/env.hpp"
+#include "epx/base/error.hpp"
 
 namespace epx {
 namespace {
@@ -15,7 +19,6 @@ namespace {
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
-constexpr std::int64_t kMaxBucketElements = std::numeric_limits<int>::max() / 2;
 
 // A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
 // router) go as their FP32 masters, which the forward reads. In 2-byte units per element.
@@ -48,6 +51,7 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
   if (group_chunk_.size() != groups.size()) throw std::logic_error("GradReducer: one chunk per group");
   if (options.embedding_rows && overlap_ && dp.size() > 1) embedding_group_ = embedding_group;
   const int last = static_cast<int>(groups.size()) - 1;
+  const auto max_bucket = static_cast<std::int64_t>(read_env(env::kMpiMaxCount)) / 2;
   for (const bool expert : {false, true}) {
     Communicator& comm = expert ? edp : dp;
     int first = 0;  // the group of the bucket's first weight
@@ -60,11 +64,12 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     Bucket b;
     std::int64_t n = 0;
     // MPI counts are ints, and the parameter all-gather counts FP32 weights in 2-byte units: a
-    // bucket closes before it passes INT_MAX / 2 elements, however large bucket_size is (a
-    // single weight beyond that stays one bucket, and MPI's count refuses it).
+    // bucket closes before it passes INT_MAX / 2 elements (EPX_MPI_MAX_COUNT / 2), however large bucket_size is. A
+    // single weight beyond that stays one bucket: the all-reduce slices it, and the distributed
+    // optimizer refuses it below.
     // `group`: the weight's; a bucket closed here is complete with group `closes_at`.
     const auto add = [&](Param* p, int group, int closes_at) {
-      if (n > 0 && n + p->grad.numel() > kMaxBucketElements) close(b, closes_at), n = 0;
+      if (n > 0 && n + p->grad.numel() > max_bucket) close(b, closes_at), n = 0;
       if (b.params.empty()) first = group;
       b.params.push_back(p), n += p->grad.numel();
     };
@@ -88,6 +93,14 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
       embedding_bucket_ = static_cast<int>(i);
   for (Bucket& bucket : buckets_) {
     for (const Param* p : bucket.params) bucket.size += p->grad.numel();
+    if (distributed_ && bucket.comm->size() > 1 && bucket.size > max_bucket)
+      throw ConfigError(fmt::format(
+          "ddp.use_distributed_optimizer=true: the weight {} has {} elements, more than the {} that the "
+          "distributed optimizer's reduce-scatter and all-gather carry in one MPI call (MPI counts are "
+          "ints); set ddp.use_distributed_optimizer=false (its all-reduce is sliced), or make the weight "
+          "smaller (a larger expert_model_parallel_size for an expert weight, a smaller vocabulary or "
+          "hidden size)",
+          bucket.params.front()->name, bucket.size, max_bucket));
     const std::int64_t d = bucket.comm->size(), share = (bucket.size + d - 1) / d;
     for (std::int64_t r = 0; r < d; ++r)
       bucket.shard_counts.push_back(std::clamp<std::int64_t>(bucket.size - r * share, 0, share));

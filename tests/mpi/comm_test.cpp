@@ -94,6 +94,15 @@ TEST(Communicator, AllreduceAndPointToPoint) {
   w.allreduce(v.data(), 3, DType::I64);
   EXPECT_EQ(v, (std::vector<std::int64_t>{n * (n - 1) / 2, n, n * (1L << 40)}));
 
+  // Longer than the slices EPX_MPI_MAX_COUNT sets in mpi.np2_sliced_allreduce (each a call of its
+  // own), in both dtypes.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor t({10}, dt);
+    for (int i = 0; i < 10; ++i) t.set(i, static_cast<float>(me + i));
+    w.allreduce(t.raw(), 10, dt);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(t.get(i), static_cast<float>(n * (n - 1) / 2 + n * i)) << dtype_name(dt);
+  }
+
   // A ring, both directions started before either is waited on.
   float out = static_cast<float>(me), in = -1;
   Request r = w.start_recv(&in, 1, DType::F32, (me + n - 1) % n, 7);

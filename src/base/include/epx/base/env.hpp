@@ -24,6 +24,10 @@ inline constexpr EnvKnob kCommSpinPolls{"EPX_COMM_SPIN_POLLS", 32, 0, 1e6, true,
                                         "MPI_Test polls before a waiting rank starts to sleep"};
 inline constexpr EnvKnob kCommMaxSleepUs{"EPX_COMM_MAX_SLEEP_US", 100, 5, 1e6, true,
                                          "the longest sleep in microseconds between MPI_Test polls"};
+// An all-reduce longer than this many elements runs as several MPI calls (MPI counts are ints);
+// set lower only to exercise the slicing in tests.
+inline constexpr EnvKnob kMpiMaxCount{"EPX_MPI_MAX_COUNT", 2147483647, 1, 2147483647, true,
+                                      "the most elements one MPI all-reduce call carries"};
 // HybridEP's (Megatron-Core / DeepEP hybrid-ep) variables; 0 = the ranks that share a node.
 inline constexpr EnvKnob kHybridEpRanksPerDomain{"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", 0, 1, 1 << 20, true,
                                                  "the ranks of one NVLink domain"};
