@@ -78,14 +78,14 @@ std::vector<std::string> parse_pipeline_layout(const std::string& text) {
   return stages;
 }
 
-std::string pipeline_layout_text(const std::vector<Int>& layers) {
+std::string pipeline_layout_text(const std::vector<Int>& layers, Int mtp) {
   std::string out;
   for (std::size_t k = 0; k < layers.size(); ++k) {
     if (k > 0) out += '|';
     if (k == 0) out += 'E';
     const Int n = layers[k];
     out += n > 2 ? fmt::format("t*{}", n) : std::string(static_cast<std::size_t>(std::max<Int>(0, n)), 't');
-    if (k + 1 == layers.size()) out += 'L';
+    if (k + 1 == layers.size()) out += std::string(static_cast<std::size_t>(std::max<Int>(0, mtp)), 'm') + 'L';
   }
   return out;
 }

@@ -242,16 +242,17 @@ std::vector<std::string> pipeline_split_fix(const ModelConfig& m) {
   c.virtual_pipeline_model_parallel_size = std::nullopt;
   if (vpp && layers_split(c)) return {"model.virtual_pipeline_model_parallel_size=null"};
   // Else a layout: the layers as even as they go over the PP x VPP virtual stages, the ones left
-  // over on the middle stages first (the first and last also hold the embedding and the loss).
+  // over on the middle stages first (the first and last also hold the embedding and the loss),
+  // the MTP layers beside the loss, as Bridge's DeepSeek-V3 layouts place them.
   const Int K = pp * V;
-  if (K < 2 || K > 4096 || m.mtp_num_layers.value_or(0) > 0) return {};
+  if (K < 2 || K > 4096) return {};
   std::vector<Int> counts(static_cast<std::size_t>(K), L / K);
   Int left = L % K;
   for (std::size_t k = 1; k + 1 < counts.size() && left > 0; ++k, --left) ++counts[k];
   if (left > 0) ++counts.front(), --left;
   if (left > 0) ++counts.back();
   c = m;
-  c.pipeline_model_parallel_layout = pipeline_layout_text(counts);
+  c.pipeline_model_parallel_layout = pipeline_layout_text(counts, m.mtp_num_layers.value_or(0));
   c.num_layers_in_first_pipeline_stage = c.num_layers_in_last_pipeline_stage = std::nullopt;
   c.account_for_embedding_in_pipeline_split = c.account_for_loss_in_pipeline_split = false;
   if (!layers_split(c)) return {};

@@ -273,7 +273,14 @@ std::vector<Rule> build_rules() {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.pipeline_model_parallel_layout) return pass();
-        const std::string fix = "model.pipeline_model_parallel_layout=<layout>";
+        // No layout if the layers split without one, else the split fix's (a layout it generates).
+        ModelConfig unlaid = m;
+        unlaid.pipeline_model_parallel_layout.reset();
+        std::vector<std::string> split_fix;
+        if (!layers_split(unlaid)) split_fix = pipeline_split_fix(unlaid);
+        if (split_fix.empty() || split_fix.front().find("pipeline_model_parallel_layout") == std::string::npos)
+          split_fix.insert(split_fix.begin(), "model.pipeline_model_parallel_layout=null");
+        const std::string fix = fmt::format("{}", fmt::join(split_fix, " "));
         const auto py = [](bool b) { return b ? "True" : "False"; };
         const auto py_int = [](const OptInt& v) { return v ? std::to_string(*v) : std::string("None"); };
         if (m.num_layers_in_first_pipeline_stage || m.num_layers_in_last_pipeline_stage ||

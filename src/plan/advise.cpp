@@ -99,6 +99,21 @@ std::string ep_rule(const LayoutPlan& lp) {
     return fmt::format("EP {} inside one {} (small EP): dispatcher choice is usually second-order; start with "
                        "alltoall or DeepEP",
                        l.ep, in_node ? "node" : "NVLink domain");
+  if (lp.rack_gpus > 0 && ranks <= lp.rack_gpus) {
+    // A rack would hold each group, but the Slurm segments Bridge's harness asks for do not:
+    // name the nearest node counts whose segments do.
+    const int rack_nodes = std::max(1, lp.rack_gpus / node);
+    std::vector<int> better;
+    for (int d = 1; d <= lp.nodes && better.size() < 2; ++d)
+      for (const int n : {lp.nodes - d, lp.nodes + d})
+        if (n > 0 && better.size() < 2 && slurm_segment_nodes(n, rack_nodes) * node % ranks == 0) better.push_back(n);
+    std::sort(better.begin(), better.end());
+    return fmt::format("EP {} fits a rack of {} GPUs, but for {} nodes Bridge's harness asks Slurm for segments of {} "
+                       "node{} ({} GPUs), which some EP groups {}, so they cross the network (medium EP); {} nodes "
+                       "would keep each group in one segment",
+                       l.ep, lp.rack_gpus, lp.nodes, lp.segment_nodes, lp.segment_nodes == 1 ? "" : "s",
+                       lp.nvlink_domain, ranks <= lp.nvlink_domain ? "straddle" : "outgrow", fmt::join(better, " or "));
+  }
   if (ranks <= lp.nvlink_domain)
     return fmt::format("EP {}: small enough for one NVLink domain of {}, but some EP groups straddle two (the domain "
                        "is not a multiple of {} ranks), so they cross the network (medium EP): DeepEP often becomes "

@@ -8,6 +8,13 @@
 
 namespace epx {
 
+int slurm_segment_nodes(int nodes, int rack_nodes) {
+  if (nodes <= rack_nodes) return nodes;
+  for (int s = rack_nodes; s > 1; --s)
+    if (nodes % s == 0) return s;
+  return 1;
+}
+
 LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   const ModelConfig& m = c.model;
   const int world = static_cast<int>(c.target.num_gpus.value_or(1));
@@ -19,10 +26,19 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   p.split = pipeline_split(m);
   p.gpus_per_node = static_cast<int>(gpus_per_node(c).value_or(world));
   if (p.gpus_per_node < 1) p.gpus_per_node = world;
-  // The catalog's domain where it spans nodes (GB200's 72 over nodes of 4); else it is the node,
-  // whatever size the config gives that (an H100 node of 4 has a domain of 4, not the HGX's 8).
-  p.nvlink_domain = gpu.nvlink_domain > gpu.gpus_per_node ? gpu.nvlink_domain : p.gpus_per_node;
   p.nodes = (world + p.gpus_per_node - 1) / p.gpus_per_node;
+  // The node, whatever size the config gives it (an H100 node of 4 has a domain of 4, not the
+  // HGX's 8), unless the catalog's domain spans nodes (GB200's rack of 72 over nodes of 4). There
+  // Bridge's harness (scripts/performance/utils/executors.py) asks Slurm for `--segment` blocks
+  // of nodes that share a rack: all of them up to a rack's worth, else the largest divisor of the
+  // node count that fits one. Only a segment is sure to share a domain: 64 nodes run as 4 racks
+  // of 16 nodes, 64 GPUs each, and 76 nodes in segments of 4.
+  p.nvlink_domain = p.gpus_per_node;
+  if (gpu.nvlink_domain > gpu.gpus_per_node) {
+    p.rack_gpus = gpu.nvlink_domain;
+    p.segment_nodes = slurm_segment_nodes(p.nodes, std::max(1, gpu.nvlink_domain / p.gpus_per_node));
+    p.nvlink_domain = p.segment_nodes * p.gpus_per_node;
+  }
   for (GroupKind kind : kAllGroupKinds) {
     const std::vector<RankGroup> groups = p.layout.groups(kind);
     GroupPlacement g{kind, static_cast<int>(groups.front().size()), static_cast<int>(groups.size())};

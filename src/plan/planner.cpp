@@ -17,6 +17,13 @@ Dispatcher configured_dispatcher(const ModelConfig& m) {
   return m.moe_flex_dispatcher_backend.value_or("deepep") == "hybridep" ? Dispatcher::hybridep : Dispatcher::deepep;
 }
 
+// Why a domain that spans nodes is smaller than the rack: Bridge's Slurm segments.
+std::string segment_text(const LayoutPlan& l) {
+  if (l.segment_nodes == 0 || l.nvlink_domain >= l.rack_gpus) return "";
+  return fmt::format(": Slurm segments of {} node{}, as Bridge's harness requests for {} nodes on racks of {} GPUs",
+                     l.segment_nodes, l.segment_nodes == 1 ? "" : "s", l.nodes, l.rack_gpus);
+}
+
 }  // namespace
 
 std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v) {
@@ -178,9 +185,9 @@ Plan make_plan(const Config& c) {
 
 std::string format_plan(const Plan& p) {
   const ParallelLayout& l = p.layout.layout;
-  std::string out = fmt::format("layout: {} on {} x {} ({} node{} of {}, NVLink domain {})\n", l.describe(), l.world,
+  std::string out = fmt::format("layout: {} on {} x {} ({} node{} of {}, NVLink domain {}{})\n", l.describe(), l.world,
                                 p.gpu.name.empty() ? "GPU" : p.gpu.name, p.layout.nodes, p.layout.nodes == 1 ? "" : "s",
-                                p.layout.gpus_per_node, p.layout.nvlink_domain);
+                                p.layout.gpus_per_node, p.layout.nvlink_domain, segment_text(p.layout));
   out += "groups:";
   for (const GroupPlacement& g : p.layout.groups)
     if (g.size > 1)

@@ -36,10 +36,18 @@ TEST(Advise, HardwareEpAndFamilyRulesOfTheSeeds) {
   EXPECT_EQ(h100.recommended, Dispatcher::deepep);  // available, and the planner agrees within its error
   EXPECT_NE(h100.gate.front().find("not stated"), std::string::npos);
 
-  const Advice gb200 = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256"});
+  const Advice gb200 = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256", "target.gpus_per_node=4"});
   EXPECT_EQ(gb200.seeds_choice, Dispatcher::hybridep);
-  // EP 32 fits a 72-GPU domain by size, but the group of ranks 64-95 straddles two.
-  EXPECT_NE(gb200.ep_rule.find("straddle two"), std::string::npos) << gb200.ep_rule;
+  // 64 nodes run in Slurm segments of 16 (64 GPUs): each EP 32 group inside one.
+  EXPECT_NE(gb200.ep_rule.find("EP 32 inside one NVLink domain"), std::string::npos) << gb200.ep_rule;
+  // 44 nodes run in segments of 11 (44 GPUs), which EP 16 groups straddle; 32 or 48 nodes would not.
+  const Advice gb200_44 = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=176", "target.gpus_per_node=4",
+                                                        "model.expert_model_parallel_size=16", "model.pipeline_model_parallel_size=1",
+                                                        "model.virtual_pipeline_model_parallel_size=null",
+                                                        "train.global_batch_size=8448"});
+  EXPECT_NE(gb200_44.ep_rule.find("segments of 11 nodes (44 GPUs), which some EP groups straddle"), std::string::npos)
+      << gb200_44.ep_rule;
+  EXPECT_NE(gb200_44.ep_rule.find("32 or 48 nodes"), std::string::npos) << gb200_44.ep_rule;
   const Advice gb200_72 = advise_on("qwen3_235b_a22b", {"target.gpu=gb200", "target.num_gpus=256", "target.gpus_per_node=4",
                                                         "model.expert_model_parallel_size=8"});  // 72 = 9 x 8
   EXPECT_NE(gb200_72.ep_rule.find("inside one NVLink domain"), std::string::npos) << gb200_72.ep_rule;

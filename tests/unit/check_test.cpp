@@ -452,14 +452,15 @@ TEST(CheckRules, AWorldSizeFixFoldsBothSides) {
 }
 
 TEST(CheckRules, EveryPipelineSplitThatFailsGetsAFixThatSplits) {
-  // Layer counts, PP and VPP sizes, uneven stages and the embedding / loss counted: where the
+  // Layer counts, PP and VPP sizes, uneven stages, the embedding / loss counted and MTP: where the
   // layers do not split, the fix is concrete (no placeholder) and pasting it clears the finding.
   int failing = 0;
   for (const int layers : {1, 2, 3, 5, 7, 12, 13, 61})
     for (const int pp : {1, 2, 3, 4})
       for (const std::string vpp : {"null", "2", "3"})
         for (const Overrides& more : {Overrides{}, Overrides{"model.num_layers_in_first_pipeline_stage=1"},
-                                      Overrides{"model.account_for_loss_in_pipeline_split=true"}}) {
+                                      Overrides{"model.account_for_loss_in_pipeline_split=true"},
+                                      Overrides{"model.mtp_num_layers=1"}}) {  // a layout puts it beside the loss
           Overrides o = {fmt::format("model.num_layers={}", layers), fmt::format("model.pipeline_model_parallel_size={}", pp),
                          "model.virtual_pipeline_model_parallel_size=" + vpp, fmt::format("target.num_gpus={}", 2 * pp)};
           o.insert(o.end(), more.begin(), more.end());

@@ -224,11 +224,21 @@ TEST(Plan, GroupsInsideOrAcrossNodes) {
     }
   for (const GroupPlacement& g : one_node.groups) EXPECT_TRUE(g.within_node && g.within_nvlink);
   EXPECT_NE(format_rank_map(two_nodes, 4).find("12 more ranks"), std::string::npos);
-  // The NVLink domain is the node unless the system's spans nodes (GB200's 72 over nodes of 4).
+  // The NVLink domain is the node unless the system's spans nodes (GB200's 72 over nodes of 4);
+  // there it is the Slurm segment Bridge's harness requests: every node up to a rack's 18, else
+  // the largest divisor of the node count up to 18.
   const Config h100_by_4 = resolved("qwen3_30b_a3b", {"target.gpus_per_node=4"});
   EXPECT_EQ(plan_layout(h100_by_4, target_gpu(h100_by_4)).nvlink_domain, 4);
-  const Config gb200 = resolved("qwen3_30b_a3b", {"target.gpu=gb200"});
-  EXPECT_EQ(plan_layout(gb200, target_gpu(gb200)).nvlink_domain, 72);
+  EXPECT_EQ(plan_layout(h100_by_4, target_gpu(h100_by_4)).segment_nodes, 0);
+  for (const auto& [gpus, segment] : std::vector<std::pair<int, int>>{{16, 4}, {72, 18}, {176, 11}, {256, 16}, {296, 2}}) {
+    const Config gb200 = resolved("qwen3_30b_a3b", {"target.gpu=gb200", "target.gpus_per_node=4",
+                                                    fmt::format("target.num_gpus={}", gpus), "model.expert_model_parallel_size=8",
+                                                    fmt::format("train.global_batch_size={}", 8 * gpus)});
+    const LayoutPlan l = plan_layout(gb200, target_gpu(gb200));
+    EXPECT_EQ(l.segment_nodes, segment) << gpus;
+    EXPECT_EQ(l.nvlink_domain, 4 * segment) << gpus;
+    EXPECT_EQ(l.rack_gpus, 72);
+  }
 }
 
 TEST(Plan, HardwareFilesAddAndOverrideEntries) {

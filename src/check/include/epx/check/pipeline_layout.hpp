@@ -15,7 +15,8 @@ namespace epx {
 std::vector<std::string> parse_pipeline_layout(const std::string& text);
 
 // The layout of `layers` decoder layers per virtual stage (in virtual-stage order), the
-// embedding first and the loss last: "Et*3|t*4|tL" (runs of more than two written x*n).
-std::string pipeline_layout_text(const std::vector<Int>& layers);
+// embedding first and the loss last, `mtp` MTP layers before it: "Et*3|t*4|tmL" (runs of more
+// than two written x*n).
+std::string pipeline_layout_text(const std::vector<Int>& layers, Int mtp = 0);
 
 }  // namespace epx

@@ -28,10 +28,17 @@ struct GroupPlacement {
 struct LayoutPlan {
   ParallelLayout layout;
   int gpus_per_node = 8, nvlink_domain = 8, nodes = 1;
+  // Where the system's NVLink domain spans nodes (a rack of `rack_gpus`), the domain a job can
+  // count on is the Slurm segment Bridge's harness requests: `segment_nodes` nodes. Else both 0.
+  int rack_gpus = 0, segment_nodes = 0;
   std::vector<GroupPlacement> groups;
   PipelineSplit split;  // which layers each pipeline stage holds (check/pipeline_split)
 };
 LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
+// The nodes of one Slurm segment that Bridge's harness requests (utils/executors.py, on systems
+// of 4 GPUs a node): all `nodes` up to a rack's `rack_nodes`, else the largest divisor of
+// `nodes` that fits a rack (1 for a prime).
+int slurm_segment_nodes(int nodes, int rack_nodes);
 // One line per rank: its node and its index in every group kind (--ranks).
 std::string format_rank_map(const LayoutPlan& p, int max_ranks);
 
