@@ -1,5 +1,6 @@
 // Running the checker: resolve the config as Bridge would, evaluate the rule table, report.
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -179,6 +180,59 @@ std::string target_text(const Config& cfg) {
   return text;
 }
 
+// A fix's override of a key that a harness flag set does nothing: the flag wins (as in the
+// harness, where argparse overrides Hydra). Such a key's override is given as its flag (repeated
+// flags take the last value, as argparse does); a key a flag only implies gets a note to drop it.
+std::string fix_for_flags(const Config& user, const std::string& fix) {
+  static const std::map<std::string, std::string> kFlagOf = {
+      {"model.tensor_model_parallel_size", "-tp"}, {"model.pipeline_model_parallel_size", "-pp"},
+      {"model.context_parallel_size", "-cp"},      {"model.expert_model_parallel_size", "-ep"},
+      {"model.expert_tensor_parallel_size", "-et"}, {"model.virtual_pipeline_model_parallel_size", "-vp"},
+      {"train.global_batch_size", "-gb"},          {"train.micro_batch_size", "-mb"},
+      {"model.seq_length", "-sl"},                 {"train.train_iters", "-ms"},
+      {"target.gpu", "-g"},                        {"target.num_gpus", "-ng"},
+      {"target.gpus_per_node", "-gn"},             {"model.cuda_graph_impl", "--cuda_graph_impl"},
+      {"target.torch_version", "--torch-version"}, {"target.te_version", "--te-version"}};
+  // Keys a flag sets beside its own: the flags to drop before the override can apply.
+  static const std::vector<std::pair<std::string, std::string>> kImpliedBy = {
+      {"model.sequence_parallel", "-tp"},
+      {"model.cuda_graph_scope", "--cuda_graph_scope"},
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "--moe_a2a_overlap true"},
+      {"comm_overlap.delay_wgrad_compute", "--moe_a2a_overlap true"},
+      {"model.moe_shared_expert_overlap", "--moe_a2a_overlap true"},
+      {"model.moe_token_dispatcher_type", "--moe_flex_dispatcher_backend"},
+      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"}};
+  std::vector<std::string> out, drop;
+  for (std::size_t at = 0; at < fix.size();) {
+    const std::size_t end = std::min(fix.find(' ', at), fix.size());
+    std::string token = fix.substr(at, end - at);
+    at = end + 1;
+    const auto eq = token.find('=');
+    const std::string key = eq == std::string::npos ? "" : token.substr(0, eq);
+    if (key.empty() || !user.set_on_command_line(key) || user.explicit_keys.at(key) != Config::Origin::flag) {
+      out.push_back(std::move(token));
+      continue;
+    }
+    std::string value = token.substr(eq + 1);
+    if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') value = value.substr(1, value.size() - 2);
+    if (const auto flag = kFlagOf.find(key); flag != kFlagOf.end() && (value != "null" || flag->second == "-vp")) {
+      out.push_back(fmt::format("{} {}", flag->second, value == "null" ? "None" : value));
+      continue;
+    }
+    out.push_back(std::move(token));
+    std::string by = kFlagOf.contains(key) ? kFlagOf.at(key) : "";
+    if (key.starts_with("model.recompute_"))  // -rl sets full recompute, --recompute_modules selective
+      by = user.model.recompute_granularity.value_or("") == "selective" ? "--recompute_modules" : "-rl";
+    for (const auto& [prefix, flag] : kImpliedBy)
+      if (by.empty() && key.starts_with(prefix)) by = flag;
+    if (!by.empty() && std::find(drop.begin(), drop.end(), by) == drop.end()) drop.push_back(by);
+  }
+  std::string text = fmt::format("{}", fmt::join(out, " "));
+  if (!drop.empty())
+    text += fmt::format(" (without {}: a harness flag wins over overrides)", fmt::join(drop, ", "));
+  return text;
+}
+
 }  // namespace
 
 const char* to_string(Severity s) {
@@ -234,6 +288,7 @@ CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) 
     }
   }
   flag_misspelt_fields(report.user, report.findings);
+  for (Finding& f : report.findings) f.fix = fix_for_flags(report.user, f.fix);
   // Values as resolved, for every field the rule reads (resolve-step findings carry their own).
   for (Finding& f : report.findings) {
     if (!f.values.empty()) continue;

@@ -553,12 +553,20 @@ std::vector<Rule> build_rules() {
         const Int dp = data_parallel_size(c.cfg);
         if (!t.global_batch_size || !t.micro_batch_size || dp == 0) return pass();
         const Int step = *t.micro_batch_size * dp;
+        // Where the world does not fold the expert side either, the world's fix (a world that
+        // folds both sides and divides the batch where one does) is this one's too: two fixes
+        // that each assume the other is not applied would not pass together.
+        const auto& m = c.cfg.model;
+        const Int emp = effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size;
+        const std::string fix = emp > 0 && *c.world() % emp != 0
+                                    ? world_fix(c.cfg, *c.world())
+                                    : fmt::format("train.global_batch_size={}",
+                                                  round_up(*t.global_batch_size, std::max<Int>(step, 1)));
         return fail_if(*t.micro_batch_size <= 0 || *t.global_batch_size % step != 0,
                        fmt::format("global_batch_size ({}) is not divisible by micro_batch_size x "
                                    "data_parallel_size = {} x {}",
                                    *t.global_batch_size, *t.micro_batch_size, dp),
-                       fmt::format("train.global_batch_size={}",
-                                   round_up(*t.global_batch_size, std::max<Int>(step, 1))));
+                       fix);
       });
   add("moe.not_moe", A, {"model.num_moe_experts"}, "epx",
       "a config without experts has nothing MoE-specific to check", [](const CheckContext& c) {

@@ -88,6 +88,11 @@ void ConfigArgs::add_to(CLI::App& app) {
       ->group(group);
   app.add_option("--torch-version", torch_version, "torch version in the target container");
   app.add_option("--te-version", te_version, "Transformer Engine version in the target container");
+  // A flag given twice takes its last value, as the harness's argparse does (a fix appended to a
+  // command line repeats a flag).
+  for (CLI::Option* o : app.get_options())
+    if (o->get_group() == group || o->check_lname("torch-version") || o->check_lname("te-version"))
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 

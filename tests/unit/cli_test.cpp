@@ -79,6 +79,22 @@ TEST(Cli, SeedsHarnessCommandShape) {
   EXPECT_TRUE(has(r, "for ")) << r.out;
 }
 
+TEST(Cli, FixesOfFlagSetFieldsAreFlagsAndAFlagTakesItsLastValue) {
+  // A world that folds neither side: both findings give the one world fix, as the flag that set
+  // it; appended to the command line, the repeated flag takes it (argparse's last value).
+  Result r = run("check qwen3_30b_a3b -ng 24");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r, "not divisible by ETP*EP*PP = 16: the expert side cannot be folded onto the ranks | fix: -ng 32")) << r.out;
+  EXPECT_TRUE(has(r, "data_parallel_size = 1 x 24 | fix: -ng 32")) << r.out;
+  r = run("check qwen3_30b_a3b -ng 24 -ng 32");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // A field only implied by a flag (-rl sets full recompute): the override, and the flag to drop.
+  r = run("check qwen3_30b_a3b -rl 1 --moe_a2a_overlap true");
+  EXPECT_TRUE(has(r, "fix: model.recompute_granularity=selective (without -rl: a harness flag wins over overrides)")) << r.out;
+  r = run("check qwen3_30b_a3b --te-version 2.1.0 --moe_a2a_overlap true comm_overlap.delay_wgrad_compute=false");
+  EXPECT_TRUE(has(r, "fix: --te-version 2.")) << r.out;
+}
+
 TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
   const Result r = run("config show qwen3_30b_a3b_proxy --moe_a2a_overlap true");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -113,7 +129,7 @@ TEST(Cli, UnusableInputExitsTwo) {
       {"qwen3_30b_a3b_proxy -g h900", "unknown GPU 'h900'"},
       {"qwen3_30b_a3b_proxy --moe_a2a_overlap maybe", "--moe_a2a_overlap expects true or false"},
       {"qwen3_30b_a3b_proxy --moe_flex_dispatcher_backend nccl", "--moe_flex_dispatcher_backend"},
-      {"qwen3_30b_a3b_proxy -g h100 --gpu b200", "--gpu"},  // conflicting flags
+      {"qwen3_30b_a3b_proxy -rl 1 --recompute_modules moe_act", "-rl (full recompute) and --recompute_modules"},
       {"", "no config given"},
   };
   Result r;
