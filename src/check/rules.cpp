@@ -821,7 +821,7 @@ std::vector<Rule> build_rules() {
   add("ep_overlap.pp_needs_vpp", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.pipeline_model_parallel_size",
        "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_layout"},
-      kBridgeCommOverlap, "EP overlap with PP > 1 needs VPP set (VPP=1 passes)",
+      kBridgeCommOverlap, "EP overlap with PP > 1 needs VPP set (VPP=1 passes, and runs the interleaved schedule)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         return fail_if(ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&

@@ -146,11 +146,12 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   double one_micro_batch = full ? stage_layers * 2 * s * b * h / tp + avg_layer  // layer inputs + one layer rebuilt
                                 : dense_layers * per_layer_dense + moe_layers * per_layer_moe;
   // Micro-batches in flight on stage p: 1F1B keeps PP - p (the first stage PP); interleaving
-  // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor); the merged EP-overlap schedule
+  // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor), also at VPP = 1, which
+  // Megatron-Core runs interleaved (a warm-up of 2 (PP - p - 1)); the merged EP-overlap schedule
   // holds a second micro-batch's layer while the first one's backward frees its layers.
   const double m_per_rank = std::max(1.0, static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp));
   const double warmup = std::min(pp - stage, m_per_rank);
-  out.in_flight = l.pp == 1 ? 1 : vpp > 1 ? warmup * (1 + (pp - 1) / (pp * vpp)) : warmup;
+  out.in_flight = l.pp == 1 ? 1 : lp.split.interleaved ? warmup * (1 + (pp - 1) / (pp * vpp)) : warmup;
   out.activations = one_micro_batch * out.in_flight + (ep_overlap ? avg_layer : 0);
   // Logits and the cross-entropy's FP32 copies on the last stage.
   if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp;

@@ -303,6 +303,21 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   std::filesystem::remove(path);
 }
 
+TEST(Plan, VppOfOneRunsInterleavedAndHoldsItsWarmUp) {
+  // Megatron-Core runs VPP = 1 (set, not None) through the interleaved schedule: the first stage
+  // warms up 2 (PP - 1) micro-batches, Megatron's factor 1 + (PP - 1) / PP; without VPP, 1F1B's PP.
+  const auto in_flight = [](const std::string& vpp) {
+    const Config c = resolved("qwen3_235b_a22b", {"model.virtual_pipeline_model_parallel_size=" + vpp,
+                                                  "comm_overlap.overlap_moe_expert_parallel_comm=false",
+                                                  "comm_overlap.delay_wgrad_compute=false"});
+    return plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false).in_flight;
+  };
+  const double pp = 8;
+  EXPECT_DOUBLE_EQ(in_flight("null"), pp);
+  EXPECT_DOUBLE_EQ(in_flight("1"), pp * (1 + (pp - 1) / pp));
+  EXPECT_DOUBLE_EQ(in_flight("2"), pp * (1 + (pp - 1) / (2 * pp)));
+}
+
 TEST(Plan, CpuAttentionKeepsNoScores) {
   // epx's blocked attention, as flash attention on a GPU, keeps no S x S probabilities, so
   // selective core_attn recompute has nothing to drop.
