@@ -88,6 +88,13 @@ bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
   return contains(m.cuda_graph_modules, name) || contains(m.cuda_graph_scope, name);
 }
 
+// The whole training step captured: cuda_graph_impl=full_iteration, or the legacy local
+// implementation with the full_iteration scope, which Megatron-Core migrates to it.
+bool full_iteration_graph(const ModelConfig& m) {
+  return m.cuda_graph_impl == "full_iteration" ||
+         (m.cuda_graph_impl == "local" && has_cuda_graph_module(m, "full_iteration"));
+}
+
 // A TE version rule: unknown TE on a GPU target cannot be decided; epx's runtime has no TE.
 Outcome te_at_least(const CheckContext& c, const char* minimum, std::string message) {
   if (!c.cuda()) return pass();
@@ -1284,7 +1291,16 @@ std::vector<Rule> build_rules() {
       kMcore, "per-layer CUDA graph modules fit the model: MoE ones on MoE layers, mlp on dense ones, moe drop-padded",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine") return pass();
+        if (m.cuda_graph_impl == "full_iteration") {
+          // Bridge's legacy scope becomes the modules list; "full" and "full_iteration" are dropped.
+          bool modules = false;
+          for (const StringList* list : {&m.cuda_graph_modules, &m.cuda_graph_scope})
+            for (const std::string& name : *list) modules = modules || (name != "full" && name != "full_iteration");
+          return fail_if(modules, "cuda_graph_modules must be empty when cuda_graph_impl=\"full_iteration\".",
+                         m.cuda_graph_modules.empty() ? "model.cuda_graph_scope=[]" : "model.cuda_graph_modules=[] model.cuda_graph_scope=[]");
+        }
+        if (full_iteration_graph(m) || (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine"))
+          return pass();
         // The local implementation captures moe_router and moe_preprocess together.
         const bool local = m.cuda_graph_impl == "local";
         const auto has = [&](const char* name) {
@@ -1321,7 +1337,7 @@ std::vector<Rule> build_rules() {
       kMcore, "per-layer CUDA graphs take selective recompute only, and not of moe around a moe_router graph",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.cuda_graph_impl == "none" || !m.recompute_granularity) return pass();
+        if (m.cuda_graph_impl == "none" || !m.recompute_granularity || full_iteration_graph(m)) return pass();
         if (*m.recompute_granularity != "selective")
           return fail("full recompute is only supported with full iteration CUDA graph.",
                       "model.recompute_granularity=selective model.recompute_method=null model.recompute_num_layers=null");
@@ -1331,11 +1347,10 @@ std::vector<Rule> build_rules() {
                        "model.recompute_modules=[core_attn]");
       });
   add("advice.full_graph_dropless", A,
-      {"model.cuda_graph_impl", "model.moe_expert_capacity_factor"}, kSeedWorkflow,
+      {"model.cuda_graph_impl", "model.cuda_graph_scope", "model.moe_expert_capacity_factor"}, kSeedWorkflow,
       "full-iteration CUDA graphs suit drop-and-pad, not dropless MoE", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.num_moe_experts && m.cuda_graph_impl == "local" &&
-                           !m.moe_expert_capacity_factor,
+        return fail_if(m.num_moe_experts && full_iteration_graph(m) && !m.moe_expert_capacity_factor,
                        "full-iteration CUDA graphs need static shapes; with dropless MoE start with "
                        "TE-scoped graphs (attn, moe_router, moe_preprocess)",
                        "model.cuda_graph_impl=transformer_engine "

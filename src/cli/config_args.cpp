@@ -79,6 +79,7 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--ng,--num_gpus", flags.num_gpus, "-ng: world size")->group(group);
   app.add_option("--gn,--gpus_per_node", flags.gpus_per_node, "-gn")->group(group);
   app.add_option("--cuda_graph_impl", flags.cuda_graph_impl, "none|local|transformer_engine")
+      ->check(CLI::IsMember({"none", "local", "transformer_engine"}))  // the harness's choices
       ->group(group);
   app.add_option("--cuda_graph_scope", flags.cuda_graph_scope, "comma list")->group(group);
   app.add_option("--rl,--recompute_num_layers", flags.recompute_num_layers,

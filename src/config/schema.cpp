@@ -371,7 +371,8 @@ FieldInfo torch_dtype_field(FieldInfo f) {
 const std::vector<std::string> kAdamStateDtypes = {"fp32", "fp16", "bf16", "fp8"};
 const std::vector<std::string> kRecomputeModules = {
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
-const std::vector<std::string> kCudaGraphScopes = {"full", "attn", "mlp", "moe", "moe_router",
+// "full_iteration" is the legacy scope Megatron-Core migrates to cuda_graph_impl=full_iteration.
+const std::vector<std::string> kCudaGraphScopes = {"full", "full_iteration", "attn", "mlp", "moe", "moe_router",
                                                     "moe_preprocess", "mamba"};
 
 std::vector<FieldInfo> build_schema() {
@@ -468,7 +469,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, recompute_num_layers),
       EPX_FIELD(kModel, recompute_modules, kRecomputeModules),
       EPX_FIELD(kModel, mtp_num_layers),
-      EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine"}),
+      EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"}),
       EPX_FIELD(kModel, cuda_graph_scope, kCudaGraphScopes),
       EPX_FIELD(kModel, cuda_graph_modules, kCudaGraphScopes),
 

@@ -125,6 +125,12 @@ const std::vector<Case>& cases() {
       {"cuda_graph.recompute",
        TE_GRAPH + Overrides{"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"},
        TE_GRAPH + Overrides{"model.recompute_granularity=selective"}},
+      {"cuda_graph.recompute",  // full recompute under a full-iteration graph is Megatron's one exception
+       TE_GRAPH + Overrides{"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"},
+       TE_GRAPH + Overrides{"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
+                            "model.cuda_graph_impl=full_iteration"}},
+      {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_impl=full_iteration", "model.cuda_graph_modules=[attn]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_impl=full_iteration", "model.cuda_graph_scope=[full_iteration]"}},
       {"cuda_graph.recompute",
        TE_GRAPH + Overrides{"model.recompute_granularity=selective", "model.recompute_modules=[moe]",
                             "model.cuda_graph_modules=[moe_router]"},
@@ -310,8 +316,11 @@ const std::vector<Case>& cases() {
        {"model.recompute_granularity=full", "model.recompute_method=uniform",
         "model.recompute_num_layers=1"},
        {}},
-      {"advice.full_graph_dropless", {"model.cuda_graph_impl=local"},
-       {"model.cuda_graph_impl=local", "model.moe_expert_capacity_factor=1.0"}},
+      {"advice.full_graph_dropless", {"model.cuda_graph_impl=full_iteration"},
+       {"model.cuda_graph_impl=full_iteration", "model.moe_expert_capacity_factor=1.0"}},
+      // local is per-layer graphs; with the legacy full_iteration scope it is the whole step.
+      {"advice.full_graph_dropless", {"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration]"},
+       {"model.cuda_graph_impl=local"}},
   };
   return all;
 }
