@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "epx/check/check.hpp"
+#include "epx/check/flex_backend.hpp"
+
 namespace epx::cli {
 namespace {
 
@@ -18,6 +21,25 @@ OptBool parse_bool_flag(const std::string& text) {
   if (s == "true" || s == "1" || s == "t" || s == "yes" || s == "y") return true;
   if (s == "false" || s == "0" || s == "f" || s == "no" || s == "n") return false;
   throw ConfigError(fmt::format("--moe_a2a_overlap expects true or false, got '{}'", text));
+}
+
+// What the harness changes beside the flags' own fields (run_script.py: argument_parser's
+// GPUs per node, overrides._apply_flat_cli_environment_compatibility): a GPU named without -gn
+// brings its node size (4 on GB200 / GB300), not the recipe's; -ep on a HybridEP recipe resets
+// NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN to the EP ranks in one NVLink domain, unless an
+// env_vars override set it.
+void couple_harness_environment(Config& cfg, const HarnessFlags& f, const OptString& recipe_backend) {
+  if (f.gpu && !f.gpus_per_node && *f.gpu != "cpu" && !cfg.set_on_command_line("target.gpus_per_node"))
+    cfg.target.gpus_per_node.reset();
+  const std::string var = std::string("env_vars.") + kRanksPerDomainVar;
+  if (!f.ep || *f.ep < 1 || recipe_backend.value_or("") != "hybridep" || cfg.set_on_command_line(var)) return;
+  const GpuInfo* gpu = cfg.target.gpu ? find_gpu(*cfg.target.gpu) : nullptr;
+  if (!gpu || !gpu->cuda()) return;
+  if (gpu->nvlink_domain == 72) {
+    if (*f.ep <= 72) cfg.env_vars[kRanksPerDomainVar] = std::to_string(*f.ep);  // beyond: hybridep.topology's error
+  } else {
+    cfg.env_vars[kRanksPerDomainVar] = std::to_string(std::min<Int>(*f.ep, 8));
+  }
 }
 
 }  // namespace
@@ -111,10 +133,12 @@ Config ConfigArgs::load() const {
     throw ConfigError("no config given: name a recipe (see `epx config list`) or a YAML file");
   const std::size_t first_override = config_file ? 0 : 1;
   Config cfg = load_config_file(resolve_recipe(config_file ? *config_file : positional.front()));
+  const OptString recipe_backend = cfg.model.moe_flex_dispatcher_backend;
   for (size_t i = first_override; i < positional.size(); ++i) apply_override(cfg, positional[i]);
   HarnessFlags f = flags;
   if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
   apply_harness_flags(cfg, f);
+  couple_harness_environment(cfg, f, recipe_backend);
   if (torch_version)
     apply_override(cfg, "target.torch_version='" + *torch_version + "'", Config::Origin::flag);
   if (te_version)

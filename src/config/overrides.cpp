@@ -155,7 +155,11 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
     cfg.file_locations.erase(f->key());
     return;
   }
-  if (apply_free_key(cfg, key, section, name, adding, deleting, value)) return;
+  if (apply_free_key(cfg, key, section, name, adding, deleting, value)) {
+    // Set or removed here, an environment variable is the user's: the harness's flags leave it.
+    if (section == "env_vars") cfg.explicit_keys[key] = origin;
+    return;
+  }
   throw ConfigError(fmt::format("override '{}': unknown key '{}'{}", shorten(text), shorten(key),
                                 did_you_mean(key)));
 }

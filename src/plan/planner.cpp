@@ -19,7 +19,7 @@ Dispatcher configured_dispatcher(const ModelConfig& m) {
 
 // Why a domain that spans nodes is smaller than the rack: Bridge's Slurm segments.
 std::string segment_text(const LayoutPlan& l) {
-  if (l.segment_nodes == 0 || l.nvlink_domain >= l.rack_gpus) return "";
+  if (l.segment_nodes == 0 || l.segment_nodes == l.nodes) return "";
   return fmt::format(": Slurm segments of {} node{}, as Bridge's harness requests for {} nodes on racks of {} GPUs",
                      l.segment_nodes, l.segment_nodes == 1 ? "" : "s", l.nodes, l.rack_gpus);
 }

@@ -95,6 +95,19 @@ TEST(Cli, FixesOfFlagSetFieldsAreFlagsAndAFlagTakesItsLastValue) {
   EXPECT_TRUE(has(r, "fix: --te-version 2.")) << r.out;
 }
 
+TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
+  // -ep on a HybridEP recipe resets the ranks per NVLink domain (8 in the recipe) to min(EP, 8)
+  // on H100, unless an env_vars override set them; -g without -gn brings the GPU's node size.
+  Result r = run("check qwen3_30b_a3b -ep 4 -ng 16");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("check qwen3_30b_a3b -ep 4 -ng 16 env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8");
+  EXPECT_TRUE(has(r, "hybridep.domain_divides_ep")) << r.out;
+  r = run("plan qwen3_30b_a3b -g gb200 -ng 256 -ep 64 -gb 1024");
+  EXPECT_TRUE(has(r, "64 nodes of 4, NVLink domain 64: Slurm segments of 16 nodes")) << r.out;
+  r = run("plan qwen3_30b_a3b -g gb200 -gn 8 -ng 16");
+  EXPECT_TRUE(has(r, "2 nodes of 8")) << r.out;
+}
+
 TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
   const Result r = run("config show qwen3_30b_a3b_proxy --moe_a2a_overlap true");
   EXPECT_EQ(r.code, 0) << r.out;
