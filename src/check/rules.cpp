@@ -704,6 +704,21 @@ std::vector<Rule> build_rules() {
         return fail_if(c.cfg.model.fp8_param && !c.cfg.model.fp8, "fp8_param must be used together with fp8 mode.",
                        "model.fp8_param=false");
       });
+  add("fp8.recompute_moe_act_layernorm", E,
+      {"model.fp8", "model.fp8_recipe", "model.recompute_granularity", "model.recompute_modules", "target.te_version"},
+      kMcore, "FP8 with moe_act or layernorm recompute needs a scaling recipe other than delayed, and TE 2.6",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8 || m.recompute_granularity != "selective" || !m.recompute_modules ||
+            (!contains(*m.recompute_modules, "moe_act") && !contains(*m.recompute_modules, "layernorm")))
+          return pass();
+        if (m.fp8_recipe == std::optional<std::string>("delayed"))
+          return fail("Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+                      "model.fp8_recipe=tensorwise");
+        return te_at_least(c, "2.6.0", fmt::format("moe_act and layernorm recompute for fp8 needs "
+                                                   "transformer-engine>=2.6.0dev0, but your version is {}.",
+                                                   c.cfg.target.te_version.value_or("")));
+      });
   add("fp8.gpu", E, {"model.fp8", "model.fp8_recipe", "target.gpu"}, kTeFp8,
       "FP8 needs compute capability 8.9 (MXFP8 10.0)", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
