@@ -41,6 +41,7 @@ void check_size_ranges(const Config& cfg) {
       {"model.tensor_model_parallel_size", 1, kMaxParallel},
       {"model.pipeline_model_parallel_size", 1, kMaxParallel},
       {"model.virtual_pipeline_model_parallel_size", 1, kMaxParallel},
+      {"model.microbatch_group_size_per_vp_stage", 1, kMaxParallel},
       {"model.context_parallel_size", 1, kMaxParallel},
       {"model.expert_model_parallel_size", 1, kMaxParallel},
       {"model.expert_tensor_parallel_size", 1, kMaxParallel},

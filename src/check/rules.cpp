@@ -407,22 +407,35 @@ std::vector<Rule> build_rules() {
       });
   add("pipeline.interleaved_microbatches", E,
       {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
-       "model.pipeline_model_parallel_layout", "train.global_batch_size",
+       "model.pipeline_model_parallel_layout", "model.microbatch_group_size_per_vp_stage", "train.global_batch_size",
        "train.micro_batch_size", "target.num_gpus"},
       "Megatron-Core pipeline_parallel/schedules.py",
-      "the interleaved schedule runs micro-batches in groups of PP", [](const CheckContext& c) {
+      "the interleaved schedule runs micro-batches in groups of N (PP by default): PP <= N <= M, M mod N 0 or >= PP",
+      [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         const Int pp = m.pipeline_model_parallel_size;
         if (pp <= 1 || !virtual_pipeline_size(m)) return pass();  // a layout's VPP too
         if (!c.world()) return world_not_given(c);
-        const Int n = microbatches(c.cfg);
-        return fail_if(n > 0 && (n < pp || n % pp != 0),
-                       fmt::format("{} micro-batches per step with the interleaved schedule: Megatron's "
-                                   "microbatch_group_size_per_vp_stage (= PP = {}) must divide them",
-                                   n, pp),
-                       fmt::format("train.global_batch_size={}",
-                                   round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
-                                            c.cfg.train.micro_batch_size.value_or(1) * data_parallel_size(c.cfg) * pp)));
+        const Int M = microbatches(c.cfg), N = m.microbatch_group_size_per_vp_stage.value_or(pp);
+        if (M <= 0) return pass();
+        // A batch of whole groups, at least one, fixes both of Megatron-Core's checks.
+        const std::string fix =
+            N < pp ? fmt::format("model.microbatch_group_size_per_vp_stage={}", pp)
+                   : fmt::format("train.global_batch_size={}",
+                                 round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
+                                          c.cfg.train.micro_batch_size.value_or(1) * data_parallel_size(c.cfg) * N));
+        if (N > M || N < pp)
+          return fail(fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in "
+                                  "[PP={} , M={}] (microbatch_group_size_per_vp_stage = {})",
+                                  pp, M, N),
+                      fix);
+        const Int rest = M % N;
+        return fail_if(rest > 0 && rest < pp,
+                       fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous "
+                                   "micro-batches in a virtual pipeline stage) should be 0, or larger than or equal to "
+                                   "the pipeline-parallel size, but it is {} (M = {}, N = {}, PP = {})",
+                                   rest, M, N, pp),
+                       fix);
       });
   add("parallel.ep_tp_needs_sp", W,
       {"model.expert_model_parallel_size", "model.tensor_model_parallel_size",

@@ -20,15 +20,16 @@ std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage
     backwards = forwards;
     warmup = PP - stage - 1;
   } else {
-    // get_schedule_table: groups of PP micro-batches (the last group takes the rest), each run
-    // through every chunk in turn.
-    for (int first = 0; first < micro_batches; first += PP) {
-      const int end = first + PP >= micro_batches ? micro_batches : first + PP;
+    // get_schedule_table: groups of N micro-batches (microbatch_group_size_per_vp_stage, PP by
+    // default; the last group takes the rest), each run through every chunk in turn.
+    const int N = pipeline.micro_batch_group();
+    for (int first = 0; first < micro_batches; first += N) {
+      const int end = first + N >= micro_batches ? micro_batches : first + N;
       for (int v = 0; v < V; ++v)
         for (int j = first; j < end; ++j) forwards.push_back({v, j});
     }
     for (const Pass& f : forwards) backwards.push_back({V - 1 - f.chunk, f.micro_batch});
-    warmup = 2 * (PP - stage - 1) + (V - 1) * PP + (merge ? 1 : 0);
+    warmup = 2 * (PP - stage - 1) + (V - 1) * N + (merge ? 1 : 0);
   }
   const int total = static_cast<int>(forwards.size());
   warmup = std::min(warmup, total);
@@ -50,12 +51,18 @@ std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage
 }
 
 std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches) {
-  if (!pipeline.interleaved || (micro_batches >= pipeline.stages && micro_batches % pipeline.stages == 0))
-    return std::nullopt;
-  return fmt::format(
-      "the interleaved pipeline schedule runs micro-batches in groups of PP = {} (Megatron's "
-      "microbatch_group_size_per_vp_stage), so the {} micro-batches per iteration must be a multiple of {}",
-      pipeline.stages, micro_batches, pipeline.stages);
+  if (!pipeline.interleaved) return std::nullopt;
+  const int PP = pipeline.stages, N = pipeline.micro_batch_group(), rest = micro_batches % N;
+  if (N > micro_batches || N < PP)  // Megatron-Core's words (schedules.py)
+    return fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in [PP={} , "
+                       "M={}] (microbatch_group_size_per_vp_stage = {})",
+                       PP, micro_batches, N);
+  if (rest > 0 && rest < PP)
+    return fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
+                       "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel size, "
+                       "but it is {} (M = {}, N = microbatch_group_size_per_vp_stage = {}, PP = {})",
+                       rest, micro_batches, N, PP);
+  return std::nullopt;
 }
 
 }  // namespace epx

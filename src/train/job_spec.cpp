@@ -280,6 +280,7 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
         "epx builds the embedding on the first model chunk of the first stage and the loss on the last chunk of the "
         "last stage; move E into the layout's first stage and L into its last");
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
+  p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
   if (pp > 1 && m.share_embeddings_and_output_weights)
     bad("model.share_embeddings_and_output_weights", "true",
         "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "
@@ -370,7 +371,7 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   j.pipeline = pipeline_spec_from_config(c);
   if (const auto why = pipeline_micro_batch_error(j.pipeline, static_cast<int>(j.micro_batches)))
     throw ConfigError(fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
-                                  mbs * dp * j.pipeline.stages));
+                                  mbs * dp * j.pipeline.micro_batch_group()));
   if (j.schedule.ep_overlap && j.model.recompute.method.size())
     bad("model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "

@@ -72,6 +72,9 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
          {std::vector<std::string>{"model.moe_token_dispatcher_type=alltoall"},
           std::vector<std::string>{"model.moe_token_dispatcher_type=flex", pp == 2 ? "model.virtual_pipeline_model_parallel_size=2"
                                                                                   : "model.virtual_pipeline_model_parallel_size=1"},
+          // Groups of 4 micro-batches per chunk (Megatron-Core's microbatch_group_size_per_vp_stage).
+          std::vector<std::string>{"model.virtual_pipeline_model_parallel_size=" + std::string(pp == 2 ? "2" : "1"),
+                                   "model.microbatch_group_size_per_vp_stage=" + std::to_string(pp == 2 ? 4 : 8)},
           std::vector<std::string>{"model.num_layers_in_first_pipeline_stage=1", pp == 2 ? "model.num_layers_in_last_pipeline_stage=3"
                                                                                        : "model.num_layers_in_last_pipeline_stage=1"},
           std::vector<std::string>{"ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",

@@ -317,6 +317,15 @@ const std::vector<Case>& cases() {
       {"pipeline.interleaved_microbatches",
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4", "train.global_batch_size=2"},
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
+      {"pipeline.interleaved_microbatches",  // 4 micro-batches in groups of 3 leave 1, under PP
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4",
+                       "model.microbatch_group_size_per_vp_stage=3"},
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4",
+                       "model.microbatch_group_size_per_vp_stage=4"}},
+      {"pipeline.interleaved_microbatches",  // a group smaller than PP
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4",
+                       "model.microbatch_group_size_per_vp_stage=1"},
+       PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2", "model.num_layers=4"}},
       {"pipeline.interleaved_microbatches",  // the VPP Megatron-Core reads from a layout of 2 stages per rank
        PP2 + Overrides{"model.pipeline_model_parallel_layout=Et|t|t|tL", "model.num_layers=4", "train.global_batch_size=2"},
        PP2 + Overrides{"model.pipeline_model_parallel_layout=Et|t|t|tL", "model.num_layers=4"}},

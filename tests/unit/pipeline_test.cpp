@@ -171,12 +171,14 @@ TEST(PipelineOrder, EveryOrderRunsEachPassOnceWithoutDeadlock) {
       expect_runs_to_completion(split(pp * 4, pp, std::nullopt, {}, {}, false, false), m, false);
       // Merging needs the interleaved schedule's extra warm-up forward: 1F1B refuses it.
       EXPECT_THROW(pipeline_order(split(pp * 4, pp, std::nullopt, {}, {}, false, false), 0, m, true), std::logic_error);
-      for (int vpp : {1, 2, 4}) {
-        const PipelineSpec p = split(pp * 4, pp, vpp, {}, {}, false, false);
-        if (pipeline_micro_batch_error(p, m)) continue;
-        expect_runs_to_completion(p, m, false);
-        expect_runs_to_completion(p, m, true);
-      }
+      for (int vpp : {1, 2, 4})
+        for (int group : {0, pp + 1, 2 * pp}) {  // microbatch_group_size_per_vp_stage: PP, or more
+          PipelineSpec p = split(pp * 4, pp, vpp, {}, {}, false, false);
+          p.group = group;
+          if (pipeline_micro_batch_error(p, m)) continue;
+          expect_runs_to_completion(p, m, false);
+          expect_runs_to_completion(p, m, true);
+        }
     }
 }
 
@@ -207,6 +209,30 @@ TEST(PipelineOrder, InterleavedFollowsTheScheduleTable) {
   EXPECT_TRUE(merged[5].forward && merged[5].backward);
   EXPECT_TRUE(pipeline_micro_batch_error(p, 3).has_value());
   EXPECT_FALSE(pipeline_micro_batch_error(p, 6).has_value());
+}
+
+TEST(PipelineOrder, AMicroBatchGroupRunsThatManyThroughEachChunk) {
+  // Megatron-Core's docstring: PP 2, VPP 2, microbatch_group_size_per_vp_stage 3, 5 micro-batches:
+  // rank 0 runs the forwards 0 1 2 | 0 1 2 | 3 4 | 3 4 (chunk 0, chunk 1, ...), warm-up
+  // 2 (PP - 1) + (VPP - 1) N = 5 forwards, so the first backward comes after the sixth.
+  PipelineSpec p = split(8, 2, 2, {}, {}, false, false);
+  p.group = 3;
+  std::string forwards;
+  int before_backward = 0;
+  bool backward = false;
+  for (const PipelineStep& s : pipeline_order(p, 0, 5, false)) {
+    if (s.forward) forwards += std::to_string(s.forward->micro_batch) + "c" + std::to_string(s.forward->chunk) + " ";
+    backward = backward || s.backward.has_value();
+    if (!backward) ++before_backward;
+  }
+  EXPECT_EQ(forwards, "0c0 1c0 2c0 0c1 1c1 2c1 3c0 4c0 3c1 4c1 ");
+  EXPECT_EQ(before_backward, 6);
+  // Megatron-Core's checks: PP <= N <= M, and M mod N either 0 or at least PP.
+  EXPECT_FALSE(pipeline_micro_batch_error(p, 5).has_value());  // 5 mod 3 = 2 = PP
+  EXPECT_TRUE(pipeline_micro_batch_error(p, 4).has_value());   // 4 mod 3 = 1 < PP
+  EXPECT_TRUE(pipeline_micro_batch_error(p, 2).has_value());   // N > M
+  p.group = 1;
+  EXPECT_TRUE(pipeline_micro_batch_error(p, 6).has_value());   // N < PP
 }
 
 }  // namespace

@@ -157,7 +157,8 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
   EXPECT_NE(error_of([&] {
               JobSpec::from_config(resolved(with(pp2, {"model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=2"})),
                                    4);
-            }).find("train.global_batch_size=2: the interleaved"),
+            }).find("train.global_batch_size=2: The number of contiguous micro-batches in a virtual pipeline stage "
+                    "should range in [PP=2 , M=1]"),
             std::string::npos);
 }
 

@@ -45,6 +45,7 @@ struct ModelConfig {
   Int tensor_model_parallel_size = 1;
   Int pipeline_model_parallel_size = 1;
   OptInt virtual_pipeline_model_parallel_size;
+  OptInt microbatch_group_size_per_vp_stage;  // the interleaved schedule's group; None: PP
   Int context_parallel_size = 1;
   Int expert_model_parallel_size = 1;
   OptInt expert_tensor_parallel_size;  // None: ETP=1 when EP>1, else TP (finalize)

@@ -18,6 +18,8 @@ struct PipelineSpec {
   int stages = 1;            // pipeline_model_parallel_size
   int chunks = 1;            // virtual_pipeline_model_parallel_size (model chunks per stage)
   bool interleaved = false;  // VPP set (even to 1): Megatron's interleaved schedule
+  int group = 0;             // its microbatch_group_size_per_vp_stage; 0: PP
+  int micro_batch_group() const { return group > 0 ? group : stages; }
   std::vector<std::vector<LayerRange>> layers;  // [stage][chunk]
 
   // The spec of `layers_per_virtual_stage` (PP x `chunks` counts, in virtual-stage order: the

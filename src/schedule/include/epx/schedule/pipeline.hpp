@@ -33,13 +33,15 @@ struct PipelineStep {
 // Stage `stage`'s steps over `micro_batches` micro-batches. 1F1B: PP - stage - 1 warm-up
 // forwards, then one forward and one backward alternating, then the remaining backwards.
 // Interleaved (pipeline.interleaved): the (micro-batch, chunk) order of get_schedule_table with
-// groups of PP micro-batches, 2 (PP - stage - 1) + (VPP - 1) PP warm-up forwards, the backward
+// groups of N micro-batches (microbatch_group_size_per_vp_stage, PP by default),
+// 2 (PP - stage - 1) + (VPP - 1) N warm-up forwards, the backward
 // running the chunks in reverse. With `merge` (EP overlap; interleaved only) one more warm-up
 // forward, and each steady-state forward and backward form one merged step.
 std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage, int micro_batches, bool merge);
 
-// Megatron's requirement on the micro-batch count of the interleaved schedule: a multiple of PP
-// (microbatch_group_size_per_vp_stage = PP). Empty when `micro_batches` can run, else why not.
+// Megatron-Core's requirements on the interleaved schedule's micro-batch count M and group N:
+// PP <= N <= M, and M mod N either 0 or at least PP (with the default N = PP: M a multiple of PP).
+// Empty when `micro_batches` can run, else why not.
 std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches);
 
 // This stage's time in forward_backward_pipelining (each call adds to it): its wall time, and the time its
