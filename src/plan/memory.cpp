@@ -17,6 +17,25 @@ struct LayerParams {
   double attention = 0, dense_mlp = 0, router = 0, experts = 0, shared = 0;
 };
 
+// What attention keeps for its backward, in elements per token: `heads`, split over TP by
+// heads, are Q, K, V and the core attention's output (Megatron's formula counts 4h, MHA's);
+// `latent`, whole on every TP rank (MLA's down-projections are duplicated), are MLA's
+// compressed q and kv and their norms' inputs. `mla_up_proj` recompute drops Q, K and V.
+struct AttentionSaved {
+  double heads = 0, latent = 0;
+};
+AttentionSaved attention_saved(const ModelConfig& m, bool up_proj_recomputed) {
+  const double n = static_cast<double>(m.num_attention_heads);
+  if (m.multi_latent_attention) {
+    const double qk = n * static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim), v = n * static_cast<double>(m.v_head_dim);
+    const double r = static_cast<double>(m.q_lora_rank.value_or(0) + m.kv_lora_rank);
+    return {up_proj_recomputed ? v : 2 * qk + 2 * v, 2 * r + static_cast<double>(m.qk_pos_emb_head_dim)};
+  }
+  const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
+  const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
+  return {2 * q + 2 * kv, 0};
+}
+
 LayerParams layer_params(const ModelConfig& m) {
   const double h = static_cast<double>(m.hidden_size), gated = m.gated_linear_unit ? 3 : 2;
   LayerParams p;
@@ -119,8 +138,9 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   }
 
   // Activations of one micro-batch per layer (bytes), sequence parallel over TP, split over CP:
-  // Megatron's s*b*h*(18 + 4*F/h) with F the active MLP width (F_moe*k + F_shared for MoE layers),
-  // plus the routed rows each expert keeps for its wgrad (k*s*b*h BF16, ETP/TP of them per rank).
+  // Megatron's s*b*h*(18 + 4*F/h) with F the active MLP width (F_moe*k + F_shared for MoE layers)
+  // and attention's own widths (below), plus the routed rows each expert keeps for its wgrad
+  // (k*s*b*h BF16, ETP/TP of them per rank).
   const double s = static_cast<double>(m.seq_length) / l.cp, b = static_cast<double>(c.train.micro_batch_size.value_or(1));
   const double k = static_cast<double>(m.moe_router_topk);
   const double f_dense = static_cast<double>(m.ffn_hidden_size.value_or(0));
@@ -132,18 +152,27 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
     return m.recompute_granularity == std::optional<std::string>("selective") &&
            std::find(modules.begin(), modules.end(), mod) != modules.end();
   };
+  // Megatron's 18 s*b*h (BF16 bytes) are 10 for the norms, the GEMMs' inputs and the dropout
+  // masks, and 8 for Q, K, V and the attention output at MHA's widths: those 8 come from the
+  // model's own widths (GQA's narrower K and V, MLA's wider heads and its latents).
+  // Without sequence parallelism (TP > 1) the 10 stay whole on every TP rank: Megatron's
+  // compute_activation_memory_without_sp, s*b*h*(10 + 24/TP) at F = 4h.
+  const AttentionSaved saved = attention_saved(m, has("mla_up_proj"));
+  const bool sp = tp == 1 || m.sequence_parallel;
   const auto layer_bytes = [&](double f, bool moe) {
-    double attn = 18 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
-    if (has("layernorm")) attn -= 4 * s * b * h;                // both norms' outputs recomputed
+    double norms = 10 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
+    const double heads = 2 * s * b * saved.heads, latent = 2 * s * b * saved.latent;
+    if (has("layernorm")) norms -= 4 * s * b * h;              // both norms' outputs recomputed
     if (moe && has("moe_act")) mlp /= 2;                       // the activation, from fc1's output
     if (!moe && has("mlp")) mlp = 0;                           // the whole MLP recomputed
     if (moe && has("moe")) mlp = routed = 0;                   // the whole MoE layer recomputed
-    return (attn + mlp) / tp + routed / tp;
+    return (heads + mlp + routed) / tp + (sp ? norms / tp : norms) + latent;
   };
   const double per_layer_dense = layer_bytes(f_dense, false), per_layer_moe = layer_bytes(f_moe, true);
   const double stage_layers = st.layers + mtp;
   const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max(1.0, stage_layers);
-  double one_micro_batch = full ? stage_layers * 2 * s * b * h / tp + avg_layer  // layer inputs + one layer rebuilt
+  const double input_split = sp ? tp : 1;  // a layer's input, split by SP
+  double one_micro_batch = full ? stage_layers * 2 * s * b * h / input_split + avg_layer  // inputs + one layer rebuilt
                                 : dense_layers * per_layer_dense + moe_layers * per_layer_moe;
   // Micro-batches in flight on stage p: 1F1B keeps PP - p (the first stage PP); interleaving
   // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor), also at VPP = 1, which

@@ -318,6 +318,17 @@ TEST(Plan, VppOfOneRunsInterleavedAndHoldsItsWarmUp) {
   EXPECT_DOUBLE_EQ(in_flight("2"), pp * (1 + (pp - 1) / (2 * pp)));
 }
 
+TEST(Plan, WithoutSequenceParallelismTenOfEighteenStayWhole) {
+  // Megatron's compute_activation_memory_without_sp: s*b*h*(10 + 24/TP) a layer, where SP splits
+  // all 34: at TP 2 each of the 48 layers holds 10*s*b*h/2 more.
+  const auto activations = [](const char* sp) {
+    const Config c = resolved("qwen3_30b_a3b", {"target.num_gpus=32", "model.tensor_model_parallel_size=2",
+                                                std::string("model.sequence_parallel=") + sp});
+    return plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false).activations;
+  };
+  EXPECT_NEAR(activations("false") - activations("true"), 48 * 10.0 * 4096 * 2048 / 2, 1e3);
+}
+
 TEST(Plan, CpuAttentionKeepsNoScores) {
   // epx's blocked attention, as flash attention on a GPU, keeps no S x S probabilities, so
   // selective core_attn recompute has nothing to drop.
