@@ -12,9 +12,10 @@
 namespace epx {
 namespace {
 
-// Per-layer parameter counts.
+// Per-layer parameter counts. `duplicated`: attention weights every TP rank holds whole (MLA's
+// down-projections, TELinear with parallel_mode "duplicated" in multi_latent_attention.py).
 struct LayerParams {
-  double attention = 0, dense_mlp = 0, router = 0, experts = 0, shared = 0;
+  double attention = 0, duplicated = 0, dense_mlp = 0, router = 0, experts = 0, shared = 0;
 };
 
 // What attention keeps for its backward, in elements per token: `heads`, split over TP by
@@ -40,6 +41,10 @@ LayerParams layer_params(const ModelConfig& m) {
   const double h = static_cast<double>(m.hidden_size), gated = m.gated_linear_unit ? 3 : 2;
   LayerParams p;
   p.attention = attention_macs(m).linear;  // each projection weight is used once per token
+  if (m.multi_latent_attention) {
+    p.duplicated = h * static_cast<double>(m.q_lora_rank.value_or(0) + m.kv_lora_rank + m.qk_pos_emb_head_dim);
+    p.attention -= p.duplicated;
+  }
   p.dense_mlp = gated * h * static_cast<double>(m.ffn_hidden_size.value_or(0));
   if (m.num_moe_experts) {
     const double e = static_cast<double>(*m.num_moe_experts);
@@ -100,7 +105,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // last, MTP's projection there too.
   out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
                       mtp * 2 * h * h) / tp +
-                     moe_layers * lay.router;
+                     (st.layers + mtp) * lay.duplicated + moe_layers * lay.router;
   if (st.first) out.embedding_params = V * h / tp;
   out.dense_params += out.embedding_params;
   if (st.last && (!st.first || !m.share_embeddings_and_output_weights)) out.dense_params += V * h / tp;

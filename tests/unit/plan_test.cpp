@@ -329,6 +329,24 @@ TEST(Plan, WithoutSequenceParallelismTenOfEighteenStayWhole) {
   EXPECT_NEAR(activations("false") - activations("true"), 48 * 10.0 * 4096 * 2048 / 2, 1e3);
 }
 
+TEST(Plan, MlaDownProjectionsAreWholeOnEveryTpRank) {
+  // Megatron builds MLA's q and kv down-projections as TELinear "duplicated": TP splits every
+  // attention weight but those h x (q_lora_rank + kv_lora_rank + qk_pos_emb_head_dim).
+  const auto dense = [](int tp) {
+    const Config c = resolved("qwen3_30b_a3b_proxy",
+                              {"target.gpu=h100", "target.num_gpus=4", "model.multi_latent_attention=true",
+                               "model.q_lora_rank=64", "model.kv_lora_rank=32", "model.qk_head_dim=32",
+                               "model.qk_pos_emb_head_dim=16", "model.v_head_dim=32",
+                               fmt::format("model.tensor_model_parallel_size={}", tp), "model.sequence_parallel=true"});
+    return plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false).dense_params;
+  };
+  const double split = 4 * (dense(2) - dense(4));  // what TP splits
+  const Config c = resolved("qwen3_30b_a3b_proxy", {});
+  const double h = static_cast<double>(c.model.hidden_size), layers = static_cast<double>(c.model.num_layers);
+  const double router = static_cast<double>(*c.model.num_moe_experts) * h;
+  EXPECT_NEAR(dense(2) - split / 2, layers * (h * (64 + 32 + 16) + router), 1);
+}
+
 TEST(Plan, CpuAttentionKeepsNoScores) {
   // epx's blocked attention, as flash attention on a GPU, keeps no S x S probabilities, so
   // selective core_attn recompute has nothing to drop.
