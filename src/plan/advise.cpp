@@ -426,7 +426,11 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   if (!chosen->fits) a.why += "; no schedule of it fits in memory (see the recompute advice)";
   a.tuning = tuning_tips(c, a);
 
-  // The A/B: one knob per run, routing fixed, as the seeds' verification section.
+  // The A/B: one knob per run, routing fixed, CUDA graphs off, as the seeds' verification
+  // section; predicted and checked as the harness lines run it.
+  Config ab = c;
+  ab.model.cuda_graph_impl = "none";
+  const Plan ab_plan = c.model.cuda_graph_impl == "none" ? a.plan : make_plan(ab);
   const ParallelLayout& l = a.plan.layout.layout;
   const auto recipe = harness_recipe(c);
   const ModelConfig& m = c.model;
@@ -467,7 +471,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     double predicted = 0;
-    for (const Variant& v : a.plan.variants)
+    for (const Variant& v : ab_plan.variants)
       if (v.dispatcher == r.d && v.ep_overlap == r.overlap && v.delay_wgrad == r.delay) predicted = v.step_time_s;
     const std::string knobs = fmt::format(
         " --moe_flex_dispatcher_backend {} --moe_a2a_overlap false comm_overlap.overlap_moe_expert_parallel_comm={} "
@@ -478,7 +482,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
     row.dispatcher = r.d, row.ep_overlap = r.overlap, row.delay_wgrad = r.delay;
     std::vector<std::string> overrides = overrides_for(c.model, row);
     overrides.push_back("model.moe_shared_expert_overlap=false");
-    const std::string refusal = check_refusal(c, overrides);
+    const std::string refusal = check_refusal(ab, overrides);
     if (i == 0 && !recipe)
       a.harness_ab.push_back("# -m / -mr: not known for " + c.source +
                              " (not a shipped recipe, no model.hf_model_id): the harness recipe it came from");
