@@ -294,7 +294,13 @@ CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) 
   for (Finding& f : report.findings) {
     if (!f.values.empty()) continue;
     const Rule* rule = find_rule(f.rule_id);
-    for (const auto& key : rule->fields) f.values.emplace_back(key, value_text(report.resolved, key));
+    for (std::string key : rule->fields) {
+      // Without a comm_overlap section the switch is the model's own field (Megatron-Core's path).
+      if (key.starts_with("comm_overlap.") && !report.resolved.comm_overlap &&
+          find_field("model." + key.substr(13)))
+        key = "model." + key.substr(13);
+      f.values.emplace_back(key, value_text(report.resolved, key));
+    }
   }
   std::stable_sort(report.findings.begin(), report.findings.end(),
                    [](const Finding& a, const Finding& b) {
