@@ -451,9 +451,18 @@ std::vector<Rule> build_rules() {
   add("parallel.cp_seq_length", E, {"model.context_parallel_size", "model.seq_length"}, kBridgeConfig,
       "context parallelism splits the sequence into 2 x CP chunks", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.context_parallel_size > 1 && m.seq_length % (2 * m.context_parallel_size) != 0,
-                       "Sequence length must be divisible by 2 * context parallel size if context parallel is used.",
-                       fmt::format("model.seq_length={}", round_up(m.seq_length, 2 * m.context_parallel_size)));
+        const Int cp = m.context_parallel_size;
+        if (cp <= 1 || m.seq_length % (2 * cp) == 0) return pass();
+        // The largest smaller CP that splits the sequence and still folds the world, else a longer sequence.
+        std::string fix = fmt::format("model.seq_length={}", round_up(m.seq_length, 2 * cp));
+        for (Int smaller = cp - 1; smaller >= 1; --smaller) {
+          const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * smaller;
+          if ((smaller == 1 || m.seq_length % (2 * smaller) == 0) && (!c.world() || *c.world() % mp == 0)) {
+            fix = fmt::format("model.context_parallel_size={}", smaller);
+            break;
+          }
+        }
+        return fail("Sequence length must be divisible by 2 * context parallel size if context parallel is used.", fix);
       });
   add("scheduler.lr_order", E, {"optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_init"},
       kMcoreScheduler, "min_lr and the warmup's start at most the learning rate",
