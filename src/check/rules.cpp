@@ -585,12 +585,16 @@ std::vector<Rule> build_rules() {
         // Where the world does not fold the expert side either, the world's fix (a world that
         // folds both sides and divides the batch where one does) is this one's too: two fixes
         // that each assume the other is not applied would not pass together.
+        // Likewise the interleaved schedule's groups: a batch of whole groups passes both rules.
         const auto& m = c.cfg.model;
         const Int emp = effective_etp(m) * m.expert_model_parallel_size * m.pipeline_model_parallel_size;
+        const Int group = m.pipeline_model_parallel_size > 1 && virtual_pipeline_size(m)
+                              ? m.microbatch_group_size_per_vp_stage.value_or(m.pipeline_model_parallel_size)
+                              : 1;
         const std::string fix = emp > 0 && *c.world() % emp != 0
                                     ? world_fix(c.cfg, *c.world())
                                     : fmt::format("train.global_batch_size={}",
-                                                  round_up(*t.global_batch_size, std::max<Int>(step, 1)));
+                                                  round_up(*t.global_batch_size, std::max<Int>(step * group, 1)));
         return fail_if(*t.micro_batch_size <= 0 || *t.global_batch_size % step != 0,
                        fmt::format("global_batch_size ({}) is not divisible by micro_batch_size x "
                                    "data_parallel_size = {} x {}",

@@ -88,6 +88,10 @@ TEST(Cli, FixesOfFlagSetFieldsAreFlagsAndAFlagTakesItsLastValue) {
   EXPECT_TRUE(has(r, "data_parallel_size = 1 x 24 | fix: -ng 32")) << r.out;
   r = run("check qwen3_30b_a3b -ng 24 -ng 32");
   EXPECT_EQ(r.code, 0) << r.out;
+  // A batch neither DP 5 nor the interleaved schedule's groups of PP 8 divide: one batch for both.
+  r = run("check qwen3_235b_a22b -ng 80 -ep 2");
+  EXPECT_TRUE(has(r, "but it is 6 (M = 1638, N = 8, PP = 8) | fix: train.global_batch_size=8200")) << r.out;
+  EXPECT_TRUE(has(r, "data_parallel_size = 1 x 5 | fix: train.global_batch_size=8200")) << r.out;
   // A field only implied by a flag (-rl sets full recompute): the override, and the flag to drop.
   r = run("check qwen3_30b_a3b -rl 1 --moe_a2a_overlap true");
   EXPECT_TRUE(has(r, "fix: model.recompute_granularity=selective (without -rl: a harness flag wins over overrides)")) << r.out;
