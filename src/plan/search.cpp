@@ -131,9 +131,13 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                       if (v.as_configured) rows.push_back({o, v});
                   }
               }
-  // Faster first (step times to the millisecond); on a tie, the one that holds less memory.
-  const auto key = [](const SearchRow& r) {
-    return std::pair{std::llround(r.variant.step_time_s * 1e3), r.variant.peak_memory_gb};
+  // Faster first (step times to the millisecond); on a tie, the one that holds less memory. A
+  // config within 5% of the GPU's memory ranks after every one with room: what the count leaves
+  // out (the CUDA context, NCCL's buffers, fragmentation) may not fit beside it.
+  const GpuInfo gpu = result.gpu;
+  const auto key = [&gpu](const SearchRow& r) {
+    return std::tuple{tight_fit(r.variant.peak_memory_gb, gpu), std::llround(r.variant.step_time_s * 1e3),
+                      r.variant.peak_memory_gb};
   };
   std::sort(rows.begin(), rows.end(), [&](const SearchRow& a, const SearchRow& b) { return key(a) < key(b); });
   if (rows.size() > static_cast<std::size_t>(keep)) rows.resize(static_cast<std::size_t>(keep));
