@@ -296,6 +296,14 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
             "reduce the embedding's table under the last micro-batch and only that micro-batch's token rows after "
             "the backward (epx's own)",
             {"ddp.reduce_embedding_rows=true"});
+      // What is left after the backward, smaller: half the bytes, then half the collective.
+      if (config->ddp.grad_reduce_in_fp32 && m->bf16)
+        add("communication", "reduce the gradients in BF16: half the bytes of FP32", {"ddp.grad_reduce_in_fp32=false"});
+      if (!config->ddp.use_distributed_optimizer)
+        add("communication",
+            "the distributed optimizer: a reduce-scatter instead of the all-reduce after the backward, the parameters' "
+            "all-gather under the next forward",
+            {"ddp.use_distributed_optimizer=true", "ddp.overlap_param_gather=true"});
     };
     // The pipeline: an even split of the measured compute, then a smaller bubble.
     const auto pipeline_fixes = [&] {

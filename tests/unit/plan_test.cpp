@@ -436,6 +436,15 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_EQ(timed.binding, "communication") << timed.why;
   EXPECT_NE(timed.why.find("all-grads-sync 3000"), std::string::npos) << timed.why;
   EXPECT_TRUE(timed.walls[1].measured);
+  // What is left after the backward gets smaller: BF16 instead of FP32, a reduce-scatter.
+  const Diagnosis fp32 = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100", "ddp.grad_reduce_in_fp32=true",
+                                                                  "ddp.use_distributed_optimizer=false"}),
+                                  find_gpu("h100"));
+  std::vector<std::string> fixes;
+  for (const Fix& f : fp32.fixes) fixes.push_back(fmt::format("{}", fmt::join(f.overrides, " ")));
+  EXPECT_NE(std::find(fixes.begin(), fixes.end(), "ddp.grad_reduce_in_fp32=false"), fixes.end()) << fmt::format("{}", fmt::join(fixes, "\n"));
+  EXPECT_NE(std::find(fixes.begin(), fixes.end(), "ddp.use_distributed_optimizer=true ddp.overlap_param_gather=true"),
+            fixes.end());
   // Prefixed by the launcher (torchrun --tee, srun -l), the same lines read the same; a log whose
   // batch is not the config's says so.
   std::ofstream(path) << "[default0]:  world_size ...... 16\n" << line(1, 9000) << line(2, 9000) << line(3, 9000)
