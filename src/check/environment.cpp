@@ -29,8 +29,7 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
       {"nvlink_latency_us", &g.rates.nvlink_latency_us}, {"network_latency_us", &g.rates.network_latency_us},
       {"attention_tflops", &g.rates.attention_tflops},
       {"cores", &g.rates.cores}, {"shared_core_efficiency", &g.rates.shared_core_efficiency}};
-  const std::map<std::string, int*> counts = {
-      {"compute_capability", &g.major}, {"gpus_per_node", &g.gpus_per_node}, {"nvlink_domain", &g.nvlink_domain}};
+  const std::map<std::string, int*> counts = {{"gpus_per_node", &g.gpus_per_node}, {"nvlink_domain", &g.nvlink_domain}};
   for (const auto& kv : node) {
     if (!kv.first.IsScalar())
       throw ConfigError(fmt::format("{}: a field name must be a plain word", where(kv.first, "")));
@@ -39,6 +38,15 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
     try {
       if (key == "device_name") {
         g.device_name = v.as<std::string>();
+      } else if (key == "compute_capability") {  // MAJOR or MAJOR.MINOR, as torch reports it (8.9)
+        const std::string text = v.as<std::string>();
+        const auto dot = text.find('.');
+        const std::string major = text.substr(0, dot), minor = dot == std::string::npos ? "0" : text.substr(dot + 1);
+        const auto digits = [](const std::string& s) {
+          return !s.empty() && s.size() <= 3 && s.find_first_not_of("0123456789") == std::string::npos;
+        };
+        if (!digits(major) || !digits(minor)) throw YAML::Exception(v.Mark(), "");
+        g.major = std::stoi(major), g.minor = std::stoi(minor);
       } else if (auto r = rates.find(key); r != rates.end()) {
         const double x = v.as<double>();
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
@@ -60,7 +68,8 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
                                       where(kv.first, key)));
       }
     } catch (const YAML::Exception&) {
-      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a number >= 0; device_name: text)",
+      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a number >= 0; compute_capability: MAJOR.MINOR; "
+                                    "device_name: text)",
                                     where(v, key), shorten(YAML::Dump(v))));
     }
   }

@@ -751,9 +751,8 @@ std::vector<Rule> build_rules() {
         if (!m.fp8) return pass();
         if (!c.gpu_named()) return gpu_not_given();
         if (!c.gpu.cuda()) return pass();  // epx's own runtime refuses FP8 itself (job_spec)
-        // The catalog's GPUs below 9 (V100, A100) are all below 8.9. Compute capability is a
-        // major version here, so an Ada GPU (8.9) from --hardware is refused too.
-        if (c.gpu.major < 9)
+        // Transformer Engine's gates: 8.9 (Ada, Hopper) for FP8, 10.0 (Blackwell) for MXFP8.
+        if (c.gpu.major * 10 + c.gpu.minor < 89)
           return fail("Device compute capability 8.9 or higher required for FP8 execution.", "model.fp8=null");
         return fail_if(m.fp8_recipe == std::optional<std::string>("mxfp8") && c.gpu.major < 10,
                        "Device compute capability 10.0 or higher required for MXFP8 execution.",

@@ -291,6 +291,18 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("no network_gb_s for it"), std::string::npos) << e.what();
   }
+  // Compute capability as torch reports it, MAJOR.MINOR: Ada's 8.9 runs FP8, Ampere's 8.6 does not.
+  std::ofstream(path) << "ada:\n  compute_capability: 8.9\n  memory_gb: 48\nampere:\n  compute_capability: 8.6\n";
+  add_hardware_file(path.string());
+  EXPECT_EQ(find_gpu("ada")->minor, 9);
+  const auto fp8_refused = [](const char* gpu) {
+    const CheckReport r = run_check(test::load_with("qwen3_30b_a3b_proxy", {std::string("target.gpu=") + gpu, "model.fp8=hybrid"}));
+    return std::any_of(r.findings.begin(), r.findings.end(), [](const Finding& f) { return f.rule_id == "fp8.gpu"; });
+  };
+  EXPECT_FALSE(fp8_refused("ada"));
+  EXPECT_TRUE(fp8_refused("ampere"));
+  std::ofstream(path) << "ada:\n  compute_capability: 8.x\n";
+  EXPECT_THROW(add_hardware_file(path.string()), ConfigError);
   // Before Ampere there are no BF16 tensor cores: no rate to give, and the message says so.
   try {
     make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=v100", "target.num_gpus=2"}));

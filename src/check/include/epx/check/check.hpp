@@ -34,6 +34,7 @@ struct GpuInfo {
   std::string name;         // the -g/--gpu spelling: "h100" (empty: a GPU not named)
   std::string device_name;  // what torch.cuda.get_device_properties(0).name reports
   int major = 0;            // compute capability major (0: no CUDA device; -1: not named)
+  int minor = 0;            // and minor (Ada's 8.9)
   int gpus_per_node = 8;
   int nvlink_domain = 8;    // GPUs in one NVLink domain
   HardwareRates rates;
