@@ -70,6 +70,8 @@ TimedWaits timed_waits(const RunEvidence& run) {
 // from the others (a straggler, a checkpoint save, a GC pause), which the mean includes.
 std::vector<std::string> log_notes(const RunEvidence& run) {
   std::vector<std::string> notes;
+  if (run.cut_off)
+    notes.push_back("the log's last line has no end (the run was still writing it): it is left out");
   if (run.skipped_iterations > 0 || run.nan_iterations > 0)
     notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
                                 "walls, first",

@@ -2,6 +2,7 @@
 #include "epx/plan/run_evidence.hpp"
 
 #include <algorithm>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -135,13 +136,14 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
   static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
-  static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+))");
+  static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+|nan|-?inf))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
   // A launcher's prefix ("[default3]:" from torchrun --tee, "3: " from srun -l), dropped from
   // every line before the rest is read.
   static const std::regex launcher_prefix(R"(^(?:\[[^\]]*\]|\d+):)");
-  static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$)");  // the arguments dump
+  // The arguments dump, or Megatron-LM's "using world size: N, data-parallel size: ..." line.
+  static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$|using world size:\s*(\d+))");
   // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
   static const std::regex timer(R"(^\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
   static const std::regex global_batch(R"(global batch size:\s*(\d+))");
@@ -150,7 +152,14 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
   run.kind = "Megatron log";
   std::map<int, double> memory_after;
-  std::istringstream in(text);
+  // A last line without its newline is one the run was still writing ("...(ms): 4"): not read.
+  std::string_view whole = text;
+  if (!whole.empty() && whole.back() != '\n') {
+    const auto end = whole.rfind('\n');
+    run.cut_off = whole.find_first_not_of(" \t\r", end == std::string_view::npos ? 0 : end + 1) != std::string_view::npos;
+    whole = end == std::string_view::npos ? std::string_view() : whole.substr(0, end + 1);
+  }
+  std::istringstream in{std::string(whole)};
   std::size_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
@@ -167,7 +176,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
         continue;
       }
       if (std::regex_search(line, m, world_size)) {
-        run.ranks = std::stoi(m[1]);
+        run.ranks = std::stoi(m[1].matched ? m[1].str() : m[2].str());
         if (run.ranks < 1) throw std::out_of_range("world size");
         continue;
       }
@@ -186,7 +195,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       p.step_s = std::stod(m[1]) / 1000;
       if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
-      if (std::regex_search(line, m, loss)) p.lm_loss = std::stod(m[1]);
+      if (std::regex_search(line, m, loss)) p.lm_loss = m[1].str().find_first_of("ni") == std::string::npos
+                                                            ? std::stod(m[1])
+                                                            : std::numeric_limits<double>::quiet_NaN();
       if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);
       if (std::regex_search(line, m, global_batch)) run.global_batch_size = std::stoll(m[1]);
       if (std::regex_search(line, m, nans)) p.nans = std::stoi(m[1]);
@@ -227,13 +238,13 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     for (std::size_t k = 0; k < its.size(); ++k) {
       if (!fallback && first_averaged(k) < steady_from) continue;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
-      sum += its[k].step_s, flops += its[k].tflops_per_gpu, ++n;
+      sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;
       for (const auto& [name, ms] : its[k].timers_ms) run.timers_ms[name] += ms;
     }
     if (n > 0) break;
   }
   run.mean_step_s = sum / n;
-  run.tflops_per_gpu = flops / n;
+  run.tflops_per_gpu = sum > 0 ? flops / sum : 0;  // weighted by time: the run's FLOPs over its time
   for (auto& [name, ms] : run.timers_ms) ms /= n;  // a timer missing on some lines counts as 0 there
   run.final_loss = run.iterations.back().lm_loss;
 }

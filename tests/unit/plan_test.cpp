@@ -471,6 +471,20 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   std::string notes;
   for (const std::string& n : other.notes) notes += n + "\n";
   EXPECT_NE(notes.find("the log's global batch is 64, the config's 1024"), std::string::npos) << notes;
+  // A last line the run was still writing is left out, and said so; a NaN loss is no loss (the
+  // report's gap), not 0; Megatron-LM's "using world size" line gives the ranks.
+  std::ofstream(path) << "using world size: 32, data-parallel size: 32, context-parallel size: 1\n" << line(1, 9000)
+                      << line(2, 9000) << line(3, 9000)
+                      << " [2025-11-03 10:00:00] iteration        4/     100 | elapsed time per iteration (ms): 9000 | "
+                         "lm loss: nan |\n"
+                      << " [2025-11-03 10:00:00] iteration        5/     100 | consumed samples: 512 | elapsed time per "
+                         "iteration (ms): 4";
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_TRUE(run.cut_off);
+  ASSERT_EQ(run.iterations.size(), 4u);
+  EXPECT_TRUE(std::isnan(run.iterations.back().lm_loss));
+  EXPECT_EQ(run.ranks, 32);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   // A run resumed at iteration 1000: its first line (1001, off the interval) and the next one,
   // which covers 1001 again with its counts, stay out of the steady state and the sums.
   const auto counted = [&](int it, double ms, int skipped) {

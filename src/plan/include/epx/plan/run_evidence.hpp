@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,7 +16,8 @@ namespace epx {
 
 struct IterationPoint {
   int iteration = 0;
-  double step_s = 0, tflops_per_gpu = 0, lm_loss = 0;
+  double step_s = 0, tflops_per_gpu = 0;
+  double lm_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not logged, or logged as nan
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
   int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
   // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks.
@@ -67,6 +69,7 @@ struct RunEvidence {
   int ranks = 0;  // the world size: epx results' ranks, a Megatron log's arguments dump; 0: not said
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
   std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
+  bool cut_off = false;  // a Megatron log whose last line has no end (still being written): left out
   std::map<std::string, double> timers_ms;  // Megatron's timers, the mean over the steady lines
   std::string layout, dispatcher, schedule, recompute;
   std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
