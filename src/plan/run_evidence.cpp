@@ -2,6 +2,7 @@
 #include "epx/plan/run_evidence.hpp"
 
 #include <algorithm>
+#include <set>
 #include <string_view>
 #include <filesystem>
 #include <fstream>
@@ -324,6 +325,17 @@ void read_trace(const std::string& path, RunEvidence& run) {
     if (s.rank == 0 && s.name == "optimizer step") ends.push_back(s.end_s);
   std::sort(ends.begin(), ends.end());
   if (ends.empty()) throw InputError(fmt::format("{}: no 'optimizer step' events on rank 0: not an `epx run --trace` file", path));
+  // The trace of another run would be read as this one's: its ranks and iterations must match.
+  if (run.kind == "epx results") {
+    std::set<int> ranks;
+    for (const TraceSpan& s : all) ranks.insert(s.rank);
+    if (run.ranks > 0 && static_cast<int>(ranks.size()) != run.ranks)
+      throw InputError(fmt::format("{}: a trace of {} rank(s), but {} ran on {}: not the same run's trace", path,
+                                   ranks.size(), run.source, run.ranks));
+    if (!run.iterations.empty() && ends.size() != run.iterations.size())
+      throw InputError(fmt::format("{}: a trace of {} iteration(s), but {} holds {}: not the same run's trace", path,
+                                   ends.size(), run.source, run.iterations.size()));
+  }
   const int last = std::min<int>(run.steady_last > 0 ? run.steady_last : static_cast<int>(ends.size()), static_cast<int>(ends.size()));
   const int first = std::clamp(run.steady_first > 0 ? run.steady_first : 1, 1, last);
   double start = 0;

@@ -19,3 +19,12 @@ expect "$dir/r.json" '"expert_model_parallel_size": 2'
 expect "$dir/r.json" '"lm_loss"'
 expect "$dir/t.json" '"name":"dispatch"'
 expect "$dir/t.json" '"pid":1'
+# Another run's trace (1 rank, 2 iterations) is refused, not read as this run's.
+"$mpirun" --oversubscribe -np 1 "$epx" run qwen3_30b_a3b_proxy -ep 1 --max_steps 2 model.num_layers=1 \
+  model.seq_length=64 --trace "$dir/other.json" >/dev/null 2>&1
+set +e
+out=$("$epx" diagnose "$dir/r.json" --trace "$dir/other.json" 2>&1)
+code=$?
+set -e
+echo "$out"
+[[ $code -eq 2 && $out == *"a trace of 1 rank(s), but"*"ran on 2: not the same run's trace"* ]] || { echo "another run's trace was read"; exit 1; }
