@@ -68,6 +68,10 @@ void RunArgs::add_to(CLI::App& app) {
 }
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {
+  if (args.steady_last > 0 && args.steady_first > args.steady_last)
+    throw ConfigError(fmt::format("--steady-from {} is after --steady-to {}: the mean needs a range of iterations; set "
+                                  "--steady-to {} or more",
+                                  args.steady_first, args.steady_last, args.steady_first));
   // Outputs first, so a path that cannot be written is refused before any rank computes (rank 0
   // writes both; its error takes the whole job down).
   if (mpi.rank() == 0) {

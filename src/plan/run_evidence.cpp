@@ -113,7 +113,17 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     run.steady_first = (*steady)[0].get<int>();
     run.steady_last = (*steady)[1].get<int>();
   }
+  const auto bad = [&](const std::string& why) {
+    return InputError(fmt::format("{}: {}; is this the JSON `epx run --results` writes?", path, why));
+  };
+  if (run.iterations.empty()) throw bad("'iterations' is empty");
+  if (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
+      run.steady_last > run.iterations.back().iteration)
+    throw bad(fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
+                          run.steady_first, run.steady_last, run.iterations.front().iteration,
+                          run.iterations.back().iteration));
   run.mean_step_s = amount(s, "mean_step_time_s", path);
+  if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s is 0");
   run.tflops_per_gpu = amount(s, "tflops_per_rank", path);
   run.peak_memory_gb = amount(s, "peak_memory_bytes", path) / kGiB;
   run.final_loss = number(s, "final_lm_loss", path);
@@ -123,7 +133,8 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.recompute = text_or(s, "recompute");
   if (j.contains("ranks") && j["ranks"].is_number_integer()) run.ranks = j["ranks"].get<int>();
   if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, path);
-  if (j.contains("config") && j["config"].is_object()) {
+  if (j.contains("config") && !j["config"].is_object()) throw bad("'config' is not a mapping of the config's sections");
+  if (j.contains("config")) {
     try {
       run.config = load_config_text(j["config"].dump(), path);  // JSON is YAML
     } catch (const ConfigError& e) {

@@ -267,6 +267,24 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   const Result bad_json = run("diagnose " + junk);
   EXPECT_EQ(bad_json.code, 2) << bad_json.out;
   EXPECT_TRUE(has(bad_json, junk + ":2: not a valid epx results file")) << bad_json.out;
+  // A results file whose steady range is not its iterations', or whose config is not a mapping.
+  const std::string point = R"("step_time_s": 1, "tflops_per_rank": 1, "lm_loss": 5, "mem_max_allocated_bytes": 1)";
+  const std::string results = R"({"summary": {"steady_state_iterations": [9, 2], "mean_step_time_s": 1,
+    "tflops_per_rank": 1, "peak_memory_bytes": 1, "final_lm_loss": 5},
+    "iterations": [{"iteration": 1, )" + point + R"(}, {"iteration": 2, )" + point + "}]}";
+  std::ofstream(junk) << results;
+  const Result reversed = run("diagnose " + junk);
+  EXPECT_EQ(reversed.code, 2) << reversed.out;
+  EXPECT_TRUE(has(reversed, "summary.steady_state_iterations [9, 2] is not a range of its iterations 1..2")) << reversed.out;
+  std::string fixed = results;
+  fixed.replace(fixed.find("[9, 2]"), 6, "[1, 2]");
+  std::ofstream(junk) << "{\"config\": \"x: [\"," << fixed.substr(1);
+  const Result config = run("diagnose " + junk);
+  EXPECT_EQ(config.code, 2) << config.out;
+  EXPECT_TRUE(has(config, "'config' is not a mapping")) << config.out;
+  const Result steady = run("run qwen3_30b_a3b_proxy -ep 1 --steady-from 3 --steady-to 2");
+  EXPECT_EQ(steady.code, 2) << steady.out;
+  EXPECT_TRUE(has(steady, "--steady-from 3 is after --steady-to 2")) << steady.out;
   // A negative time in a log line is corrupt input, not a step.
   std::ofstream(junk) << " iteration        1/      10 | elapsed time per iteration (ms): 812.5 |\n"
                          " iteration        2/      10 | elapsed time per iteration (ms): -5.0 |\n";
