@@ -871,11 +871,15 @@ std::vector<Rule> build_rules() {
       kBridgeCommOverlap, "EP overlap with PP > 1 needs VPP set (VPP=1 passes, and runs the interleaved schedule)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&
-                           !m.virtual_pipeline_model_parallel_size,
-                       "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
-                       "specified when pipeline_model_parallel_size > 1",
-                       vpp_to_set(m));
+        if (!ep_overlap(c) || m.pipeline_model_parallel_size <= 1 || m.virtual_pipeline_model_parallel_size) return pass();
+        const auto implied = virtual_pipeline_size(m);
+        return fail(fmt::format("If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
+                                "pipeline_model_parallel_size > 1{}",
+                                implied ? fmt::format(" (the pipeline layout implies VPP {}, but Bridge asserts the field "
+                                                      "before Megatron-Core reads the layout)",
+                                                      *implied)
+                                        : ""),
+                    vpp_to_set(m));
       });
   add("ep_overlap.full_recompute", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.recompute_granularity"},
@@ -1308,11 +1312,16 @@ std::vector<Rule> build_rules() {
        "model.pipeline_model_parallel_layout"},
       kSeedOverlap, "PP > 1 without VPP rules out EP overlap later", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(!ep_overlap(c) && m.pipeline_model_parallel_size > 1 &&
-                           !m.virtual_pipeline_model_parallel_size,
-                       "pipeline parallelism without VPP: EP overlap cannot be enabled on this "
-                       "layout (it needs virtual_pipeline_model_parallel_size)",
-                       vpp_to_set(m));
+        if (ep_overlap(c) || m.pipeline_model_parallel_size <= 1 || m.virtual_pipeline_model_parallel_size) return pass();
+        if (const auto implied = virtual_pipeline_size(m))  // a layout of several stages per rank
+          return fail(fmt::format("the pipeline layout runs the interleaved schedule (VPP {}), but "
+                                  "virtual_pipeline_model_parallel_size is unset: EP overlap cannot be enabled until it "
+                                  "is set (Bridge asserts the field before Megatron-Core reads the layout)",
+                                  *implied),
+                      vpp_to_set(m));
+        return fail("pipeline parallelism without VPP: EP overlap cannot be enabled on this layout (it needs "
+                    "virtual_pipeline_model_parallel_size)",
+                    vpp_to_set(m));
       });
   add("advice.full_recompute", A, {"model.recompute_granularity"}, kSeedWorkflow,
       "prefer selective recompute to full recompute", [](const CheckContext& c) {
