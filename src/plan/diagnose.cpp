@@ -157,8 +157,15 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   const TimedWaits timed = run.trace ? TimedWaits{} : timed_waits(run);
   const double timed_dp = timed.dp_s, timed_pp = timed.pp_s;
   if (!timed.text.empty()) {
-    comm.evidence += "; " + timed.text;
-    if ((timed_dp + timed_pp) / step > comm.share) comm.share = (timed_dp + timed_pp) / step, comm.measured = true;
+    // The timers measure the DP reduction and the pipeline's waits; the token exchanges inside
+    // forward and backward stay the planner's.
+    const double exchanges = base ? (base->exposed_comm_s - base->exposed_dp_s) / base->step_time_s : 0;
+    comm.share = (timed_dp + timed_pp) / step + exchanges;
+    comm.measured = true;
+    comm.evidence += fmt::format("; {}: the DP reduction and pipeline waits {:.3g} s of the {:.3g} s step measured{}",
+                                 timed.text, timed_dp + timed_pp, step,
+                                 base ? fmt::format(", with the planner's {:.0f}% for the token exchanges", 100 * exchanges)
+                                      : "");
   }
   // The pipeline's waits, per stage, from the results (with or without a trace, which is rank
   // 0's alone): the stage that waits most tells what the step loses to the others.

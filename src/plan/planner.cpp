@@ -164,6 +164,7 @@ Plan make_plan(const Config& c) {
       v.tokens_per_s_per_gpu = tokens_per_step / t.total / l.world;
       v.peak_memory_gb = mem.peak() / kGiB;
       v.exposed_comm_s = t.exposed_comm;
+      v.exposed_dp_s = std::min(t.exposed_dp, t.exposed_comm);
       v.compute_s = t.compute;
       v.bubble_s = t.bubble;
       v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";

@@ -122,7 +122,8 @@ StepTime step_time(const StepCosts& s, double micro_batches, int pp, int vpp, bo
     t.layers = alone + (micro_batches - 1) * pair;
   }
   t.bubble = pp > 1 ? (pp - 1) / static_cast<double>(std::max(1, vpp)) * alone : 0;
-  t.total = t.layers + t.bubble + (ep_overlap && micro_batches >= 2 ? s.dp_merged : s.dp) + s.optimizer;
+  t.exposed_dp = ep_overlap && micro_batches >= 2 ? s.dp_merged : s.dp;
+  t.total = t.layers + t.bubble + t.exposed_dp + s.optimizer;
   t.compute = micro_batches * compute + s.optimizer;
   t.exposed_comm = std::max(0.0, t.total - t.compute - t.bubble);
   return t;

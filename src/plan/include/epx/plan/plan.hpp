@@ -94,6 +94,7 @@ struct Variant {
   bool ep_overlap = false, delay_wgrad = false, as_configured = false;
   double step_time_s = 0, tflops_per_gpu = 0, tokens_per_s_per_gpu = 0, peak_memory_gb = 0, exposed_comm_s = 0;
   double compute_s = 0, bubble_s = 0;
+  double exposed_dp_s = 0;  // of exposed_comm_s, the DP reduction after the backward
   std::string wall;      // memory | communication | compute
   std::vector<std::string> overrides;  // the overrides that turn the configured run into this row
   std::string refusal;   // with check_variants: epx check's first error on that run, "[rule] message"

@@ -29,6 +29,7 @@ StepCosts step_costs(const Config& resolved, const LayoutPlan& layout, const Gpu
 
 struct StepTime {
   double total = 0, layers = 0, bubble = 0, compute = 0, exposed_comm = 0;
+  double exposed_dp = 0;  // the part of exposed_comm that is the DP reduction after the backward
 };
 StepTime step_time(const StepCosts& costs, double micro_batches, int pp, int vpp, bool ep_overlap, bool delay_wgrad);
 
