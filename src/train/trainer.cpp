@@ -105,6 +105,11 @@ class Trainer {
   IterationLog train_step(int it);
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
+  // The coefficient of the load-balancing loss Megatron logs (aux_loss or seq_aux_loss); 0: none.
+  double load_balancing_coeff() const {
+    const auto& moe = job_.model.moe;
+    return moe && moe->load_balancing != "none" && job_.model.num_moe_layers() > 0 ? moe->aux_loss_coeff : 0;
+  }
   void summarize(TrainResult& r, trace::Clock::time_point origin, trace::Clock::time_point steady_begin);
   PipelineStats pipeline_stats(int iterations);
 
@@ -282,7 +287,10 @@ IterationLog Trainer::train_step(int it) {
   // own layers' share of the load-balancing loss.
   const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);
   log.lm_loss = reduced[0] / (static_cast<double>(micro_batches) * replicas);
-  log.load_balancing_loss = reduced[1] / (static_cast<double>(micro_batches) * replicas);
+  // As Megatron's MoE metrics tracker logs it: the aux loss without its coefficient, the mean
+  // over the MoE layers (the schedule's losses already are) and the micro-batches.
+  if (const double coeff = load_balancing_coeff(); coeff > 0)
+    log.load_balancing_loss = reduced[1] / (static_cast<double>(micro_batches) * replicas) / coeff;
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
   log.mem_allocated = mem.allocated_bytes;
@@ -302,7 +310,11 @@ void Trainer::training_log(const IterationLog& log) const {
                         "number of nan iterations: {:3d} |\n",
                         timestamp(), it, iters, log.consumed_samples, log.step_s * 1e3, log.tflops_per_rank, log.lr,
                         job_.global_batch, log.lm_loss,
-                        job_.model.num_moe_layers() ? fmt::format(" load_balancing_loss: {:.6E} |", log.load_balancing_loss) : "",
+                        load_balancing_coeff() > 0 ? fmt::format(" {}: {:.6E} |", job_.model.moe->load_balancing == "seq_aux_loss"
+                                                                                       ? "seq_load_balancing_loss"
+                                                                                       : "load_balancing_loss",
+                                                                   log.load_balancing_loss)
+                                                   : "",
                         log.grad_norm, std::isfinite(log.lm_loss) ? 0 : 1)
          << std::flush;
   if (options_.log && rank == 0)

@@ -11,6 +11,8 @@ echo "$log"
 expect() { grep -qE "$2" "$1" || { echo "missing in $1: $2"; exit 1; }; }
 echo "$log" > "$dir/log"
 expect "$dir/log" 'iteration +3/ +3 \| consumed samples: +24 \| elapsed time per iteration \(ms\): [0-9.]+ \|.* lm loss: [0-9.E+-]+ \|.* grad norm: [0-9.]+ \|'
+# Megatron's load_balancing_loss is the aux loss without its coefficient (1e-3 here): about 1.
+expect "$dir/log" 'load_balancing_loss: ([0-9]\.[0-9]+E\+00|[5-9]\.[0-9]+E-01) \|'
 expect "$dir/log" 'Step Time : [0-9.]+s GPU utilization: [0-9.]+MODEL_TFLOP/s/GPU'
 expect "$dir/log" 'mem-max-allocated-gigabytes: [0-9.]+'
 expect "$dir/log" 'steady-state step time: [0-9.]+ s \(mean of iterations 3..3\)'
