@@ -85,9 +85,14 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     if (args.trace) check_output_path(*args.trace, "--trace", files);
   }
   Config loaded = args.config.load();
-  // The job's ranks are the target unless -ng says otherwise (then they must agree), on epx's
-  // own CPU runtime whatever GPU the config names for `epx check`.
-  if (!args.config.flags.num_gpus) loaded.target.num_gpus = mpi.size();
+  // The job's ranks are the world, on epx's own CPU runtime whatever GPU the config names for
+  // `epx check`; a world set on the command line must be theirs.
+  if (loaded.set_on_command_line("target.num_gpus") && loaded.target.num_gpus != mpi.size())
+    throw ConfigError(fmt::format("target.num_gpus={}: epx run trains on the job's {} ranks; launch {} (epx launch -n {} "
+                                  "-- epx run ...) or leave the world size unset",
+                                  loaded.target.num_gpus ? std::to_string(*loaded.target.num_gpus) : "None", mpi.size(),
+                                  loaded.target.num_gpus.value_or(mpi.size()), loaded.target.num_gpus.value_or(mpi.size())));
+  loaded.target.num_gpus = mpi.size();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";
   // Ranks over several nodes (the emulated cluster): the config records the ranks per node, so
   // the results say where the job ran (`epx diagnose` plans it as it was).
@@ -99,7 +104,15 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     for (const auto& [node, ranks] : per_node) most = std::max(most, ranks);
     loaded.target.gpus_per_node = most;
   }
-  const CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
+  CheckReport report = run_check(loaded, args.config.flags.moe_flex_dispatcher_backend);
+  // A world the layout does not fold is fixed by the job's rank count, not a setting.
+  for (Finding& f : report.findings)
+    for (const std::string key : {"target.num_gpus=", "-ng "})
+      if (const auto at = f.fix.find(key); at != std::string::npos) {
+        const auto end = std::min(f.fix.find(' ', at + key.size()), f.fix.size());
+        const std::string n = f.fix.substr(at + key.size(), end - at - key.size());
+        f.fix.replace(at, end - at, fmt::format("(launch {} ranks: epx launch -n {} -- epx run ...)", n, n));
+      }
   const std::string text = format_report(report);
   if (!report.ok()) {
     if (mpi.rank() == 0) std::cout << text << "epx run: the check found errors; not starting\n" << std::flush;
