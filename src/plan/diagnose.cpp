@@ -24,20 +24,34 @@ constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowR
 const std::vector<std::string> kSelectiveRecompute = {"model.recompute_granularity=selective",
                                                       "model.recompute_modules=[core_attn,moe_act,layernorm]"};
 
-// The planner's as-configured row of `c` with `overrides`, against `base`, in words: the step
-// time, or the time per sample where the overrides change the global batch.
-std::string predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides) {
+// The planner's as-configured row of `c` with `overrides`, against `base`: the step time, or the
+// time per sample where the overrides change the global batch, and the peak. Where the run
+// measured its peak, the predicted one is scaled by measured / planned before it is judged.
+struct Effect {
+  std::string text;
+  double time_ratio = 1;  // after / before
+  bool fits = true;
+};
+Effect predicted_effect(const Config& c, const Variant& base, const std::vector<std::string>& overrides,
+                        double measured_peak_gb) {
   const Replanned r = replan(c, overrides);
-  if (!r.plan) return "epx check refuses it here: " + r.refusal;
+  if (!r.plan) return {"epx check refuses it here: " + r.refusal, 1, false};
   const Variant& v = r.plan->configured();
   const double batch = static_cast<double>(c.train.global_batch_size.value_or(1) * c.model.seq_length),
                new_batch = r.plan->flops_per_step / std::max(1e-30, r.plan->flops.per_token());  // tokens
   const bool per_sample = std::abs(new_batch / batch - 1) > 1e-6;
   const double before = per_sample ? base.step_time_s / batch * 1e6 : base.step_time_s,
                after = per_sample ? v.step_time_s / new_batch * 1e6 : v.step_time_s;
-  return fmt::format("planner: {} {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}",
-                     per_sample ? "time per million tokens" : "step", before, after, 100 * (after / before - 1),
-                     base.peak_memory_gb, v.peak_memory_gb, r.plan->fits ? "" : " (does not fit)");
+  const double scale = measured_peak_gb > 0 && base.peak_memory_gb > 0 ? measured_peak_gb / base.peak_memory_gb : 1;
+  const double peak = v.peak_memory_gb * scale, capacity = r.plan->gpu.rates.memory_gb;
+  const bool fits = r.plan->fits && (capacity <= 0 || peak <= capacity), tight = fits && tight_fit(peak, r.plan->gpu);
+  return {fmt::format("planner: {} {:.3g} -> {:.3g} s ({:+.0f}%), peak {:.3g} -> {:.3g} GiB{}{}",
+                      per_sample ? "time per million tokens" : "step", before, after, 100 * (after / before - 1),
+                      base.peak_memory_gb, v.peak_memory_gb,
+                      std::abs(scale - 1) > 0.02 ? fmt::format(" (x {:.2f}, measured / planned now: {:.3g} GiB)", scale, peak)
+                                                 : "",
+                      !fits ? " (does not fit)" : tight ? " (within 5% of the GPU's memory)" : ""),
+          after / before, fits};
 }
 
 // Megatron's timers (a log with --timing-log-level 1 or 2) measure, without a trace, what the
@@ -257,11 +271,20 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 
   // The fixes, in the seeds' order for the binding wall (Phase 1 for memory, Phase 3 for the rest).
   const ModelConfig* m = config ? &config->model : nullptr;
+  // A fix epx's runtime lacks is named, on an epx run, in one note; outside the memory wall, one
+  // the planner predicts slower, or not to fit, is left out and named in another (unless the
+  // fix comes from what the run measured, which the planner does not see: `measured`).
+  std::vector<std::string> not_on_epx, left_out;
   const auto add = [&](const std::string& wall, const std::string& what, std::vector<std::string> overrides,
-                       bool on_epx = true) {
+                       bool on_epx = true, bool measured = false) {
+    if (epx_runtime && !on_epx) return not_on_epx.push_back(what);
     Fix f{wall, what, std::move(overrides), ""};
-    if (epx_runtime && !on_epx) f.what += " (not in epx's CPU runtime yet)";
-    if (config && base && !f.overrides.empty()) f.predicted = predicted_effect(*config, *base, f.overrides);
+    if (config && base && !f.overrides.empty()) {
+      const Effect e = predicted_effect(*config, *base, f.overrides, run.peak_memory_gb);
+      if (wall != "memory" && !measured && (e.time_ratio > 1.01 || !e.fits) && e.text.find("refuses") == std::string::npos)
+        return left_out.push_back(fmt::format("{} ({})", what, e.text));
+      f.predicted = e.text;
+    }
     d.fixes.push_back(f);
   };
   if (d.binding == "memory" && m) {
@@ -290,9 +313,20 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
       if (m->moe_token_dispatcher_type != "flex")
         add("communication", "a flex dispatcher: DeepEP sends one copy per destination node, not per expert",
             {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=deepep"});
-      if (!m->overlap_moe_expert_parallel_comm)
-        add("communication", "EP overlap with delayed wgrad: the exchanges run under the other micro-batch's compute",
-            {"comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"});
+      if (!m->overlap_moe_expert_parallel_comm) {
+        std::vector<std::string> o = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
+                                      "comm_overlap.delay_wgrad_compute=true"};
+        // With PP it needs the interleaved schedule's VPP set (ep_overlap.pp_needs_vpp).
+        const auto vpp = m->pipeline_model_parallel_size > 1 && !m->virtual_pipeline_model_parallel_size
+                             ? std::optional<Int>(virtual_pipeline_size(*m).value_or(smallest_splitting_vpp(*m, 8).value_or(0)))
+                             : std::nullopt;
+        if (vpp && *vpp > 0) o.push_back(fmt::format("model.virtual_pipeline_model_parallel_size={}", *vpp));
+        add("communication",
+            vpp ? "EP overlap with delayed wgrad, on the interleaved schedule it needs at PP > 1: the exchanges run under "
+                  "the other micro-batch's compute"
+                : "EP overlap with delayed wgrad: the exchanges run under the other micro-batch's compute",
+            o);
+      }
     };
     const auto dp_fixes = [&] {
       if (groups.dp * groups.cp == 1 && groups.edp == 1) return;  // no gradient reduction
@@ -332,7 +366,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                         "at {:.3g} s)",
                         b->slowest_stage, b->slowest_now_s, fmt::join(b->layers_balanced, " / "),
                         fmt::join(b->layers_now, " / "), b->slowest_balanced_s, b->per_layer_s),
-            layout_overrides(*m, b->layout));
+            layout_overrides(*m, b->layout), true, true);
       if (virtual_pipeline_size(*m).value_or(1) == 1 && !m->pipeline_model_parallel_layout)
         if (const auto v = smallest_splitting_vpp(*m, 4))
           add("communication",
@@ -370,7 +404,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
             {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]"});
       if (config->train.global_batch_size && *config->train.global_batch_size % (2 * mbs * plan->layout.layout.dp) == 0)
         add("compute/host", "a larger micro-batch: fewer, larger kernels", {fmt::format("train.micro_batch_size={}", 2 * mbs)});
-      if (maybe_host) add("compute/host", "--manual-gc and CPU affinity tuning", {}, false);
+      if (maybe_host && !config->train.manual_gc) add("compute/host", "--manual-gc and CPU affinity tuning", {}, false);
     }
     if (!m->moe_grouped_gemm) add("compute/host", "grouped GEMM for the experts", {"model.moe_grouped_gemm=true"});
     if (!m->moe_permute_fusion) add("compute/host", "fused permutation", {"model.moe_permute_fusion=true"}, false);
@@ -378,6 +412,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                                : "FP8, and the dispatcher's kernel tuning (SMs)",
         {}, false);
   }
+  if (!not_on_epx.empty())
+    d.notes.push_back(fmt::format("for the target, not in epx's CPU runtime yet: {}", fmt::join(not_on_epx, "; ")));
+  for (const std::string& f : left_out) d.notes.push_back("left out, the planner predicts it slower or not to fit: " + f);
   return d;
 }
 
