@@ -376,14 +376,15 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
       "epx run summary ({} ranks, {})\n"
       "  steady-state step time: {:.3f} s (mean of iterations {}..{})\n"
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
-      "  peak memory: {:.4f} GB (mem-max-allocated, max over ranks)\n"
+      "  peak memory: {:.4f} GB = {:.4f} GiB (mem-max-allocated, max over ranks)\n"
       "  final lm loss: {:.6f} (iteration {})\n"
       "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
+      static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
       result.final_loss, job_.iterations, result.comm_in_flight_s, result.comm_thread_cpu_s,
       result.traced ? fmt::format(", {:.3f} s of it exposed", result.traced->exposed_comm_s) : "",
-      result.traced && result.traced->token_exchange_s > 0
+      result.traced && result.traced->token_exchange_s > 0 && job_.layout.ep * job_.layout.etp > 1  // EP 1: local
           ? fmt::format("  token exchanges (dispatch, combine and their backward; rank 0): {:.3f} s in flight, "
                         "{:.3f} s exposed ({:.0f}% hidden)\n",
                         result.traced->token_exchange_s, result.traced->exposed_token_exchange_s,
