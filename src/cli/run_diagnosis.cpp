@@ -29,8 +29,9 @@ DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::
                                   run_path));
   if (d.config) {
     for (const std::string& o : overrides) apply_override(*d.config, o, Config::Origin::override_arg);
-    if (gpu) d.config->target.gpu = *gpu;
-    if (num_gpus) d.config->target.num_gpus = *num_gpus;
+    // Given here, they are no longer the file's: an error about them cites the option.
+    if (gpu) d.config->target.gpu = *gpu, d.config->file_locations.erase("target.gpu");
+    if (num_gpus) d.config->target.num_gpus = *num_gpus, d.config->file_locations.erase("target.num_gpus");
     if (!d.config->target.num_gpus && d.run.ranks > 0) d.config->target.num_gpus = d.run.ranks;
     if (!d.config->target.num_gpus)
       throw ConfigError(fmt::format("{}: the world size is said neither in the run nor in its config (a Megatron log "
