@@ -252,7 +252,11 @@ int main(int argc, char** argv) {
       "optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
       "optimizer.main_grads_dtype={_target_: torch.bfloat16, _call_: false}", "optimizer.exp_avg_dtype={_target_: 3}",
       "+model.moe_router_top_k=4", "+model.fp4=null", "~model.moe_router_top_k", "+train.rampup_batch_size=[1,1,8]",
-      "model.num_layers_in_last_pipeline_stage=3", "model.virtual_pipeline_model_parallel_size=3"};
+      "model.num_layers_in_last_pipeline_stage=3", "model.virtual_pipeline_model_parallel_size=3",
+      "model.microbatch_group_size_per_vp_stage=3", "model.microbatch_group_size_per_vp_stage=0",
+      "model.cuda_graph_impl=full_iteration", "model.cuda_graph_scope=[full_iteration]", "target.gpu=gb200",
+      "target.gpus_per_node=4", "target.num_gpus=304", "model.multi_latent_attention=true", "model.q_lora_rank=0",
+      "+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=3", "model.mtp_num_layers=1"};
 
   int passed = 0, failed = 0;
   for (int i = 0; i < cases; ++i) {
