@@ -259,6 +259,15 @@ std::vector<std::string> pipeline_split_fix(const ModelConfig& m) {
   return layout_overrides(m, *c.pipeline_model_parallel_layout);
 }
 
+std::string vpp_to_set(const ModelConfig& m) {
+  if (m.pipeline_model_parallel_layout) try {
+      return fmt::format("model.virtual_pipeline_model_parallel_size={}", pipeline_split(m).chunks);
+    } catch (const ConfigError&) {
+    }
+  return fmt::format("model.virtual_pipeline_model_parallel_size={}",
+                     smallest_splitting_vpp(m, std::min<Int>(8, m.num_layers)).value_or(1));
+}
+
 std::vector<std::string> layout_overrides(const ModelConfig& m, const std::string& layout) {
   std::vector<std::string> o = {fmt::format("model.pipeline_model_parallel_layout='{}'", layout)};
   if (m.num_layers_in_first_pipeline_stage) o.push_back("model.num_layers_in_first_pipeline_stage=null");

@@ -72,17 +72,6 @@ bool contains(const std::vector<T>& list, const std::type_identity_t<T>& item) {
 // keeps it >= 1), or a pattern with a 0.
 bool has_dense_layers(const MoeLayerFreq& f) { return f.pattern.empty() ? f.every > 1 : contains(f.pattern, Int{0}); }
 
-// The VPP to give where EP overlap needs one set: the layout's stages per rank, else the smallest
-// from 2 that splits the layers, else 1.
-std::string vpp_to_set(const ModelConfig& m) {
-  if (m.pipeline_model_parallel_layout) try {
-      return fmt::format("model.virtual_pipeline_model_parallel_size={}", pipeline_split(m).chunks);
-    } catch (const ConfigError&) {
-    }
-  return fmt::format("model.virtual_pipeline_model_parallel_size={}",
-                     smallest_splitting_vpp(m, std::min<Int>(8, m.num_layers)).value_or(1));
-}
-
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
 bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
   return contains(m.cuda_graph_modules, name) || contains(m.cuda_graph_scope, name);
@@ -453,11 +442,16 @@ std::vector<Rule> build_rules() {
         const auto& m = c.cfg.model;
         const Int cp = m.context_parallel_size;
         if (cp <= 1 || m.seq_length % (2 * cp) == 0) return pass();
-        // The largest smaller CP that splits the sequence and still folds the world, else a longer sequence.
+        // The largest smaller CP that splits the sequence and still folds the world and divides the
+        // batch, else a longer sequence.
         std::string fix = fmt::format("model.seq_length={}", round_up(m.seq_length, 2 * cp));
+        const auto& t = c.cfg.train;
         for (Int smaller = cp - 1; smaller >= 1; --smaller) {
           const Int mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * smaller;
-          if ((smaller == 1 || m.seq_length % (2 * smaller) == 0) && (!c.world() || *c.world() % mp == 0)) {
+          const bool folds = !c.world() || (*c.world() % mp == 0 &&
+                                            (!t.global_batch_size || !t.micro_batch_size ||
+                                             *t.global_batch_size % (*t.micro_batch_size * (*c.world() / mp)) == 0));
+          if ((smaller == 1 || m.seq_length % (2 * smaller) == 0) && folds) {
             fix = fmt::format("model.context_parallel_size={}", smaller);
             break;
           }
@@ -1340,16 +1334,16 @@ std::vector<Rule> build_rules() {
       kMcore, "per-layer CUDA graph modules fit the model: MoE ones on MoE layers, mlp on dense ones, moe drop-padded",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.cuda_graph_impl == "full_iteration") {
+        if (full_iteration_graph(m)) {
           // Bridge's legacy scope becomes the modules list; "full" and "full_iteration" are dropped.
           bool modules = false;
           for (const StringList* list : {&m.cuda_graph_modules, &m.cuda_graph_scope})
             for (const std::string& name : *list) modules = modules || (name != "full" && name != "full_iteration");
+          const std::string scope = m.cuda_graph_impl == "local" ? "[full_iteration]" : "[]";  // the legacy switch kept
           return fail_if(modules, "cuda_graph_modules must be empty when cuda_graph_impl=\"full_iteration\".",
-                         m.cuda_graph_modules.empty() ? "model.cuda_graph_scope=[]" : "model.cuda_graph_modules=[] model.cuda_graph_scope=[]");
+                         (m.cuda_graph_modules.empty() ? "" : "model.cuda_graph_modules=[] ") + std::string("model.cuda_graph_scope=") + scope);
         }
-        if (full_iteration_graph(m) || (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine"))
-          return pass();
+        if (m.cuda_graph_impl != "local" && m.cuda_graph_impl != "transformer_engine") return pass();
         // The local implementation captures moe_router and moe_preprocess together.
         const bool local = m.cuda_graph_impl == "local";
         const auto has = [&](const char* name) {

@@ -68,10 +68,10 @@ void RunArgs::add_to(CLI::App& app) {
 }
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {
-  if (args.steady_last > 0 && args.steady_first > args.steady_last)
+  if (args.steady_first && args.steady_last > 0 && *args.steady_first > args.steady_last)
     throw ConfigError(fmt::format("--steady-from {} is after --steady-to {}: the mean needs a range of iterations; set "
                                   "--steady-to {} or more",
-                                  args.steady_first, args.steady_last, args.steady_first));
+                                  *args.steady_first, args.steady_last, *args.steady_first));
   // Outputs first, so a path that cannot be written is refused before any rank computes (rank 0
   // writes both; its error takes the whole job down).
   if (mpi.rank() == 0) {
@@ -87,11 +87,10 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   Config loaded = args.config.load();
   // The job's ranks are the world, on epx's own CPU runtime whatever GPU the config names for
   // `epx check`; a world set on the command line must be theirs.
-  if (loaded.set_on_command_line("target.num_gpus") && loaded.target.num_gpus != mpi.size())
+  if (loaded.set_on_command_line("target.num_gpus") && loaded.target.num_gpus && *loaded.target.num_gpus != mpi.size())
     throw ConfigError(fmt::format("target.num_gpus={}: epx run trains on the job's {} ranks; launch {} (epx launch -n {} "
                                   "-- epx run ...) or leave the world size unset",
-                                  loaded.target.num_gpus ? std::to_string(*loaded.target.num_gpus) : "None", mpi.size(),
-                                  loaded.target.num_gpus.value_or(mpi.size()), loaded.target.num_gpus.value_or(mpi.size())));
+                                  *loaded.target.num_gpus, mpi.size(), *loaded.target.num_gpus, *loaded.target.num_gpus));
   loaded.target.num_gpus = mpi.size();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";
   // Ranks over several nodes (the emulated cluster): the config records the ranks per node, so
@@ -127,7 +126,7 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
   }
   TrainOptions options;
   options.data = MockData::parse_mode(args.mock_data);
-  options.steady_first = args.steady_first;
+  options.steady_first = args.steady_first.value_or(3);
   options.steady_last = args.steady_last;
   options.trace_path = args.trace;
   options.progress_bar = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);

@@ -16,7 +16,8 @@ namespace epx::cli {
 struct RunArgs {
   ConfigArgs config;
   std::string mock_data = "random";
-  int steady_first = 3, steady_last = 0;
+  std::optional<int> steady_first;  // None: 3, as the seeds (or 1 for a shorter --steady-to)
+  int steady_last = 0;
   std::optional<std::string> results, trace;
   std::optional<double> collective_timeout;
 

@@ -254,14 +254,20 @@ class MpiCommunicator final : public Communicator {
   Request start_allreduce(void* data, std::int64_t count, DType dt) override {
     auto r = std::make_unique<MpiRequests>("allreduce");
     std::int64_t at = 0;
-    do {
-      const std::int64_t n = std::min(count - at, g_max_count);
-      auto& part = r->parts.emplace_back(std::make_unique<MpiRequest>(r->op));
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, static_cast<std::byte*>(data) + at * dtype_size(dt), to_int(n, r->op),
-                               mpi_type(dt), sum_op(dt), comm_, &part->req),
-                "MPI_Iallreduce");
-      at += n;
-    } while (at < count);
+    try {
+      do {
+        const std::int64_t n = std::min(count - at, g_max_count);
+        auto& part = r->parts.emplace_back(std::make_unique<MpiRequest>(r->op));
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, static_cast<std::byte*>(data) + at * dtype_size(dt), to_int(n, r->op),
+                                 mpi_type(dt), sum_op(dt), comm_, &part->req),
+                  "MPI_Iallreduce");
+        at += n;
+      } while (at < count);
+    } catch (...) {  // the slices already started finish first, so the error is this one
+      for (auto& part : r->parts)
+        if (part->req != MPI_REQUEST_NULL) poll(*part);
+      throw;
+    }
     return r;
   }
   Request start_barrier() override {

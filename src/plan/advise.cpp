@@ -109,10 +109,13 @@ std::string ep_rule(const LayoutPlan& lp) {
         if (n > 0 && better.size() < 2 && slurm_segment_nodes(n, rack_nodes) * node % ranks == 0) better.push_back(n);
     std::sort(better.begin(), better.end());
     return fmt::format("EP {} fits a rack of {} GPUs, but for {} nodes Bridge's harness asks Slurm for segments of {} "
-                       "node{} ({} GPUs), which some EP groups {}, so they cross the network (medium EP); {} nodes "
-                       "would keep each group in one segment",
+                       "node{} ({} GPUs), which some EP groups {}, so they cross the network (medium EP){}",
                        l.ep, lp.rack_gpus, lp.nodes, lp.segment_nodes, lp.segment_nodes == 1 ? "" : "s",
-                       lp.nvlink_domain, ranks <= lp.nvlink_domain ? "straddle" : "outgrow", fmt::join(better, " or "));
+                       lp.nvlink_domain, ranks <= lp.nvlink_domain ? "straddle" : "outgrow",
+                       better.empty() ? ""
+                                      : fmt::format("; {} nodes would keep each group in one segment (if the layout and "
+                                                    "the batch fit them)",
+                                                    fmt::join(better, " or ")));
   }
   if (ranks <= lp.nvlink_domain)
     return fmt::format("EP {}: small enough for one NVLink domain of {}, but some EP groups straddle two (the domain "

@@ -317,10 +317,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
         std::vector<std::string> o = {"comm_overlap.overlap_moe_expert_parallel_comm=true",
                                       "comm_overlap.delay_wgrad_compute=true"};
         // With PP it needs the interleaved schedule's VPP set (ep_overlap.pp_needs_vpp).
-        const auto vpp = m->pipeline_model_parallel_size > 1 && !m->virtual_pipeline_model_parallel_size
-                             ? std::optional<Int>(virtual_pipeline_size(*m).value_or(smallest_splitting_vpp(*m, 8).value_or(0)))
-                             : std::nullopt;
-        if (vpp && *vpp > 0) o.push_back(fmt::format("model.virtual_pipeline_model_parallel_size={}", *vpp));
+        const bool vpp = m->pipeline_model_parallel_size > 1 && !m->virtual_pipeline_model_parallel_size;
+        if (vpp) o.push_back(vpp_to_set(*m));
         add("communication",
             vpp ? "EP overlap with delayed wgrad, on the interleaved schedule it needs at PP > 1: the exchanges run under "
                   "the other micro-batch's compute"

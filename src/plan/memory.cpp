@@ -20,17 +20,18 @@ struct LayerParams {
 
 // What attention keeps for its backward, in elements per token: `heads`, split over TP by
 // heads, are Q, K, V and the core attention's output (Megatron's formula counts 4h, MHA's);
-// `latent`, whole on every TP rank (MLA's down-projections are duplicated), are MLA's
-// compressed q and kv and their norms' inputs. `mla_up_proj` recompute drops Q, K and V.
+// `latent` are MLA's compressed q and kv and their norms' inputs, from its duplicated
+// down-projections: split over TP by sequence parallelism alone, as the norms are; `rope`, its
+// shared rotary key, gathered whole on every TP rank. `mla_up_proj` recompute drops Q, K and V.
 struct AttentionSaved {
-  double heads = 0, latent = 0;
+  double heads = 0, latent = 0, rope = 0;
 };
 AttentionSaved attention_saved(const ModelConfig& m, bool up_proj_recomputed) {
   const double n = static_cast<double>(m.num_attention_heads);
   if (m.multi_latent_attention) {
     const double qk = n * static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim), v = n * static_cast<double>(m.v_head_dim);
     const double r = static_cast<double>(m.q_lora_rank.value_or(0) + m.kv_lora_rank);
-    return {up_proj_recomputed ? v : 2 * qk + 2 * v, 2 * r + static_cast<double>(m.qk_pos_emb_head_dim)};
+    return {up_proj_recomputed ? v : 2 * qk + 2 * v, 2 * r, static_cast<double>(m.qk_pos_emb_head_dim)};
   }
   const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
   const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
@@ -165,13 +166,14 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const AttentionSaved saved = attention_saved(m, has("mla_up_proj"));
   const bool sp = tp == 1 || m.sequence_parallel;
   const auto layer_bytes = [&](double f, bool moe) {
-    double norms = 10 * s * b * h, mlp = 4 * s * b * f, routed = moe ? 2 * k * s * b * h * l.etp : 0;
-    const double heads = 2 * s * b * saved.heads, latent = 2 * s * b * saved.latent;
+    double norms = 10 * s * b * h + 2 * s * b * saved.latent, mlp = 4 * s * b * f,
+           routed = moe ? 2 * k * s * b * h * l.etp : 0;
+    const double heads = 2 * s * b * saved.heads, rope = 2 * s * b * saved.rope;
     if (has("layernorm")) norms -= 4 * s * b * h;              // both norms' outputs recomputed
     if (moe && has("moe_act")) mlp /= 2;                       // the activation, from fc1's output
     if (!moe && has("mlp")) mlp = 0;                           // the whole MLP recomputed
     if (moe && has("moe")) mlp = routed = 0;                   // the whole MoE layer recomputed
-    return (heads + mlp + routed) / tp + (sp ? norms / tp : norms) + latent;
+    return (heads + mlp + routed) / tp + (sp ? norms / tp : norms) + rope;
   };
   const double per_layer_dense = layer_bytes(f_dense, false), per_layer_moe = layer_bytes(f_moe, true);
   const double stage_layers = st.layers + mtp;
@@ -186,6 +188,10 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double m_per_rank = std::max(1.0, static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp));
   const double warmup = std::min(pp - stage, m_per_rank);
   out.in_flight = l.pp == 1 ? 1 : lp.split.interleaved ? warmup * (1 + (pp - 1) / (pp * vpp)) : warmup;
+  // Groups of N > PP micro-batches per chunk (microbatch_group_size_per_vp_stage) warm up
+  // (VPP - 1) (N - PP) more forwards, each a chunk's share of a micro-batch.
+  const double group = static_cast<double>(m.microbatch_group_size_per_vp_stage.value_or(l.pp));
+  if (lp.split.interleaved && group > pp) out.in_flight += (vpp - 1) * (group - pp) / vpp;
   out.activations = one_micro_batch * out.in_flight + (ep_overlap ? avg_layer : 0);
   // Logits and the cross-entropy's FP32 copies on the last stage.
   if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp;

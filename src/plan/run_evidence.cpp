@@ -117,8 +117,8 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     return InputError(fmt::format("{}: {}; is this the JSON `epx run --results` writes?", path, why));
   };
   if (run.iterations.empty()) throw bad("'iterations' is empty");
-  if (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
-      run.steady_last > run.iterations.back().iteration)
+  if (run.steady_last > 0 && (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
+                              run.steady_last > run.iterations.back().iteration))
     throw bad(fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
                           run.steady_first, run.steady_last, run.iterations.front().iteration,
                           run.iterations.back().iteration));
@@ -148,7 +148,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
   static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
-  static const std::regex loss(R"(lm loss:\s*([0-9.eE+-]+|nan|-?inf))");
+  // Megatron prints the loss with {:.6E}: a NaN or infinity is NAN, INF or -INF.
+  static const std::regex loss(R"(lm loss:\s*([+-]?(?:[nN][aA][nN]|[iI][nN][fF])|[0-9.eE+-]+))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
   // A launcher's prefix ("[default3]:" from torchrun --tee, "3: " from srun -l), dropped from
@@ -207,7 +208,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       p.step_s = std::stod(m[1]) / 1000;
       if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
-      if (std::regex_search(line, m, loss)) p.lm_loss = m[1].str().find_first_of("ni") == std::string::npos
+      if (std::regex_search(line, m, loss)) p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos
                                                             ? std::stod(m[1])
                                                             : std::numeric_limits<double>::quiet_NaN();
       if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);

@@ -370,8 +370,11 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   j.micro_batches = gbs / (mbs * dp);
   j.pipeline = pipeline_spec_from_config(c);
   if (const auto why = pipeline_micro_batch_error(j.pipeline, static_cast<int>(j.micro_batches)))
-    throw ConfigError(fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
-                                  mbs * dp * j.pipeline.micro_batch_group()));
+    throw ConfigError(j.pipeline.micro_batch_group() < j.pipeline.stages
+                          ? fmt::format("model.microbatch_group_size_per_vp_stage={}: {}; set it to {} or more",
+                                        j.pipeline.micro_batch_group(), *why, j.pipeline.stages)
+                          : fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
+                                        mbs * dp * j.pipeline.micro_batch_group()));
   if (j.schedule.ep_overlap && j.model.recompute.method.size())
     bad("model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "

@@ -141,6 +141,9 @@ const std::vector<Case>& cases() {
                             "model.cuda_graph_impl=full_iteration"}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_impl=full_iteration", "model.cuda_graph_modules=[attn]"},
        TE_GRAPH + Overrides{"model.cuda_graph_impl=full_iteration", "model.cuda_graph_scope=[full_iteration]"}},
+      {"cuda_graph.modules",  // the legacy switch: Megatron-Core migrates it, then asserts the same
+       TE_GRAPH + Overrides{"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration,attn]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration]"}},
       {"cuda_graph.recompute",
        TE_GRAPH + Overrides{"model.recompute_granularity=selective", "model.recompute_modules=[moe]",
                             "model.cuda_graph_modules=[moe_router]"},

@@ -41,6 +41,9 @@ PipelineSplit pipeline_split(const ModelConfig& m);
 bool layers_split(const ModelConfig& m);
 // The smallest VPP from 2 up to `most` with which `m`'s layers split (none: none does).
 std::optional<Int> smallest_splitting_vpp(const ModelConfig& m, Int most);
+// The override that sets a VPP for EP overlap at PP > 1: the layout's stages per rank, else the
+// smallest from 2 to 8 that splits the layers, else 1 (which Bridge accepts).
+std::string vpp_to_set(const ModelConfig& m);
 
 // For a config whose layers do not split (no layout): overrides that make them, nearest the
 // config first: a smaller VPP, the embedding and loss counted as layers, an uneven first / last
