@@ -193,7 +193,8 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
       {"model.seq_length", "-sl"},                 {"train.train_iters", "-ms"},
       {"target.gpu", "-g"},                        {"target.num_gpus", "-ng"},
       {"target.gpus_per_node", "-gn"},             {"model.cuda_graph_impl", "--cuda_graph_impl"},
-      {"target.torch_version", "--torch-version"}, {"target.te_version", "--te-version"}};
+      {"target.torch_version", "--torch-version"}, {"target.te_version", "--te-version"},
+      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"}};
   // Keys a flag sets beside its own: the flags to drop before the override can apply.
   static const std::vector<std::pair<std::string, std::string>> kImpliedBy = {
       {"model.sequence_parallel", "-tp"},
@@ -201,8 +202,7 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
       {"comm_overlap.overlap_moe_expert_parallel_comm", "--moe_a2a_overlap true"},
       {"comm_overlap.delay_wgrad_compute", "--moe_a2a_overlap true"},
       {"model.moe_shared_expert_overlap", "--moe_a2a_overlap true"},
-      {"model.moe_token_dispatcher_type", "--moe_flex_dispatcher_backend"},
-      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"}};
+      {"model.moe_token_dispatcher_type", "--moe_flex_dispatcher_backend"}};
   std::vector<std::string> out, drop;
   for (std::size_t at = 0; at < fix.size();) {
     const std::size_t end = std::min(fix.find(' ', at), fix.size());
@@ -216,7 +216,9 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
     }
     std::string value = token.substr(eq + 1);
     if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') value = value.substr(1, value.size() - 2);
-    if (const auto flag = kFlagOf.find(key); flag != kFlagOf.end() && (value != "null" || flag->second == "-vp")) {
+    // null is the harness's None only for -vp and the backend flag.
+    if (const auto flag = kFlagOf.find(key);
+        flag != kFlagOf.end() && (value != "null" || flag->second == "-vp" || flag->second.ends_with("backend"))) {
       out.push_back(fmt::format("{} {}", flag->second, value == "null" ? "None" : value));
       continue;
     }
