@@ -19,8 +19,15 @@ run() {  # run NAME RANKS OVERRIDES...
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {"d": d}))' "$@"; }
 "$mpirun" --oversubscribe -np 2 "$epx" plan qwen3_30b_a3b_proxy --calibrate >"$dir/cpu.yaml"
 run normal 2 model.vocab_size=4096 model.seq_length=512
-run tiny 1 model.seq_length=16 model.expert_model_parallel_size=1
 "$epx" diagnose "$dir/normal.json" --trace "$dir/normal.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/normal.d.json"
+# Its exchanges are 6-7% of the step exposed here; once in a CI run a descheduled rank stretched
+# them to 25%, the communication wall's threshold. A second run decides such an outlier.
+if [[ $(field "$dir/normal.d.json" 'd["binding_wall"]') != compute/host ]]; then
+  echo "normal: $(field "$dir/normal.d.json" 'd["why"]'); running it again"
+  run normal 2 model.vocab_size=4096 model.seq_length=512
+  "$epx" diagnose "$dir/normal.json" --trace "$dir/normal.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/normal.d.json"
+fi
+run tiny 1 model.seq_length=16 model.expert_model_parallel_size=1
 "$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/tiny.d.json"
 "$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml"
 for f in normal tiny; do echo "$f: $(field "$dir/$f.d.json" 'd["binding_wall"] + " | " + d["why"]')"; done
