@@ -15,25 +15,29 @@ namespace {
 enum Dim { kTp, kCp, kEp, kDp, kPp, kDims };
 using Sizes = std::array<int, kDims>;
 
-// generate_masked_orthogonal_rank_groups: the ranks that differ only along the masked dims form
-// a group. Inside a group and across groups, the first dim varies fastest.
-std::vector<RankGroup> masked_groups(const Sizes& sizes, const std::array<bool, kDims>& mask) {
+using Mask = std::array<bool, kDims>;  // tp cp ep dp pp
+
+// The rank offsets over the dims whose mask is `masked`, first dim fastest.
+std::vector<int> offsets_over(const Sizes& sizes, const Mask& mask, bool masked) {
   Sizes stride{};
   for (int d = 0, s = 1; d < kDims; s *= sizes[d], ++d) stride[d] = s;
-  auto enumerate = [&](bool masked) {
-    std::vector<int> offsets{0};  // rank offsets over the chosen dims, first dim fastest
-    for (int d = 0; d < kDims; ++d) {
-      if (mask[d] != masked) continue;
-      // Earlier dims stay fastest: the new dim's coordinate c takes indices [c*n, (c+1)*n).
-      const std::size_t n = offsets.size();
-      std::vector<int> ordered(n * static_cast<std::size_t>(sizes[d]));
-      for (int c = 0; c < sizes[d]; ++c)
-        for (std::size_t i = 0; i < n; ++i) ordered[c * n + i] = offsets[i] + c * stride[d];
-      offsets = std::move(ordered);
-    }
-    return offsets;
-  };
-  const std::vector<int> inner = enumerate(true), outer = enumerate(false);
+  std::vector<int> offsets{0};
+  for (int d = 0; d < kDims; ++d) {
+    if (mask[d] != masked) continue;
+    // Earlier dims stay fastest: the new dim's coordinate c takes indices [c*n, (c+1)*n).
+    const std::size_t n = offsets.size();
+    std::vector<int> ordered(n * static_cast<std::size_t>(sizes[d]));
+    for (int c = 0; c < sizes[d]; ++c)
+      for (std::size_t i = 0; i < n; ++i) ordered[c * n + i] = offsets[i] + c * stride[d];
+    offsets = std::move(ordered);
+  }
+  return offsets;
+}
+
+// generate_masked_orthogonal_rank_groups: the ranks that differ only along the masked dims form
+// a group. Inside a group and across groups, the first dim varies fastest.
+std::vector<RankGroup> masked_groups(const Sizes& sizes, const Mask& mask) {
+  const std::vector<int> inner = offsets_over(sizes, mask, true), outer = offsets_over(sizes, mask, false);
   std::vector<RankGroup> groups;
   groups.reserve(outer.size());
   for (int o : outer) {
@@ -43,6 +47,25 @@ std::vector<RankGroup> masked_groups(const Sizes& sizes, const std::array<bool, 
     groups.push_back(std::move(g));
   }
   return groups;
+}
+
+// The sizes and mask of a kind's grid.
+std::pair<Sizes, Mask> grid_of(const ParallelLayout& l, GroupKind kind) {
+  const Sizes attn{l.tp, l.cp, 1, l.dp, l.pp}, expert{l.etp, 1, l.ep, l.edp, l.pp};
+  switch (kind) {
+    case GroupKind::tp: return {attn, Mask{true, false, false, false, false}};
+    case GroupKind::cp: return {attn, Mask{false, true, false, false, false}};
+    case GroupKind::dp: return {attn, Mask{false, false, false, true, false}};
+    case GroupKind::pp: return {attn, Mask{false, false, false, false, true}};
+    case GroupKind::tp_cp: return {attn, Mask{true, true, false, false, false}};
+    case GroupKind::dp_cp: return {attn, Mask{false, true, false, true, false}};
+    case GroupKind::tp_cp_dp: return {attn, Mask{true, true, false, true, false}};
+    case GroupKind::etp: return {expert, Mask{true, false, false, false, false}};
+    case GroupKind::ep: return {expert, Mask{false, false, true, false, false}};
+    case GroupKind::edp: return {expert, Mask{false, false, false, true, false}};
+    case GroupKind::tp_ep: return {expert, Mask{true, false, true, false, false}};
+  }
+  throw std::logic_error("unknown group kind");
 }
 
 }  // namespace
@@ -96,28 +119,26 @@ ParallelLayout ParallelLayout::make(int world, int tp, int cp, int pp, int ep, i
   l.etp = etp, l.ep = ep, l.edp = world / (etp * ep * pp);
   // Megatron asserts this; with both grids in tp-cp-ep-dp-pp order and pp slowest it always
   // holds, but a later change to the orders must not break it silently.
-  if (l.groups(GroupKind::pp) != masked_groups({etp, 1, ep, l.edp, pp}, {false, false, false, false, true}))
+  if (l.groups(GroupKind::pp) != masked_groups({etp, 1, ep, l.edp, pp}, Mask{false, false, false, false, true}))
     throw std::logic_error("attention and expert grids have different PP groups");
   return l;
 }
 
 std::vector<RankGroup> ParallelLayout::groups(GroupKind kind) const {
-  const Sizes attn{tp, cp, 1, dp, pp}, expert{etp, 1, ep, edp, pp};
-  using M = std::array<bool, kDims>;  // tp cp ep dp pp
-  switch (kind) {
-    case GroupKind::tp: return masked_groups(attn, M{true, false, false, false, false});
-    case GroupKind::cp: return masked_groups(attn, M{false, true, false, false, false});
-    case GroupKind::dp: return masked_groups(attn, M{false, false, false, true, false});
-    case GroupKind::pp: return masked_groups(attn, M{false, false, false, false, true});
-    case GroupKind::tp_cp: return masked_groups(attn, M{true, true, false, false, false});
-    case GroupKind::dp_cp: return masked_groups(attn, M{false, true, false, true, false});
-    case GroupKind::tp_cp_dp: return masked_groups(attn, M{true, true, false, true, false});
-    case GroupKind::etp: return masked_groups(expert, M{true, false, false, false, false});
-    case GroupKind::ep: return masked_groups(expert, M{false, false, true, false, false});
-    case GroupKind::edp: return masked_groups(expert, M{false, false, false, true, false});
-    case GroupKind::tp_ep: return masked_groups(expert, M{true, false, true, false, false});
-  }
-  throw std::logic_error("unknown group kind");
+  const auto [sizes, mask] = grid_of(*this, kind);
+  return masked_groups(sizes, mask);
+}
+
+// Strides are positive, so a group's lowest rank is its outer offset (every masked coordinate 0)
+// and its highest adds each masked dim's last coordinate.
+std::vector<std::pair<int, int>> ParallelLayout::group_bounds(GroupKind kind) const {
+  const auto [sizes, mask] = grid_of(*this, kind);
+  int span = 0;
+  for (int d = 0, stride = 1; d < kDims; stride *= sizes[d], ++d)
+    if (mask[d]) span += (sizes[d] - 1) * stride;
+  std::vector<std::pair<int, int>> bounds;
+  for (int o : offsets_over(sizes, mask, false)) bounds.emplace_back(o, o + span);
+  return bounds;
 }
 
 RankGroup ParallelLayout::group_of(GroupKind kind, int rank) const {

@@ -1,5 +1,6 @@
 // Hydra-style dotted overrides and the performance harness's flags.
 #include <algorithm>
+#include <cctype>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,13 @@ constexpr std::size_t kMaxOverrideBytes = 64 << 10;
 
 // The value side of `key=value`, read as YAML so lists, quotes and null work as in Hydra.
 YAML::Node parse_value(const std::string& key, const std::string& text) {
+  // A plain word or number is the scalar YAML would make of it: no parser (`plan --search`
+  // applies tens of thousands of overrides).
+  const bool plain = !text.empty() && text.front() != '.' &&
+                     std::all_of(text.begin(), text.end(), [](char ch) {
+                       return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
+                     });
+  if (plain && text != "null" && text != "Null" && text != "NULL") return YAML::Node(text);
   YAML::Node node;
   try {
     node = YAML::Load(text);

@@ -29,11 +29,11 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   p.nodes = (world + p.gpus_per_node - 1) / p.gpus_per_node;
   // The node, whatever size the config gives it (an H100 node of 4 has a domain of 4, not the
   // HGX's 8), unless the catalog's domain spans nodes (GB200's rack of 72 over nodes of 4) and the
-  // job uses them as they are. There
-  // Bridge's harness (scripts/performance/utils/executors.py) asks Slurm for `--segment` blocks
-  // of nodes that share a rack: all of them up to a rack's worth, else the largest divisor of the
-  // node count that fits one. Only a segment is sure to share a domain: 64 nodes run as 4 racks
-  // of 16 nodes, 64 GPUs each, and 76 nodes in segments of 4.
+  // job uses them as they are. There Bridge's harness (scripts/performance/utils/executors.py)
+  // asks Slurm for `--segment` blocks of nodes that share a rack: all of them up to a rack's
+  // worth, else the largest divisor of the node count that fits one. Only a segment is sure to
+  // share a domain: 64 nodes run as 4 racks of 16 nodes, 64 GPUs each, and 76 nodes in segments
+  // of 4.
   p.nvlink_domain = p.gpus_per_node;
   if (gpu.nvlink_domain > gpu.gpus_per_node && p.gpus_per_node == gpu.gpus_per_node) {  // the harness's condition
     p.rack_gpus = gpu.nvlink_domain;
@@ -41,12 +41,11 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
     p.nvlink_domain = p.segment_nodes * p.gpus_per_node;
   }
   for (GroupKind kind : kAllGroupKinds) {
-    const std::vector<RankGroup> groups = p.layout.groups(kind);
-    GroupPlacement g{kind, static_cast<int>(groups.front().size()), static_cast<int>(groups.size())};
-    for (const RankGroup& ranks : groups) {
-      const auto [lo, hi] = std::minmax_element(ranks.begin(), ranks.end());
-      g.within_node = g.within_node && *lo / p.gpus_per_node == *hi / p.gpus_per_node;
-      g.within_nvlink = g.within_nvlink && *lo / p.nvlink_domain == *hi / p.nvlink_domain;
+    const std::vector<std::pair<int, int>> bounds = p.layout.group_bounds(kind);
+    GroupPlacement g{kind, world / static_cast<int>(bounds.size()), static_cast<int>(bounds.size())};
+    for (const auto [lo, hi] : bounds) {
+      g.within_node = g.within_node && lo / p.gpus_per_node == hi / p.gpus_per_node;
+      g.within_nvlink = g.within_nvlink && lo / p.nvlink_domain == hi / p.nvlink_domain;
     }
     p.groups.push_back(g);
   }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace epx {
@@ -33,6 +34,9 @@ struct ParallelLayout {
 
   // Every group of a kind, as Megatron's RankGenerator.get_ranks lists them.
   std::vector<RankGroup> groups(GroupKind kind) const;
+  // Each group's lowest and highest rank, in the same order, without listing its ranks (the
+  // planner places thousands of layouts of thousands of ranks).
+  std::vector<std::pair<int, int>> group_bounds(GroupKind kind) const;
   // The group of `kind` that holds `rank`, and the rank's index in it.
   RankGroup group_of(GroupKind kind, int rank) const;
   int rank_in(GroupKind kind, int rank) const;
