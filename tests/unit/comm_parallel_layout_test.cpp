@@ -62,8 +62,16 @@ TEST(ParallelLayout, GroupsPartitionTheWorld) {
       return 0;
     };
     for (GroupKind k : kAllGroupKinds) {
+      // The planner's bounds are each listed group's lowest and highest rank.
+      const std::vector<RankGroup> groups = l.groups(k);
+      const std::vector<std::pair<int, int>> bounds = l.group_bounds(k);
+      ASSERT_EQ(bounds.size(), groups.size()) << group_kind_name(k);
+      for (std::size_t i = 0; i < groups.size(); ++i) {
+        const auto [lo, hi] = std::minmax_element(groups[i].begin(), groups[i].end());
+        EXPECT_EQ(bounds[i], std::make_pair(*lo, *hi)) << group_kind_name(k) << " group " << i;
+      }
       std::set<int> seen;
-      for (const RankGroup& g : l.groups(k)) {
+      for (const RankGroup& g : groups) {
         EXPECT_EQ(static_cast<int>(g.size()), size_of(k)) << group_kind_name(k);
         for (int r : g) EXPECT_TRUE(seen.insert(r).second) << group_kind_name(k) << " repeats " << r;
       }
