@@ -71,7 +71,8 @@ nlohmann::json run_json(const DiagnosedRun& d, const std::string& label) {
                                  : d.config           ? d.config->model.recompute_granularity.value_or("none")
                                                       : "-"},
                    {"mean_step_s", r.mean_step_s},
-                   {"tflops_per_gpu", r.tflops_per_gpu},
+                   {"tflops_per_gpu", d.diagnosis.tflops_per_gpu ? nlohmann::json(*d.diagnosis.tflops_per_gpu)
+                                                                 : nlohmann::json(nullptr)},
                    {"peak_memory_gb", r.peak_memory_gb > 0 ? nlohmann::json(r.peak_memory_gb) : nlohmann::json(nullptr)},
                    {"capacity_gb", d.gpu ? d.gpu->rates.memory_gb : 0.0},
                    {"final_loss", r.final_loss},

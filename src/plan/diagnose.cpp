@@ -212,13 +212,26 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     const std::vector<double> compute = run.pipeline->compute_s();
     computing = std::accumulate(compute.begin(), compute.end(), 0.0) / static_cast<double>(compute.size());
   }
-  const double achieved = run.tflops_per_gpu * step / std::max(1e-12, computing);
-  if (gpu && gpu->rates.bf16_tflops > 0) {
+  const std::string while_computing = computing < step ? "while computing" : "over the whole step (no trace)";
+  std::string rate_basis;
+  if (run.throughput_logged) {
+    d.tflops_per_gpu = run.tflops_per_gpu;
+  } else if (plan && plan->layout.layout.world > 0) {
+    d.tflops_per_gpu = plan->flops_per_step / step / plan->layout.layout.world / 1e12;
+    rate_basis = "; the log has no throughput (Megatron's --log-throughput), so this is Megatron's FLOPs of the config "
+                 "over the logged step";
+  }
+  const double achieved = d.tflops_per_gpu.value_or(0) * step / std::max(1e-12, computing);
+  if (!d.tflops_per_gpu) {
+    host.evidence = "rate unknown: the log has no throughput (Megatron's --log-throughput) and there is no config "
+                    "to count the FLOPs (--config)";
+  } else if (gpu && gpu->rates.bf16_tflops > 0) {
     const double attainable = gpu->rates.bf16_tflops * gpu->rates.gemm_efficiency;
     rate_share = achieved / attainable;
-    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
-                                "gemm_efficiency {:.2g})",
-                                achieved, 100 * rate_share, attainable, gpu->rates.bf16_tflops, gpu->rates.gemm_efficiency);
+    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU {}, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
+                                "gemm_efficiency {:.2g}){}",
+                                achieved, while_computing, 100 * rate_share, attainable, gpu->rates.bf16_tflops,
+                                gpu->rates.gemm_efficiency, rate_basis);
     if (config && config->model.fp8)
       host.evidence += "; the run computes its GEMMs in FP8, above this BF16 rate";
     // One efficiency for every model: calibrated on a narrower one (the cpu catalog entry's proxy),
@@ -227,7 +240,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
       host.evidence += "; above it: the GEMM efficiency was measured on another model or machine "
                        "(`epx plan CONFIG --calibrate` on this one for a fair figure)";
   } else {
-    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU while computing; the attainable rate is unknown (-g)", achieved);
+    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU {}; the attainable rate is unknown (-g){}", achieved,
+                                while_computing, rate_basis);
   }
   if (run.trace) {
     host.share = run.trace->idle_s / run.trace->step_s;
@@ -249,8 +263,9 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     d.why = comm.evidence;
   } else {
     d.binding = "compute/host";
-    const std::string what = host_gaps   ? "host overhead: "
-                             : !low_rate ? "compute: "
+    const std::string what = host_gaps              ? "host overhead: "
+                             : !d.tflops_per_gpu    ? "compute or host overhead: "
+                             : !low_rate            ? "compute: "
                              : run.trace ? "compute below its attainable rate (small or unfused kernels): "
                                          : "compute or host overhead (no trace to tell idle gaps from small kernels): ";
     d.why = what + host.evidence;
@@ -422,9 +437,12 @@ std::string format_diagnosis(const RunEvidence& run, const Diagnosis& d) {
                                  : static_cast<std::size_t>(last) == run.iterations.size()
                                      ? fmt::format("{} iterations", last)
                                      : fmt::format("{} iterations ({} logged)", last, run.iterations.size());
-  std::string out = fmt::format("epx diagnose: {} ({}{}), {}, steady {}..{}: {:.3g} s/step, {:.3g} TFLOP/s/GPU, {}\n",
+  std::string out = fmt::format("epx diagnose: {} ({}{}), {}, steady {}..{}: {:.3g} s/step, {}, {}\n",
                                 run.source, run.kind, run.layout.empty() ? "" : ", " + run.layout, iterations,
-                                run.steady_first, run.steady_last, run.mean_step_s, run.tflops_per_gpu,
+                                run.steady_first, run.steady_last, run.mean_step_s,
+                                d.tflops_per_gpu ? fmt::format("{:.3g} TFLOP/s/GPU{}", *d.tflops_per_gpu,
+                                                               run.throughput_logged ? "" : " (from the config's FLOPs)")
+                                                 : "throughput not logged",
                                 run.peak_memory_gb > 0 ? fmt::format("peak {:.3g} GiB", run.peak_memory_gb)
                                                        : "peak not logged");
   out += fmt::format("\nbinding wall: {}\n  {}\n\n", d.binding, d.why);
@@ -444,7 +462,8 @@ std::string format_diagnosis(const RunEvidence& run, const Diagnosis& d) {
 nlohmann::json diagnosis_json(const RunEvidence& run, const Diagnosis& d) {
   nlohmann::json j;
   j["run"] = {{"source", run.source}, {"kind", run.kind}, {"mean_step_time_s", run.mean_step_s},
-              {"tflops_per_gpu", run.tflops_per_gpu}, {"peak_memory_gb", run.peak_memory_gb},
+              {"tflops_per_gpu", d.tflops_per_gpu ? nlohmann::json(*d.tflops_per_gpu) : nlohmann::json(nullptr)},
+              {"peak_memory_gb", run.peak_memory_gb},
               {"steady_state_iterations", {run.steady_first, run.steady_last}}};
   if (run.trace) {
     const TraceBreakdown& t = *run.trace;

@@ -206,7 +206,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       p.iteration = std::stoi(m[1]);
       if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
       p.step_s = std::stod(m[1]) / 1000;
-      if (std::regex_search(line, m, tflops)) p.tflops_per_gpu = std::stod(m[1]);
+      const bool has_tflops = std::regex_search(line, m, tflops);
+      if (has_tflops) p.tflops_per_gpu = std::stod(m[1]);
+      run.throughput_logged = run.iterations.empty() ? has_tflops : run.throughput_logged && has_tflops;
       if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
       if (std::regex_search(line, m, loss)) p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos
                                                             ? std::stod(m[1])
@@ -228,17 +230,19 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   for (const auto& [iteration, gib] : memory_after) run.peak_memory_gb = std::max(run.peak_memory_gb, gib);
   // A line's time (and its skipped / NaN counts) covers the iterations since the line before
   // (log_interval). Megatron also logs the run's first iteration, off the interval, and does
-  // not reset its timer or counters there: the next line covers that iteration again. The first
-  // line's interval, when it is on the interval, is taken to be the next one's.
+  // not reset its timer or counters there (training.py: should_reset = not is_first_iteration),
+  // on the interval too (log_interval 1): the next line covers that iteration again. A first
+  // line on a longer interval is taken to be a cut log's, covering one interval.
   const std::vector<IterationPoint>& its = run.iterations;
   const bool first_off_interval = its.size() >= 3 && its[1].iteration - its[0].iteration != its[2].iteration - its[1].iteration;
+  const bool first_not_reset = first_off_interval || (its.size() >= 2 && its[1].iteration - its[0].iteration == 1);
   const auto first_averaged = [&](std::size_t k) {
-    if (k == 1 && first_off_interval) return its[0].iteration;
+    if (k == 1 && first_not_reset) return its[0].iteration;
     if (k > 0) return its[k - 1].iteration + 1;
     return its.size() > 1 && !first_off_interval ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1)
                                                  : its[0].iteration;
   };
-  for (std::size_t k = first_off_interval ? 1 : 0; k < its.size(); ++k)
+  for (std::size_t k = first_not_reset ? 1 : 0; k < its.size(); ++k)
     run.skipped_iterations += its[k].skipped, run.nan_iterations += its[k].nans;
   // The seeds' steady state: from the run's third iteration (all of it for shorter logs); a line
   // counts when the first iteration it covers is in it. A resumed run starts where its log does.

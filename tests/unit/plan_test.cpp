@@ -536,6 +536,25 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_EQ(text.find("peak 0 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("1 skipped and 0 NaN"), std::string::npos) << text;
   EXPECT_NE(text.find("iteration(s) 5 (1.56x)"), std::string::npos) << text;
+  // log_interval 1: the first iteration's counts are not reset either, so the second line's
+  // include them (1, 2, 1 is three skipped iterations).
+  std::ofstream(path) << counted(1, 9000, 1) << counted(2, 9000, 2) << counted(3, 9000, 1) << counted(4, 9000, 0);
+  EXPECT_EQ(read_run(path.string(), std::nullopt).skipped_iterations, 3);
+  // Without --log-throughput (Megatron's default) the rate is not 0 but unknown, or, with the
+  // config, Megatron's FLOPs of it over the logged step.
+  std::ofstream(path) << counted(1, 9000, 0) << counted(2, 9000, 0) << counted(3, 9000, 0) << counted(4, 9000, 0);
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_FALSE(run.throughput_logged);
+  const Diagnosis unknown = diagnose(run, std::nullopt, find_gpu("h100"));
+  EXPECT_FALSE(unknown.tflops_per_gpu);
+  EXPECT_NE(format_diagnosis(run, unknown).find("throughput not logged"), std::string::npos);
+  EXPECT_EQ(unknown.why.find("0 TFLOP/s"), std::string::npos) << unknown.why;
+  const Config config = resolved("qwen3_30b_a3b", {"target.gpu=h100"});
+  const Diagnosis counted_flops = diagnose(run, config, find_gpu("h100"));
+  ASSERT_TRUE(counted_flops.tflops_per_gpu);
+  const Plan plan = make_plan(config);
+  EXPECT_NEAR(*counted_flops.tflops_per_gpu, plan.flops_per_step / 9.0 / plan.layout.layout.world / 1e12, 1e-9);
+  EXPECT_NE(counted_flops.walls.back().evidence.find("the log has no throughput"), std::string::npos);
   std::filesystem::remove(path);
 }
 

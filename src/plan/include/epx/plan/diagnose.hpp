@@ -33,6 +33,9 @@ struct Diagnosis {
   std::vector<WallFigure> walls;
   std::vector<Fix> fixes;  // for the binding wall first, in the seeds' priority order
   std::vector<std::string> notes;
+  // The run's model TFLOP/s per GPU over the whole step: the run's own, or, for a log without
+  // its throughput, Megatron's FLOPs of the config over the logged step; absent: unknown.
+  std::optional<double> tflops_per_gpu;
 };
 
 // `config`: the run's resolved config (from the results, or given for a Megatron log), for the

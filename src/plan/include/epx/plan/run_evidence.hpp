@@ -66,6 +66,9 @@ struct RunEvidence {
   int first_iteration = 1;  // the first the run's lines cover (a resumed run's: past its checkpoint)
   int steady_first = 0, steady_last = 0;
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
+  // Megatron logs its throughput only with --log-throughput (off by default): without it the
+  // rate is unknown here, not 0.
+  bool throughput_logged = true;
   int ranks = 0;  // the world size: epx results' ranks, a Megatron log's arguments dump; 0: not said
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
   std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
