@@ -358,6 +358,15 @@ void read_trace(const std::string& path, RunEvidence& run) {
   if (first >= 2) start = ends[static_cast<std::size_t>(first - 2)];
   else for (const TraceSpan& s : all) start = std::min(start, s.begin_s);
   const Interval window{start, ends[static_cast<std::size_t>(last - 1)]};
+  // The same run's trace times the same steps (within 1-2% here); another run of as many ranks
+  // and iterations does not.
+  if (run.kind == "epx results" && first >= 2 && run.mean_step_s > 0) {
+    const double traced = (window.end - window.begin) / (last - first + 1);
+    if (traced > 1.15 * run.mean_step_s || traced < run.mean_step_s / 1.15)
+      throw InputError(fmt::format("{}: its steps {}..{} take {:.3g} s each, but {} says {:.3g} s: not the same run's "
+                                   "trace",
+                                   path, first, last, traced, run.source, run.mean_step_s));
+  }
 
   TraceBreakdown b;
   b.iterations = last - first + 1;

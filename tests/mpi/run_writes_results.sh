@@ -30,3 +30,11 @@ code=$?
 set -e
 echo "$out"
 [[ $code -eq 2 && $out == *"a trace of 1 rank(s), but"*"ran on 2: not the same run's trace"* ]] || { echo "another run's trace was read"; exit 1; }
+# A trace of as many ranks and iterations whose steps are not the results' is refused too.
+sed -E 's/"mean_step_time_s": *[0-9.eE+-]+/"mean_step_time_s": 1000/' "$dir/r.json" > "$dir/slow.json"
+set +e
+out=$("$epx" diagnose "$dir/slow.json" --trace "$dir/t.json" 2>&1)
+code=$?
+set -e
+echo "$out"
+[[ $code -eq 2 && $out == *"says 1e+03 s: not the same run's trace"* ]] || { echo "a trace of other steps was read"; exit 1; }
