@@ -163,8 +163,10 @@ struct Codec<StringList> {
   }
 };
 
-// "([0]*3+[1]*58)" or "[1,1,0]" as Megatron-LM writes moe_layer_freq.
-std::optional<std::vector<Int>> parse_layer_pattern(std::string s) {
+// "([0]*3+[1]*58)" or "[1,1,0]" as Megatron-LM writes moe_layer_freq. Expanded, it is at most
+// as long as the longest list a config may hold (a few bytes must not ask for gigabytes).
+constexpr Int kMaxPatternLayers = 20000;
+std::optional<std::vector<Int>> parse_layer_pattern(std::string s, const std::string& key) {
   s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
           s.end());
   while (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
@@ -194,6 +196,10 @@ std::optional<std::vector<Int>> parse_layer_pattern(std::string s) {
       repeat = *r;
       i = end;
     }
+    if (repeat > 0 && static_cast<Int>(items.size()) > (kMaxPatternLayers - static_cast<Int>(out.size())) / repeat)
+      throw ConfigError(fmt::format("{}: the pattern expands to more than {} layers; write one entry per layer of "
+                                    "the model",
+                                    key, kMaxPatternLayers));
     for (Int k = 0; k < repeat; ++k) out.insert(out.end(), items.begin(), items.end());
     if (i < s.size()) {
       if (s[i] != '+') return std::nullopt;
@@ -217,7 +223,7 @@ struct Codec<MoeLayerFreq> {
     } else if (n.IsScalar() && !is_null(n)) {
       if (auto v = parse_int(n.Scalar())) {
         f.every = *v;
-      } else if (auto p = parse_layer_pattern(n.Scalar())) {
+      } else if (auto p = parse_layer_pattern(n.Scalar(), key)) {
         f.pattern = *p;
       } else {
         type_error(key, type_name(), n);

@@ -79,6 +79,19 @@ TEST(ConfigRecipes, RealShapes) {
   EXPECT_EQ(d.model.num_moe_experts, 256);
 }
 
+TEST(ConfigOverrides, ALayerPatternIsExpandedWithinTheListBound) {
+  // A few bytes of pattern must not ask for gigabytes: past 20,000 layers it is refused, named.
+  Config c = load_config_file(resolve_recipe("qwen3_30b_a3b"));
+  apply_override(c, "model.moe_layer_freq=([0]*1+[1]*47)");
+  ASSERT_EQ(c.model.moe_layer_freq.pattern.size(), 48u);
+  EXPECT_EQ(c.model.moe_layer_freq.pattern[0], 0);
+  for (const char* big : {"model.moe_layer_freq=([0]*1000000000)", "model.moe_layer_freq=([0]*1+[1]*20000)",
+                          "model.moe_layer_freq=([0,1]*9223372036854775807)"}) {
+    const std::string e = error_of([&] { apply_override(c, big); });
+    EXPECT_NE(e.find("model.moe_layer_freq: the pattern expands to more than 20000 layers"), std::string::npos) << e;
+  }
+}
+
 TEST(ConfigRecipes, MissingRecipeNamesTheShippedOnes) {
   const std::string e = error_of([] { resolve_recipe("qwen9"); });
   EXPECT_NE(e.find("no recipe named 'qwen9'"), std::string::npos) << e;
