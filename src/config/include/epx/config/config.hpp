@@ -136,7 +136,9 @@ struct ModelConfig {
   OptString fp8;                     // Transformer Engine's FP8 format: e4m3 | hybrid (None: off)
   OptString fp8_recipe = "delayed";  // tensorwise | delayed | mxfp8 | blockwise | custom
   bool fp8_param = false;            // the GEMM weights kept in FP8
-  bool gradient_accumulation_fusion = false;
+  // Bridge's GPTModelProvider turns it on wherever Transformer Engine imports
+  // (utils/fusions.py: can_enable_gradient_accumulation_fusion), as in every perf container.
+  bool gradient_accumulation_fusion = true;
 
   // Activation recomputation.
   OptString recompute_granularity;  // full | selective
