@@ -1,6 +1,7 @@
 #include "config_args.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -103,7 +104,22 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--cuda_graph_impl", flags.cuda_graph_impl, "none|local|transformer_engine")
       ->check(CLI::IsMember({"none", "local", "transformer_engine"}))  // the harness's choices
       ->group(group);
-  app.add_option("--cuda_graph_scope", flags.cuda_graph_scope, "comma list")->group(group);
+  app.add_option("--cuda_graph_scope", flags.cuda_graph_scope,
+                 "comma list of full_iteration attn mlp moe moe_router moe_preprocess mamba")
+      ->check([](const std::string& v) -> std::string {  // the harness's is_cuda_graph_scope_valid
+        static const std::set<std::string> kValid = {"full_iteration", "attn",           "mlp",  "moe",
+                                                      "moe_router",     "moe_preprocess", "mamba"};
+        for (std::size_t at = 0;;) {
+          const std::size_t comma = std::min(v.find(',', at), v.size());
+          if (!kValid.contains(v.substr(at, comma - at)))
+            return fmt::format("'{}' is not a scope; give a comma list of full_iteration, attn, mlp, moe, moe_router, "
+                               "moe_preprocess, mamba",
+                               v.substr(at, comma - at));
+          if (comma == v.size()) return "";
+          at = comma + 1;
+        }
+      })
+      ->group(group);
   app.add_option("--rl,--recompute_num_layers", flags.recompute_num_layers,
                  "-rl: full recompute, block method")
       ->group(group);

@@ -194,7 +194,24 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   set_int("target.num_gpus", f.num_gpus);
   set_int("target.gpus_per_node", f.gpus_per_node);
   if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
-  if (f.cuda_graph_scope) set("model.cuda_graph_scope", "'" + *f.cuda_graph_scope + "'");
+  // The harness's set_cuda_graph_overrides: full_iteration stands alone and captures the whole
+  // step (set_full_iteration_cuda_graph), never with TE's per-layer graphs.
+  if (f.cuda_graph_scope && f.cuda_graph_scope->find("full_iteration") != std::string::npos) {
+    if (*f.cuda_graph_scope != "full_iteration")
+      throw ConfigError(fmt::format("--cuda_graph_scope {}: full_iteration cannot be combined with other scopes (the "
+                                    "harness raises); give --cuda_graph_scope full_iteration alone",
+                                    *f.cuda_graph_scope));
+    if (cfg.model.cuda_graph_impl == "transformer_engine")
+      throw ConfigError("--cuda_graph_scope full_iteration cannot use cuda_graph_impl=transformer_engine (the harness "
+                        "raises); add --cuda_graph_impl local");
+    if (cfg.model.cuda_graph_impl != "none") {
+      set("model.cuda_graph_impl", "full_iteration");
+      set("model.cuda_graph_modules", "[]");
+      set("model.cuda_graph_scope", "[]");
+    }
+  } else if (f.cuda_graph_scope) {
+    set("model.cuda_graph_scope", "'" + *f.cuda_graph_scope + "'");
+  }
   if (f.recompute_num_layers && f.recompute_modules)
     throw ConfigError("-rl (full recompute) and --recompute_modules (selective recompute) "
                       "conflict: give one of them");

@@ -110,6 +110,19 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(r, "64 nodes of 4, NVLink domain 64: Slurm segments of 16 nodes")) << r.out;
   r = run("plan qwen3_30b_a3b -g gb200 -gn 8 -ng 16");
   EXPECT_TRUE(has(r, "2 nodes of 8")) << r.out;
+  // --cuda_graph_scope as the harness reads it: listed scopes only; full_iteration alone, never
+  // with TE's graphs, and then it captures the whole step.
+  r = run("check qwen3_30b_a3b --cuda_graph_scope attn,bogus");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "'bogus' is not a scope")) << r.out;
+  r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration,attn --cuda_graph_impl local");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "full_iteration cannot be combined with other scopes")) << r.out;
+  r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "cannot use cuda_graph_impl=transformer_engine")) << r.out;
+  r = run("config show qwen3_30b_a3b --cuda_graph_scope full_iteration --cuda_graph_impl local");
+  EXPECT_TRUE(has(r, "  cuda_graph_impl: full_iteration\n")) << r.out;
 }
 
 TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
