@@ -1118,6 +1118,9 @@ std::vector<Rule> build_rules() {
   add("comm_overlap.overwrites_model", W,
       {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
       "comm_overlap copies its (unset) overlap switches over the model's");
+  add("comm_overlap.overwrites_ddp", W,
+      {"ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.align_param_gather", "ddp.bucket_size"},
+      kBridgeCommOverlap, "with the distributed optimizer, comm_overlap's DP settings replace the ddp section's");
   add("flex.deprecated_sm_knob", W, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
       kMcore, "deprecated per-backend SM-count knob");
   add("flex.conflicting_sm_knobs", E, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},

@@ -94,8 +94,11 @@ void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<F
   m.delay_wgrad_compute = user.delay_wgrad_compute.value_or(false);
 }
 
-// CommOverlapConfig._get_optimizer_overlap_cfgs: only with the distributed optimizer.
-void setup_optimizer_comm_overlap(Config& c, Int dp) {
+// CommOverlapConfig._get_optimizer_overlap_cfgs: only with the distributed optimizer. Its values
+// replace the ddp section's (_apply_cfgs), even those the user set: an A/B of
+// ddp.overlap_grad_reduce=false would run it on. Warned, as Bridge does not.
+void setup_optimizer_comm_overlap(Config& c, Int dp, std::vector<Finding>& out) {
+  const DdpConfig asked = c.ddp;
   const CommOverlapConfig& user = *c.comm_overlap;
   const ModelConfig& m = c.model;
   OptInt bucket;
@@ -115,6 +118,20 @@ void setup_optimizer_comm_overlap(Config& c, Int dp) {
   c.optimizer.overlap_param_gather_with_optimizer_step =
       user.overlap_param_gather_with_optimizer_step.value_or(false);
   c.optimizer.align_param_gather = c.ddp.align_param_gather;
+  const auto replaced = [&](const char* field, const std::string& was, const std::string& now) {
+    const std::string key = fmt::format("ddp.{}", field);
+    if (!c.explicit_keys.contains(key) || was == now) return;
+    out.push_back(note("comm_overlap.overwrites_ddp", Severity::warning, {{key, was}, {"comm_overlap." + std::string(field), "null"}},
+                       fmt::format("with the distributed optimizer and a comm_overlap section, Bridge replaces "
+                                   "{}={} by comm_overlap's {} (its default at DP {}): set it there",
+                                   key, was, now, dp),
+                       fmt::format("comm_overlap.{}={}", field, was)));
+  };
+  const auto yes = [](bool b) { return std::string(b ? "true" : "false"); };
+  replaced("overlap_grad_reduce", yes(asked.overlap_grad_reduce), yes(c.ddp.overlap_grad_reduce));
+  replaced("overlap_param_gather", yes(asked.overlap_param_gather), yes(c.ddp.overlap_param_gather));
+  replaced("align_param_gather", yes(asked.align_param_gather), yes(c.ddp.align_param_gather));
+  replaced("bucket_size", text(asked.bucket_size), text(c.ddp.bucket_size));
 }
 
 // Megatron-Core's deprecated per-backend SM-count knobs fold into moe_flex_dispatcher_num_sms.
@@ -170,7 +187,7 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   if (c.comm_overlap) {
     c.comm_overlap->data_parallel_size = dp > 0 ? OptInt(dp) : std::nullopt;
     setup_model_comm_overlap(c, options, out);
-    if (c.ddp.use_distributed_optimizer) setup_optimizer_comm_overlap(c, dp);
+    if (c.ddp.use_distributed_optimizer) setup_optimizer_comm_overlap(c, dp, out);
   }
   // Bridge keeps these two in step between ddp and optimizer.
   const bool dist_opt = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
