@@ -74,12 +74,12 @@ void record(Track track, std::string name, Clock::time_point begin, Clock::time_
   g_events.push_back({track, std::move(name), begin, end});
 }
 
-Summary summarize(Clock::time_point since) {
+Summary summarize(Clock::time_point since, Clock::time_point until) {
   Intervals compute, comm, wait, exchange, dp;
   {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events) {
-      if (e.begin < since) continue;
+      if (e.begin < since || e.begin >= until) continue;
       const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
       (e.track == Track::compute ? compute : communication ? comm : wait).emplace_back(e.begin, e.end);
       if (communication && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);

@@ -110,8 +110,14 @@ class Trainer {
     const auto& moe = job_.model.moe;
     return moe && moe->load_balancing != "none" && job_.model.num_moe_layers() > 0 ? moe->aux_loss_coeff : 0;
   }
-  void summarize(TrainResult& r, trace::Clock::time_point origin, trace::Clock::time_point steady_begin);
-  PipelineStats pipeline_stats(int iterations);
+  // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
+  struct SteadyState {
+    trace::Clock::time_point begin, end = trace::Clock::time_point::max();
+    CommStream::Stats stream, grad_stream;
+    PipelineTiming pipeline;
+  };
+  void summarize(TrainResult& r, trace::Clock::time_point origin, const SteadyState& steady);
+  PipelineStats pipeline_stats(const PipelineTiming& timing, int iterations);
 
   const Config& cfg_;
   Communicator& world_;
@@ -334,11 +340,11 @@ void Trainer::training_log(const IterationLog& log) const {
 
 // The steady-state figures, the trace, and the summary lines.
 // Every rank's steady-state pipeline timing, averaged per stage (collective).
-PipelineStats Trainer::pipeline_stats(int iterations) {
+PipelineStats Trainer::pipeline_stats(const PipelineTiming& timing, int iterations) {
   const int ranks = world_.size(), stages = job_.pipeline.stages;
   std::vector<float> all(static_cast<std::size_t>(2 * ranks), 0.f);
-  all[static_cast<std::size_t>(2 * world_.rank())] = static_cast<float>(pipeline_timing_.schedule_s / iterations);
-  all[static_cast<std::size_t>(2 * world_.rank() + 1)] = static_cast<float>(pipeline_timing_.wait_s / iterations);
+  all[static_cast<std::size_t>(2 * world_.rank())] = static_cast<float>(timing.schedule_s / iterations);
+  all[static_cast<std::size_t>(2 * world_.rank() + 1)] = static_cast<float>(timing.wait_s / iterations);
   world_.allreduce(all.data(), static_cast<std::int64_t>(all.size()), DType::F32);
   PipelineStats p{.stages = stages, .chunks = job_.pipeline.chunks, .micro_batches = static_cast<int>(job_.micro_batches),
                   .ideal_bubble = static_cast<double>(stages - 1) / (job_.pipeline.chunks * job_.micro_batches),
@@ -353,7 +359,7 @@ PipelineStats Trainer::pipeline_stats(int iterations) {
   return p;
 }
 
-void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, trace::Clock::time_point steady_begin) {
+void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, const SteadyState& steady) {
   double total = 0;
   for (const IterationLog& l : result.iterations)
     if (l.iteration >= result.steady_first && l.iteration <= result.steady_last) total += l.step_s;
@@ -361,12 +367,12 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, tr
   result.tflops_per_rank = flops_per_iteration_ / result.mean_step_s / world_.size() / 1e12;
   result.peak_memory_bytes = max_over(world_, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
-  if (job_.pipeline.stages > 1)  // pipeline_timing_ runs from steady_first to the last iteration
-    result.pipeline = pipeline_stats(static_cast<int>(job_.iterations) - result.steady_first + 1);
-  result.comm_in_flight_s = stream_.stats().busy_s + grad_stream_.stats().busy_s;
-  result.comm_thread_cpu_s = stream_.stats().cpu_s + grad_stream_.stats().cpu_s;
+  if (job_.pipeline.stages > 1)
+    result.pipeline = pipeline_stats(steady.pipeline, result.steady_last - result.steady_first + 1);
+  result.comm_in_flight_s = steady.stream.busy_s + steady.grad_stream.busy_s;
+  result.comm_thread_cpu_s = steady.stream.cpu_s + steady.grad_stream.cpu_s;
   if (options_.trace_path) {
-    result.traced = trace::summarize(steady_begin);
+    result.traced = trace::summarize(steady.begin, steady.end);
     trace::enable(false);
     const std::vector<std::string> events = allgather_text(world_, trace::take_events_json(world_.rank(), origin));
     if (world_.rank() == 0) trace::write(*options_.trace_path, events);
@@ -431,19 +437,25 @@ TrainResult Trainer::run() {
   const Clock::time_point origin = Clock::now();
   trace::enable(options_.trace_path.has_value());
   reset_peak_memory();
-  Clock::time_point steady_begin = origin;
+  SteadyState steady{.begin = origin};
   for (int it = 1; it <= iters; ++it) {
     if (it == result.steady_first) {
       stream_.reset_stats();
       grad_stream_.reset_stats();
       pipeline_timing_ = {};
-      steady_begin = Clock::now();
+      steady.begin = Clock::now();
     }
     result.iterations.push_back(train_step(it));
+    if (it == result.steady_last) {
+      steady.end = Clock::now();
+      steady.stream = stream_.stats();
+      steady.grad_stream = grad_stream_.stats();
+      steady.pipeline = pipeline_timing_;
+    }
     training_log(result.iterations.back());
   }
   reducer_.finish_param_gathers();  // the last step's weights, gathered in the background
-  summarize(result, origin, steady_begin);
+  summarize(result, origin, steady);
   return result;
 }
 
