@@ -37,8 +37,7 @@ double ModelSpec::flops_per_token() const {
   for (bool m : is_moe) {
     forward += attn;
     if (m)
-      forward += 6 * H * static_cast<double>(moe->ffn) * moe->topk + 6 * H * static_cast<double>(moe->shared_ffn) +
-                 2 * H * static_cast<double>(moe->num_experts);
+      forward += 6 * H * static_cast<double>(moe->ffn) * moe->topk + 6 * H * static_cast<double>(moe->shared_ffn);
     else
       forward += 6 * H * static_cast<double>(ffn);
   }

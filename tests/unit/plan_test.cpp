@@ -18,6 +18,7 @@
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
 #include "epx/plan/step_time.hpp"
+#include "epx/train/job_spec.hpp"
 #include "test_support.hpp"
 
 namespace epx {
@@ -37,6 +38,11 @@ TEST(Plan, ModelFlopsAreMegatrons) {
   EXPECT_LT(rel(model_flops(resolved("qwen3_235b_a22b", {})).per_token() / 1e9, 148.03), 0.005);
   EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {})).per_token() / 1e9, 259.99), 0.005);  // one MTP layer
   EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {"model.mtp_num_layers=null", "model.pipeline_model_parallel_layout=Et|(tt|)*30L"})).per_token() / 1e9, 249.81), 0.005);
+  // epx run's count is the planner's: its TFLOP/s compare 1:1 with Megatron's log and the plan.
+  for (const char* recipe : {"qwen3_30b_a3b_proxy", "qwen3_30b_a3b_medium", "qwen3_30b_a3b"}) {
+    const Config c = resolved(recipe, {"target.num_gpus=16", "train.global_batch_size=64"});
+    EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << recipe;
+  }
 }
 
 // Each stage's layers as the config places them: the layout's, uneven, or counting the embedding.

@@ -46,9 +46,10 @@ struct ModelSpec {
 
   int num_moe_layers() const;
   // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
-  // Megatron counts them for TFLOP/s/GPU: every GEMM, causal attention at half the S x S work,
-  // the top-k routed experts, the shared expert, the router and the LM head. Recompute is not
-  // counted (model, not hardware FLOPs).
+  // Megatron's num_floating_point_operations counts them for TFLOP/s/GPU: every GEMM, causal
+  // attention at half the S x S work, the top-k routed experts, the shared expert and the LM
+  // head; not the router's GEMM, which Megatron leaves out. Recompute is not counted (model, not
+  // hardware FLOPs).
   double flops_per_token() const;
 };
 
