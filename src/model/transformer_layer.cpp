@@ -75,15 +75,22 @@ Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<st
   return forward_output(ctx);
 }
 
+// overlap_dispatch_backward_with_experts_wgrad: the routed experts' wgrad fills the dispatch's
+// backward exchange instead of following the layer's dgrad.
+bool TransformerLayer::experts_wgrad_early() const {
+  return moe && moe->spec().experts_wgrad_under_dispatch_backward;
+}
+
 Tensor TransformerLayer::backward_dgrad(Context& ctx, const Tensor& dy) {
   launch_moe_combine_backward(ctx, dy);
   backward_mlp(ctx, false);
   launch_moe_dispatch_backward(ctx);
+  if (experts_wgrad_early()) backward_mlp_wgrad(ctx);
   return backward_attn(ctx, false);
 }
 
 void TransformerLayer::backward_wgrad(Context& ctx) {
-  backward_mlp_wgrad(ctx);
+  if (!experts_wgrad_early()) backward_mlp_wgrad(ctx);
   backward_attn_wgrad(ctx);
 }
 

@@ -217,8 +217,11 @@ Tensor MoELayer::backward(Context& ctx, const Tensor& dy) {
   launch_combine_backward(ctx, dy);
   backward_experts(ctx);
   launch_dispatch_backward(ctx);
+  const bool early = spec_.experts_wgrad_under_dispatch_backward;
+  if (early) backward_expert_wgrad(ctx);  // while the exchange flies
   Tensor dx = backward_route(ctx);
-  backward_wgrad(ctx);
+  if (!early) backward_expert_wgrad(ctx);
+  backward_dense_wgrad(ctx);
   return dx;
 }
 

@@ -73,6 +73,7 @@ class TransformerLayer {
   std::optional<GroupedMlp> mlp;   // dense layers
 
  private:
+  bool experts_wgrad_early() const;
   Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
 
   ModelSpec spec_;

@@ -19,6 +19,9 @@ struct MoESpec {
   // moe_shared_expert_overlap: the shared expert's forward runs while the dispatch is in flight,
   // its dgrad while the combine-backward is (otherwise both run with the router, Megatron's order).
   bool shared_expert_overlap = false;
+  // overlap_dispatch_backward_with_experts_wgrad: the routed experts' wgrad runs while the
+  // dispatch's backward exchange is in flight (Megatron's delayed-wgrad stream), not after it.
+  bool experts_wgrad_under_dispatch_backward = false;
   DType dtype = DType::F32;     // activations and compute weights: BF16 when model.bf16
 
   // Router (math in FP32).
