@@ -1,6 +1,7 @@
 #include "config_args.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -29,6 +30,24 @@ OptBool parse_bool_flag(const std::string& text) {
 // brings its node size (4 on GB200 / GB300), not the recipe's; -ep on a HybridEP recipe resets
 // NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN to the EP ranks in one NVLink domain, unless an
 // env_vars override set it.
+// The harness rebuilds DeepSeek-V3's pipeline layout when -pp or -vp is given (overrides.py:
+// set_deepseek_v3_pipeline_model_parallel_layout): the recipe's table of (PP, VPP) layouts, the
+// MTP layers beside the loss; a pair outside the table keeps the layout it had. An override of
+// the layout on the command line comes after and wins.
+void couple_deepseek_v3_layout(Config& cfg, const HarnessFlags& f) {
+  const bool vp_given = f.vp && *f.vp != "-1";
+  const auto origin = cfg.explicit_keys.find("model.pipeline_model_parallel_layout");
+  if ((!f.pp && !vp_given) || (origin != cfg.explicit_keys.end() && origin->second == Config::Origin::override_arg)) return;
+  const Int pp = cfg.model.pipeline_model_parallel_size, vp = cfg.model.virtual_pipeline_model_parallel_size.value_or(1);
+  const std::string last = std::string(static_cast<std::size_t>(cfg.model.mtp_num_layers.value_or(0)), 'm') + "L";
+  std::optional<std::string> layout;
+  if (pp == 1 && vp == 1) layout = "null";
+  else if (pp == 4 && vp == 1) layout = "'Et*16|t*16|t*16|t*13" + last + "'";
+  else if (pp * vp == 8 && pp >= 4) layout = "'Et*8|(t*8|)*6t*5" + last + "'";  // (8, 1), (4, 2)
+  else if (pp * vp == 16 && pp >= 4) layout = "'Et*4|(t*4|)*14t" + last + "'";  // (16, 1), (8, 2), (4, 4)
+  if (layout) apply_override(cfg, "model.pipeline_model_parallel_layout=" + *layout, Config::Origin::flag);
+}
+
 void couple_harness_environment(Config& cfg, const HarnessFlags& f, const OptString& recipe_backend) {
   if (f.gpu && !f.gpus_per_node && *f.gpu != "cpu" && !cfg.set_on_command_line("target.gpus_per_node"))
     cfg.target.gpus_per_node.reset();
@@ -155,6 +174,8 @@ Config ConfigArgs::load() const {
   if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
   apply_harness_flags(cfg, f);
   couple_harness_environment(cfg, f, recipe_backend);
+  if (std::filesystem::path(config_file ? *config_file : positional.front()).stem() == "deepseek_v3")
+    couple_deepseek_v3_layout(cfg, f);
   if (torch_version)
     apply_override(cfg, "target.torch_version='" + *torch_version + "'", Config::Origin::flag);
   if (te_version)

@@ -121,6 +121,20 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "cannot use cuda_graph_impl=transformer_engine")) << r.out;
+  // -pp / -vp on DeepSeek-V3 rebuild its layout from the recipe's table, MTP beside the loss; a
+  // pair outside it keeps the old one; an override of the layout wins.
+  r = run("config show deepseek_v3 -pp 8 -vp 2");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*4|(t*4|)*14tmL\n")) << r.out;
+  r = run("config show deepseek_v3 -pp 4 -vp None -ng 512");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*16|t*16|t*16|t*13mL\n")) << r.out;
+  r = run("config show deepseek_v3 -pp 2 -vp 4 -ng 512");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et|(tt|)*30mL\n")) << r.out;
+  r = run("config show deepseek_v3 -pp 1 -vp None -ng 512");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: null\n")) << r.out;
+  r = run("config show deepseek_v3 -pp 8 -vp 2 model.pipeline_model_parallel_layout='Et*8|(t*8|)*6t*5mL'");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*8|(t*8|)*6t*5mL\n")) << r.out;
+  r = run("check deepseek_v3 -pp 8 -vp 2");
+  EXPECT_EQ(r.code, 0) << r.out;
   r = run("config show qwen3_30b_a3b --cuda_graph_scope full_iteration --cuda_graph_impl local");
   EXPECT_TRUE(has(r, "  cuda_graph_impl: full_iteration\n")) << r.out;
 }
