@@ -52,14 +52,30 @@ void couple_harness_environment(Config& cfg, const HarnessFlags& f, const OptStr
   if (f.gpu && !f.gpus_per_node && *f.gpu != "cpu" && !cfg.set_on_command_line("target.gpus_per_node"))
     cfg.target.gpus_per_node.reset();
   const std::string var = std::string("env_vars.") + kRanksPerDomainVar;
-  if (!f.ep || *f.ep < 1 || recipe_backend.value_or("") != "hybridep" || cfg.set_on_command_line(var)) return;
+  if (!f.ep || *f.ep < 1 || recipe_backend.value_or("") != "hybridep") return;
   const GpuInfo* gpu = cfg.target.gpu ? find_gpu(*cfg.target.gpu) : nullptr;
   if (!gpu || !gpu->cuda()) return;
+  // The harness sizes the domain from the recipe's own backend, before any override changes it
+  // (run_script.py: base_dispatcher_backend), and raises where it cannot, even when an env_vars
+  // override keeps the variable; an EP size given as an override is not coupled at all.
+  const std::string name = *cfg.target.gpu;
+  Int ranks = 0;
   if (gpu->nvlink_domain == 72) {
-    if (*f.ep <= 72) cfg.env_vars[kRanksPerDomainVar] = std::to_string(*f.ep);  // beyond: hybridep.topology's error
+    if (*f.ep > 72)
+      throw ConfigError(fmt::format("-ep {}: HybridEP expert parallel size must not exceed the 72-rank NVLink domain "
+                                    "(the harness checks the recipe's hybridep backend, whatever the overrides set); "
+                                    "give -ep 72 or less",
+                                    *f.ep));
+    ranks = *f.ep;
+  } else if (name == "h100" || name == "b200" || name == "b300") {
+    ranks = std::min<Int>(*f.ep, 8);
   } else {
-    cfg.env_vars[kRanksPerDomainVar] = std::to_string(std::min<Int>(*f.ep, 8));
+    throw ConfigError(fmt::format("-ep {} -g {}: the harness has no HybridEP topology for {} (it knows h100, b200, b300 "
+                                  "and the 72-GPU racks) and raises; give the EP size as the override "
+                                  "model.expert_model_parallel_size={}, which it does not couple",
+                                  *f.ep, name, name, *f.ep));
   }
+  if (!cfg.set_on_command_line(var)) cfg.env_vars[kRanksPerDomainVar] = std::to_string(ranks);
 }
 
 }  // namespace

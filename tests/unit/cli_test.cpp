@@ -108,6 +108,16 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(r, "hybridep.domain_divides_ep")) << r.out;
   r = run("plan qwen3_30b_a3b -g gb200 -ng 256 -ep 64 -gb 1024");
   EXPECT_TRUE(has(r, "64 nodes of 4, NVLink domain 64: Slurm segments of 16 nodes")) << r.out;
+  // The harness checks the recipe's own hybridep backend: -ep past a rack, or on a GPU it has no
+  // topology for, raises whatever the overrides set.
+  r = run("check qwen3_30b_a3b -g gb200 -ng 128 -ep 128 --moe_flex_dispatcher_backend None");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "must not exceed the 72-rank NVLink domain")) << r.out;
+  r = run("check qwen3_30b_a3b -g h200 -ep 8 env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "model.expert_model_parallel_size=8, which it does not couple")) << r.out;
+  r = run("check qwen3_30b_a3b -g h200 model.expert_model_parallel_size=8");
+  EXPECT_NE(r.code, 2) << r.out;
   r = run("plan qwen3_30b_a3b -g gb200 -gn 8 -ng 16");
   EXPECT_TRUE(has(r, "2 nodes of 8")) << r.out;
   // --cuda_graph_scope as the harness reads it: listed scopes only; full_iteration alone, never
