@@ -1289,7 +1289,8 @@ std::vector<Rule> build_rules() {
                                    "but flat or slower; measure it against overlap off before "
                                    "making it the default",
                                    m.expert_model_parallel_size, *nodes),
-                       "--moe_a2a_overlap false");
+                       // --moe_a2a_overlap false changes nothing in the harness (overrides.py)
+                       "comm_overlap.overlap_moe_expert_parallel_comm=false comm_overlap.delay_wgrad_compute=false");
       });
   add("advice.few_microbatches", A,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "train.global_batch_size",

@@ -1,6 +1,7 @@
 // Megatron-Bridge's derived fields (runtime_config_update, CommOverlapConfig.setup) and
 // Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "epx/config/config.hpp"
 
@@ -144,11 +145,17 @@ void fold_deprecated_sm_knobs(ModelConfig& m, std::vector<Finding>& out) {
   std::string names = set[0].first.substr(6);
   if (set.size() == 2) names += ", " + set[1].first.substr(6);
   const OptInt value = m.moe_deepep_num_sms ? m.moe_deepep_num_sms : m.moe_hybridep_num_sms;
-  std::string fix = fmt::format("model.moe_flex_dispatcher_num_sms={}", text(value));
-  for (const auto& [key, v] : set) fix += " ~" + key;
+  // An explicit moe_flex_dispatcher_num_sms wins: the fix drops the old knobs and keeps it.
+  std::vector<std::string> fix;
+  if (!m.moe_flex_dispatcher_num_sms) fix.push_back(fmt::format("model.moe_flex_dispatcher_num_sms={}", text(value)));
+  for (const auto& [key, v] : set) fix.push_back("~" + key);
   out.push_back(note("flex.deprecated_sm_knob", Severity::warning, set,
-                     fmt::format("{} is deprecated. Use moe_flex_dispatcher_num_sms instead.", names),
-                     fix));
+                     fmt::format("{} is deprecated. Use moe_flex_dispatcher_num_sms instead.{}", names,
+                                 m.moe_flex_dispatcher_num_sms
+                                     ? fmt::format(" (moe_flex_dispatcher_num_sms={} is set and takes precedence)",
+                                                   *m.moe_flex_dispatcher_num_sms)
+                                     : ""),
+                     fmt::format("{}", fmt::join(fix, " "))));
   if (m.moe_flex_dispatcher_num_sms) return;
   if (m.moe_deepep_num_sms && m.moe_hybridep_num_sms &&
       *m.moe_deepep_num_sms != *m.moe_hybridep_num_sms) {

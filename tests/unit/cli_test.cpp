@@ -131,6 +131,10 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "cannot use cuda_graph_impl=transformer_engine")) << r.out;
+  // A deprecated SM knob beside an explicit moe_flex_dispatcher_num_sms (32 in the recipe): that
+  // one wins, so the fix only drops the old knob.
+  r = run("check qwen3_30b_a3b model.moe_deepep_num_sms=20");
+  EXPECT_TRUE(has(r, "takes precedence) | fix: ~model.moe_deepep_num_sms\n")) << r.out;
   // -pp / -vp on DeepSeek-V3 rebuild its layout from the recipe's table, MTP beside the loss; a
   // pair outside it keeps the old one; an override of the layout wins.
   r = run("config show deepseek_v3 -pp 8 -vp 2");
