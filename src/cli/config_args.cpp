@@ -15,7 +15,7 @@ namespace {
 const std::vector<std::pair<std::string, std::string>> kTwoLetterFlags = {
     {"-tp", "--tp"}, {"-pp", "--pp"}, {"-vp", "--vp"}, {"-cp", "--cp"}, {"-ep", "--ep"},
     {"-et", "--et"}, {"-gb", "--gb"}, {"-mb", "--mb"}, {"-sl", "--sl"}, {"-ng", "--ng"},
-    {"-gn", "--gn"}, {"-ms", "--ms"}, {"-rl", "--rl"}};
+    {"-gn", "--gn"}, {"-ms", "--ms"}, {"-rl", "--rl"}, {"-mr", "--mr"}};
 
 OptBool parse_bool_flag(const std::string& text) {
   std::string s = text;
@@ -160,6 +160,23 @@ void ConfigArgs::add_to(CLI::App& app) {
       ->group(group);
   app.add_option("--recompute_modules", flags.recompute_modules, "comma list: selective recompute")
       ->group(group);
+  app.add_option("-m,--model_family_name", model_family, "-m: the harness's model family (the recipe names the model)")
+      ->group(group);
+  app.add_option("--mr,--model_recipe_name", model_recipe,
+                 "-mr: the harness's recipe name, which couples -pp / -vp to DeepSeek-V3's layouts (default: the "
+                 "config's file name)")
+      ->group(group);
+  app.add_option("--task", task, "pretrain (sft and peft are not modelled)")
+      ->check(CLI::IsMember({"pretrain", "sft", "peft"}))
+      ->group(group);
+  app.add_option("-c,--compute_dtype", compute_dtype, "bf16 (the recipes' precision; FP8 by model.fp8 overrides)")
+      ->check(CLI::IsMember({"bf16", "fp8_cs", "fp8_mx", "fp8_sc", "nvfp4"}))
+      ->group(group);
+  app.add_option("--config_variant", config_variant, "the harness's recipe variant (v1, ...): one per recipe here")
+      ->group(group);
+  app.add_option("--tokenizer_type", tokenizer_type, "NullTokenizer (mock data)")
+      ->check(CLI::IsMember({"NullTokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer"}))
+      ->group(group);
   app.add_option("--torch-version", torch_version, "torch version in the target container");
   app.add_option("--te-version", te_version, "Transformer Engine version in the target container");
   // A flag given twice takes its last value, as the harness's argparse does (a fix appended to a
@@ -190,7 +207,14 @@ Config ConfigArgs::load() const {
   if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
   apply_harness_flags(cfg, f);
   couple_harness_environment(cfg, f, recipe_backend);
-  if (std::filesystem::path(config_file ? *config_file : positional.front()).stem() == "deepseek_v3")
+  if (task && *task != "pretrain")
+    throw ConfigError(fmt::format("--task {}: epx checks, plans and runs pretraining; drop --task or give pretrain", *task));
+  if (compute_dtype && *compute_dtype != "bf16")
+    throw ConfigError(fmt::format("-c {}: the harness's precision recipes are not modelled; give -c bf16 and set FP8 with "
+                                  "model.fp8 / model.fp8_recipe overrides",
+                                  *compute_dtype));
+  if (model_recipe.value_or(std::filesystem::path(config_file ? *config_file : positional.front()).stem().string()) ==
+      "deepseek_v3")
     couple_deepseek_v3_layout(cfg, f);
   if (torch_version)
     apply_override(cfg, "target.torch_version='" + *torch_version + "'", Config::Origin::flag);

@@ -18,6 +18,9 @@ struct ConfigArgs {
   HarnessFlags flags;
   std::string moe_a2a_overlap;  // as typed; parsed like the harness's str2bool
   OptString torch_version, te_version;
+  // The harness's run identity (so its command lines paste as they are): the model is the
+  // recipe's; -mr names the recipe the harness couples flags by; --task and -c are checked.
+  OptString model_family, model_recipe, task, compute_dtype, config_variant, tokenizer_type;
 
   void add_to(CLI::App& app);
   // Load the recipe, apply overrides, then flags (flags win). Throws ConfigError.

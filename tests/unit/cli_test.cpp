@@ -131,6 +131,16 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "cannot use cuda_graph_impl=transformer_engine")) << r.out;
+  // advise's harness command lines paste into epx as they are (-m, -mr, --task, -c, ...); a
+  // precision or task epx does not model is refused.
+  r = run("advise qwen3_30b_a3b");
+  const auto at = r.out.find("run_script.py ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string harness = r.out.substr(at + 14, r.out.find('\n', at) - at - 14);
+  r = run("check qwen3_30b_a3b " + harness);
+  EXPECT_EQ(r.code, 0) << harness << "\n" << r.out;
+  EXPECT_EQ(run("check qwen3_30b_a3b -c fp8_cs").code, 2);
+  EXPECT_EQ(run("check qwen3_30b_a3b --task sft").code, 2);
   // A deprecated SM knob beside an explicit moe_flex_dispatcher_num_sms (32 in the recipe): that
   // one wins, so the fix only drops the old knob.
   r = run("check qwen3_30b_a3b model.moe_deepep_num_sms=20");
