@@ -174,14 +174,16 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
                            "mode the same in every run you compare",
                            {"model.moe_router_force_load_balancing=true"}});
 
-  if (const DispatcherOption* o = option(Dispatcher::deepep))
+  // The flex backends' knobs only matter where tokens are exchanged (the plan has EP overlap rows).
+  const bool exchanges = std::any_of(a.plan.variants.begin(), a.plan.variants.end(), [](const Variant& v) { return v.ep_overlap; });
+  if (const DispatcherOption* o = option(Dispatcher::deepep); o && exchanges)
     tips.push_back({"deepep SMs",
                     fmt::format("DeepEP's moe_deepep_num_sms (default 20) is a starting point, rarely optimal: sweep it "
                                 "one run per value (predicted {} as is)",
                                 describe(o->best)),
                     {"model.moe_flex_dispatcher_num_sms=16", "model.moe_flex_dispatcher_num_sms=24",
                      "model.moe_flex_dispatcher_num_sms=32"}});
-  if (const DispatcherOption* o = option(Dispatcher::hybridep)) {
+  if (const DispatcherOption* o = option(Dispatcher::hybridep); o && exchanges) {
     Config h = c;
     h.model.moe_token_dispatcher_type = "flex";
     h.model.moe_flex_dispatcher_backend = "hybridep";
@@ -269,10 +271,33 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
       tips.push_back({"recompute", "full recompute is set and selective recompute does not fit: keep full", {}});
     }
   } else if (!a.plan.fits) {
-    tips.push_back({"recompute",
-                    "the layout does not fit: turn on selective recompute first (layernorm, core_attn, moe_act, mlp), "
-                    "full recompute only if it still does not fit",
-                    {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn,moe_act,layernorm]"}});
+    // Selective first, full only if it still does not fit; neither: the layout itself.
+    const double capacity = a.plan.gpu.rates.memory_gb;
+    const std::vector<std::string> selective = {"model.recompute_granularity=selective",
+                                                "model.recompute_modules=[core_attn,moe_act,layernorm]"};
+    const std::vector<std::string> full = full_recompute_overrides(m);
+    const Replanned with_selective = replan(c, selective), with_full = replan(c, full);
+    const auto peak = [](const Replanned& r) { return r.plan ? r.plan->configured().peak_memory_gb : 0.0; };
+    if (with_selective.plan && with_selective.plan->fits)
+      tips.push_back({"recompute",
+                      fmt::format("the layout does not fit: selective recompute (core_attn, moe_act, layernorm) does, "
+                                  "{:.1f} GiB of {:.0f}, {:.3g} s/step",
+                                  peak(with_selective), capacity, with_selective.plan->configured().step_time_s),
+                      selective});
+    else if (with_full.plan && with_full.plan->fits)
+      tips.push_back({"recompute",
+                      fmt::format("the layout does not fit, nor with selective recompute ({:.1f} GiB of {:.0f}): full "
+                                  "recompute does, {:.1f} GiB, {:.3g} s/step",
+                                  peak(with_selective), capacity, peak(with_full), with_full.plan->configured().step_time_s),
+                      full});
+    else
+      tips.push_back({"recompute",
+                      fmt::format("the layout does not fit, even with full recompute ({:.1f} GiB of {:.0f}): recompute "
+                                  "is not enough; spread the model wider (EP, PP or TP){} or add GPUs (`epx plan "
+                                  "--search` ranks the layouts that fit)",
+                                  peak(with_full), capacity,
+                                  c.ddp.use_distributed_optimizer ? "" : ", shard the optimizer (ddp.use_distributed_optimizer)"),
+                      {}});
   }
   return tips;
 }
@@ -390,43 +415,54 @@ Advice advise(const Config& c, const BackendAvailability& have) {
                                    d == Dispatcher::deepep ? "DeepEP: Ampere, Hopper, B200 and B300"
                                                            : "HybridEP: compute capability 8 to 10"));
 
-  // The recommendation: the planner's fastest available dispatcher that fits; the seeds' choice
-  // when it is available and within the model's error of it.
+  // Without token exchanges (EP 1, or no MoE layer) the plan has the configured dispatcher's
+  // one row: nothing to choose, tune or A/B but the layout as it is.
+  const bool exchanges = std::any_of(a.plan.variants.begin(), a.plan.variants.end(), [](const Variant& v) { return v.ep_overlap; });
   const DispatcherOption& fastest = a.options.front();
-  a.recommended = fastest.dispatcher;
-  for (const DispatcherOption& o : a.options)
-    if (o.dispatcher == a.seeds_choice && o.available && o.fits && gap(fastest.best, o.best) < kSecondOrder)
-      a.recommended = o.dispatcher;
-  std::vector<std::string> others;
-  const DispatcherOption* chosen = nullptr;
-  for (const DispatcherOption& o : a.options)
-    if (o.dispatcher == a.recommended) chosen = &o;
-  int close = 0, available = 0;
-  for (const DispatcherOption& o : a.options) {
-    if (!o.available) continue;
-    ++available;
-    if (o.dispatcher == a.recommended) continue;
-    close += std::abs(gap(chosen->best, o.best)) < kSecondOrder;
-    others.push_back(fmt::format("{} {} ({:+.0f}%)", to_string(o.dispatcher), describe(o.best), 100 * gap(chosen->best, o.best)));
+  if (!exchanges) {
+    a.recommended = fastest.dispatcher;
+    a.why = fmt::format("{}: {}; no token exchanges here (EP {}: every rank holds its experts), so the dispatcher and EP "
+                        "overlap do not change the step",
+                        to_string(a.recommended), describe(fastest.best), a.plan.layout.layout.ep);
+    if (!fastest.fits) a.why += "; it does not fit in memory (see the recompute advice)";
+  } else {
+    // The recommendation: the planner's fastest available dispatcher that fits; the seeds' choice
+    // when it is available and within the model's error of it.
+    a.recommended = fastest.dispatcher;
+    for (const DispatcherOption& o : a.options)
+      if (o.dispatcher == a.seeds_choice && o.available && o.fits && gap(fastest.best, o.best) < kSecondOrder)
+        a.recommended = o.dispatcher;
+    std::vector<std::string> others;
+    const DispatcherOption* chosen = nullptr;
+    for (const DispatcherOption& o : a.options)
+      if (o.dispatcher == a.recommended) chosen = &o;
+    int close = 0, available = 0;
+    for (const DispatcherOption& o : a.options) {
+      if (!o.available) continue;
+      ++available;
+      if (o.dispatcher == a.recommended) continue;
+      close += std::abs(gap(chosen->best, o.best)) < kSecondOrder;
+      others.push_back(fmt::format("{} {} ({:+.0f}%)", to_string(o.dispatcher), describe(o.best), 100 * gap(chosen->best, o.best)));
+    }
+    a.second_order = available > 1 && close == available - 1;
+    a.why = fmt::format("{}: {}{}{}", to_string(a.recommended), describe(chosen->best),
+                        others.empty() ? "" : "; against ", fmt::format("{}", fmt::join(others, "; ")));
+    if (a.second_order)
+      a.why += fmt::format("; every available dispatcher is within {:.0f}% here: the choice is second-order",
+                           100 * kSecondOrder);
+    if (a.recommended != a.seeds_choice && have.has(a.seeds_choice))
+      a.why += fmt::format("; the seeds' first choice for this hardware is {}, predicted {:+.0f}%: worth one A/B run",
+                           to_string(a.seeds_choice), [&] {
+                             for (const DispatcherOption& o : a.options)
+                               if (o.dispatcher == a.seeds_choice) return 100 * gap(chosen->best, o.best);
+                             return 0.0;
+                           }());
+    for (const DispatcherOption& o : a.options)
+      if (!o.available && o.fits && gap(chosen->best, o.best) < -kSecondOrder)
+        a.why += fmt::format("; {} (not installed) is predicted {:.0f}% faster: worth installing", to_string(o.dispatcher),
+                             -100 * gap(chosen->best, o.best));
+    if (!chosen->fits) a.why += "; no schedule of it fits in memory (see the recompute advice)";
   }
-  a.second_order = available > 1 && close == available - 1;
-  a.why = fmt::format("{}: {}{}{}", to_string(a.recommended), describe(chosen->best),
-                      others.empty() ? "" : "; against ", fmt::format("{}", fmt::join(others, "; ")));
-  if (a.second_order)
-    a.why += fmt::format("; every available dispatcher is within {:.0f}% here: the choice is second-order",
-                         100 * kSecondOrder);
-  if (a.recommended != a.seeds_choice && have.has(a.seeds_choice))
-    a.why += fmt::format("; the seeds' first choice for this hardware is {}, predicted {:+.0f}%: worth one A/B run",
-                         to_string(a.seeds_choice), [&] {
-                           for (const DispatcherOption& o : a.options)
-                             if (o.dispatcher == a.seeds_choice) return 100 * gap(chosen->best, o.best);
-                           return 0.0;
-                         }());
-  for (const DispatcherOption& o : a.options)
-    if (!o.available && o.fits && gap(chosen->best, o.best) < -kSecondOrder)
-      a.why += fmt::format("; {} (not installed) is predicted {:.0f}% faster: worth installing", to_string(o.dispatcher),
-                           -100 * gap(chosen->best, o.best));
-  if (!chosen->fits) a.why += "; no schedule of it fits in memory (see the recompute advice)";
   a.tuning = tuning_tips(c, a);
 
   // The A/B: one knob per run, routing fixed, CUDA graphs off, as the seeds' verification
@@ -465,9 +501,12 @@ Advice advise(const Config& c, const BackendAvailability& have) {
     Dispatcher d;
     bool overlap, delay;
   };
-  std::vector<Row> rows = {{"baseline", Dispatcher::alltoall, false, false}};
-  if (a.recommended != Dispatcher::alltoall) rows.push_back({"the dispatcher", a.recommended, false, false});
-  if (l.ep > 1) {
+  std::vector<Row> rows;
+  if (!exchanges) {  // the one row the plan has
+    rows = {{"baseline", a.recommended, false, false}};
+  } else {
+    rows = {{"baseline", Dispatcher::alltoall, false, false}};
+    if (a.recommended != Dispatcher::alltoall) rows.push_back({"the dispatcher", a.recommended, false, false});
     rows.push_back({"+ EP overlap", a.recommended, true, false});
     rows.push_back({"+ delay_wgrad", a.recommended, true, true});
   }

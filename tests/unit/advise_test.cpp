@@ -154,6 +154,16 @@ TEST(Advise, TuningFollowsThePlan) {
                                                        "model.recompute_num_layers=1"}));
   ASSERT_NE(tip(full, "recompute"), nullptr);
   EXPECT_EQ(tip(full, "recompute")->overrides.front(), "model.recompute_granularity=selective") << tip(full, "recompute")->advice;
+  // EP 1 has no token exchanges: one dispatcher row, no SM sweeps, one A/B line predicted at the
+  // plan's step; a layout no recompute fits says so rather than advising recompute.
+  const Advice ep1 = advise_on("qwen3_30b_a3b", with({"model.expert_model_parallel_size=1", "target.num_gpus=8", "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=1"}));
+  EXPECT_NE(ep1.why.find("no token exchanges here"), std::string::npos) << ep1.why;
+  EXPECT_EQ(tip(ep1, "hybridep SMs and topology"), nullptr);
+  ASSERT_EQ(ep1.harness_ab.size(), 1u);
+  EXPECT_EQ(ep1.harness_ab[0].find("predicted 0 s/step"), std::string::npos) << ep1.harness_ab[0];
+  ASSERT_NE(tip(ep1, "recompute"), nullptr);
+  EXPECT_NE(tip(ep1, "recompute")->advice.find("even with full recompute"), std::string::npos) << tip(ep1, "recompute")->advice;
+  EXPECT_TRUE(tip(ep1, "recompute")->overrides.empty());
 }
 
 }  // namespace
