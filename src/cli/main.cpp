@@ -194,9 +194,15 @@ int main(int argc, char** argv) {
   // Under mpirun, `layer` runs on every rank. An error on one rank then ends the whole job with
   // that rank's message, rather than leaving the others waiting in a collective.
   std::unique_ptr<epx::MpiSession> mpi;
-  const auto fail = [&](const std::string& message, int code) {
+  // With --json, a refusal is also one JSON object on stdout, so a script reading it gets an
+  // answer rather than nothing.
+  const bool json_out = (*check && json) || (*plan && plan_args.json) || (*advise && advise_args.json) ||
+                        (*diagnose && diagnose_args.json);
+  const auto fail = [&](const std::string& kind, const std::string& what, int code) {
+    const std::string message = kind + ": " + what;
     if (mpi && mpi->size() > 1) epx::MpiSession::abort_job(message, code);
     std::cerr << "epx: " << message << "\n";
+    if (json_out) std::cout << epx::json_text(nlohmann::json{{kind, what}, {"exit_code", code}}, 2) << "\n";
     return code;
   };
   try {
@@ -225,13 +231,13 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const epx::ConfigError& e) {
-    return fail(std::string("error: ") + e.what(), epx::kExitBadInput);
+    return fail("error", e.what(), epx::kExitBadInput);
   } catch (const epx::InputError& e) {
-    return fail(std::string("error: ") + e.what(), epx::kExitBadInput);
+    return fail("error", e.what(), epx::kExitBadInput);
   } catch (const epx::EnvironmentError& e) {
-    return fail(std::string("environment error: ") + e.what(), epx::kExitEnvironment);
+    return fail("environment error", e.what(), epx::kExitEnvironment);
   } catch (const std::exception& e) {
-    return fail(std::string("internal error: ") + e.what(), epx::kExitInternal);
+    return fail("internal error", e.what(), epx::kExitInternal);
   }
   return 0;
 }

@@ -171,6 +171,12 @@ TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
 }
 
 TEST(Cli, JsonReport) {
+  // Bad input under --json: the message on stderr, and one JSON object on stdout.
+  const Result bad = run("check qwen3_30b_a3b_proxy --json model.bogus=1");
+  EXPECT_EQ(bad.code, 2);
+  const auto e = nlohmann::json::parse(bad.out.substr(bad.out.find('{')));
+  EXPECT_EQ(e["exit_code"], 2);
+  EXPECT_NE(e["error"].get<std::string>().find("unknown key 'model.bogus'"), std::string::npos) << bad.out;
   const Result r = run("check qwen3_30b_a3b_proxy --json model.moe_router_topk=99");
   EXPECT_EQ(r.code, 1);
   const auto j = nlohmann::json::parse(r.out);
