@@ -31,6 +31,9 @@ std::vector<std::string> overrides_for(const ModelConfig& m, const Variant& v) {
   if (v.dispatcher != configured_dispatcher(m)) {
     if (v.dispatcher == Dispatcher::alltoall) {
       out.push_back("model.moe_token_dispatcher_type=alltoall");
+      // ncclep is flex-only (flex.backend_needs_flex): it goes with the flex dispatcher.
+      if (m.moe_flex_dispatcher_backend == std::optional<std::string>("ncclep"))
+        out.push_back("model.moe_flex_dispatcher_backend=null");
     } else {
       if (m.moe_token_dispatcher_type != "flex") out.push_back("model.moe_token_dispatcher_type=flex");
       out.push_back(fmt::format("model.moe_flex_dispatcher_backend={}", to_string(v.dispatcher)));
@@ -181,6 +184,8 @@ Plan make_plan(const Config& c) {
                                   *m.fp8, m.fp8_recipe.value_or("delayed")));
   if (m.fp8_param)
     p.notes.push_back("fp8_param: the GEMM weights are counted in BF16, so their memory is an upper bound");
+  if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == std::optional<std::string>("ncclep"))
+    p.notes.push_back("ncclep is not modelled apart: the configured run is timed as DeepEP's (the deepep rows)");
   return p;
 }
 

@@ -141,6 +141,10 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_EQ(r.code, 0) << harness << "\n" << r.out;
   EXPECT_EQ(run("check qwen3_30b_a3b -c fp8_cs").code, 2);
   EXPECT_EQ(run("check qwen3_30b_a3b --task sft").code, 2);
+  // ncclep: timed as DeepEP and said so; the alltoall rows drop the flex-only backend, so they pass.
+  r = run("plan qwen3_30b_a3b model.moe_flex_dispatcher_backend=ncclep");
+  EXPECT_TRUE(has(r, "note: ncclep is not modelled apart")) << r.out;
+  EXPECT_FALSE(has(r, "rows marked !")) << r.out;
   // A deprecated SM knob beside an explicit moe_flex_dispatcher_num_sms (32 in the recipe): that
   // one wins, so the fix only drops the old knob.
   r = run("check qwen3_30b_a3b model.moe_deepep_num_sms=20");
