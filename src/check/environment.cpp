@@ -50,6 +50,8 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
       } else if (auto r = rates.find(key); r != rates.end()) {
         const double x = v.as<double>();
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
+        if (key == "memory_gb" && x == 0)
+          throw ConfigError(fmt::format("{}: 0: a GPU's memory is above 0 GiB (every layout would fit in it)", where(v, key)));
         if (key.ends_with("_efficiency") && x > 1)
           throw ConfigError(fmt::format("{}: {} is above 1: an efficiency is the share of the rate reached (0 to 1)",
                                         where(v, key), x));

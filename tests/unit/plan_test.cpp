@@ -268,6 +268,9 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   EXPECT_EQ(find_gpu("bad"), nullptr);
   std::ofstream(path) << "? [a, b]\n: 1\n";
   EXPECT_THROW(add_hardware_file(path.string()), ConfigError);
+  std::ofstream(path) << "h100:\n  memory_gb: 0\n";  // every layout would fit
+  EXPECT_THROW(add_hardware_file(path.string()), ConfigError);
+  EXPECT_EQ(find_gpu("h100")->rates.memory_gb, 80);
   std::ofstream(path) << "cpu:\n  attention_fp32_tflops: 0.2\n";  // a calibration from before the rename
   try {
     add_hardware_file(path.string());
