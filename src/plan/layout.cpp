@@ -28,13 +28,13 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   if (p.gpus_per_node < 1) p.gpus_per_node = world;
   p.nodes = (world + p.gpus_per_node - 1) / p.gpus_per_node;
   // The node, whatever size the config gives it (an H100 node of 4 has a domain of 4, not the
-  // HGX's 8), unless the catalog's domain spans nodes (GB200's rack of 72 over nodes of 4) and the
+  // HGX's 8), up to the catalog's domain (a "node" of 16 H100s is two NVLink domains), unless the catalog's domain spans nodes (GB200's rack of 72 over nodes of 4) and the
   // job uses them as they are. There Bridge's harness (scripts/performance/utils/executors.py)
   // asks Slurm for `--segment` blocks of nodes that share a rack: all of them up to a rack's
   // worth, else the largest divisor of the node count that fits one. Only a segment is sure to
   // share a domain: 64 nodes run as 4 racks of 16 nodes, 64 GPUs each, and 76 nodes in segments
   // of 4.
-  p.nvlink_domain = p.gpus_per_node;
+  p.nvlink_domain = gpu.nvlink_domain > 0 ? std::min(p.gpus_per_node, gpu.nvlink_domain) : p.gpus_per_node;
   if (gpu.nvlink_domain > gpu.gpus_per_node && p.gpus_per_node == gpu.gpus_per_node) {  // the harness's condition
     p.rack_gpus = gpu.nvlink_domain;
     p.segment_nodes = slurm_segment_nodes(p.nodes, std::max(1, gpu.nvlink_domain / p.gpus_per_node));
