@@ -23,6 +23,9 @@ void DiagnoseArgs::add_to(CLI::App& app) {
 int run_diagnose_command(const DiagnoseArgs& args) {
   for (const std::string& file : args.hardware) add_hardware_file(file);
   const DiagnosedRun d = diagnose_run(args.run, args.trace, args.source);
+  if (args.source.config && d.run.config)
+    throw ConfigError(fmt::format("--config {}: {} carries the config it ran with; change it with --override KEY=VALUE",
+                                  *args.source.config, args.run));
   if (args.json) {
     std::cout << json_text(diagnosis_json(d.run, d.diagnosis), 2) << "\n";
     return kExitOk;

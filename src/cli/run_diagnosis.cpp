@@ -22,8 +22,9 @@ DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::
   const auto& [config, gpu, num_gpus, overrides] = source;
   DiagnosedRun d;
   d.run = read_run(run_path, trace_path);
-  if (config) d.config = load_config_file(resolve_recipe(*config));
-  else if (d.run.config) d.config = *d.run.config;
+  // A run that carries its config (epx results) is planned with it; --config is for the others.
+  if (d.run.config) d.config = *d.run.config;
+  else if (config) d.config = load_config_file(resolve_recipe(*config));
   if (!d.config && !overrides.empty())
     throw ConfigError(fmt::format("--override {}: {} carries no config to change; name it with --config", overrides.front(),
                                   run_path));

@@ -38,3 +38,9 @@ code=$?
 set -e
 echo "$out"
 [[ $code -eq 2 && $out == *"says 1e+03 s: not the same run's trace"* ]] || { echo "a trace of other steps was read"; exit 1; }
+# Results carry their config: --config is for a Megatron log and is refused here.
+set +e
+out=$("$epx" diagnose "$dir/r.json" --config qwen3_30b_a3b_proxy 2>&1)
+code=$?
+set -e
+[[ $code -eq 2 && $out == *"carries the config it ran with"* ]] || { echo "$out"; echo "--config replaced the results' config"; exit 1; }
