@@ -86,6 +86,10 @@ std::vector<std::string> log_notes(const RunEvidence& run) {
   std::vector<std::string> notes;
   if (run.cut_off)
     notes.push_back("the log's last line has no end (the run was still writing it): it is left out");
+  if (run.restarted_at > 0)
+    notes.push_back(fmt::format("the log goes back to iteration {} (a requeued or resumed run appended to it): the "
+                                "later lines replace the earlier ones from there",
+                                run.restarted_at));
   if (run.skipped_iterations > 0 || run.nan_iterations > 0)
     notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
                                 "walls, first",

@@ -216,6 +216,10 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);
       if (std::regex_search(line, m, global_batch)) run.global_batch_size = std::stoll(m[1]);
       if (std::regex_search(line, m, nans)) p.nans = std::stoi(m[1]);
+      if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
+        run.restarted_at = p.iteration;
+        while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration) run.iterations.pop_back();
+      }
       run.iterations.push_back(p);
     } catch (const std::exception&) {
       throw InputError(fmt::format("{}:{}: a number in this log line is out of range: {}", path, line_no, line.substr(0, 120)));

@@ -545,6 +545,15 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_EQ(text.find("peak 0 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("1 skipped and 0 NaN"), std::string::npos) << text;
   EXPECT_NE(text.find("iteration(s) 5 (1.56x)"), std::string::npos) << text;
+  // A requeued run appended to its log: its lines replace the first run's from where it resumed.
+  std::ofstream(path) << line(1, 9000) << line(2, 9000) << line(3, 9000) << line(4, 9000) << line(3, 20000)
+                      << line(4, 9000) << line(5, 9000);
+  run = read_run(path.string(), std::nullopt);
+  ASSERT_EQ(run.iterations.size(), 5u);
+  EXPECT_EQ(run.restarted_at, 3);
+  EXPECT_DOUBLE_EQ(run.iterations[2].step_s, 20.0);
+  EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("the log goes back to iteration 3"),
+            std::string::npos);
   // log_interval 1: the first iteration's counts are not reset either, so the second line's
   // include them (1, 2, 1 is three skipped iterations).
   std::ofstream(path) << counted(1, 9000, 1) << counted(2, 9000, 2) << counted(3, 9000, 1) << counted(4, 9000, 0);

@@ -73,6 +73,9 @@ struct RunEvidence {
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
   std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
   bool cut_off = false;  // a Megatron log whose last line has no end (still being written): left out
+  // A Megatron log whose iterations go back (a requeued run appended to its log): the later
+  // lines replace the earlier ones from that iteration on. The last such iteration, 0: none.
+  int restarted_at = 0;
   std::map<std::string, double> timers_ms;  // Megatron's timers, the mean over the steady lines
   std::string layout, dispatcher, schedule, recompute;
   std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
