@@ -52,7 +52,11 @@ DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::
     d.gpu = find_gpu(name);
     if (d.gpu == nullptr) throw ConfigError(fmt::format("-g {}: not in the hardware catalog; see hardware/catalog.yaml", name));
   }
-  d.diagnosis = diagnose(d.run, d.config, d.gpu);
+  try {
+    d.diagnosis = diagnose(d.run, d.config, d.gpu);
+  } catch (const ConfigError& e) {  // the planner's refusal of the config: whose config it is
+    throw ConfigError(fmt::format("{}: its config: {}", d.run.config || !config ? run_path : *config, e.what()));
+  }
   return d;
 }
 
