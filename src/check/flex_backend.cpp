@@ -51,7 +51,9 @@ void apply_flex_dispatcher_backend(Config& cfg, const std::string& backend, cons
                           "Hopper, B200 and B300 GPUs. Current GPU: {}. Falling back to alltoall.",
                           gpu.device_name);
     out.push_back({"flex.apply_fallback", Severity::warning, {{"target.gpu", gpu.name}}, message,
-                   backend == "deepep" ? "--moe_flex_dispatcher_backend hybridep" : ""});
+                   // HybridEP where it runs; else the fallback as asked for (alltoall)
+                   backend == "deepep" && hybridep_supported(gpu) ? "--moe_flex_dispatcher_backend hybridep"
+                                                                  : "--moe_flex_dispatcher_backend None"});
     fallback_to_alltoall(m);
     return;
   }

@@ -407,12 +407,19 @@ std::vector<Rule> build_rules() {
         if (!c.world()) return world_not_given(c);
         const Int M = microbatches(c.cfg), N = m.microbatch_group_size_per_vp_stage.value_or(pp);
         if (M <= 0) return pass();
-        // A batch of whole groups, at least one, fixes both of Megatron-Core's checks.
+        // The smallest group size both of Megatron-Core's checks accept keeps the batch (M itself
+        // always does once M >= PP); else a batch of whole groups, at least one (as the batch
+        // rule's fix where the batch does not divide).
+        const Int per_step = c.cfg.train.micro_batch_size.value_or(1) * data_parallel_size(c.cfg);
+        const bool divides = c.cfg.train.global_batch_size.value_or(0) % per_step == 0;
+        Int group = 0;
+        for (Int n = pp; divides && n <= M && group == 0; ++n)
+          if (M % n == 0 || M % n >= pp) group = n;
         const std::string fix =
-            N < pp ? fmt::format("model.microbatch_group_size_per_vp_stage={}", pp)
-                   : fmt::format("train.global_batch_size={}",
-                                 round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
-                                          c.cfg.train.micro_batch_size.value_or(1) * data_parallel_size(c.cfg) * N));
+            group > 0 ? fmt::format("model.microbatch_group_size_per_vp_stage={}", group)
+                      : fmt::format("train.global_batch_size={}",
+                                    round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
+                                             per_step * std::max(N, pp)));
         if (N > M || N < pp)
           return fail(fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in "
                                   "[PP={} , M={}] (microbatch_group_size_per_vp_stage = {})",
@@ -1142,7 +1149,8 @@ std::vector<Rule> build_rules() {
                        fmt::format("DeepEP is supported for Ampere, Hopper, and Blackwell "
                                    "(B200/B300) GPUs. Current GPU: {}",
                                    c.gpu.device_name),
-                       "model.moe_flex_dispatcher_backend=hybridep");
+                       hybridep_supported(c.gpu) ? "model.moe_flex_dispatcher_backend=hybridep"
+                                                 : "model.moe_token_dispatcher_type=alltoall");
       });
   add("flex.hybridep_gpu", E, {"model.moe_flex_dispatcher_backend", "target.gpu"}, kBridgeFlex,
       "HybridEP needs compute capability 8, 9 or 10", [](const CheckContext& c) {

@@ -141,6 +141,13 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_EQ(r.code, 0) << harness << "\n" << r.out;
   EXPECT_EQ(run("check qwen3_30b_a3b -c fp8_cs").code, 2);
   EXPECT_EQ(run("check qwen3_30b_a3b --task sft").code, 2);
+  // A fix that keeps the finding away: on V100 neither flex backend runs, so DeepEP's fix is
+  // alltoall, not HybridEP; an interleaved batch's remainder is fixed by the group size, not
+  // the batch.
+  r = run("check qwen3_30b_a3b -g v100 --moe_flex_dispatcher_backend deepep");
+  EXPECT_TRUE(has(r, "Falling back to alltoall. | fix: --moe_flex_dispatcher_backend None")) << r.out;
+  r = run("check qwen3_30b_a3b -pp 4 -vp 2 -ng 64 -gb 1056");  // M 66: 66 mod 4 = 2
+  EXPECT_TRUE(has(r, "fix: model.microbatch_group_size_per_vp_stage=6")) << r.out;
   // ncclep: timed as DeepEP and said so; the alltoall rows drop the flex-only backend, so they pass.
   r = run("plan qwen3_30b_a3b model.moe_flex_dispatcher_backend=ncclep");
   EXPECT_TRUE(has(r, "note: ncclep is not modelled apart")) << r.out;
