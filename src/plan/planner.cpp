@@ -184,6 +184,9 @@ Plan make_plan(const Config& c) {
                                   *m.fp8, m.fp8_recipe.value_or("delayed")));
   if (m.fp8_param)
     p.notes.push_back("fp8_param: the GEMM weights are counted in BF16, so their memory is an upper bound");
+  if (m.overlap_dispatch_backward_with_experts_wgrad)
+    p.notes.push_back("overlap_dispatch_backward_with_experts_wgrad: the dispatch's backward exchange hidden under the "
+                      "experts' wgrad is not modelled, so the rows without EP overlap are an upper bound");
   if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == std::optional<std::string>("ncclep"))
     p.notes.push_back("ncclep is not modelled apart: the configured run is timed as DeepEP's (the deepep rows)");
   return p;
