@@ -22,6 +22,7 @@ constexpr const char* kBridgeTopology = "Megatron-Bridge scripts/performance/uti
 constexpr const char* kBridgeConfig = "Megatron-Bridge training/config.py";
 constexpr const char* kMcore = "Megatron-Core TransformerConfig";
 constexpr const char* kMcoreParallel = "Megatron-Core ModelParallelConfig";
+constexpr const char* kBridgeModel = "Megatron-Bridge models/transformer_config.py";
 constexpr const char* kMcoreScheduler = "Megatron-Core OptimizerParamScheduler";
 constexpr const char* kMcoreOptimizer = "Megatron-Core OptimizerConfig";
 constexpr const char* kTeAttention = "Transformer Engine DotProductAttention";
@@ -241,11 +242,14 @@ std::vector<Rule> build_rules() {
                                    groups, tp),
                        no_tp);
       });
-  add("parallel.sp_needs_tp", E, {"model.sequence_parallel", "model.tensor_model_parallel_size"},
-      kMcoreParallel, "sequence parallelism needs TP > 1", [](const CheckContext& c) {
-        const auto& m = c.cfg.model;
-        return fail_if(m.sequence_parallel && m.tensor_model_parallel_size <= 1,
-                       "Cannot use sequence parallelism without tensor parallelism", "model.sequence_parallel=false");
+  // Megatron-Core refuses it ("Cannot use sequence parallelism without tensor parallelism"), but
+  // Bridge's model config turns it off first (models/transformer_config.py finalize).
+  add("parallel.sp_needs_tp", W, {"model.sequence_parallel", "model.tensor_model_parallel_size"},
+      kBridgeModel, "sequence parallelism without TP > 1 is turned off", [](const CheckContext& c) {
+        return fail_if(c.user.model.sequence_parallel && c.cfg.model.tensor_model_parallel_size <= 1,
+                       "sequence_parallel=true with tensor_model_parallel_size=1: Bridge turns it off (Megatron-Core "
+                       "alone would refuse: Cannot use sequence parallelism without tensor parallelism)",
+                       "model.sequence_parallel=false");
       });
   add("attention.query_groups_divide_heads", E, {"model.num_attention_heads", "model.num_query_groups"},
       kTeAttention, "each query group serves a whole number of attention heads",
@@ -433,15 +437,14 @@ std::vector<Rule> build_rules() {
                                    rest, M, N, pp),
                        fix);
       });
-  add("parallel.ep_tp_needs_sp", W,
-      {"model.expert_model_parallel_size", "model.tensor_model_parallel_size",
-       "model.sequence_parallel"},
-      kMcore, "EP with TP wants sequence parallelism", [](const CheckContext& c) {
+  // The MoE layer's forward raises in training (moe/moe_layer.py), whatever the EP size.
+  add("parallel.ep_tp_needs_sp", E,
+      {"model.num_moe_experts", "model.tensor_model_parallel_size", "model.sequence_parallel"},
+      "Megatron-Core moe/moe_layer.py", "MoE with TP needs sequence parallelism", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.expert_model_parallel_size > 1 && m.tensor_model_parallel_size > 1 &&
-                           !m.sequence_parallel,
-                       "expert parallelism with tensor parallelism runs without sequence "
-                       "parallelism: Megatron-Core warns that MoE with TP needs SP",
+        return fail_if(m.num_moe_experts.value_or(0) > 0 && m.tensor_model_parallel_size > 1 && !m.sequence_parallel,
+                       "During training, performance may degrade if MoE and tensor parallelismare enabled without "
+                       "also enabling sequence parallelism.",
                        "model.sequence_parallel=true");
       });
   add("parallel.cp_seq_length", E, {"model.context_parallel_size", "model.seq_length"}, kBridgeConfig,

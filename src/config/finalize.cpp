@@ -204,6 +204,7 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
 
   // Megatron-Core TransformerConfig post-init and Bridge's model finalize.
   ModelConfig& m = c.model;
+  if (m.tensor_model_parallel_size <= 1) m.sequence_parallel = false;  // Bridge, before Megatron-Core's check
   m.expert_tensor_parallel_size = effective_etp(m);
   if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
   if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor < 0) m.moe_expert_capacity_factor.reset();
