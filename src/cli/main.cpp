@@ -90,6 +90,11 @@ std::string nearest_option(const CLI::App& app, const std::vector<std::string>& 
   return "";
 }
 
+// What a --json command prints when it refuses: one object, the same keys whatever the cause.
+std::string refusal_json(const std::string& kind, const std::string& what, int code) {
+  return epx::json_text(nlohmann::json{{"error", what}, {"kind", kind}, {"exit_code", code}}, 2) + "\n";
+}
+
 int run_config_show(const ConfigArgs& args) {
   const Config loaded = args.load();
   const Config resolved = resolve_config(loaded, args.flags.moe_flex_dispatcher_backend);
@@ -186,8 +191,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const std::vector<std::string> args = normalize_harness_flags(argc, argv);
     const std::string unknown = unknown_command(app, args);
-    std::cerr << "epx: error: " << (unknown.empty() ? e.what() + nearest_option(app, args) : unknown)
-              << "\nRun with --help for the options.\n";
+    const std::string what = unknown.empty() ? e.what() + nearest_option(app, args) : unknown;
+    std::cerr << "epx: error: " << what << "\nRun with --help for the options.\n";
+    if (std::find(args.begin(), args.end(), "--json") != args.end())
+      std::cout << refusal_json("error", what, epx::kExitBadInput);
     return epx::kExitBadInput;
   }
 
@@ -202,7 +209,7 @@ int main(int argc, char** argv) {
     const std::string message = kind + ": " + what;
     if (mpi && mpi->size() > 1) epx::MpiSession::abort_job(message, code);
     std::cerr << "epx: " << message << "\n";
-    if (json_out) std::cout << epx::json_text(nlohmann::json{{kind, what}, {"exit_code", code}}, 2) << "\n";
+    if (json_out) std::cout << refusal_json(kind, what, code);
     return code;
   };
   try {

@@ -194,9 +194,12 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   set_int("target.num_gpus", f.num_gpus);
   set_int("target.gpus_per_node", f.gpus_per_node);
   if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
-  // The harness's set_cuda_graph_overrides: full_iteration stands alone and captures the whole
-  // step (set_full_iteration_cuda_graph), never with TE's per-layer graphs.
-  if (f.cuda_graph_scope && f.cuda_graph_scope->find("full_iteration") != std::string::npos) {
+  // The harness's set_cuda_graph_overrides: with graphs off the scope is not read; full_iteration
+  // stands alone and captures the whole step (set_full_iteration_cuda_graph), never with TE's
+  // per-layer graphs.
+  if (f.cuda_graph_scope && cfg.model.cuda_graph_impl == "none") {
+    // ignored, as the harness returns before reading it
+  } else if (f.cuda_graph_scope && f.cuda_graph_scope->find("full_iteration") != std::string::npos) {
     if (*f.cuda_graph_scope != "full_iteration")
       throw ConfigError(fmt::format("--cuda_graph_scope {}: full_iteration cannot be combined with other scopes (the "
                                     "harness raises); give --cuda_graph_scope full_iteration alone",
@@ -204,11 +207,9 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
     if (cfg.model.cuda_graph_impl == "transformer_engine")
       throw ConfigError("--cuda_graph_scope full_iteration cannot use cuda_graph_impl=transformer_engine (the harness "
                         "raises); add --cuda_graph_impl local");
-    if (cfg.model.cuda_graph_impl != "none") {
-      set("model.cuda_graph_impl", "full_iteration");
-      set("model.cuda_graph_modules", "[]");
-      set("model.cuda_graph_scope", "[]");
-    }
+    set("model.cuda_graph_impl", "full_iteration");
+    set("model.cuda_graph_modules", "[]");
+    set("model.cuda_graph_scope", "[]");
   } else if (f.cuda_graph_scope) {
     set("model.cuda_graph_scope", "'" + *f.cuda_graph_scope + "'");
   }

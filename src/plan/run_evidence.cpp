@@ -246,13 +246,20 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     return its.size() > 1 && !first_off_interval ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1)
                                                  : its[0].iteration;
   };
+  // A restart's first line is its process's first iteration too: the next line repeats its counts.
+  const auto restart_line = std::find_if(its.begin(), its.end(), [&](const IterationPoint& p) {
+    return run.restarted_at > 0 && p.iteration == run.restarted_at;
+  });
   for (std::size_t k = first_not_reset ? 1 : 0; k < its.size(); ++k)
-    run.skipped_iterations += its[k].skipped, run.nan_iterations += its[k].nans;
+    if (its.begin() + static_cast<long>(k) != restart_line || k + 1 == its.size())
+      run.skipped_iterations += its[k].skipped, run.nan_iterations += its[k].nans;
   // The seeds' steady state: from the run's third iteration (all of it for shorter logs); a line
   // counts when the first iteration it covers is in it. A resumed run starts where its log does.
   run.steady_last = its.back().iteration;
   run.first_iteration = first_averaged(0);
-  const int steady_from = run.first_iteration + 2 <= run.steady_last ? run.first_iteration + 2 : its.front().iteration;
+  // After a restart, the resumed process warms up again: its first two iterations are left out too.
+  const int warm = std::max(run.first_iteration, run.restarted_at) + 2;
+  const int steady_from = warm <= run.steady_last ? warm : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line

@@ -554,6 +554,8 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   ASSERT_EQ(run.iterations.size(), 5u);
   EXPECT_EQ(run.restarted_at, 3);
   EXPECT_DOUBLE_EQ(run.iterations[2].step_s, 20.0);
+  EXPECT_EQ(run.steady_first, 5);  // the resumed process warms up again (3 and the line repeating it)
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("the log goes back to iteration 3"),
             std::string::npos);
   // log_interval 1: the first iteration's counts are not reset either, so the second line's
