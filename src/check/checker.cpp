@@ -194,7 +194,8 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
       {"target.gpu", "-g"},                        {"target.num_gpus", "-ng"},
       {"target.gpus_per_node", "-gn"},             {"model.cuda_graph_impl", "--cuda_graph_impl"},
       {"target.torch_version", "--torch-version"}, {"target.te_version", "--te-version"},
-      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"}};
+      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"},
+      {"model.pipeline_model_parallel_layout", "--pipeline_model_parallel_layout"}};
   // Keys a flag sets beside its own: the flags to drop before the override can apply.
   static const std::vector<std::pair<std::string, std::string>> kImpliedBy = {
       {"model.sequence_parallel", "-tp"},
@@ -219,7 +220,8 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
     // null is the harness's None only for -vp and the backend flag.
     if (const auto flag = kFlagOf.find(key);
         flag != kFlagOf.end() && (value != "null" || flag->second == "-vp" || flag->second.ends_with("backend"))) {
-      out.push_back(fmt::format("{} {}", flag->second, value == "null" ? "None" : value));
+      const bool quote = value.find_first_of("|*()") != std::string::npos;  // a layout, for the shell
+      out.push_back(fmt::format("{} {}", flag->second, value == "null" ? "None" : quote ? "'" + value + "'" : value));
       continue;
     }
     out.push_back(std::move(token));

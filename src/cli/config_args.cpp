@@ -32,12 +32,11 @@ OptBool parse_bool_flag(const std::string& text) {
 // env_vars override set it.
 // The harness rebuilds DeepSeek-V3's pipeline layout when -pp or -vp is given (overrides.py:
 // set_deepseek_v3_pipeline_model_parallel_layout): the recipe's table of (PP, VPP) layouts, the
-// MTP layers beside the loss; a pair outside the table keeps the layout it had. An override of
-// the layout on the command line comes after and wins.
+// MTP layers beside the loss; a pair outside the table keeps the layout it had. It runs after
+// the Hydra overrides, so only --pipeline_model_parallel_layout keeps a layout of one's own.
 void couple_deepseek_v3_layout(Config& cfg, const HarnessFlags& f) {
   const bool vp_given = f.vp && *f.vp != "-1";
-  const auto origin = cfg.explicit_keys.find("model.pipeline_model_parallel_layout");
-  if ((!f.pp && !vp_given) || (origin != cfg.explicit_keys.end() && origin->second == Config::Origin::override_arg)) return;
+  if ((!f.pp && !vp_given) || f.pipeline_layout) return;
   const Int pp = cfg.model.pipeline_model_parallel_size, vp = cfg.model.virtual_pipeline_model_parallel_size.value_or(1);
   const std::string last = std::string(static_cast<std::size_t>(cfg.model.mtp_num_layers.value_or(0)), 'm') + "L";
   std::optional<std::string> layout;
@@ -124,6 +123,9 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--gb,--global_batch_size", flags.gb, "-gb")->group(group);
   app.add_option("--mb,--micro_batch_size", flags.mb, "-mb")->group(group);
   app.add_option("--sl,--seq_length", flags.sl, "-sl")->group(group);
+  app.add_option("--pipeline_model_parallel_layout", flags.pipeline_layout,
+                 "the pipeline layout (on deepseek_v3 it replaces the -pp / -vp table's)")
+      ->group(group);
   app.add_option("--ms,--max_steps", flags.max_steps, "-ms: train.train_iters")->group(group);
   app.add_option("--moe_a2a_overlap", moe_a2a_overlap,
                  "true: EP overlap + delay_wgrad on, shared-expert overlap off; false: no change")

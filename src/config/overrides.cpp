@@ -189,6 +189,7 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   set_int("train.global_batch_size", f.gb);
   set_int("train.micro_batch_size", f.mb);
   set_int("model.seq_length", f.sl);
+  if (f.pipeline_layout) set("model.pipeline_model_parallel_layout", "'" + *f.pipeline_layout + "'");
   set_int("train.train_iters", f.max_steps);
   if (f.gpu) set("target.gpu", *f.gpu);
   set_int("target.num_gpus", f.num_gpus);

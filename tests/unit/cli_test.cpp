@@ -167,6 +167,8 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("config show deepseek_v3 -pp 1 -vp None -ng 512");
   EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: null\n")) << r.out;
   r = run("config show deepseek_v3 -pp 8 -vp 2 model.pipeline_model_parallel_layout='Et*8|(t*8|)*6t*5mL'");
+  EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*4|(t*4|)*14tmL\n")) << r.out;  // the table runs after
+  r = run("config show deepseek_v3 -pp 8 -vp 2 --pipeline_model_parallel_layout 'Et*8|(t*8|)*6t*5mL'");
   EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*8|(t*8|)*6t*5mL\n")) << r.out;
   r = run("check deepseek_v3 -pp 8 -vp 2");
   EXPECT_EQ(r.code, 0) << r.out;

@@ -341,6 +341,7 @@ struct HarnessFlags {
   OptString cuda_graph_impl, cuda_graph_scope;
   OptInt recompute_num_layers;
   OptString recompute_modules;
+  OptString pipeline_layout;  // --pipeline_model_parallel_layout
 };
 void apply_harness_flags(Config& cfg, const HarnessFlags& flags);
 
