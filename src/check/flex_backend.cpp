@@ -100,6 +100,14 @@ HybridEpTopology hybridep_topology(const Config& cfg, const GpuInfo& gpu) {
   return t;
 }
 
+std::string harness_hybridep_ep_error(const GpuInfo& gpu, Int ep) {
+  if (gpu.nvlink_domain == 72)
+    return ep > 72 ? "HybridEP expert parallel size must not exceed the 72-rank NVLink domain" : "";
+  if (gpu.name == "h100" || gpu.name == "b200" || gpu.name == "b300") return "";
+  return fmt::format("the harness has no HybridEP topology for {} (it knows h100, b200, b300 and the 72-GPU racks)",
+                     gpu.name);
+}
+
 void apply_hybridep_topology_env(Config& cfg, const GpuInfo& gpu) {
   if (!uses_flex(cfg.model, "hybridep")) return;
   const HybridEpTopology t = hybridep_topology(cfg, gpu);

@@ -57,24 +57,13 @@ void couple_harness_environment(Config& cfg, const HarnessFlags& f, const OptStr
   // The harness sizes the domain from the recipe's own backend, before any override changes it
   // (run_script.py: base_dispatcher_backend), and raises where it cannot, even when an env_vars
   // override keeps the variable; an EP size given as an override is not coupled at all.
-  const std::string name = *cfg.target.gpu;
-  Int ranks = 0;
-  if (gpu->nvlink_domain == 72) {
-    if (*f.ep > 72)
-      throw ConfigError(fmt::format("-ep {}: HybridEP expert parallel size must not exceed the 72-rank NVLink domain "
-                                    "(the harness checks the recipe's hybridep backend, whatever the overrides set); "
-                                    "give -ep 72 or less",
-                                    *f.ep));
-    ranks = *f.ep;
-  } else if (name == "h100" || name == "b200" || name == "b300") {
-    ranks = std::min<Int>(*f.ep, 8);
-  } else {
-    throw ConfigError(fmt::format("-ep {} -g {}: the harness has no HybridEP topology for {} (it knows h100, b200, b300 "
-                                  "and the 72-GPU racks) and raises; give the EP size as the override "
+  if (const std::string error = harness_hybridep_ep_error(*gpu, *f.ep); !error.empty())
+    throw ConfigError(fmt::format("-ep {} -g {}: {}, and the harness raises (it checks the recipe's hybridep backend, "
+                                  "whatever the overrides set); give the EP size as the override "
                                   "model.expert_model_parallel_size={}, which it does not couple",
-                                  *f.ep, name, name, *f.ep));
-  }
-  if (!cfg.set_on_command_line(var)) cfg.env_vars[kRanksPerDomainVar] = std::to_string(ranks);
+                                  *f.ep, gpu->name, error, *f.ep));
+  if (!cfg.set_on_command_line(var))
+    cfg.env_vars[kRanksPerDomainVar] = std::to_string(hybridep_topology(cfg, *gpu).ranks_per_domain);
 }
 
 }  // namespace
@@ -211,10 +200,19 @@ Config ConfigArgs::load() const {
   couple_harness_environment(cfg, f, recipe_backend);
   if (task && *task != "pretrain")
     throw ConfigError(fmt::format("--task {}: epx checks, plans and runs pretraining; drop --task or give pretrain", *task));
-  if (compute_dtype && *compute_dtype != "bf16")
-    throw ConfigError(fmt::format("-c {}: the harness's precision recipes are not modelled; give -c bf16 and set FP8 with "
-                                  "model.fp8 / model.fp8_recipe overrides",
-                                  *compute_dtype));
+  // -c as the config's precision (advise writes it so): bf16, or an FP8 run with that scaling.
+  if (compute_dtype && *compute_dtype != "bf16") {
+    const std::string recipe = cfg.model.fp8_recipe.value_or("delayed");
+    const std::string matching = !cfg.model.fp8             ? "bf16"
+                                 : recipe == "tensorwise"   ? "fp8_cs"
+                                 : recipe == "mxfp8"        ? "fp8_mx"
+                                 : recipe == "blockwise"    ? "fp8_sc"
+                                                            : "";
+    if (*compute_dtype != matching)
+      throw ConfigError(fmt::format("-c {}: the harness's precision recipes are not modelled; give the config's own "
+                                    "({}) and set FP8 with model.fp8 / model.fp8_recipe overrides",
+                                    *compute_dtype, matching.empty() ? "none: its FP8 scaling has no -c" : matching));
+  }
   if (model_recipe.value_or(std::filesystem::path(config_file ? *config_file : positional.front()).stem().string()) ==
       "deepseek_v3")
     couple_deepseek_v3_layout(cfg, f);

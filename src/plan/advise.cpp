@@ -488,10 +488,15 @@ Advice advise(const Config& c, const BackendAvailability& have) {
       a.plan.layout.gpus_per_node) +
       // The parallel sizes and batch as the config has them, whatever the recipe's defaults (ETP
       // None is TP's, as Megatron takes it); a pipeline layout or uneven stages are not flags.
-      fmt::format(" -tp {} -pp {} -cp {} -vp {} -ep {} -et {}{} -mb {}", m.tensor_model_parallel_size,
+      fmt::format(" -tp {} -pp {} -cp {} -vp {} {} -et {}{} -mb {}", m.tensor_model_parallel_size,
                   m.pipeline_model_parallel_size, m.context_parallel_size,
                   m.virtual_pipeline_model_parallel_size ? std::to_string(*m.virtual_pipeline_model_parallel_size) : "None",
-                  m.expert_model_parallel_size, m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size),
+                  // -ep on a HybridEP recipe where the harness raises: the EP size as an override
+                  m.moe_flex_dispatcher_backend == std::optional<std::string>("hybridep") &&
+                          !harness_hybridep_ep_error(a.plan.gpu, m.expert_model_parallel_size).empty()
+                      ? fmt::format("model.expert_model_parallel_size={}", m.expert_model_parallel_size)
+                      : fmt::format("-ep {}", m.expert_model_parallel_size),
+                  m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size),
                   c.train.global_batch_size ? fmt::format(" -gb {}", *c.train.global_batch_size) : "",
                   c.train.micro_batch_size.value_or(1));
   const std::string proxy = (recipe ? recipe->second : recipe_name(c)).starts_with("deepseek") ? "deepseek_v3_proxy" : "qwen3_30b_a3b_proxy";

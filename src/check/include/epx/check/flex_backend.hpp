@@ -30,6 +30,11 @@ HybridEpTopology hybridep_topology(const Config& cfg, const GpuInfo& gpu);
 
 inline constexpr const char* kRanksPerDomainVar = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN";
 
+// Why the harness raises on `-ep N` for a HybridEP recipe on this GPU (overrides.py: past a
+// 72-GPU rack, or a GPU it has no topology for: it knows h100, b200, b300 and the racks); empty
+// when it does not. The ranks it then sets are hybridep_topology's.
+std::string harness_hybridep_ep_error(const GpuInfo& gpu, Int ep);
+
 // For flex+hybridep, set the topology variables the recipe left unset (as Bridge's harness does).
 void apply_hybridep_topology_env(Config& cfg, const GpuInfo& gpu);
 
