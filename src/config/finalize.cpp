@@ -97,7 +97,8 @@ void setup_model_comm_overlap(Config& c, const FinalizeOptions& o, std::vector<F
 
 // CommOverlapConfig._get_optimizer_overlap_cfgs: only with the distributed optimizer. Its values
 // replace the ddp section's (_apply_cfgs), even those the user set: an A/B of
-// ddp.overlap_grad_reduce=false would run it on. Warned, as Bridge does not.
+// ddp.overlap_grad_reduce=false would run it on. Warned for an override or flag, as Bridge does
+// not warn.
 void setup_optimizer_comm_overlap(Config& c, Int dp, std::vector<Finding>& out) {
   const DdpConfig asked = c.ddp;
   const CommOverlapConfig& user = *c.comm_overlap;
@@ -121,7 +122,8 @@ void setup_optimizer_comm_overlap(Config& c, Int dp, std::vector<Finding>& out) 
   c.optimizer.align_param_gather = c.ddp.align_param_gather;
   const auto replaced = [&](const char* field, const std::string& was, const std::string& now) {
     const std::string key = fmt::format("ddp.{}", field);
-    if (!c.explicit_keys.contains(key) || was == now) return;
+    // Asked for on the command line: a file's ddp values may be ones Bridge derived (a dump).
+    if (!c.set_on_command_line(key) || was == now) return;
     out.push_back(note("comm_overlap.overwrites_ddp", Severity::warning, {{key, was}, {"comm_overlap." + std::string(field), "null"}},
                        fmt::format("with the distributed optimizer and a comm_overlap section, Bridge replaces "
                                    "{}={} by comm_overlap's {} (its default at DP {}): set it there",

@@ -275,24 +275,28 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
     const double capacity = a.plan.gpu.rates.memory_gb;
     const std::vector<std::string> selective = {"model.recompute_granularity=selective",
                                                 "model.recompute_modules=[core_attn,moe_act,layernorm]"};
-    const std::vector<std::string> full = full_recompute_overrides(m);
+    std::vector<std::string> full = full_recompute_overrides(m);
+    if (m.overlap_moe_expert_parallel_comm)  // EP overlap refuses full recompute (ep_overlap.full_recompute)
+      full.insert(full.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
     const Replanned with_selective = replan(c, selective), with_full = replan(c, full);
-    const auto peak = [](const Replanned& r) { return r.plan ? r.plan->configured().peak_memory_gb : 0.0; };
+    const auto peak = [](const Replanned& r) {
+      return r.plan ? fmt::format("{:.1f} GiB", r.plan->configured().peak_memory_gb) : "refused: " + r.refusal;
+    };
     if (with_selective.plan && with_selective.plan->fits)
       tips.push_back({"recompute",
                       fmt::format("the layout does not fit: selective recompute (core_attn, moe_act, layernorm) does, "
-                                  "{:.1f} GiB of {:.0f}, {:.3g} s/step",
+                                  "{} of {:.0f}, {:.3g} s/step",
                                   peak(with_selective), capacity, with_selective.plan->configured().step_time_s),
                       selective});
     else if (with_full.plan && with_full.plan->fits)
       tips.push_back({"recompute",
-                      fmt::format("the layout does not fit, nor with selective recompute ({:.1f} GiB of {:.0f}): full "
-                                  "recompute does, {:.1f} GiB, {:.3g} s/step",
+                      fmt::format("the layout does not fit, nor with selective recompute ({} of {:.0f}): full "
+                                  "recompute does, {}, {:.3g} s/step",
                                   peak(with_selective), capacity, peak(with_full), with_full.plan->configured().step_time_s),
                       full});
     else
       tips.push_back({"recompute",
-                      fmt::format("the layout does not fit, even with full recompute ({:.1f} GiB of {:.0f}): recompute "
+                      fmt::format("the layout does not fit, even with full recompute ({} of {:.0f}): recompute "
                                   "is not enough; spread the model wider (EP, PP or TP){} or add GPUs (`epx plan "
                                   "--search` ranks the layouts that fit)",
                                   peak(with_full), capacity,

@@ -151,6 +151,12 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(r, "Falling back to alltoall. | fix: --moe_flex_dispatcher_backend None")) << r.out;
   r = run("check qwen3_30b_a3b -pp 4 -vp 2 -ng 64 -gb 1056");  // M 66: 66 mod 4 = 2
   EXPECT_TRUE(has(r, "fix: model.microbatch_group_size_per_vp_stage=6")) << r.out;
+  // A dump's ddp values are Bridge's own: at another DP they are replaced without a warning; an
+  // override the harness would replace is warned.
+  r = run(std::string("check ") + EPX_TEST_DATA + "/bridge_dump_qwen3_30b_a3b.yaml -ng 2 -tp 2 -ep 2");
+  EXPECT_FALSE(has(r, "comm_overlap.overwrites_ddp")) << r.out;
+  r = run("check qwen3_30b_a3b ddp.overlap_grad_reduce=false");
+  EXPECT_TRUE(has(r, "comm_overlap.overwrites_ddp")) << r.out;
   // ncclep: timed as DeepEP and said so; the alltoall rows drop the flex-only backend, so they pass.
   r = run("plan qwen3_30b_a3b model.moe_flex_dispatcher_backend=ncclep");
   EXPECT_TRUE(has(r, "note: ncclep is not modelled apart")) << r.out;
