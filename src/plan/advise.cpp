@@ -157,6 +157,11 @@ std::string describe(const Variant& v) {
 
 std::string backend_flag(Dispatcher d) { return d == Dispatcher::alltoall ? "None" : to_string(d); }
 
+// Whether the plan has token exchanges (MoE layers over EP ranks): it then has EP-overlap rows.
+bool has_exchanges(const Plan& p) {
+  return std::any_of(p.variants.begin(), p.variants.end(), [](const Variant& v) { return v.ep_overlap; });
+}
+
 std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
   const ModelConfig& m = c.model;
   std::vector<Tip> tips;
@@ -175,7 +180,7 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
                            {"model.moe_router_force_load_balancing=true"}});
 
   // The flex backends' knobs only matter where tokens are exchanged (the plan has EP overlap rows).
-  const bool exchanges = std::any_of(a.plan.variants.begin(), a.plan.variants.end(), [](const Variant& v) { return v.ep_overlap; });
+  const bool exchanges = has_exchanges(a.plan);
   if (const DispatcherOption* o = option(Dispatcher::deepep); o && exchanges)
     tips.push_back({"deepep SMs",
                     fmt::format("DeepEP's moe_deepep_num_sms (default 20) is a starting point, rarely optimal: sweep it "
@@ -421,7 +426,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
 
   // Without token exchanges (EP 1, or no MoE layer) the plan has the configured dispatcher's
   // one row: nothing to choose, tune or A/B but the layout as it is.
-  const bool exchanges = std::any_of(a.plan.variants.begin(), a.plan.variants.end(), [](const Variant& v) { return v.ep_overlap; });
+  const bool exchanges = has_exchanges(a.plan);
   const DispatcherOption& fastest = a.options.front();
   if (!exchanges) {
     a.recommended = fastest.dispatcher;

@@ -48,7 +48,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     // EP ranks that share NVLink: the EP group is EP*ETP consecutive ranks, ETP fastest. NCCL's
     // all-to-all and HybridEP use a whole NVLink domain (an NVL72 rack through multi-node
     // NVLink); DeepEP's NVLink stage is a node, the rest goes over RDMA.
-    const int domain = dispatcher == Dispatcher::deepep ? lp.gpus_per_node : lp.nvlink_domain;
+    const int domain = dispatcher == Dispatcher::deepep ? std::min(lp.gpus_per_node, lp.nvlink_domain) : lp.nvlink_domain;
     const double local = std::clamp<double>(std::floor(domain / static_cast<double>(l.etp)), 1, ep);
     const double blocks = ep / local;
     double intra = 0, inter = 0;  // rows per token

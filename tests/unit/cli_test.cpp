@@ -118,6 +118,8 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(r, "model.expert_model_parallel_size=8, which it does not couple")) << r.out;
   r = run("check qwen3_30b_a3b -g h200 model.expert_model_parallel_size=8");
   EXPECT_NE(r.code, 2) << r.out;
+  r = run("plan qwen3_30b_a3b -gn 16");  // more H100s in a node than one NVLink domain holds
+  EXPECT_TRUE(has(r, "1 node of 16, NVLink domain 8")) << r.out;
   r = run("plan qwen3_30b_a3b -g gb200 -gn 8 -ng 16");
   EXPECT_TRUE(has(r, "2 nodes of 8")) << r.out;
   // --cuda_graph_scope as the harness reads it: listed scopes only; full_iteration alone, never
