@@ -221,7 +221,12 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (run.throughput_logged) {
     d.tflops_per_gpu = run.tflops_per_gpu;
   } else if (plan && plan->layout.layout.world > 0) {
-    d.tflops_per_gpu = plan->flops_per_step / step / plan->layout.layout.world / 1e12;
+    // The log's world and batch where it says them (a config that differs gets a note below).
+    const double world = run.ranks > 0 ? run.ranks : plan->layout.layout.world;
+    const double batch = run.global_batch_size > 0 && config->train.global_batch_size
+                             ? static_cast<double>(run.global_batch_size) / static_cast<double>(*config->train.global_batch_size)
+                             : 1.0;
+    d.tflops_per_gpu = plan->flops_per_step * batch / step / world / 1e12;
     rate_basis = "; the log has no throughput (Megatron's --log-throughput), so this is Megatron's FLOPs of the config "
                  "over the logged step";
   }
