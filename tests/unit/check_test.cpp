@@ -217,6 +217,11 @@ const std::vector<Case>& cases() {
        OV + H100 + Overrides{"target.torch_version=2.6.0"}},
       {"ep_overlap.pp_needs_vpp", OV + PP2,
        OV + PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=1"}},
+      // A layout's VPP: Bridge asserts the field with a comm_overlap section; without one,
+      // Megatron-Core reads the layout first.
+      {"ep_overlap.pp_needs_vpp", OV + PP2 + Overrides{"model.pipeline_model_parallel_layout='E|t|t|L'"},
+       PP2 + Overrides{"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true",
+                       "model.pipeline_model_parallel_layout='E|t|t|L'"}},
       {"ep_overlap.full_recompute",
        OV + Overrides{"model.recompute_granularity=full", "model.recompute_method=uniform",
                       "model.recompute_num_layers=1"},
