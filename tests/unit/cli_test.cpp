@@ -133,6 +133,8 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("check qwen3_30b_a3b --cuda_graph_scope full_iteration");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "cannot use cuda_graph_impl=transformer_engine")) << r.out;
+  r = run("config show qwen3_30b_a3b --cuda_graph_scope full_iteration --cuda_graph_impl local");
+  EXPECT_TRUE(has(r, "  cuda_graph_impl: full_iteration\n")) << r.out;
   // advise's harness command lines paste into epx as they are (-m, -mr, --task, -c, ...); a
   // precision or task epx does not model is refused.
   // On H200 the harness raises for -ep on a HybridEP recipe: the line gives EP as an override.
@@ -146,6 +148,10 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   }
   EXPECT_EQ(run("check qwen3_30b_a3b -c fp8_cs").code, 2);
   EXPECT_EQ(run("check qwen3_30b_a3b --task sft").code, 2);
+}
+
+TEST(Cli, FixesClearTheirFindingAndNotesSayWhatIsNotModelled) {
+  Result r;
   // A fix that keeps the finding away: on V100 neither flex backend runs, so DeepEP's fix is
   // alltoall, not HybridEP; an interleaved batch's remainder is fixed by the group size, not
   // the batch.
@@ -167,8 +173,13 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   // one wins, so the fix only drops the old knob.
   r = run("check qwen3_30b_a3b model.moe_deepep_num_sms=20");
   EXPECT_TRUE(has(r, "takes precedence) | fix: ~model.moe_deepep_num_sms\n")) << r.out;
+}
+
+TEST(Cli, DeepSeekV3LayoutFollowsPpAndVpAsTheHarness) {
   // -pp / -vp on DeepSeek-V3 rebuild its layout from the recipe's table, MTP beside the loss; a
-  // pair outside it keeps the old one; an override of the layout wins.
+  // pair outside it keeps the old one; the table replaces a layout override (the harness applies
+  // it after them), --pipeline_model_parallel_layout does not.
+  Result r;
   r = run("config show deepseek_v3 -pp 8 -vp 2");
   EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*4|(t*4|)*14tmL\n")) << r.out;
   r = run("config show deepseek_v3 -pp 4 -vp None -ng 512");
@@ -183,8 +194,6 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(r, "  pipeline_model_parallel_layout: Et*8|(t*8|)*6t*5mL\n")) << r.out;
   r = run("check deepseek_v3 -pp 8 -vp 2");
   EXPECT_EQ(r.code, 0) << r.out;
-  r = run("config show qwen3_30b_a3b --cuda_graph_scope full_iteration --cuda_graph_impl local");
-  EXPECT_TRUE(has(r, "  cuda_graph_impl: full_iteration\n")) << r.out;
 }
 
 TEST(Cli, A2aOverlapFlagEnablesDelayWgrad) {
