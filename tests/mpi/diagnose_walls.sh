@@ -21,8 +21,11 @@ field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eva
 run normal 2 model.vocab_size=4096 model.seq_length=512
 "$epx" diagnose "$dir/normal.json" --trace "$dir/normal.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/normal.d.json"
 # Its exchanges are 6-7% of the step exposed here; once in a CI run a descheduled rank stretched
-# them to 25%, the communication wall's threshold. A second run decides such an outlier.
-if [[ $(field "$dir/normal.d.json" 'd["binding_wall"]') != compute/host ]]; then
+# them to 25%, the communication wall's threshold. A second run decides such an outlier. Under
+# sanitizers (EPX_TEST_SANITIZED=1) the ranks compute ten times slower and unevenly, the one
+# waiting on the other shows as exposed exchanges (28-34%), and its verdict is not judged.
+judge_normal=$([[ ${EPX_TEST_SANITIZED:-0} == 1 ]] && echo 0 || echo 1)
+if [[ $judge_normal == 1 && $(field "$dir/normal.d.json" 'd["binding_wall"]') != compute/host ]]; then
   echo "normal: $(field "$dir/normal.d.json" 'd["why"]'); running it again"
   run normal 2 model.vocab_size=4096 model.seq_length=512
   "$epx" diagnose "$dir/normal.json" --trace "$dir/normal.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/normal.d.json"
@@ -31,8 +34,10 @@ run tiny 1 model.seq_length=16 model.expert_model_parallel_size=1
 "$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml" --json >"$dir/tiny.d.json"
 "$epx" diagnose "$dir/tiny.json" --trace "$dir/tiny.trace.json" --hardware "$dir/cpu.yaml"
 for f in normal tiny; do echo "$f: $(field "$dir/$f.d.json" 'd["binding_wall"] + " | " + d["why"]')"; done
-[[ $(field "$dir/normal.d.json" 'd["binding_wall"]') == compute/host ]]
-[[ $(field "$dir/normal.d.json" 'd["why"].split(":")[0]') == compute ]]
+if [[ $judge_normal == 1 ]]; then
+  [[ $(field "$dir/normal.d.json" 'd["binding_wall"]') == compute/host ]]
+  [[ $(field "$dir/normal.d.json" 'd["why"].split(":")[0]') == compute ]]
+fi
 [[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "compute below its attainable rate (small or unfused kernels)" ]]
 [[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
 
