@@ -220,6 +220,12 @@ Version parse_version(const std::string& text) {
 
 }  // namespace
 
+std::string harness_compute_dtype(const ModelConfig& m) {
+  if (!m.fp8) return "bf16";
+  const std::string r = m.fp8_recipe.value_or("delayed");
+  return r == "tensorwise" ? "fp8_cs" : r == "mxfp8" ? "fp8_mx" : r == "blockwise" ? "fp8_sc" : "";
+}
+
 bool version_at_least(const std::string& version, const std::string& minimum) {
   const Version a = parse_version(version), b = parse_version(minimum);
   if (a.release != b.release) return a.release > b.release;

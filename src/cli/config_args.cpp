@@ -202,12 +202,7 @@ Config ConfigArgs::load() const {
     throw ConfigError(fmt::format("--task {}: epx checks, plans and runs pretraining; drop --task or give pretrain", *task));
   // -c as the config's precision (advise writes it so): bf16, or an FP8 run with that scaling.
   if (compute_dtype && *compute_dtype != "bf16") {
-    const std::string recipe = cfg.model.fp8_recipe.value_or("delayed");
-    const std::string matching = !cfg.model.fp8             ? "bf16"
-                                 : recipe == "tensorwise"   ? "fp8_cs"
-                                 : recipe == "mxfp8"        ? "fp8_mx"
-                                 : recipe == "blockwise"    ? "fp8_sc"
-                                                            : "";
+    const std::string matching = harness_compute_dtype(cfg.model);
     if (*compute_dtype != matching)
       throw ConfigError(fmt::format("-c {}: the harness's precision recipes are not modelled; give the config's own "
                                     "({}) and set FP8 with model.fp8 / model.fp8_recipe overrides",

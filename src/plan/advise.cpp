@@ -483,12 +483,7 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   const auto recipe = harness_recipe(c);
   const ModelConfig& m = c.model;
   const std::string fixed = c.model.moe_router_force_load_balancing ? "" : " model.moe_router_force_load_balancing=true";
-  // The harness's -c: bf16, or the FP8 recipe's name there (it has no delayed or custom scaling).
-  std::string compute = "bf16";
-  if (m.fp8) {
-    const std::string r = m.fp8_recipe.value_or("delayed");
-    compute = r == "tensorwise" ? "fp8_cs" : r == "mxfp8" ? "fp8_mx" : r == "blockwise" ? "fp8_sc" : "";
-  }
+  const std::string compute = harness_compute_dtype(m);  // empty: no -c for delayed or custom scaling
   const std::string harness = fmt::format(
       "uv run python scripts/performance/run_script.py -m {} -mr {} --task pretrain -g {} -c {} -ng {} -gn {} "
       "--max_steps 8 --config_variant v1 --cuda_graph_impl none --tokenizer_type NullTokenizer",

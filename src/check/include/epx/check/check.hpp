@@ -59,6 +59,10 @@ const GpuInfo& target_gpu(const Config& cfg);
 // that is not a version.
 bool version_at_least(const std::string& version, const std::string& minimum);
 
+// The harness's `-c` for the model's precision: bf16, or its FP8 scaling's name there (fp8_cs
+// tensorwise, fp8_mx mxfp8, fp8_sc blockwise); empty for an FP8 scaling the harness has not.
+std::string harness_compute_dtype(const ModelConfig& m);
+
 // GPUs per node for the target (the -gn flag, else the GPU kind's; cpu: all ranks on one node)
 // and the node count; none when they depend on a world size that is not given.
 OptInt gpus_per_node(const Config& cfg);
