@@ -40,6 +40,13 @@ if [[ $judge_normal == 1 ]]; then
 fi
 [[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "compute below its attainable rate (small or unfused kernels)" ]]
 [[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
+# At EP 1 the dispatch and combine are copies within the rank, and say so.
+python3 - "$dir/tiny.d.json" "$dir/normal.d.json" <<'PY'
+import json, sys
+comm = lambda f: next(w["evidence"] for w in json.load(open(f))["walls"] if w["wall"] == "communication")
+assert "EP 1: copies within the rank" in comm(sys.argv[1]) and "token exchanges" not in comm(sys.argv[1]), comm(sys.argv[1])
+assert "token exchanges" in comm(sys.argv[2]), comm(sys.argv[2])
+PY
 
 # A memory budget 5% above the run's peak.
 budget=$(field "$dir/normal.json" 'd["summary"]["peak_memory_bytes"] / 0.95 / 2**30')
