@@ -42,6 +42,20 @@ void check_mpi(int rc, const char* what) {
   throw std::runtime_error(fmt::format("{} failed: {}", what, std::string(text, len)));
 }
 
+// An error while a transfer is in flight (MPI_Test, MPI_Improbe): the request cannot be dropped
+// (MPI may still write its buffers), so nothing can unwind; the job ends here with MPI's reason,
+// as a failed communication rather than a bug in epx.
+void check_in_flight(int rc, const std::string& op) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  MpiSession::abort_job(fmt::format("{} failed while in flight: {}; a peer rank failed or the network between the "
+                                    "ranks did. Aborting the job.",
+                                    op, std::string(text, len)),
+                        kExitCommTimeout);
+}
+
 int world_rank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -89,7 +103,7 @@ class MpiRequest final : public CommRequest {
   bool test() override {
     if (done_) return true;
     int flag = 0;
-    check_mpi(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), op.c_str());
+    check_in_flight(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), op);
     done_ = flag != 0;
     return done_;
   }
@@ -133,7 +147,7 @@ class MpiProbe final : public CommRequest {
       : CommRequest(std::move(op)), comm_(comm), peer_(peer), tag_(tag) {}
   bool test() override {
     if (found_) return true;
-    check_mpi(MPI_Improbe(peer_, tag_, comm_, &found_, &message, &status), op.c_str());
+    check_in_flight(MPI_Improbe(peer_, tag_, comm_, &found_, &message, &status), op);
     return found_ != 0;
   }
   MPI_Message message = MPI_MESSAGE_NULL;

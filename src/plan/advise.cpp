@@ -13,6 +13,7 @@
 #include "epx/base/error.hpp"
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {
@@ -337,20 +338,13 @@ BackendAvailability parse_have_list(const std::string& list) {
 }
 
 BackendAvailability read_probe_file(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw InputError(fmt::format("{}: cannot read the probe file", path));
-  } catch (const YAML::Exception& e) {
-    throw InputError(fmt::format("{}:{}: not YAML: {}", path, e.mark.line + 1, e.msg));
-  }
+  const YAML::Node root = parse_yaml_bounded(read_config_text(path), path);
   if (!root.IsMap())
     throw InputError(fmt::format("{}:1: expected 'deepep: true|false' and 'hybridep: true|false' lines", path));
   BackendAvailability a;
   a.source = path;
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : std::string("(not a name)");
     std::optional<bool>* slot = key == "deepep" ? &a.deepep : key == "hybridep" ? &a.hybridep : nullptr;
     bool value = false;
     if (slot == nullptr || !YAML::convert<bool>::decode(kv.second, value))

@@ -43,7 +43,7 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   for (GroupKind kind : kAllGroupKinds) {
     const std::vector<std::pair<int, int>> bounds = p.layout.group_bounds(kind);
     GroupPlacement g{kind, world / static_cast<int>(bounds.size()), static_cast<int>(bounds.size())};
-    for (const auto [lo, hi] : bounds) {
+    for (const auto& [lo, hi] : bounds) {
       g.within_node = g.within_node && lo / p.gpus_per_node == hi / p.gpus_per_node;
       g.within_nvlink = g.within_nvlink && lo / p.nvlink_domain == hi / p.nvlink_domain;
     }

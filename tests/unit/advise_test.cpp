@@ -120,8 +120,20 @@ TEST(Advise, ProbeFilesNameTheFileAndLine) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(path.string() + ":2:"), std::string::npos) << e.what();
   }
+  // A key that is not a name (a flow sequence), and malformed YAML: the file and line, not a
+  // yaml-cpp conversion error.
+  for (const char* text : {"deepep: true\n? [a]\n: true\n", "deepep: true\nhybridep: [\n"}) {
+    std::ofstream(path) << text;
+    try {
+      read_probe_file(path.string());
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(dynamic_cast<const InputError*>(&e) || dynamic_cast<const ConfigError*>(&e)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path.string() + ":"), std::string::npos) << e.what();
+    }
+  }
   std::filesystem::remove(path);
-  EXPECT_THROW(read_probe_file(path.string()), InputError);
+  EXPECT_THROW(read_probe_file(path.string()), ConfigError);
 }
 
 TEST(Advise, TuningFollowsThePlan) {

@@ -182,7 +182,9 @@ TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   int refused = 0;
   for (const Variant& v : p.variants) {
     EXPECT_EQ(!v.refusal.empty(), v.ep_overlap) << testing::PrintToString(v.overrides) << ": " << v.refusal;
-    if (v.ep_overlap) EXPECT_NE(v.refusal.find("[ep_overlap.pp_needs_vpp]"), std::string::npos) << v.refusal;
+    if (v.ep_overlap) {
+      EXPECT_NE(v.refusal.find("[ep_overlap.pp_needs_vpp]"), std::string::npos) << v.refusal;
+    }
     refused += !v.refusal.empty();
   }
   EXPECT_GT(refused, 0);

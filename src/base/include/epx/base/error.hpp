@@ -14,7 +14,7 @@ enum ExitCode : int {
   kExitCheckFailed = 1,  // the config has errors (epx check's verdict)
   kExitBadInput = 2,     // ConfigError, InputError: input that cannot be used at all
   kExitInternal = 3,     // a bug in epx
-  kExitCommTimeout = 4,  // a collective or the job's start-up did not complete in time
+  kExitCommTimeout = 4,  // a collective or the job's start-up did not complete in time, or failed in flight
   kExitEnvironment = 5,  // EnvironmentError
 };
 
