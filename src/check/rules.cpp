@@ -1,6 +1,8 @@
-// The rule table. Order: layout, then Megatron-Bridge's EP-overlap asserts in its order (with
-// Megatron-Core's extra ones after), delay_wgrad, TP overlap, flex backends, HybridEP topology,
-// then the seeds' pitfalls and advice. Messages quote Megatron where Megatron has a message.
+// The rule table. Order: layout (with the MoE, FP8 and recompute rules), then Megatron-Bridge's
+// EP-overlap asserts in its order (with Megatron-Core's extra ones after), epx's gradient
+// reduction, delay_wgrad, what finalize raises, flex backends, HybridEP topology, what Megatron
+// raises at build or first step, the seeds' pitfalls and advice, then CUDA graphs. Messages quote
+// Megatron where Megatron has a message.
 #include <algorithm>
 #include <numeric>
 #include <type_traits>

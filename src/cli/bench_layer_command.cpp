@@ -65,9 +65,11 @@ std::map<std::string, double> phases_since(Clock::time_point since, double total
   return p;
 }
 
-// Model FLOPs of the layer's forward + backward on `tokens` tokens (3x the forward, Megatron's
-// count): the router, the top-k routed experts and the shared expert, SwiGLU (fc1 is 2F wide).
-double layer_flops(const MoESpec& s, std::int64_t tokens) {
+// FLOPs of the MoE layer's forward + backward on `tokens` tokens (the backward twice the forward,
+// as Megatron counts it): the router, the top-k routed experts and the shared expert, SwiGLU (fc1
+// is 2F wide). Unlike Megatron's model FLOPs (plan/flops.hpp) the router GEMM is in: this rates
+// the layer on what it computes.
+double moe_layer_flops(const MoESpec& s, std::int64_t tokens) {
   const double H = static_cast<double>(s.hidden), T = static_cast<double>(tokens);
   const double forward = 2 * H * static_cast<double>(s.num_experts) + 6 * H * static_cast<double>(s.ffn) * s.topk +
                          6 * H * static_cast<double>(s.shared_ffn);
@@ -152,7 +154,7 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   if (world.rank() != 0) return 0;
 
   const Spread total = spread(totals);
-  const double flops = layer_flops(spec, T), rate = flops / total.median;
+  const double flops = moe_layer_flops(spec, T), rate = flops / total.median;
   if (args.json) {
     nlohmann::json p = nlohmann::json::object();
     for (const std::string& name : kPhases) p[name] = spread(phases[name]).median * 1e3;

@@ -1,4 +1,5 @@
-// `epx`: the command-line front end. Subcommands: check, config, layer, run, launch, bench.
+// `epx`: the command-line front end. Subcommands: check, config, plan, advise, diagnose, report,
+// layer, run, launch, bench, list.
 #include <algorithm>
 #include <functional>
 #include <iostream>

@@ -60,7 +60,7 @@ void RunArgs::add_to(CLI::App& app) {
       ->check(kPositive);
   app.add_option("--steady-to", steady_last, "last iteration of the mean (default: the last)")->check(kPositive);
   app.add_option("--results", results, "write the per-iteration figures, the summary and the resolved config as JSON");
-  app.add_option("--trace", trace, "write a Chrome / Perfetto trace: compute and communication tracks per rank");
+  app.add_option("--trace", trace, "write a Chrome / Perfetto trace: compute, communication and gradient-reduction tracks per rank");
   app.add_option("--collective-timeout", collective_timeout,
                  "abort the job when a collective waits longer than this many seconds (default: "
                  "EPX_COLLECTIVE_TIMEOUT, else 300)")

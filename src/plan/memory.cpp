@@ -1,4 +1,4 @@
-// Memory per GPU on the most-loaded rank (the first pipeline stage), after Megatron-LM's
+// Memory per GPU on the most-loaded rank (each pipeline stage planned, the largest kept), after Megatron-LM's
 // megatron/training/theoretical_memory_usage.py (weights and optimizer by parameter counts;
 // activations by the "sequence parallel + selective recompute" per-layer formula, with the
 // active expert width for MoE layers, as Megatron-Bridge's estimate does), plus what both leave

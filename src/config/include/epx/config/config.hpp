@@ -309,8 +309,9 @@ struct Config {
 
 // ---- Loading, overrides, dumping --------------------------------------------------------------
 
-// A recipe name ("qwen3_30b_a3b", looked up in the recipes directory: $EPX_RECIPES_DIR, the
-// source tree's recipes/, or ../share/epx/recipes beside the binary) or a path to a YAML file.
+// A recipe name ("qwen3_30b_a3b", looked up in the recipes directories in turn: $EPX_RECIPES_DIR,
+// ../share/epx/recipes and ../recipes beside the binary, the source tree's recipes/) or a path
+// to a YAML file.
 std::filesystem::path resolve_recipe(const std::string& name_or_path);
 std::vector<std::string> list_recipes();
 

@@ -1,6 +1,6 @@
 // What a finished run shows, read from its own files: an `epx run --results` JSON (which carries
 // the resolved config) with its `--trace`, or a Megatron training log (the per-iteration lines,
-// `Step Time`, the memory lines). `epx diagnose` and `epx report` read runs through this.
+// the timers, the memory lines). `epx diagnose` and `epx report` read runs through this.
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 
 namespace epx {
 
-// Seconds per micro-batch on one rank of the first stage, by kind, and per step for the rest.
+// Seconds per micro-batch on one rank of the slowest stage, by kind, and per step for the rest.
 struct StepCosts {
   double compute = 0;       // GEMMs and attention at the size-dependent efficiency (the slowest stage's)
   std::vector<double> stage_compute;  // the same per pipeline stage, per micro-batch

@@ -1,5 +1,5 @@
 // A timeline of what each rank computed and communicated, written as a Chrome / Perfetto trace
-// (`epx run --trace FILE.json`): one process per rank, a compute track and a communication track.
+// (`epx run --trace FILE.json`): one process per rank, with compute, communication and gradient-reduction tracks.
 // Recording is off until enable(); then a Scope costs two clock reads and a locked push.
 #pragma once
 
