@@ -8,6 +8,7 @@
 
 #include "epx/check/check.hpp"
 #include "epx/config/schema.hpp"
+#include "epx/base/to_lower.hpp"
 #include "hardware_catalog.hpp"
 
 namespace epx {
@@ -106,8 +107,7 @@ void add_hardware_file(const std::string& path) {
     if (!kv.first.IsScalar() || kv.first.Scalar().empty() || kv.first.Scalar().size() > 64)
       throw ConfigError(fmt::format("{}:{}:{}: '{}': a hardware name is a plain word of 1 to 64 characters", path,
                                     kv.first.Mark().line + 1, kv.first.Mark().column + 1, shorten(YAML::Dump(kv.first))));
-    std::string name = kv.first.Scalar();
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    const std::string name = to_lower(kv.first.Scalar());
     auto it = std::find_if(catalog.begin(), catalog.end(), [&](const GpuInfo& e) { return e.name == name; });
     if (it == catalog.end()) {
       GpuInfo fresh;
@@ -135,9 +135,7 @@ const GpuInfo& unnamed_gpu() {
 }  // namespace
 
 const GpuInfo* find_gpu(std::string_view name) {
-  std::string lower(name);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
+  const std::string lower = to_lower(name);
   for (const auto& g : gpu_catalog())
     if (g.name == lower) return &g;
   return nullptr;
@@ -208,8 +206,7 @@ Version parse_version(const std::string& text) {
   }
   while (v.release.size() > 1 && v.release.back() == 0) v.release.pop_back();
   if (m[2].matched) {
-    std::string tag = m[2];
-    std::transform(tag.begin(), tag.end(), tag.begin(), ::tolower);
+    const std::string tag = to_lower(m[2].str());
     v.pre_rank = tag == "dev" ? 0 : (tag == "a" || tag == "alpha") ? 1
                                   : (tag == "b" || tag == "beta")  ? 2
                                                                    : 3;

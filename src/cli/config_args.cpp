@@ -8,6 +8,7 @@
 
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/base/to_lower.hpp"
 
 namespace epx::cli {
 namespace {
@@ -18,8 +19,7 @@ const std::vector<std::pair<std::string, std::string>> kTwoLetterFlags = {
     {"-gn", "--gn"}, {"-ms", "--ms"}, {"-rl", "--rl"}, {"-mr", "--mr"}};
 
 OptBool parse_bool_flag(const std::string& text) {
-  std::string s = text;
-  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
+  const std::string s = to_lower(text);
   if (s == "true" || s == "1" || s == "t" || s == "yes" || s == "y") return true;
   if (s == "false" || s == "0" || s == "f" || s == "no" || s == "n") return false;
   throw ConfigError(fmt::format("--moe_a2a_overlap expects true or false, got '{}'", text));

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "epx/base/edit_distance.hpp"
+#include "epx/base/to_lower.hpp"
 
 namespace epx {
 namespace {
@@ -23,16 +24,11 @@ namespace {
   throw ConfigError(fmt::format("{} expects {}, got {}", key, expected, shorten(yaml_text(n))));
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 // Megatron users write Python's None; YAML writes null or ~.
 bool is_null(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return true;
   if (!n.IsScalar()) return false;
-  const std::string s = lower(n.Scalar());
+  const std::string s = to_lower(n.Scalar());
   return s == "none" || s == "null" || s == "~";
 }
 
@@ -86,7 +82,7 @@ template <>
 struct Codec<bool> {
   static std::string type_name() { return "a bool (true|false)"; }
   static bool decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>&) {
-    const std::string s = lower(scalar(n, key, type_name()));
+    const std::string s = to_lower(scalar(n, key, type_name()));
     if (s == "true" || s == "yes" || s == "on" || s == "1" || s == "t" || s == "y") return true;
     if (s == "false" || s == "no" || s == "off" || s == "0" || s == "f" || s == "n") return false;
     type_error(key, type_name(), n);
@@ -337,7 +333,7 @@ FieldInfo layout_field(FieldInfo f) {
                                       shorten(yaml_text(stage))));
       stages.emplace_back();
       for (const YAML::Node& layer : stage) {
-        std::string name = lower(scalar(layer, key, "a layer name (embedding, decoder, mtp, loss)"));
+        std::string name = to_lower(scalar(layer, key, "a layer name (embedding, decoder, mtp, loss)"));
         name.erase(0, name.find_first_not_of(" \t\n"));
         name.erase(name.find_last_not_of(" \t\n") + 1);
         const auto kind = kLayers.find(name);

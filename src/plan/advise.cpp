@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "epx/base/error.hpp"
+#include "epx/base/to_lower.hpp"
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
 #include "epx/config/schema.hpp"
@@ -22,11 +23,6 @@ namespace {
 constexpr double kSecondOrder = 0.05;
 // EP overlap is worth a run when the exchanges leave this share of the step exposed.
 constexpr double kVisibleExchanges = 0.10;
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  return s;
-}
 
 std::string recipe_name(const Config& c) { return std::filesystem::path(c.source).stem().string(); }
 
@@ -58,7 +54,7 @@ std::optional<std::pair<std::string, std::string>> harness_recipe(const Config& 
   const YAML::Node model = static_cast<const YAML::Node&>(c.extra_fields.node)["model"];
   const YAML::Node id = model.IsDefined() && model.IsMap() ? model["hf_model_id"] : YAML::Node();
   if (!id.IsDefined() || !id.IsScalar()) return std::nullopt;
-  std::string name = lower(id.Scalar().substr(id.Scalar().rfind('/') + 1));
+  std::string name = to_lower(id.Scalar().substr(id.Scalar().rfind('/') + 1));
   std::replace_if(name.begin(), name.end(), [](char ch) { return ch == '-' || ch == '.'; }, '_');
   std::optional<std::pair<std::string, std::string>> best;
   for (const auto& [family, recipe] : kHarnessRecipes)
@@ -131,7 +127,7 @@ std::string ep_rule(const LayoutPlan& lp) {
 std::string family_rule(const Config& c) {
   const ModelConfig& m = c.model;
   const auto recipe = harness_recipe(c);
-  const std::string name = lower(recipe ? recipe->second : recipe_name(c));
+  const std::string name = to_lower(recipe ? recipe->second : recipe_name(c));
   const Int experts = m.num_moe_experts.value_or(0);
   if (name.find("vl") != std::string::npos)
     return "MoE VLM: start simple, then test HybridEP on GB200-class systems (vision workloads are sensitive to both "
@@ -326,7 +322,7 @@ BackendAvailability parse_have_list(const std::string& list) {
   a.source = "--have " + list;
   std::stringstream in(list);
   for (std::string word; std::getline(in, word, ',');) {
-    word = lower(word);
+    word = to_lower(word);
     if (word == "deepep") a.deepep = true;
     else if (word == "hybridep") a.hybridep = true;
     else if (word != "alltoall" && word != "none" && !word.empty())
