@@ -51,6 +51,12 @@ fs::path resolved(fs::path path) {
   return fs::weakly_canonical(path, ec);
 }
 
+// The file a write of `path` replaces: through a link, its target (the link stays a link).
+std::string written_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_symlink(path, ec) ? resolved(path).string() : path;
+}
+
 }  // namespace
 
 std::string json_text(const nlohmann::json& j, int indent) {
@@ -74,20 +80,27 @@ void check_output_path(const std::string& path, const std::string& option, const
                                  : option == "--results" ? "results.json"
                                  : option == "-o"        ? "report.html"
                                                          : "file.safetensors"));
-  const fs::path dir = directory_of(path);
+  // A device, FIFO or socket would be replaced by the renamed file (as root, /dev/null itself).
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::exists(status) && !fs::is_regular_file(status))
+    throw InputError(fmt::format("{} {}: is not a regular file (a device, FIFO or socket); epx writes an output whole "
+                                 "and renames it into place, which would replace it; give a file path",
+                                 option, path));
+  const fs::path dir = directory_of(written_file(path));
   if (!fs::is_directory(dir, ec))
     throw InputError(fmt::format("{} {}: the directory {} does not exist; create it (mkdir -p {}) "
                                  "or choose another path",
                                  option, path, dir.string(), dir.string()));
   // Permissions alone do not tell (root ignores them, a read-only mount does not show in them):
   // create a file there and remove it.
-  const std::string probe = create_temporary(path, option);
+  const std::string probe = create_temporary(written_file(path), option);
   fs::remove(probe, ec);
 }
 
 void write_file_atomically(const std::string& path,
                            const std::function<void(std::ostream&)>& write) {
-  const std::string tmp = create_temporary(path, "writing");
+  const std::string file = written_file(path);
+  const std::string tmp = create_temporary(file, "writing");
   const auto fail = [&](const std::string& why) {
     std::error_code ec;
     fs::remove(tmp, ec);
@@ -109,7 +122,7 @@ void write_file_atomically(const std::string& path,
   }
   ::close(fd);
   std::error_code ec;
-  fs::rename(tmp, path, ec);
+  fs::rename(tmp, file, ec);
   if (ec) fail(ec.message());
 }
 
