@@ -61,6 +61,21 @@ void check_size_ranges(const Config& cfg) {
       {"model.moe_shared_expert_intermediate_size", 1, kMaxCount},
       {"model.moe_router_topk", -kMaxParallel, kMaxParallel},
       {"model.moe_router_num_groups", 0, kMaxParallel},
+      {"model.q_lora_rank", 1, kMaxCount},
+      {"model.kv_lora_rank", 1, kMaxCount},
+      {"model.qk_head_dim", 1, kMaxCount},
+      {"model.qk_pos_emb_head_dim", 0, kMaxCount},
+      {"model.v_head_dim", 1, kMaxCount},
+      {"model.moe_flex_dispatcher_num_sms", 1, kMaxParallel},
+      {"model.moe_deepep_num_sms", 1, kMaxParallel},
+      {"model.moe_hybridep_num_sms", 1, kMaxParallel},
+      {"model.moe_hybridep_num_sms_preprocessing", 1, kMaxParallel},
+      {"model.mtp_num_layers", 0, kMaxParallel},
+      {"model.recompute_num_layers", 0, kMaxParallel},
+      {"ddp.bucket_size", 1, Int{1} << 40},
+      {"comm_overlap.bucket_size", 1, Int{1} << 40},
+      {"comm_overlap.wgrad_deferral_limit", 0, kMaxCount},
+      {"train.eval_iters", 0, kMaxCount},
       {"model.moe_router_group_topk", 0, kMaxParallel},
       {"target.num_gpus", 1, kMaxCount},
       {"target.gpus_per_node", 1, kMaxCount},
@@ -114,7 +129,7 @@ void check_real_ranges(const Config& cfg) {
   for (const auto& [key, positive, below_one] : ranges) {
     const std::string text = field_text(cfg, key);
     if (text == "null") continue;
-    const double v = std::stod(text);  // the schema stored a finite number: it reads back
+    const double v = std::strtod(text.c_str(), nullptr);  // a finite number (stod throws on a subnormal)
     if ((positive ? v > 0 : v >= 0) && (!below_one || v < 1)) continue;
     throw ConfigError(fmt::format("{}={} is out of range: it must be {}{}", cfg.cite(key), text,
                                   positive ? "above 0" : "at least 0", below_one ? " and below 1" : ""));

@@ -17,6 +17,7 @@ namespace {
 constexpr std::size_t kMaxConfigBytes = 2 << 20;
 constexpr int kMaxDepth = 32;
 constexpr std::size_t kMaxValues = 20000;  // counted with aliases expanded (copies expand them)
+constexpr Int kMaxDumpedDataParallel = Int{1} << 24;  // check's bound on target.num_gpus
 
 std::string location(const std::string& source, const YAML::Node& n) {
   const YAML::Mark m = n.Mark();
@@ -168,11 +169,20 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
   // derives it at start-up): the world it was dumped for is then DP x TP x PP x CP.
   if (!c.target.num_gpus && c.comm_overlap && c.comm_overlap->data_parallel_size) {
     const ModelConfig& m = c.model;
-    c.target.num_gpus = *c.comm_overlap->data_parallel_size * m.tensor_model_parallel_size *
-                        m.pipeline_model_parallel_size * m.context_parallel_size;
-    if (auto it = c.file_locations.find("comm_overlap.data_parallel_size");
-        it != c.file_locations.end())
-      c.file_locations["target.num_gpus"] = it->second;
+    const Int dp = *c.comm_overlap->data_parallel_size;
+    if (dp < 1 || dp > kMaxDumpedDataParallel)
+      throw ConfigError(fmt::format("{}={} is out of range: a run's data-parallel size is 1 to {}",
+                                    c.cite("comm_overlap.data_parallel_size"), dp, kMaxDumpedDataParallel));
+    // The parallel sizes are range-checked later: a product past 64 bits is left for that check.
+    Int world = dp;
+    bool overflow = false;
+    for (const Int size : {m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size})
+      overflow = overflow || __builtin_mul_overflow(world, size, &world);
+    if (!overflow && world >= 1) {
+      c.target.num_gpus = world;
+      if (auto it = c.file_locations.find("comm_overlap.data_parallel_size"); it != c.file_locations.end())
+        c.file_locations["target.num_gpus"] = it->second;
+    }
   }
   return c;
 }

@@ -8,6 +8,7 @@
 
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
+#include "epx/config/schema.hpp"
 
 namespace epx {
 namespace {
@@ -56,6 +57,31 @@ Ids operator+(Ids a, const Ids& b) {
 
 // The dump's layout has PP > 1 with VPP: the interleaved schedule's micro-batch count needs the world too.
 const Ids kDumpWorldRules = kWorldRules + Ids{"pipeline.interleaved_microbatches"};
+
+// A dump's data_parallel_size gives the world (DP x TP x PP x CP); one past any run is refused
+// at its line, not multiplied past 64 bits into a num_gpus the user never wrote.
+TEST(CheckDefaults, BridgeDumpDataParallelSizeGivesTheWorld) {
+  const std::string text = read_config_text(kDump);
+  const auto with_dp = [&](const std::string& dp) {
+    std::string t = text;
+    const std::string key = "data_parallel_size: null";
+    t.replace(t.find(key), key.size(), "data_parallel_size: " + dp);
+    return load_config_text(t, "dump.yaml");
+  };
+  const Config c = with_dp("4");
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(c.target.num_gpus, 4 * m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size);
+  for (const std::string dp : {"9223372036854775807", "0", "-1"}) {
+    try {
+      with_dp(dp);
+      ADD_FAILURE() << dp << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("dump.yaml:52:"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("comm_overlap.data_parallel_size=" + dp + " is out of range"), std::string::npos)
+          << e.what();
+    }
+  }
+}
 
 TEST(CheckDefaults, BridgeDumpAloneGuessesNothing) {
   const CheckReport r = check_dump({});

@@ -596,7 +596,10 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
         "train.global_batch_size=0", "train.train_iters=-5", "target.num_gpus=-2",
         "model.hidden_size=16777217", "scheduler.lr_warmup_iters=-1", "optimizer.lr=-1e-4",
         "optimizer.adam_beta2=1", "optimizer.weight_decay=-0.1", "model.moe_expert_capacity_factor=0",
-        "model.moe_router_num_groups=-4"}) {
+        "model.moe_router_num_groups=-4", "model.qk_head_dim=-1", "model.q_lora_rank=0",
+        "model.moe_flex_dispatcher_num_sms=-1", "model.moe_deepep_num_sms=-9223372036854775808", "ddp.bucket_size=0",
+        "comm_overlap.bucket_size=-1", "train.eval_iters=-1", "model.mtp_num_layers=-1",
+        "model.recompute_num_layers=-1"}) {
     SCOPED_TRACE(kv);
     try {
       check({kv});
@@ -613,6 +616,8 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
                   .ok());
   EXPECT_THROW(load_with(kBase, {"optimizer.lr=nan"}), ConfigError);  // by the schema, before any range
   EXPECT_THROW(load_with(kBase, {"optimizer.clip_grad=inf"}), ConfigError);
+  // A subnormal is a number (std::stod refused it: an internal error).
+  EXPECT_NO_THROW(check({"optimizer.lr=1e-320", "optimizer.min_lr=0", "model.layernorm_epsilon=1e-310"}));
   EXPECT_NO_THROW(check({"model.num_layers=0"}));
 }
 TEST(PipelineLayout, ParsedAsMegatronCore) {
