@@ -477,7 +477,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, cuda_graph_modules, kCudaGraphScopes),
 
       EPX_FIELD(kCommOverlap, tp_comm_overlap),
-      EPX_FIELD(kCommOverlap, tp_comm_bootstrap_backend),
+      EPX_FIELD(kCommOverlap, tp_comm_bootstrap_backend, {"nccl", "mpi", "gloo"}),  // ModelParallelConfig's Literal
       EPX_FIELD(kCommOverlap, overlap_p2p_comm),
       EPX_FIELD(kCommOverlap, batch_p2p_comm),
       EPX_FIELD(kCommOverlap, overlap_grad_reduce),

@@ -616,6 +616,7 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
                   .ok());
   EXPECT_THROW(load_with(kBase, {"optimizer.lr=nan"}), ConfigError);  // by the schema, before any range
   EXPECT_THROW(load_with(kBase, {"optimizer.clip_grad=inf"}), ConfigError);
+  EXPECT_THROW(load_with(kBase, {"comm_overlap.tp_comm_bootstrap_backend=abc"}), ConfigError);  // nccl|mpi|gloo
   // A subnormal is a number (std::stod refused it: an internal error).
   EXPECT_NO_THROW(check({"optimizer.lr=1e-320", "optimizer.min_lr=0", "model.layernorm_epsilon=1e-310"}));
   EXPECT_NO_THROW(check({"model.num_layers=0"}));
