@@ -57,7 +57,8 @@ fs::path resolve_recipe(const std::string& name_or_path) {
     std::error_code ec;
     if (fs::is_directory(as_path, ec))
       throw ConfigError(fmt::format("{}: is a directory, not a config file", name_or_path));
-    if (!is_file(as_path)) {
+    // Not only regular files: `epx check <(...)` reads a pipe (read_config_text bounds the read).
+    if (!fs::exists(as_path, ec)) {
       (void)fs::status(as_path, ec);  // why it is not there, when the system says
       throw ConfigError(fmt::format("{}: no such file{}", shorten(name_or_path, 200),
                                     ec ? " (" + ec.message() + ")" : ""));

@@ -97,8 +97,8 @@ Config load_config_text(const std::string& text, const std::string& source_name)
 
 YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source_name) {
   if (text.size() > kMaxConfigBytes)
-    throw ConfigError(fmt::format("{}: more than the {} MiB a config may have; a "
-                                  "Megatron-Bridge dump is a few tens of kilobytes",
+    throw ConfigError(fmt::format("{}: more than the {} MiB a YAML input (a config, a hardware or probe file) may "
+                                  "have; a Megatron-Bridge dump is a few tens of kilobytes",
                                   source_name, kMaxConfigBytes >> 20));
   YAML::Node root;
   try {

@@ -21,15 +21,31 @@ namespace {
 
 constexpr double kGiB = 1073741824.0;
 
+// An epx run's trace over thousands of iterations on a few ranks, or a Megatron log of a long
+// run, stays in the tens of megabytes.
+constexpr std::size_t kMaxRunFileBytes = std::size_t{512} << 20;
+
 std::string read_text(const std::string& path, const char* what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw InputError(fmt::format("{}: is a directory; give the {} itself", path, what));
+  const auto too_long = [&] {
+    return InputError(fmt::format("{}: more than {} MiB; a {} of a real run is far smaller (is it the right file?)", path,
+                                  kMaxRunFileBytes >> 20, what));
+  };
+  if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) > kMaxRunFileBytes && !ec)
+    throw too_long();
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot read the {}", path, what));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  // Bounded, so that /dev/zero or a runaway pipe ends in a message rather than all of memory.
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxRunFileBytes) throw too_long();
+  }
+  if (in.bad()) throw InputError(fmt::format("{}: cannot read the {}", path, what));
+  return text;
 }
 
 // The 1-based line of byte `at` in `text`.

@@ -383,6 +383,13 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
                       << " |\n";
   const Result long_line = run("diagnose " + junk);
   EXPECT_EQ(long_line.code, 2) << long_line.out;
+  // A file past any run's (a sparse one: nothing is written) is refused unread.
+  const std::string huge = ::testing::TempDir() + "epx_cli_huge.log";
+  std::filesystem::resize_file((std::ofstream(huge), huge), std::uintmax_t{600} << 20);
+  const Result too_long = run("diagnose " + huge);
+  std::filesystem::remove(huge);
+  EXPECT_EQ(too_long.code, 2) << too_long.out;
+  EXPECT_TRUE(has(too_long, huge + ": more than 512 MiB")) << too_long.out;
   // The output is checked before anything is read or written.
   const Result out = run("report " + junk + " -o /nonexistent/dir/report.html");
   EXPECT_EQ(out.code, 2) << out.out;

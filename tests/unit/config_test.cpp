@@ -360,7 +360,7 @@ TEST(ConfigYaml, BoundsTheWorkABadFileCanCause) {
             std::string::npos);
   const std::string big = "dataset:\n  blob: '" + std::string(3 << 20, 'x') + "'\n";
   EXPECT_EQ(error_of([&] { load_config_text(big, "big.yaml"); })
-                .rfind("big.yaml: more than the 2 MiB a config may have", 0),
+                .rfind("big.yaml: more than the 2 MiB a YAML input", 0),
             0u);
   Config c;
   EXPECT_NE(error_of([&] { apply_override(c, "model.num_layers=" + std::string(100000, '1')); })
