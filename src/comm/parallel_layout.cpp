@@ -49,6 +49,17 @@ std::vector<RankGroup> masked_groups(const Sizes& sizes, const Mask& mask) {
   return groups;
 }
 
+// Strides are positive, so a group's lowest rank is its outer offset (every masked coordinate 0)
+// and its highest adds each masked dim's last coordinate.
+std::vector<std::pair<int, int>> offset_bounds(const Sizes& sizes, const Mask& mask) {
+  int span = 0;
+  for (int d = 0, stride = 1; d < kDims; stride *= sizes[d], ++d)
+    if (mask[d]) span += (sizes[d] - 1) * stride;
+  std::vector<std::pair<int, int>> bounds;
+  for (int o : offsets_over(sizes, mask, false)) bounds.emplace_back(o, o + span);
+  return bounds;
+}
+
 // The sizes and mask of a kind's grid.
 std::pair<Sizes, Mask> grid_of(const ParallelLayout& l, GroupKind kind) {
   const Sizes attn{l.tp, l.cp, 1, l.dp, l.pp}, expert{l.etp, 1, l.ep, l.edp, l.pp};
@@ -119,7 +130,10 @@ ParallelLayout ParallelLayout::make(int world, int tp, int cp, int pp, int ep, i
   l.etp = etp, l.ep = ep, l.edp = world / (etp * ep * pp);
   // Megatron asserts this; with both grids in tp-cp-ep-dp-pp order and pp slowest it always
   // holds, but a later change to the orders must not break it silently.
-  if (l.groups(GroupKind::pp) != masked_groups({etp, 1, ep, l.edp, pp}, Mask{false, false, false, false, true}))
+  // Compared by their bounds (a group's lowest and highest rank; with its size and stride
+  // that is the group): the ranks themselves would be the world's worth of allocations, for
+  // every layout the planner's search tries.
+  if (l.group_bounds(GroupKind::pp) != offset_bounds({etp, 1, ep, l.edp, pp}, Mask{false, false, false, false, true}))
     throw std::logic_error("attention and expert grids have different PP groups");
   return l;
 }
@@ -129,16 +143,9 @@ std::vector<RankGroup> ParallelLayout::groups(GroupKind kind) const {
   return masked_groups(sizes, mask);
 }
 
-// Strides are positive, so a group's lowest rank is its outer offset (every masked coordinate 0)
-// and its highest adds each masked dim's last coordinate.
 std::vector<std::pair<int, int>> ParallelLayout::group_bounds(GroupKind kind) const {
   const auto [sizes, mask] = grid_of(*this, kind);
-  int span = 0;
-  for (int d = 0, stride = 1; d < kDims; stride *= sizes[d], ++d)
-    if (mask[d]) span += (sizes[d] - 1) * stride;
-  std::vector<std::pair<int, int>> bounds;
-  for (int o : offsets_over(sizes, mask, false)) bounds.emplace_back(o, o + span);
-  return bounds;
+  return offset_bounds(sizes, mask);
 }
 
 RankGroup ParallelLayout::group_of(GroupKind kind, int rank) const {

@@ -43,7 +43,10 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   for (GroupKind kind : kAllGroupKinds) {
     const std::vector<std::pair<int, int>> bounds = p.layout.group_bounds(kind);
     GroupPlacement g{kind, world / static_cast<int>(bounds.size()), static_cast<int>(bounds.size())};
-    for (const auto& [lo, hi] : bounds) {
+    // Groups of one rank are within anything; past the first group that crosses both, the rest
+    // change nothing (the search plans thousands of layouts of up to 10^5 ranks).
+    for (std::size_t i = 0; g.size > 1 && i < bounds.size() && (g.within_node || g.within_nvlink); ++i) {
+      const auto [lo, hi] = bounds[i];
       g.within_node = g.within_node && lo / p.gpus_per_node == hi / p.gpus_per_node;
       g.within_nvlink = g.within_nvlink && lo / p.nvlink_domain == hi / p.nvlink_domain;
     }
