@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "epx/config/config.hpp"
+#include "epx/base/to_lower.hpp"
 #include "epx/config/schema.hpp"
 
 namespace epx {
@@ -143,7 +144,7 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
 
   // Whole-section forms: ~comm_overlap, comm_overlap=null.
   if (section == "comm_overlap" && name.empty()) {
-    if (deleting || parse_value(key, value).IsNull()) {
+    if (deleting || to_lower(value) == "none" || parse_value(key, value).IsNull()) {  // Bridge's comm_overlap=None
       cfg.comm_overlap.reset();
       return;
     }

@@ -137,6 +137,9 @@ TEST(ConfigOverrides, AddDeleteAndAliases) {
   apply_override(c, "+comm_overlap.delay_wgrad_compute=true");
   apply_override(c, "comm_overlap=null");
   EXPECT_FALSE(c.comm_overlap.has_value());
+  apply_override(c, "+comm_overlap.delay_wgrad_compute=true");
+  apply_override(c, "comm_overlap=None");  // Bridge's (Python's) spelling
+  EXPECT_FALSE(c.comm_overlap.has_value());
 
   EXPECT_NE(error_of([&] { apply_override(c, "env_vars.FOO=1"); }).find("+env_vars.FOO=1"),
             std::string::npos);
