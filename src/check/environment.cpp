@@ -1,6 +1,7 @@
 // Environment facts: the GPU kinds a config can target, and version comparison.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <regex>
 
@@ -53,9 +54,12 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
         if (key == "memory_gb" && x == 0)
           throw ConfigError(fmt::format("{}: 0: a GPU's memory is above 0 GiB (every layout would fit in it)", where(v, key)));
-        if (key.ends_with("_efficiency") && x > 1)
-          throw ConfigError(fmt::format("{}: {} is above 1: an efficiency is the share of the rate reached (0 to 1)",
-                                        where(v, key), x));
+        // A rate divides the work: an efficiency of 0 would make every step infinite.
+        if (key.ends_with("_efficiency") && (x > 1 || x == 0))
+          throw ConfigError(fmt::format("{}: {} is {}: an efficiency is the share of the rate reached (above 0, at most 1)",
+                                        where(v, key), x, x == 0 ? "0" : "above 1"));
+        if (key == "cores" && x != std::floor(x))
+          throw ConfigError(fmt::format("{}: {}: a number of cores is a whole number", where(v, key), x));
         *r->second = x;
       } else if (auto c = counts.find(key); c != counts.end()) {
         const int x = v.as<int>();
@@ -71,7 +75,8 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
                                       where(kv.first, key)));
       }
     } catch (const YAML::Exception&) {
-      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a number >= 0; compute_capability: MAJOR.MINOR; "
+      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a rate: a number from 0 to 1e9; gpus_per_node, "
+                                    "nvlink_domain: a whole number from 0 to 2^20; compute_capability: MAJOR.MINOR; "
                                     "device_name: text)",
                                     where(v, key), shorten(YAML::Dump(v))));
     }

@@ -4,6 +4,7 @@
 
 #include "epx/base/error.hpp"
 #include "epx/check/check.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 
@@ -14,7 +15,7 @@ void add_run_source_options(CLI::App& app, RunSource& source) {
       ->allow_extra_args(false);  // one value per occurrence: a following override stays one
   app.add_option("-g,--gpu", source.gpu, "the hardware the run ran on (default: the config's target.gpu)");
   app.add_option("--ng,--num_gpus", source.num_gpus, "-ng: the world size (default: the run's, or the config's)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
 }
 
 DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::string>& trace_path,

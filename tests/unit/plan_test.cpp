@@ -289,6 +289,11 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
     EXPECT_NE(std::string(e.what()).find("h100.gemm_efficiency"), std::string::npos) << e.what();
   }
   EXPECT_EQ(find_gpu("h100")->rates.nvlink_efficiency, 0.65);
+  // An efficiency of 0 divides the work by 0 (inf step times); cores come whole.
+  for (const char* text : {"cpu:\n  shared_core_efficiency: 0\n", "cpu:\n  cores: 0.5\n", "cpu:\n  memory_gb: 1e30\n"}) {
+    std::ofstream(path) << text;
+    EXPECT_THROW(add_hardware_file(path.string()), ConfigError) << text;
+  }
   // A rate the step time needs left at 0 (not known) is named when a plan needs it: the network's
   // only where the layout spans nodes.
   std::ofstream(path) << "slowgpu:\n  memory_gb: 80\n  bf16_tflops: 500\n  hbm_tb_s: 2\n  nvlink_gb_s: 300\n"
