@@ -2,6 +2,7 @@
 #include "epx/plan/run_evidence.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string_view>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "epx/base/error.hpp"
+#include "epx/config/schema.hpp"
 #include "epx/trace/trace.hpp"
 
 namespace epx {
@@ -61,17 +63,21 @@ nlohmann::json parse_json(const std::string& text, const std::string& path, cons
   }
 }
 
-double number(const nlohmann::json& j, const char* key, const std::string& path) {
+// `object` (as "summary" or "iterations[3]") names where `key` sits in the file: JSON has no
+// lines to cite once parsed.
+double number(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_number())
-    throw InputError(fmt::format("{}: '{}' is missing or not a number; is this the JSON `epx run --results` writes?", path, key));
+    throw InputError(fmt::format("{}: {}.{} is missing or not a number; is this the JSON `epx run --results` writes?", path,
+                                 object, key));
   return it->get<double>();
 }
 
 // A time, rate, size or count: never negative.
-double amount(const nlohmann::json& j, const char* key, const std::string& path) {
-  const double v = number(j, key, path);
-  if (v < 0) throw InputError(fmt::format("{}: '{}' is {}: a time, rate, size or count is never negative", path, key, v));
+double amount(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
+  const double v = number(j, object, key, path);
+  if (v < 0)
+    throw InputError(fmt::format("{}: {}.{} is {}: a time, rate, size or count is never negative", path, object, key, v));
   return v;
 }
 
@@ -86,12 +92,13 @@ PipelineEvidence read_pipeline(const nlohmann::json& j, const std::string& path)
   };
   if (!j.is_object()) throw bad("is not an object");
   PipelineEvidence p;
-  const double stages = amount(j, "stages", path), chunks = amount(j, "virtual_stages_per_stage", path),
-               micro_batches = amount(j, "micro_batches", path);
+  const std::string at = "summary.pipeline";
+  const double stages = amount(j, at, "stages", path), chunks = amount(j, at, "virtual_stages_per_stage", path),
+               micro_batches = amount(j, at, "micro_batches", path);
   if (stages < 1 || stages > 1e6 || chunks < 1 || chunks > 1e6 || micro_batches > 1e9)
     throw bad(fmt::format("has {} stages of {} chunks and {} micro-batches", stages, chunks, micro_batches));
   p.stages = static_cast<int>(stages), p.chunks = static_cast<int>(chunks), p.micro_batches = static_cast<int>(micro_batches);
-  p.ideal_bubble = amount(j, "ideal_bubble", path);
+  p.ideal_bubble = amount(j, at, "ideal_bubble", path);
   for (const auto& [key, into] : {std::pair{"stage_schedule_s", &p.schedule_s}, std::pair{"stage_wait_s", &p.wait_s}}) {
     const auto it = j.find(key);
     if (it == j.end() || !it->is_array() || it->size() != static_cast<std::size_t>(p.stages))
@@ -112,37 +119,45 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     throw InputError(fmt::format("{}:1: a JSON file without 'summary' and 'iterations': not an `epx run --results` file", path));
   run.kind = "epx results";
   const nlohmann::json& s = j["summary"];
-  for (const nlohmann::json& it : j["iterations"]) {
-    IterationPoint p;
-    const double iteration = amount(it, "iteration", path);
-    if (iteration > 1e9) throw InputError(fmt::format("{}: 'iteration' is {}: beyond any run", path, iteration));
-    p.iteration = static_cast<int>(iteration);
-    p.step_s = amount(it, "step_time_s", path);
-    p.tflops_per_gpu = amount(it, "tflops_per_rank", path);
-    p.lm_loss = number(it, "lm_loss", path);
-    p.mem_max_allocated_gb = amount(it, "mem_max_allocated_bytes", path) / kGiB;
-    run.iterations.push_back(p);
-  }
-  const auto steady = s.find("steady_state_iterations");
-  if (steady != s.end() && steady->is_array() && steady->size() == 2 && (*steady)[0].is_number_integer() &&
-      (*steady)[1].is_number_integer()) {
-    run.steady_first = (*steady)[0].get<int>();
-    run.steady_last = (*steady)[1].get<int>();
-  }
   const auto bad = [&](const std::string& why) {
     return InputError(fmt::format("{}: {}; is this the JSON `epx run --results` writes?", path, why));
   };
+  for (std::size_t k = 0; k < j["iterations"].size(); ++k) {
+    const nlohmann::json& it = j["iterations"][k];
+    const std::string at = fmt::format("iterations[{}]", k);
+    IterationPoint p;
+    const double iteration = amount(it, at, "iteration", path);
+    if (iteration < 1 || iteration > 1e9 || iteration != std::floor(iteration))
+      throw bad(fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
+    if (!run.iterations.empty() && iteration <= run.iterations.back().iteration)
+      throw bad(fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration, run.iterations.back().iteration));
+    p.iteration = static_cast<int>(iteration);
+    p.step_s = amount(it, at, "step_time_s", path);
+    p.tflops_per_gpu = amount(it, at, "tflops_per_rank", path);
+    p.lm_loss = number(it, at, "lm_loss", path);
+    p.mem_max_allocated_gb = amount(it, at, "mem_max_allocated_bytes", path) / kGiB;
+    run.iterations.push_back(p);
+  }
+  if (const auto steady = s.find("steady_state_iterations"); steady != s.end()) {
+    const auto iteration = [](const nlohmann::json& v) {
+      return v.is_number_integer() && v.get<std::int64_t>() >= 1 && v.get<std::int64_t>() <= 1000000000;
+    };
+    if (!steady->is_array() || steady->size() != 2 || !iteration((*steady)[0]) || !iteration((*steady)[1]))
+      throw bad(fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
+    run.steady_first = (*steady)[0].get<int>();
+    run.steady_last = (*steady)[1].get<int>();
+  }
   if (run.iterations.empty()) throw bad("'iterations' is empty");
   if (run.steady_last > 0 && (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
                               run.steady_last > run.iterations.back().iteration))
     throw bad(fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
                           run.steady_first, run.steady_last, run.iterations.front().iteration,
                           run.iterations.back().iteration));
-  run.mean_step_s = amount(s, "mean_step_time_s", path);
+  run.mean_step_s = amount(s, "summary", "mean_step_time_s", path);
   if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s is 0");
-  run.tflops_per_gpu = amount(s, "tflops_per_rank", path);
-  run.peak_memory_gb = amount(s, "peak_memory_bytes", path) / kGiB;
-  run.final_loss = number(s, "final_lm_loss", path);
+  run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", path);
+  run.peak_memory_gb = amount(s, "summary", "peak_memory_bytes", path) / kGiB;
+  run.final_loss = number(s, "summary", "final_lm_loss", path);
   run.layout = text_or(s, "layout");
   run.dispatcher = text_or(s, "dispatcher");
   run.schedule = text_or(s, "schedule");

@@ -366,6 +366,21 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   const Result reversed = run("diagnose " + junk);
   EXPECT_EQ(reversed.code, 2) << reversed.out;
   EXPECT_TRUE(has(reversed, "summary.steady_state_iterations [9, 2] is not a range of its iterations 1..2")) << reversed.out;
+  // Each bad field is named by where it sits: JSON has no lines once parsed.
+  std::string bad_field = results;
+  bad_field.replace(bad_field.rfind("\"step_time_s\": 1"), 16, "\"step_time_s\": -1");
+  std::ofstream(junk) << bad_field;
+  const Result negative_step = run("diagnose " + junk);
+  EXPECT_EQ(negative_step.code, 2) << negative_step.out;
+  EXPECT_TRUE(has(negative_step, "iterations[1].step_time_s is -1")) << negative_step.out;
+  for (const std::string steady : {"\"x\"", "null", "[0,2]", "[1.5,2]"}) {
+    std::string bad_steady = results;
+    bad_steady.replace(bad_steady.find("[9, 2]"), 6, steady);
+    std::ofstream(junk) << bad_steady;
+    const Result r = run("diagnose " + junk);
+    EXPECT_EQ(r.code, 2) << steady << ": " << r.out;
+    EXPECT_TRUE(has(r, "summary.steady_state_iterations is " + steady)) << r.out;
+  }
   std::string fixed = results;
   fixed.replace(fixed.find("[9, 2]"), 6, "[1, 2]");
   std::ofstream(junk) << "{\"config\": \"x: [\"," << fixed.substr(1);
