@@ -212,49 +212,55 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (line.size() > 8192) continue;
     std::smatch m;
     if (std::regex_search(line, m, launcher_prefix)) line.erase(0, static_cast<std::size_t>(m.length(0)));
-    try {
-      if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
-        const double ms = std::stod(m[3]);
-        if (ms < 0) throw std::out_of_range("negative");
-        run.iterations.back().timers_ms[m[1]] = ms;
-        continue;
-      }
-      if (std::regex_search(line, m, world_size)) {
-        run.ranks = std::stoi(m[1].matched ? m[1].str() : m[2].str());
-        if (run.ranks < 1) throw std::out_of_range("world size");
-        continue;
-      }
-      const bool in_gb = std::regex_search(line, m, memory);
-      if (in_gb || std::regex_search(line, m, memory_mb)) {
-        const double gib = std::stod(m[2]) * (in_gb ? 1e9 : 1048576.0) / kGiB;
-        if (gib < 0) throw std::out_of_range("negative");
-        double& peak = memory_after[std::stoi(m[1])];  // the max over the ranks that print it
-        peak = std::max(peak, gib);
-        continue;
-      }
-      if (!std::regex_search(line, m, iteration)) continue;
-      IterationPoint p;
-      p.iteration = std::stoi(m[1]);
-      if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
-      p.step_s = std::stod(m[1]) / 1000;
-      const bool has_tflops = std::regex_search(line, m, tflops);
-      if (has_tflops) p.tflops_per_gpu = std::stod(m[1]);
-      run.throughput_logged = run.iterations.empty() ? has_tflops : run.throughput_logged && has_tflops;
-      if (p.step_s < 0 || p.tflops_per_gpu < 0) throw std::out_of_range("negative");
-      if (std::regex_search(line, m, loss)) p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos
-                                                            ? std::stod(m[1])
-                                                            : std::numeric_limits<double>::quiet_NaN();
-      if (std::regex_search(line, m, skipped)) p.skipped = std::stoi(m[1]);
-      if (std::regex_search(line, m, global_batch)) run.global_batch_size = std::stoll(m[1]);
-      if (std::regex_search(line, m, nans)) p.nans = std::stoi(m[1]);
-      if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
-        run.restarted_at = p.iteration;
-        while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration) run.iterations.pop_back();
-      }
-      run.iterations.push_back(p);
-    } catch (const std::exception&) {
-      throw InputError(fmt::format("{}:{}: a number in this log line is out of range: {}", path, line_no, line.substr(0, 120)));
+    // A number of the line: finite and within [least, most], else the line's error names it.
+    const auto value = [&](const std::string& text, const std::string& what, double least, double most) {
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (end != text.c_str() + text.size() || !std::isfinite(v) || v < least || v > most)
+        throw InputError(fmt::format("{}:{}: {} is {}: out of range (from {:g} to {:g}) in this line: {}", path, line_no,
+                                     what, text, least, most, line.substr(0, 120)));
+      return v;
+    };
+    const auto count = [&](const std::string& text, const std::string& what, double least) {
+      return static_cast<int>(value(text, what, least, 1e9));
+    };
+    if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
+      run.iterations.back().timers_ms[m[1]] = value(m[3], "timer " + m[1].str() + " (ms)", 0, 1e12);
+      continue;
     }
+    if (std::regex_search(line, m, world_size)) {
+      run.ranks = count(m[1].matched ? m[1].str() : m[2].str(), "the world size", 1);
+      continue;
+    }
+    const bool in_gb = std::regex_search(line, m, memory);
+    if (in_gb || std::regex_search(line, m, memory_mb)) {
+      const double gib = value(m[2], in_gb ? "max allocated (GB)" : "max allocated (MB)", 0, 1e12) *
+                         (in_gb ? 1e9 : 1048576.0) / kGiB;
+      double& peak = memory_after[count(m[1], "the memory line's iteration", 0)];  // the max over the ranks
+      peak = std::max(peak, gib);
+      continue;
+    }
+    if (!std::regex_search(line, m, iteration)) continue;
+    IterationPoint p;
+    p.iteration = count(m[1], "the iteration", 1);  // Megatron counts from 1
+    if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
+    // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.
+    p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
+    const bool has_tflops = std::regex_search(line, m, tflops);
+    if (has_tflops) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
+    run.throughput_logged = run.iterations.empty() ? has_tflops : run.throughput_logged && has_tflops;
+    if (std::regex_search(line, m, loss))
+      p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos ? value(m[1], "lm loss", -1e300, 1e300)
+                                                                        : std::numeric_limits<double>::quiet_NaN();
+    if (std::regex_search(line, m, skipped)) p.skipped = count(m[1], "number of skipped iterations", 0);
+    if (std::regex_search(line, m, global_batch))
+      run.global_batch_size = static_cast<std::int64_t>(value(m[1], "global batch size", 1, 1e15));
+    if (std::regex_search(line, m, nans)) p.nans = count(m[1], "number of nan iterations", 0);
+    if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
+      run.restarted_at = p.iteration;
+      while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration) run.iterations.pop_back();
+    }
+    run.iterations.push_back(p);
   }
   if (run.iterations.empty())
     throw InputError(fmt::format("{}: neither an `epx run --results` JSON nor a Megatron training log (no line with "
