@@ -365,6 +365,10 @@ TEST(ConfigYaml, BoundsTheWorkABadFileCanCause) {
   EXPECT_EQ(error_of([&] { load_config_text(big, "big.yaml"); })
                 .rfind("big.yaml: more than the 2 MiB a YAML input", 0),
             0u);
+  // A second document is refused, not dropped.
+  EXPECT_EQ(error_of([&] { load_config_text("model:\n  num_layers: 2\n---\nmodel:\n  num_layers: 3\n", "two.yaml"); })
+                .rfind("two.yaml:4: a second YAML document", 0),
+            0u);
   Config c;
   EXPECT_NE(error_of([&] { apply_override(c, "model.num_layers=" + std::string(100000, '1')); })
                 .find("at most 64 KiB"),
