@@ -321,15 +321,22 @@ BackendAvailability parse_have_list(const std::string& list) {
   a.deepep = a.hybridep = false;
   a.source = "--have " + list;
   std::stringstream in(list);
+  bool none = false, any = false;
   for (std::string word; std::getline(in, word, ',');) {
     word = to_lower(word);
     if (word == "deepep") a.deepep = true;
     else if (word == "hybridep") a.hybridep = true;
-    else if (word != "alltoall" && word != "none" && !word.empty())
+    else if (word == "none") none = true;
+    else if (word != "alltoall")
       throw InputError(fmt::format("--have {}: '{}' is not a backend; list what the container has from deepep, "
                                    "hybridep (or none)",
                                    list, word));
+    any = true;
   }
+  if (!any) throw InputError("--have: an empty list; list what the container has from deepep, hybridep (or none)");
+  if (none && (*a.deepep || *a.hybridep))
+    throw InputError(fmt::format("--have {}: 'none' beside a backend; give none alone, or the backends the container has",
+                                 list));
   return a;
 }
 

@@ -105,6 +105,7 @@ TEST(Advise, AMissingBackendIsNeverRanked) {
                                        parse_have_list("deepep"));
   EXPECT_NE(deepep_only.recommended, Dispatcher::hybridep);
   EXPECT_THROW(parse_have_list("deepep,nccl"), InputError);
+  for (const char* list : {"none,deepep", "", ",", "deepep,,hybridep"}) EXPECT_THROW(parse_have_list(list), InputError) << list;
 }
 
 TEST(Advise, ProbeFilesNameTheFileAndLine) {
