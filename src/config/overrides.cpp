@@ -113,9 +113,9 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
                                   "at most {} KiB",
                                   shorten(text), text.size(), kMaxOverrideBytes >> 10));
   std::string body = text;
-  bool adding = false, deleting = false;
+  bool adding = false, forcing = false, deleting = false;
   if (body.starts_with("++")) {
-    adding = true;
+    adding = forcing = true;
     body.erase(0, 2);
   } else if (body.starts_with("+")) {
     adding = true;
@@ -153,6 +153,13 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
   }
 
   if (const FieldInfo* f = find_field(key)) {
+    // Hydra's + adds a key the config lacks; Bridge's config has every field of its dataclasses
+    // (a comm_overlap of None has none), so + on one of them fails there: "Could not append".
+    if (adding && !forcing && (f->section != "comm_overlap" || cfg.comm_overlap))
+      throw ConfigError(fmt::format("override '{}': {} is already in the config, and Hydra's + only adds a key the "
+                                    "config lacks (Bridge refuses it: 'Could not append to config'); write {}={} (or "
+                                    "++{}={})",
+                                    shorten(text), f->key(), f->key(), shorten(value), f->key(), shorten(value)));
     if (deleting) {
       f->reset(cfg);
       cfg.explicit_keys.erase(f->key());

@@ -140,6 +140,10 @@ TEST(ConfigOverrides, AddDeleteAndAliases) {
   apply_override(c, "+comm_overlap.delay_wgrad_compute=true");
   apply_override(c, "comm_overlap=None");  // Bridge's (Python's) spelling
   EXPECT_FALSE(c.comm_overlap.has_value());
+  // + adds a key the config lacks (Hydra): on a field it already has, Bridge refuses it; ++ sets it.
+  EXPECT_NE(error_of([&] { apply_override(c, "+model.num_layers=3"); }).find("Could not append"), std::string::npos);
+  apply_override(c, "++model.num_layers=3");
+  EXPECT_EQ(c.model.num_layers, 3);
 
   EXPECT_NE(error_of([&] { apply_override(c, "env_vars.FOO=1"); }).find("+env_vars.FOO=1"),
             std::string::npos);
