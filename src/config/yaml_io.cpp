@@ -207,7 +207,10 @@ void walk_within_bounds(const YAML::Node& node, const std::string& source, int d
   std::map<std::string, int> lines;  // a map's scalar keys, at their lines
   if (node.IsMap() || node.IsSequence())
     for (const auto& item : node) {
-      if (node.IsMap() && item.first.IsScalar()) {
+      if (node.IsMap() && !item.first.IsScalar())
+        throw ConfigError(fmt::format("{}: a key that is {}; a key is a plain name", location(source, item.first),
+                                      item.first.IsNull() ? "empty (null)" : "a list or mapping"));
+      if (node.IsMap()) {
         const auto [at, fresh] = lines.emplace(item.first.Scalar(), item.first.Mark().line + 1);
         if (!fresh)
           throw ConfigError(fmt::format("{}: duplicate key '{}' (also at line {}); which value is meant is "

@@ -369,6 +369,9 @@ TEST(ConfigYaml, BoundsTheWorkABadFileCanCause) {
   EXPECT_EQ(error_of([&] { load_config_text(big, "big.yaml"); })
                 .rfind("big.yaml: more than the 2 MiB a YAML input", 0),
             0u);
+  EXPECT_EQ(error_of([&] { load_config_text("model:\n  ? [a, b]\n  : 1\n", "key.yaml"); })
+                .rfind("key.yaml:2:5: a key that is a list or mapping", 0),
+            0u);
   // A second document is refused, not dropped.
   EXPECT_EQ(error_of([&] { load_config_text("model:\n  num_layers: 2\n---\nmodel:\n  num_layers: 3\n", "two.yaml"); })
                 .rfind("two.yaml:4: a second YAML document", 0),
