@@ -195,7 +195,7 @@ Config ConfigArgs::load() const {
   const OptString recipe_backend = cfg.model.moe_flex_dispatcher_backend;
   for (size_t i = first_override; i < positional.size(); ++i) apply_override(cfg, positional[i]);
   HarnessFlags f = flags;
-  if (!moe_a2a_overlap.empty()) f.moe_a2a_overlap = parse_bool_flag(moe_a2a_overlap);
+  if (moe_a2a_overlap) f.moe_a2a_overlap = parse_bool_flag(*moe_a2a_overlap);  // "" too: not a bool
   apply_harness_flags(cfg, f);
   couple_harness_environment(cfg, f, recipe_backend);
   if (task && *task != "pretrain")

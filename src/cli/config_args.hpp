@@ -16,7 +16,7 @@ struct ConfigArgs {
   std::vector<std::string> positional;  // RECIPE|FILE then overrides (only overrides with --config)
   OptString config_file;                // --config C: the recipe or file, named by option
   HarnessFlags flags;
-  std::string moe_a2a_overlap;  // as typed; parsed like the harness's str2bool
+  std::optional<std::string> moe_a2a_overlap;  // as typed; parsed like the harness's str2bool
   OptString torch_version, te_version;
   // The harness's run identity (so its command lines paste as they are): the model is the
   // recipe's; -mr names the recipe the harness couples flags by; --task and -c are checked.
