@@ -71,10 +71,6 @@ bool contains(const std::vector<T>& list, const std::type_identity_t<T>& item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
-// Megatron-Core's test for dense layers beside the MoE ones: moe_layer_freq above 1 (the schema
-// keeps it >= 1), or a pattern with a 0.
-bool has_dense_layers(const MoeLayerFreq& f) { return f.pattern.empty() ? f.every > 1 : contains(f.pattern, Int{0}); }
-
 // Bridge's has_cuda_graph_module: the name is in cuda_graph_modules or the legacy scope list.
 bool has_cuda_graph_module(const ModelConfig& m, const std::string& name) {
   return contains(m.cuda_graph_modules, name) || contains(m.cuda_graph_scope, name);
@@ -617,7 +613,7 @@ std::vector<Rule> build_rules() {
   add("moe.ffn_without_experts", E, {"model.moe_ffn_hidden_size", "model.num_moe_experts", "model.moe_layer_freq"},
       kMcore, "an expert FFN size without experts, on a model that is not mixed dense/MoE", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(!m.num_moe_experts && m.moe_ffn_hidden_size && !has_dense_layers(m.moe_layer_freq),
+        return fail_if(!m.num_moe_experts && m.moe_ffn_hidden_size && !m.moe_layer_freq.has_dense(),
                        "moe_ffn_hidden_size is set but num_moe_experts is None. Please set num_moe_experts or remove "
                        "moe_ffn_hidden_size.",
                        "model.moe_ffn_hidden_size=null");
@@ -1445,7 +1441,7 @@ std::vector<Rule> build_rules() {
                       set("[moe_router,moe_preprocess]"));
         if (!m.num_moe_experts || *m.num_moe_experts <= 1)
           return fail_if(has("moe") || has("moe_router"), "moe cuda graph is only supported for MoE.", set("[attn]"));
-        if (!has_dense_layers(m.moe_layer_freq) && has("mlp"))
+        if (!m.moe_layer_freq.has_dense() && has("mlp"))
           return fail("mlp cuda graph is only supported for dense layers, but not found in the model.", set("[attn]"));
         const bool drop_pad = m.moe_expert_capacity_factor && m.moe_pad_expert_input_to_capacity;
         if (!drop_pad && has("moe"))

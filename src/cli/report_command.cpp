@@ -43,7 +43,7 @@ std::string script_safe(std::string text) {
 // string) as \u003c, so neither "</script" nor "<!--" can change how the page parses; bytes that
 // are not UTF-8 (a path in another encoding) replaced.
 std::string json_in_script(const nlohmann::json& j) {
-  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string text = json_text(j);
   std::string out;
   out.reserve(text.size());
   for (char c : text) {

@@ -29,11 +29,8 @@ AttentionMacs attention_macs(const ModelConfig& m) {
 
 double moe_layers_in(const ModelConfig& m, Int first, Int last) {
   if (!m.num_moe_experts || *m.num_moe_experts < 1) return 0;
-  const auto& pattern = m.moe_layer_freq.pattern;
   double n = 0;
-  for (Int i = std::max<Int>(0, first); i < last; ++i)
-    n += pattern.empty() ? i % std::max<Int>(1, m.moe_layer_freq.every) == 0
-                         : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
+  for (Int i = std::max<Int>(0, first); i < last; ++i) n += m.moe_layer_freq.is_moe(i);
   return n;
 }
 

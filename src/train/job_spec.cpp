@@ -187,11 +187,7 @@ ModelSpec model_spec_from_config(const Config& c) {
       static_cast<int>(m.moe_layer_freq.pattern.size()) != s.num_layers)
     bad("model.moe_layer_freq", fmt::format("[{}]", fmt::join(m.moe_layer_freq.pattern, ", ")),
         fmt::format("[moe.layer_pattern_length] the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
-  if (m.moe_layer_freq.pattern.empty() && m.moe_layer_freq.every < 1)
-    bad("model.moe_layer_freq", std::to_string(m.moe_layer_freq.every), "must be at least 1");
-  for (int i = 0; i < s.num_layers; ++i)
-    s.is_moe.push_back(any_experts && (m.moe_layer_freq.pattern.empty() ? i % m.moe_layer_freq.every == 0
-                                                                        : m.moe_layer_freq.pattern[static_cast<std::size_t>(i)] != 0));
+  for (int i = 0; i < s.num_layers; ++i) s.is_moe.push_back(any_experts && m.moe_layer_freq.is_moe(i));
   if (s.num_moe_layers() > 0) {
     s.moe = moe_spec_from_config(c);
   }

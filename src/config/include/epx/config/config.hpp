@@ -9,6 +9,7 @@
 // schema (config/schema.cpp), which drives YAML load/dump, dotted overrides and the checker.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -38,6 +39,16 @@ struct MoeLayerFreq {
   Int every = 1;
   std::vector<Int> pattern;  // non-empty: explicit per-layer pattern, `every` unused
   bool operator==(const MoeLayerFreq&) const = default;
+  // Whether decoder layer `i` (from 0) is an MoE layer: i % every == 0, or the pattern's entry
+  // (a layer past a short pattern is dense; the check refuses a pattern of the wrong length).
+  bool is_moe(Int i) const {
+    return pattern.empty() ? i % std::max<Int>(1, every) == 0
+                           : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
+  }
+  // Megatron-Core's test for dense layers beside the MoE ones.
+  bool has_dense() const {
+    return pattern.empty() ? every > 1 : std::find(pattern.begin(), pattern.end(), Int{0}) != pattern.end();
+  }
 };
 
 struct ModelConfig {
