@@ -314,45 +314,6 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   run.final_loss = run.iterations.back().lm_loss;
 }
 
-struct Interval {
-  double begin, end;
-};
-
-// The union of `v` as sorted disjoint intervals.
-std::vector<Interval> merged(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
-  std::vector<Interval> out;
-  for (const Interval& i : v) {
-    if (!out.empty() && i.begin <= out.back().end) out.back().end = std::max(out.back().end, i.end);
-    else out.push_back(i);
-  }
-  return out;
-}
-// `u` less `w` (both sorted and disjoint).
-std::vector<Interval> minus(const std::vector<Interval>& u, const std::vector<Interval>& w) {
-  std::vector<Interval> out;
-  std::size_t j = 0;
-  for (Interval x : u) {
-    while (j < w.size() && w[j].end <= x.begin) ++j;
-    for (std::size_t k = j; k < w.size() && w[k].begin < x.end; ++k) {
-      if (w[k].begin > x.begin) out.push_back({x.begin, w[k].begin});
-      x.begin = std::max(x.begin, w[k].end);
-    }
-    if (x.end > x.begin) out.push_back(x);
-  }
-  return out;
-}
-double length(const std::vector<Interval>& u) {
-  double s = 0;
-  for (const Interval& i : u) s += i.end - i.begin;
-  return s;
-}
-
-// The token exchanges on the comm stream, and the counts exchange the compute thread blocks on.
-bool is_token_exchange(const std::string& name) {
-  return trace::is_token_exchange(name) || name == trace::kDispatchCounts;
-}
-
 void read_trace(const std::string& path, RunEvidence& run) {
   const std::string text = read_text(path, "trace");
   const nlohmann::json j = parse_json(text, path, "trace");
@@ -405,7 +366,9 @@ void read_trace(const std::string& path, RunEvidence& run) {
   double start = 0;
   if (first >= 2) start = ends[static_cast<std::size_t>(first - 2)];
   else for (const TraceSpan& s : all) start = std::min(start, s.begin_s);
-  const Interval window{start, ends[static_cast<std::size_t>(last - 1)]};
+  const struct {
+    double begin, end;
+  } window{start, ends[static_cast<std::size_t>(last - 1)]};
   // The same run's trace times the same steps (within 1-2% here); another run of as many ranks
   // and iterations does not.
   if (run.kind == "epx results" && first >= 2 && run.mean_step_s > 0) {
@@ -416,59 +379,18 @@ void read_trace(const std::string& path, RunEvidence& run) {
                                    path, first, last, traced, run.source, run.mean_step_s));
   }
 
+  std::vector<trace::Span> rank0;
+  for (const TraceSpan& s : all)
+    if (s.rank == 0) rank0.push_back({s.track, s.name, s.begin_s, s.end_s});
   TraceBreakdown b;
+  static_cast<trace::Breakdown&>(b) = trace::break_down(rank0, window.begin, window.end);
   b.iterations = last - first + 1;
-  // Compute spans (a layer's forward, ...) contain the compute thread's waits: compute is their
-  // union less the waits'.
-  std::vector<Interval> compute, waits;
-  for (const TraceSpan& s : all) {
-    if (s.rank != 0) continue;
-    const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
-    if (x.end <= x.begin) continue;
-    if (s.track == "compute") compute.push_back(x);
-    if (s.track == "wait") waits.push_back(x);
-  }
-  compute = merged(compute);
-  waits = merged(waits);
-  std::vector<Interval> busy = compute;
-  busy.insert(busy.end(), waits.begin(), waits.end());
-  busy = merged(busy);
-  compute = minus(compute, waits);
-  b.wait_s = length(waits);
-  b.compute_s = length(compute);
-  b.idle_s = (window.end - window.begin) - length(busy);
-  // Communication by kind, as unions (the token exchanges' stream and the gradient reduction's
-  // run at once), each stretch charged once: token exchanges first, then the DP reduction, then
-  // the rest, then the pipeline waits. The counts exchange and the pipeline transfers the compute
-  // thread blocks on count whole (the p2p transfers are not traced apart from those waits).
-  std::vector<Interval> kinds[4];
-  for (const TraceSpan& s : all) {
-    if (s.rank != 0) continue;
-    const Interval x{std::max(s.begin_s, window.begin), std::min(s.end_s, window.end)};
-    const bool counts = s.track == "wait" && s.name == trace::kDispatchCounts;
-    const bool pipeline = s.track == "wait" && trace::is_pipeline_wait(s.name);
-    if (x.end <= x.begin || (s.track != "comm" && !counts && !pipeline)) continue;
-    kinds[pipeline ? 3 : is_token_exchange(s.name) ? 0 : trace::is_dp_reduction(s.name) ? 1 : 2].push_back(x);
-  }
-  std::vector<Interval> charged;
-  double pipeline_exposed = 0;
-  double* in_flight[4] = {&b.token_exchange_s, &b.dp_reduce_s, &b.other_comm_s, &b.pipeline_wait_s};
-  double* exposed[4] = {&b.token_exchange_exposed_s, &b.dp_reduce_exposed_s, &b.other_comm_exposed_s, &pipeline_exposed};
-  for (int k = 0; k < 4; ++k) {
-    const std::vector<Interval> u = merged(kinds[k]);
-    *in_flight[k] = length(u);
-    *exposed[k] = length(minus(minus(u, compute), charged));
-    charged.insert(charged.end(), u.begin(), u.end());
-    charged = merged(charged);
-  }
-  b.comm_s = length(charged);
-  b.exposed_s = length(minus(charged, compute));
-  const double n = std::max(1, b.iterations);
-  b.step_s = (window.end - window.begin) / n;
-  for (double* v : {&b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_s, &b.token_exchange_s,
+  b.step_s = b.window_s / b.iterations;
+  for (double* v : {&b.window_s, &b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_comm_s, &b.token_exchange_s,
                     &b.token_exchange_exposed_s, &b.dp_reduce_s, &b.dp_reduce_exposed_s, &b.other_comm_s,
-                    &b.other_comm_exposed_s, &b.pipeline_wait_s})
-    *v /= n;
+                    &b.other_comm_exposed_s, &b.pipeline_wait_s, &b.pipeline_wait_exposed_s})
+    *v /= b.iterations;
+  b.exposed_s = b.exposed_comm_s + b.pipeline_wait_exposed_s;
   run.trace = b;
 
   // The report's timeline: the last steady iteration, every rank, from its start.

@@ -27,31 +27,9 @@ double us(Clock::time_point t, Clock::time_point origin) {
   return std::chrono::duration<double, std::micro>(t - origin).count();
 }
 
-using Intervals = std::vector<std::pair<Clock::time_point, Clock::time_point>>;
-
-Intervals merged(Intervals v) {
-  std::sort(v.begin(), v.end());
-  Intervals out;
-  for (const auto& c : v)
-    if (!out.empty() && c.first <= out.back().second) out.back().second = std::max(out.back().second, c.second);
-    else out.push_back(c);
-  return out;
+const char* category(Track track) {
+  return track == Track::compute ? "compute" : track == Track::wait ? "wait" : "comm";
 }
-
-// a \ b, both merged.
-Intervals minus(const Intervals& a, const Intervals& b) {
-  Intervals out;
-  for (auto [begin, end] : a) {
-    for (const auto& [bb, be] : b) {
-      if (be <= begin || bb >= end) continue;
-      if (bb > begin) out.emplace_back(begin, bb);
-      begin = std::max(begin, be);
-    }
-    if (begin < end) out.emplace_back(begin, end);
-  }
-  return out;
-}
-
 
 }  // namespace
 
@@ -74,34 +52,19 @@ void record(Track track, std::string name, Clock::time_point begin, Clock::time_
   g_events.push_back({track, std::move(name), begin, end});
 }
 
-Summary summarize(Clock::time_point since, Clock::time_point until) {
-  Intervals compute, comm, wait, exchange, dp;
+Breakdown summarize(Clock::time_point since, Clock::time_point until) {
+  std::vector<Span> spans;
+  double to = 0;
   {
     std::lock_guard lock(g_mu);
     for (const Event& e : g_events) {
-      if (e.begin < since || e.begin >= until) continue;
-      const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
-      (e.track == Track::compute ? compute : communication ? comm : wait).emplace_back(e.begin, e.end);
-      if (communication && is_token_exchange(e.name)) exchange.emplace_back(e.begin, e.end);
-      if (communication && is_dp_reduction(e.name)) dp.emplace_back(e.begin, e.end);
+      if (e.end <= since || e.begin >= until) continue;
+      spans.push_back({category(e.track), e.name, us(e.begin, since) * 1e-6, us(e.end, since) * 1e-6});
+      to = std::max(to, spans.back().end_s);
     }
   }
-  const Intervals busy = minus(merged(compute), merged(wait));
-  Summary s;
-  const auto sec = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  for (const auto& [b, e] : busy) s.compute_s += sec(e - b);
-  // Unions: the two streams' tasks may run at the same time.
-  const auto add = [&](const Intervals& v, double& total, double& exposed) {
-    const Intervals all = merged(v);
-    for (const auto& [b, e] : all) total += sec(e - b);
-    for (const auto& [b, e] : minus(all, busy)) exposed += sec(e - b);
-  };
-  add(comm, s.comm_s, s.exposed_comm_s);
-  add(exchange, s.token_exchange_s, s.exposed_token_exchange_s);
-  const Intervals dp_all = merged(dp);
-  for (const auto& [b, e] : dp_all) s.dp_reduce_s += sec(e - b);
-  for (const auto& [b, e] : minus(minus(dp_all, busy), merged(exchange))) s.exposed_dp_reduce_s += sec(e - b);
-  return s;
+  if (until != Clock::time_point::max()) to = us(until, since) * 1e-6;
+  return break_down(spans, 0, to);
 }
 
 std::map<std::string, double> seconds_by_name(Track track, Clock::time_point since) {
@@ -121,8 +84,7 @@ std::string take_events_json(int rank, Clock::time_point origin) {
                       {"args", {{"name", tid == 0 ? "compute" : tid == 1 ? "communication" : "gradient reduction"}}}});
   std::lock_guard lock(g_mu);
   for (const Event& e : g_events) {
-    const bool communication = e.track == Track::comm || e.track == Track::grad_comm;
-    events.push_back({{"name", e.name}, {"cat", e.track == Track::compute ? "compute" : communication ? "comm" : "wait"},
+    events.push_back({{"name", e.name}, {"cat", category(e.track)},
                       {"ph", "X"}, {"pid", rank}, {"tid", e.track == Track::comm ? 1 : e.track == Track::grad_comm ? 2 : 0},
                       {"ts", us(e.begin, origin)}, {"dur", us(e.end, e.begin)}});
   }

@@ -393,13 +393,13 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       result.traced && result.traced->token_exchange_s > 0 && job_.layout.ep * job_.layout.etp > 1  // EP 1: local
           ? fmt::format("  token exchanges (dispatch, combine and their backward; rank 0): {:.3f} s in flight, "
                         "{:.3f} s exposed ({:.0f}% hidden)\n",
-                        result.traced->token_exchange_s, result.traced->exposed_token_exchange_s,
-                        100 * (1 - result.traced->exposed_token_exchange_s / result.traced->token_exchange_s))
+                        result.traced->token_exchange_s, result.traced->token_exchange_exposed_s,
+                        100 * (1 - result.traced->token_exchange_exposed_s / result.traced->token_exchange_s))
           : "",
       result.traced && result.traced->dp_reduce_s > 0
           ? fmt::format("  DP gradient reduction (rank 0): {:.3f} s in flight, {:.3f} s exposed ({:.0f}% hidden)\n",
-                        result.traced->dp_reduce_s, result.traced->exposed_dp_reduce_s,
-                        100 * (1 - result.traced->exposed_dp_reduce_s / result.traced->dp_reduce_s))
+                        result.traced->dp_reduce_s, result.traced->dp_reduce_exposed_s,
+                        100 * (1 - result.traced->dp_reduce_exposed_s / result.traced->dp_reduce_s))
           : "");
   if (const auto& p = result.pipeline) {
     out_ << fmt::format("  pipeline {}, {} micro-batches: ideal bubble (PP-1)/({}m) = {:.1f}% of the compute\n",
@@ -437,7 +437,8 @@ TrainResult Trainer::run() {
   const Clock::time_point origin = Clock::now();
   trace::enable(options_.trace_path.has_value());
   reset_peak_memory();
-  SteadyState steady{.begin = origin};
+  SteadyState steady;
+  steady.begin = origin;
   for (int it = 1; it <= iters; ++it) {
     if (it == result.steady_first) {
       stream_.reset_stats();
@@ -489,9 +490,9 @@ nlohmann::json TrainResult::to_json() const {
     summary["exposed_comm_s"] = traced->exposed_comm_s;
     summary["traced_comm_s"] = traced->comm_s;
     summary["token_exchange_s"] = traced->token_exchange_s;
-    summary["exposed_token_exchange_s"] = traced->exposed_token_exchange_s;
+    summary["exposed_token_exchange_s"] = traced->token_exchange_exposed_s;
     summary["dp_reduce_s"] = traced->dp_reduce_s;
-    summary["exposed_dp_reduce_s"] = traced->exposed_dp_reduce_s;
+    summary["exposed_dp_reduce_s"] = traced->dp_reduce_exposed_s;
   }
   if (pipeline) {
     nlohmann::json bubbles = nlohmann::json::array();

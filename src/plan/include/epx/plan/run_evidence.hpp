@@ -3,6 +3,8 @@
 // the timers, the memory lines). `epx diagnose` and `epx report` read runs through this.
 #pragma once
 
+#include "epx/trace/breakdown.hpp"
+
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -24,17 +26,12 @@ struct IterationPoint {
   std::map<std::string, double> timers_ms;
 };
 
-// Time on one rank's tracks over the steady-state iterations, per iteration: the compute
-// thread's compute, its waits, what it did neither (host gaps), and communication in flight and
-// exposed (not covered by compute, as an interval union), by kind.
-struct TraceBreakdown {
-  int rank = 0, iterations = 0;
-  double step_s = 0, compute_s = 0, wait_s = 0, idle_s = 0;
-  double comm_s = 0, exposed_s = 0;
-  double token_exchange_s = 0, token_exchange_exposed_s = 0;  // dispatch, combine, their backward, counts
-  double dp_reduce_s = 0, dp_reduce_exposed_s = 0;            // the DP / EDP gradient all-reduces
-  double other_comm_s = 0, other_comm_exposed_s = 0;          // grad norm, expert-bias counts, ...
-  double pipeline_wait_s = 0;  // waiting on the neighbouring pipeline stages (bubble + p2p), all exposed
+// Rank 0's trace over the steady-state iterations, per iteration (trace::break_down's figures,
+// divided by the iterations), and the step it shows.
+struct TraceBreakdown : trace::Breakdown {
+  int iterations = 0;
+  double step_s = 0;
+  double exposed_s = 0;  // communication and the pipeline's waits, exposed
 };
 
 // One event of a rank's timeline, for the report (seconds from the trace's origin).

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "epx/trace/breakdown.hpp"
+
 namespace epx::trace {
 
 // compute and wait share the compute thread's track: a wait is the compute thread blocked on
@@ -54,19 +56,11 @@ inline constexpr const char* kPipelineRecv = "pipeline recv";
 inline constexpr const char* kPipelineSend = "pipeline send";
 inline bool is_pipeline_wait(const std::string& name) { return name == kPipelineRecv || name == kPipelineSend; }
 
-// This rank's recorded time from `since` to `until` (the events that begin in it): compute (less
-// its waits), communication in flight on either stream, and the part of it during which the
-// compute thread was not computing (the exposed communication), as interval unions; the same for
-// the MoE token exchanges alone.
-struct Summary {
-  double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
-  double token_exchange_s = 0, exposed_token_exchange_s = 0;
-  // The DP / EDP gradient reduction (and the distributed optimizer's parameter all-gather); a
-  // stretch exposed while a token exchange is exposed too counts as the exchange's.
-  double dp_reduce_s = 0, exposed_dp_reduce_s = 0;
-};
+// The DP / EDP gradient reduction (and the distributed optimizer's parameter all-gather).
 bool is_dp_reduction(const std::string& task_name);
-Summary summarize(Clock::time_point since, Clock::time_point until = Clock::time_point::max());
+// This rank's recorded time from `since` to `until` (clipped to it; by default to the last
+// event's end), broken down as break_down does (epx/trace/breakdown.hpp).
+Breakdown summarize(Clock::time_point since, Clock::time_point until = Clock::time_point::max());
 // The time of each name recorded since `since`, summed over its intervals (nested ones count in
 // both), per track: what `epx bench layer` reads per phase.
 std::map<std::string, double> seconds_by_name(Track track, Clock::time_point since);

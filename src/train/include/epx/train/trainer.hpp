@@ -57,7 +57,7 @@ struct TrainResult {
   double final_loss = 0;
   double comm_in_flight_s = 0;           // this rank's two comm streams (exchanges, gradient reduction), summed, steady state
   double comm_thread_cpu_s = 0;          // the CPU time their threads used meanwhile
-  std::optional<trace::Summary> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
+  std::optional<trace::Breakdown> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::optional<PipelineStats> pipeline;  // with PP > 1
   std::string layout, dispatcher, schedule, recompute;
   nlohmann::json to_json() const;
