@@ -259,9 +259,7 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
 
   // Selective recompute before full.
   if (m.recompute_granularity == std::optional<std::string>("full")) {
-    const std::vector<std::string> selective = {"model.recompute_granularity=selective",
-                                                "model.recompute_modules=[core_attn,moe_act,layernorm]",
-                                                "model.recompute_method=null", "model.recompute_num_layers=null"};
+    const std::vector<std::string> selective = selective_recompute_overrides(m);
     if (const Replanned p = replan(c, selective); p.plan && p.plan->fits) {
       const Variant &now = a.plan.configured(), &then = p.plan->configured();
       tips.push_back({"recompute",
@@ -275,11 +273,7 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
   } else if (!a.plan.fits) {
     // Selective first, full only if it still does not fit; neither: the layout itself.
     const double capacity = a.plan.gpu.rates.memory_gb;
-    const std::vector<std::string> selective = {"model.recompute_granularity=selective",
-                                                "model.recompute_modules=[core_attn,moe_act,layernorm]"};
-    std::vector<std::string> full = full_recompute_overrides(m);
-    if (m.overlap_moe_expert_parallel_comm)  // EP overlap refuses full recompute (ep_overlap.full_recompute)
-      full.insert(full.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
+    const std::vector<std::string> selective = selective_recompute_overrides(m), full = full_recompute_overrides(m);
     const Replanned with_selective = replan(c, selective), with_full = replan(c, full);
     const auto peak = [](const Replanned& r) {
       return r.plan ? fmt::format("{:.1f} GiB", r.plan->configured().peak_memory_gb) : "refused: " + r.refusal;

@@ -20,10 +20,6 @@ namespace {
 // below the attainable one make the third wall a host-overhead one.
 constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
 
-// The seeds' selective recompute: what the memory fix offers first.
-const std::vector<std::string> kSelectiveRecompute = {"model.recompute_granularity=selective",
-                                                      "model.recompute_modules=[core_attn,moe_act,layernorm]"};
-
 // The planner's as-configured row of `c` with `overrides`, against `base`: the step time, or the
 // time per sample where the overrides change the global batch, and the peak. Where the run
 // measured its peak, the predicted one is scaled by measured / planned before it is judged.
@@ -138,9 +134,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
                                                            100 * memory.share)
                                              : peak;
     if (config && config->model.recompute_granularity == std::optional<std::string>("full")) {
-      std::vector<std::string> selective_overrides = kSelectiveRecompute;
-      selective_overrides.insert(selective_overrides.end(), {"model.recompute_method=null", "model.recompute_num_layers=null"});
-      const Replanned selective = replan(*config, selective_overrides);
+      const Replanned selective = replan(*config, selective_recompute_overrides(config->model));
       only_with_full = selective.plan && !selective.plan->fits;
       memory.evidence += only_with_full ? "; it fits only with full recompute (the planner: selective does not fit)"
                                         : "; full recompute is on, but selective recompute would fit (the planner)";
@@ -318,13 +312,11 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (d.binding == "memory" && m) {
     if (!m->recompute_granularity)
       add("memory", "selective recompute first (core_attn, moe_act, layernorm)",
-          kSelectiveRecompute);
+          selective_recompute_overrides(*m));
     if (!config->ddp.use_distributed_optimizer)
       add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full")) {
-      std::vector<std::string> full = full_recompute_overrides(*m);
-      full.insert(full.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
-      add("memory", "full recompute, only if it still does not fit", full);
+      add("memory", "full recompute, only if it still does not fit", full_recompute_overrides(*m));
     }
     if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)
       add("memory", "a deeper pipeline (PP x2) spreads the layers", {fmt::format("model.pipeline_model_parallel_size={}", 2 * m->pipeline_model_parallel_size)},

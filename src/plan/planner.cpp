@@ -91,6 +91,16 @@ std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
   std::vector<std::string> o = {"model.recompute_granularity=full", "model.recompute_method=uniform",
                                 "model.recompute_num_layers=1"};
   if (m.cuda_graph_impl != "none") o.push_back("model.cuda_graph_impl=none");
+  if (m.overlap_moe_expert_parallel_comm)
+    o.insert(o.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
+  return o;
+}
+
+std::vector<std::string> selective_recompute_overrides(const ModelConfig& m) {
+  std::vector<std::string> o = {"model.recompute_granularity=selective",
+                                "model.recompute_modules=[core_attn,moe_act,layernorm]"};
+  if (m.recompute_method) o.push_back("model.recompute_method=null");
+  if (m.recompute_num_layers) o.push_back("model.recompute_num_layers=null");
   return o;
 }
 
