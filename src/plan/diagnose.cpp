@@ -15,10 +15,10 @@
 namespace epx {
 namespace {
 
-// Thresholds of the verdict: memory binds near capacity; communication when this share of the
-// step is exposed (the planner's own wall threshold); host gaps or a compute rate this far
-// below the attainable one make the third wall a host-overhead one.
-constexpr double kMemoryBinds = 0.90, kCommBinds = 0.25, kHostGaps = 0.15, kLowRate = 0.5;
+// Thresholds of the verdict: memory binds near capacity; communication as the planner's rows
+// (kCommunicationBinds); host gaps or a compute rate this far below the attainable one make the
+// third wall a host-overhead one.
+constexpr double kMemoryBinds = 0.90, kHostGaps = 0.15, kLowRate = 0.5;
 
 // The planner's as-configured row of `c` with `overrides`, against `base`: the step time, or the
 // time per sample where the overrides change the global batch, and the peak. Where the run
@@ -265,7 +265,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (memory.share >= kMemoryBinds || only_with_full) {
     d.binding = "memory";
     d.why = memory.evidence;
-  } else if (comm.share >= kCommBinds) {
+  } else if (comm.share >= kCommunicationBinds) {
     d.binding = "communication";
     d.why = comm.evidence;
   } else {

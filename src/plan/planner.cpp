@@ -180,7 +180,7 @@ Plan make_plan(const Config& c) {
       v.exposed_dp_s = std::min(t.exposed_dp, t.exposed_comm);
       v.compute_s = t.compute;
       v.bubble_s = t.bubble;
-      v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > 0.25 * t.total ? "communication" : "compute";
+      v.wall = capacity > 0 && mem.peak() > capacity ? "memory" : t.exposed_comm > kCommunicationBinds * t.total ? "communication" : "compute";
       if (!v.as_configured) v.overrides = overrides_for(m, v);
       if (v.as_configured) p.memory = mem;
       p.variants.push_back(v);

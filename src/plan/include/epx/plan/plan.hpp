@@ -88,6 +88,10 @@ struct CommPlan {
 CommPlan plan_comm(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, Dispatcher dispatcher,
                    const MemoryPlan& memory);
 
+// Communication is the wall when this share of the step is exposed (the planner's rows and
+// epx diagnose's verdict).
+inline constexpr double kCommunicationBinds = 0.25;
+
 // One row of the table: a dispatcher with or without EP overlap and delayed wgrad.
 struct Variant {
   Dispatcher dispatcher = Dispatcher::alltoall;
