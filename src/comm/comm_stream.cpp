@@ -69,8 +69,9 @@ void CommStream::reset_stats() {
 }
 
 void CommStream::loop() {
-  // Megatron's high_priority_a2a_comm_stream: when compute threads fill every core, the comm
-  // thread should not wait a scheduler slice to start or progress an exchange. It sleeps while
+  // The CPU's counterpart of Megatron's high_priority_a2a_comm_stream (a CUDA stream priority,
+  // off by default there), on whatever the config says: when compute threads fill every core, the
+  // comm thread should not wait a scheduler slice to start or progress an exchange. It sleeps while
   // it waits on MPI, so the priority costs compute little. Best effort: needs CAP_SYS_NICE.
   setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), -10);
   for (;;) {
