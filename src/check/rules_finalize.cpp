@@ -1,0 +1,30 @@
+// What Megatron-Bridge raises or turns off while it resolves the config (finalize).
+#include "rule_helpers.hpp"
+
+namespace epx::rule_helpers {
+
+void add_finalize_rules(RuleTable& add) {
+  add("tp_overlap.tp_size", W, {"comm_overlap.tp_comm_overlap", "model.tensor_model_parallel_size"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: TP < 2");
+  add("tp_overlap.sequence_parallel", W, {"comm_overlap.tp_comm_overlap", "model.sequence_parallel"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: sequence_parallel off");
+  add("tp_overlap.no_te", W, {"comm_overlap.tp_comm_overlap", "target.te_version"},
+      kBridgeCommOverlap, "TP overlap auto-disabled: Transformer Engine not present");
+  add("tp_overlap.default_cfg", W,
+      {"comm_overlap.tp_comm_overlap", "comm_overlap.tp_comm_overlap_cfg"}, kBridgeCommOverlap,
+      "TP overlap without a userbuffer config uses TE's default");
+  add("config.misspelt_field", W, {}, "epx: a dump's kept fields against the modelled ones",
+      "an unmodelled field of a Bridge dump one or two letters from a modelled one (checker.cpp)");
+  add("comm_overlap.overwrites_model", W,
+      {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
+      "comm_overlap copies its (unset) overlap switches over the model's");
+  add("comm_overlap.overwrites_ddp", W,
+      {"ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.align_param_gather", "ddp.bucket_size"},
+      kBridgeCommOverlap, "with the distributed optimizer, comm_overlap's DP settings replace the ddp section's");
+  add("flex.deprecated_sm_knob", W, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
+      kMcore, "deprecated per-backend SM-count knob");
+  add("flex.conflicting_sm_knobs", E, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
+      kMcore, "two deprecated SM-count knobs disagree");
+}
+
+}  // namespace epx::rule_helpers

@@ -1,0 +1,70 @@
+// What Megatron-Core and Bridge raise when the model is built or first runs.
+#include "rule_helpers.hpp"
+
+namespace epx::rule_helpers {
+
+void add_first_step_rules(RuleTable& add) {
+  add("pipeline.p2p_flags", E,
+      {"model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size",
+       "comm_overlap.overlap_p2p_comm", "comm_overlap.batch_p2p_comm"},
+      "Megatron-Core pipeline_parallel/schedules.py",
+      "the interleaved schedule overlaps or batches its p2p, never both; 1F1B does not overlap it",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.pipeline_model_parallel_size <= 1) return pass();
+        if (virtual_pipeline_size(m))
+          return fail_if(m.overlap_p2p_comm && m.batch_p2p_comm, "Can not use both overlap_p2p_comm and batch_p2p_comm",
+                         "comm_overlap.batch_p2p_comm=false");
+        return fail_if(m.overlap_p2p_comm,
+                       "Non-interleaved pipeline parallelism does not support overlapping p2p communication",
+                       "comm_overlap.overlap_p2p_comm=false");
+      });
+  add("cuda_graph.local_full_iteration_only", E, {"model.cuda_graph_impl", "model.cuda_graph_scope", "model.cuda_graph_modules"},
+      "Megatron-Bridge utils/cuda_graph.py", "Bridge runs cuda_graph_impl=local only as a full-iteration graph",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.cuda_graph_impl == "local" && !full_iteration_graph(m),
+                       "Megatron Bridge supports model.cuda_graph_impl=\"local\" only for full-iteration CUDA graphs. "
+                       "Use model.cuda_graph_impl=\"transformer_engine\" for scoped CUDA graph capture such as "
+                       "\"attn\" or \"mlp\".",
+                       "model.cuda_graph_impl=transformer_engine");
+      });
+  add("flex.deepep_needs_tp_ep", E, {"model.moe_flex_dispatcher_backend", "model.expert_model_parallel_size",
+                                     "model.expert_tensor_parallel_size"},
+      "Megatron-Core moe/token_dispatcher.py", "DeepEP needs ETP x EP > 1", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(uses_flex(m, "deepep") && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
+                       "DeepEP dispatcher requires TPxEP > 1", "model.moe_token_dispatcher_type=alltoall");
+      });
+  add("flex.ncclep_dropless", E, {"model.moe_flex_dispatcher_backend", "model.moe_expert_capacity_factor",
+                                  "model.moe_pad_expert_input_to_capacity"},
+      "Megatron-Core moe/token_dispatcher.py", "NCCL EP has no drop and pad", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(uses_flex(m, "ncclep") && (m.moe_pad_expert_input_to_capacity || m.moe_expert_capacity_factor),
+                       "drop and pad is not supported yet with the 'ncclep' backend.",
+                       "model.moe_expert_capacity_factor=null model.moe_pad_expert_input_to_capacity=false");
+      });
+  add("moe.sinkhorn_aux_loss", E, {"model.moe_router_load_balancing_type", "model.moe_aux_loss_coeff"},
+      "Megatron-Core moe/router.py", "Sinkhorn routing takes no aux loss", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.moe_router_load_balancing_type == "sinkhorn" && m.moe_aux_loss_coeff != 0,
+                       "Sinkhorn routing does not support aux loss.", "model.moe_aux_loss_coeff=0.0");
+      });
+  add("moe.shared_expert_bias", E, {"model.moe_shared_expert_intermediate_size", "model.add_bias_linear"},
+      "Megatron-Core moe/shared_experts.py", "shared experts have no bias", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.moe_shared_expert_intermediate_size && m.add_bias_linear,
+                       "bias is not supported in the shared experts", "model.add_bias_linear=false");
+      });
+  add("mtp.uniform_recompute_one_layer", E,
+      {"model.mtp_num_layers", "model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"},
+      "Megatron-Core transformer/multi_token_prediction.py", "MTP's uniform recompute takes one layer at a time",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.mtp_num_layers.value_or(0) > 0 && m.recompute_granularity == std::optional<std::string>("full") &&
+                           m.recompute_method == std::optional<std::string>("uniform") && m.recompute_num_layers != 1,
+                       "recompute_num_layers must be 1 for MTP recompute", "model.recompute_num_layers=1");
+      });
+}
+
+}  // namespace epx::rule_helpers

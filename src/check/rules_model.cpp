@@ -1,0 +1,213 @@
+// The model's rules: MoE routing and experts, precision, FP8 and recompute.
+#include "rule_helpers.hpp"
+
+namespace epx::rule_helpers {
+
+void add_model_rules(RuleTable& add) {
+  add("moe.not_moe", A, {"model.num_moe_experts"}, "epx",
+      "a config without experts has nothing MoE-specific to check", [](const CheckContext& c) {
+        return fail_if(!c.cfg.model.num_moe_experts || *c.cfg.model.num_moe_experts == 0,
+                       "num_moe_experts is not set: this is a dense model, so the expert-parallel "
+                       "and overlap rules do not apply",
+                       "model.num_moe_experts=<experts per MoE layer>");
+      });
+  add("moe.ffn_without_experts", E, {"model.moe_ffn_hidden_size", "model.num_moe_experts", "model.moe_layer_freq"},
+      kMcore, "an expert FFN size without experts, on a model that is not mixed dense/MoE", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(!m.num_moe_experts && m.moe_ffn_hidden_size && !m.moe_layer_freq.has_dense(),
+                       "moe_ffn_hidden_size is set but num_moe_experts is None. Please set num_moe_experts or remove "
+                       "moe_ffn_hidden_size.",
+                       "model.moe_ffn_hidden_size=null");
+      });
+  add("moe.router_dtype", W, {"model.num_moe_experts", "model.moe_router_dtype"}, kMcore,
+      "32 or more experts route in FP32", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && *m.num_moe_experts >= 32 && !m.moe_router_dtype,
+                       "Using a large number of experts (e.g. >=32) without fp32 routing. Consider enabling "
+                       "moe_router_dtype for better numerical stability.",
+                       "model.moe_router_dtype=fp32");
+      });
+  add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
+      "1 <= top-k <= number of experts", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts) return pass();
+        return fail_if(m.moe_router_topk < 1 || m.moe_router_topk > *m.num_moe_experts,
+                       fmt::format("moe_router_topk ({}) must be between 1 and num_moe_experts "
+                                   "({})",
+                                   m.moe_router_topk, *m.num_moe_experts),
+                       fmt::format("model.moe_router_topk={}",
+                                   std::clamp<Int>(m.moe_router_topk, 1, *m.num_moe_experts)));
+      });
+  add("moe.topk1_needs_pre_softmax", E,
+      {"model.moe_router_topk", "model.moe_router_score_function", "model.moe_router_pre_softmax",
+       "model.moe_router_load_balancing_type"},
+      kMcore, "top-1 softmax routing takes the softmax before the top-k (after it, the router gets no gradient)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.moe_router_topk == 1 && m.moe_router_score_function == "softmax" &&
+                           !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn",
+                       "Please use --moe-router-pre-softmax when topk is 1.", "model.moe_router_pre_softmax=true");
+      });
+  add("moe.group_limited_routing", E,
+      {"model.moe_router_group_topk", "model.moe_router_num_groups", "model.num_moe_experts"}, kMcore,
+      "group-limited routing (moe_router_group_topk) has groups that split the experts",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.moe_router_group_topk || *m.moe_router_group_topk == 0 || !m.num_moe_experts) return pass();
+        // The fix: the fewest groups that split the experts and leave group_topk to keep.
+        Int fewest = std::min(*m.moe_router_group_topk, *m.num_moe_experts);
+        while (*m.num_moe_experts % fewest != 0) ++fewest;
+        std::string fix = fmt::format("model.moe_router_num_groups={}", fewest);
+        if (*m.moe_router_group_topk > fewest) fix += fmt::format(" model.moe_router_group_topk={}", fewest);
+        if (!m.moe_router_num_groups || *m.moe_router_num_groups == 0)
+          return fail("When using group limited routing, moe_router_num_groups must be specified.", fix);
+        const Int groups = *m.moe_router_num_groups;
+        if (*m.num_moe_experts % groups != 0)
+          return fail(fmt::format("num_moe_experts ({}) should be divisible by moe_router_num_groups ({}).",
+                                  *m.num_moe_experts, groups),
+                      fix);
+        return fail_if(*m.moe_router_group_topk > groups,
+                       fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
+                                   *m.moe_router_group_topk, groups),
+                       fmt::format("model.moe_router_group_topk={}", groups));
+      });
+  add("moe.expert_bias_score_function", E, {"model.moe_router_enable_expert_bias", "model.moe_router_score_function"},
+      kMcore, "aux-loss-free expert bias needs a sigmoid (or sqrtsoftplus) router", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid" &&
+                           m.moe_router_score_function != "sqrtsoftplus",
+                       "Expert bias for aux-loss-free routing only supports 'sigmoid' and 'sqrtsoftplus' score "
+                       "functions. Please set --moe-router-score-function to 'sigmoid' or 'sqrtsoftplus', or unset "
+                       "--moe-router-enable-expert-bias.",
+                       "model.moe_router_score_function=sigmoid");
+      });
+  add("moe.capacity_settings", E,
+      {"model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity",
+       "model.moe_router_load_balancing_type"},
+      kMcore, "padding to capacity needs a capacity factor; a capacity factor needs aux-loss balancing (not sinkhorn)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.moe_expert_capacity_factor && m.moe_router_load_balancing_type == "sinkhorn")
+          return fail("moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss or none "
+                      "load balancing",
+                      "model.moe_router_load_balancing_type=aux_loss");
+        return fail_if(m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor,
+                       "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity",
+                       "model.moe_expert_capacity_factor=1.0");
+      });
+  add("moe.bias_needs_etp1", E, {"model.add_bias_linear", "model.expert_tensor_parallel_size", "model.num_moe_experts"},
+      kMcore, "biased expert linears need ETP = 1", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.add_bias_linear && effective_etp(m) != 1,
+                       "Bias in Moe is only supported when ETP==1", "model.expert_tensor_parallel_size=1");
+      });
+  add("moe.layer_pattern_length", E, {"model.moe_layer_freq", "model.num_layers"}, kMcore,
+      "an explicit moe_layer_freq pattern has one entry per layer", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const auto n = static_cast<Int>(m.moe_layer_freq.pattern.size());
+        if (n == 0 || n == m.num_layers) return pass();
+        // The fix keeps the pattern, cut or padded with its last entry to one per layer.
+        auto fixed = m.moe_layer_freq.pattern;
+        fixed.resize(static_cast<std::size_t>(std::clamp<Int>(m.num_layers, 1, 1 << 20)), fixed.back());
+        return fail(fmt::format("Invalid length of moe_layer_pattern: {}, expected {}", n, m.num_layers),
+                    fmt::format("model.moe_layer_freq=[{}]", fmt::join(fixed, ",")));
+      });
+  add("moe.shared_expert_overlap_dispatcher", E,
+      {"model.moe_shared_expert_overlap", "model.moe_token_dispatcher_type",
+       "model.moe_shared_expert_intermediate_size"},
+      kMcore, "shared-expert overlap works with the alltoall and flex dispatchers (flex since April 2026)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.moe_shared_expert_intermediate_size && m.moe_shared_expert_overlap &&
+                           m.moe_token_dispatcher_type != "alltoall" && m.moe_token_dispatcher_type != "flex",
+                       "moe_shared_expert_overlap only works with alltoall or flex token dispatcher.",
+                       "model.moe_shared_expert_overlap=false");
+      });
+  add("precision.single_dtype", E, {"model.bf16", "model.fp16"}, kMcore,
+      "bf16 and fp16 are exclusive", [](const CheckContext& c) {
+        return fail_if(c.cfg.model.bf16 && c.cfg.model.fp16, "bf16 and fp16 cannot both be set",
+                       "model.fp16=false");
+      });
+  add("fp8.param_needs_fp8", E, {"model.fp8_param", "model.fp8"}, kMcore, "FP8 weights need FP8 mode",
+      [](const CheckContext& c) {
+        return fail_if(c.cfg.model.fp8_param && !c.cfg.model.fp8, "fp8_param must be used together with fp8 mode.",
+                       "model.fp8_param=false");
+      });
+  add("fp8.recompute_moe_act_layernorm", E,
+      {"model.fp8", "model.fp8_recipe", "model.recompute_granularity", "model.recompute_modules", "target.te_version"},
+      kMcore, "FP8 with moe_act or layernorm recompute needs a scaling recipe other than delayed, and TE 2.6",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8 || m.recompute_granularity != "selective" || !m.recompute_modules ||
+            (!contains(*m.recompute_modules, "moe_act") && !contains(*m.recompute_modules, "layernorm")))
+          return pass();
+        if (m.fp8_recipe == std::optional<std::string>("delayed"))
+          return fail("Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+                      "model.fp8_recipe=tensorwise");
+        return te_at_least(c, "2.6.0", fmt::format("moe_act and layernorm recompute for fp8 needs "
+                                                   "transformer-engine>=2.6.0dev0, but your version is {}.",
+                                                   c.cfg.target.te_version.value_or("")));
+      });
+  add("fp8.gpu", E, {"model.fp8", "model.fp8_recipe", "target.gpu"}, kTeFp8,
+      "FP8 needs compute capability 8.9 (MXFP8 10.0)", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8) return pass();
+        if (!c.gpu_named()) return gpu_not_given();
+        if (!c.gpu.cuda()) return pass();  // epx's own runtime refuses FP8 itself (job_spec)
+        // Transformer Engine's gates: 8.9 (Ada, Hopper) for FP8, 10.0 (Blackwell) for MXFP8.
+        if (c.gpu.major * 10 + c.gpu.minor < 89)
+          return fail("Device compute capability 8.9 or higher required for FP8 execution.", "model.fp8=null");
+        return fail_if(m.fp8_recipe == std::optional<std::string>("mxfp8") && c.gpu.major < 10,
+                       "Device compute capability 10.0 or higher required for MXFP8 execution.",
+                       "model.fp8_recipe=tensorwise");
+      });
+  add("recompute.full_needs_method", E,
+      {"model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"},
+      kMcore, "full recompute names a method and a layer count", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.recompute_granularity != "full") return pass();
+        if (!m.recompute_method)
+          return fail("When using recompute_granularity: full, recompute_method must be uniform "
+                      "or block",
+                      m.recompute_num_layers
+                          ? "model.recompute_method=uniform"
+                          : "model.recompute_method=uniform model.recompute_num_layers=1");
+        return fail_if(!m.recompute_num_layers || *m.recompute_num_layers < 1,
+                       "When using recompute_granularity: full, recompute_num_layers must be "
+                       "between 1 and the layers per pipeline rank",
+                       "model.recompute_num_layers=1");
+      });
+
+  add("recompute.selective_no_num_layers", E, {"model.recompute_granularity", "model.recompute_num_layers"}, kMcore,
+      "selective recompute takes no layer count", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.recompute_granularity == "selective" && m.recompute_num_layers.has_value(),
+                       "When using recompute_granularity: selective recompute_num_layers must be None.",
+                       "model.recompute_num_layers=null");
+      });
+  add("recompute.module_needs_its_feature", E,
+      {"model.recompute_granularity", "model.recompute_modules", "model.moe_grouped_gemm",
+       "model.multi_latent_attention", "model.moe_shared_expert_intermediate_size", "model.moe_shared_expert_overlap"},
+      kMcore, "selective recompute of moe_act, mla_up_proj or shared_experts needs what they recompute",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.recompute_granularity != "selective" || !m.recompute_modules) return pass();
+        const StringList& modules = *m.recompute_modules;
+        if (contains(modules, "moe_act") && !m.moe_grouped_gemm)
+          return fail("moe_act in recompute_modules is only supported with moe_grouped_gemm.",
+                      "model.moe_grouped_gemm=true");
+        if (contains(modules, "mla_up_proj") && !m.multi_latent_attention) {
+          StringList rest;
+          for (const std::string& name : modules)
+            if (name != "mla_up_proj") rest.push_back(name);
+          return fail("mla_up_proj in recompute_modules is only supported with multi_latent_attention.",
+                      fmt::format("model.recompute_modules=[{}]", fmt::join(rest, ",")));
+        }
+        return fail_if(contains(modules, "shared_experts") && m.moe_shared_expert_intermediate_size &&
+                           m.moe_shared_expert_overlap,
+                       "shared_experts recompute cannot work with --moe-shared-expert-overlap.",
+                       "model.moe_shared_expert_overlap=false");
+      });
+}
+
+}  // namespace epx::rule_helpers

@@ -1,0 +1,44 @@
+// The optimizer's state dtypes and epx's own gradient reduction.
+#include "rule_helpers.hpp"
+
+namespace epx::rule_helpers {
+
+void add_optimizer_rules(RuleTable& add) {
+  add("optimizer.precision_aware_dtypes", E,
+      {"optimizer.use_precision_aware_optimizer", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
+       "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.optimizer"},
+      kMcoreOptimizer, "lower-precision optimizer state needs the precision-aware (TE FusedAdam) optimizer",
+      [](const CheckContext& c) {
+        const OptimizerConfig& o = c.cfg.optimizer;
+        if (o.use_precision_aware_optimizer)
+          return fail_if(o.optimizer != "adam", "--use-precision-aware-optimizer only supported with adam",
+                         "optimizer.use_precision_aware_optimizer=false");
+        for (const auto& [name, dtype] : {std::pair{"main_grads_dtype", &o.main_grads_dtype},
+                                          std::pair{"main_params_dtype", &o.main_params_dtype},
+                                          std::pair{"exp_avg_dtype", &o.exp_avg_dtype},
+                                          std::pair{"exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
+          if (*dtype != "fp32")
+            return fail(fmt::format("{} can only be fp32 when not using precision-aware optimizer", name),
+                        "optimizer.use_precision_aware_optimizer=true");
+        return pass();
+      });
+
+  // ---- epx's own gradient reduction ----------------------------------------------------------
+  add("ddp.embedding_rows", E,
+      {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
+      "epx train/grad_reducer.hpp", "reduce_embedding_rows splits the overlapped reduction of an untied embedding",
+      [](const CheckContext& c) {
+        const auto& d = c.cfg.ddp;
+        if (!d.reduce_embedding_rows) return pass();
+        if (!d.overlap_grad_reduce)
+          return fail_if(true, "reduce_embedding_rows splits the overlapped reduction of the embedding's gradient, "
+                               "and overlap_grad_reduce is off",
+                         "ddp.overlap_grad_reduce=true");
+        return fail_if(c.cfg.model.share_embeddings_and_output_weights,
+                       "with share_embeddings_and_output_weights the embedding's gradient also holds the LM head's, "
+                       "which is not a set of token rows",
+                       "ddp.reduce_embedding_rows=false");
+      });
+}
+
+}  // namespace epx::rule_helpers
