@@ -22,15 +22,16 @@ struct NamedPath {
 };
 
 // Refuses (InputError, naming `option` and the path) an output that could not be written: a path
-// that is a directory, a device, FIFO or socket, a directory that does not exist, or one where no file can be created
-// (permissions, a read-only file system); or one that is the same file as one of `others` (an
-// input it would replace, another output), through links too. Creates nothing that stays.
+// that is a directory, a device, FIFO or socket, a directory that does not exist, or one where no
+// file can be created (permissions, a read-only file system); or one that is the same file as one
+// of `others` (an input it would replace, another output), through links too. Creates nothing
+// that stays.
 void check_output_path(const std::string& path, const std::string& option,
                        const std::vector<NamedPath>& others = {});
 
 // Writes `path` whole or not at all: into a new temporary file beside it, flushed and synced,
-// then renamed over it (over a link's target: the link stays). On any failure (a full disk) the temporary is removed, `path` is left
-// as it was, and InputError names the path and the reason.
+// then renamed over it (over a link's target: the link stays). On any failure (a full disk) the
+// temporary is removed, `path` is left as it was, and InputError names the path and the reason.
 void write_file_atomically(const std::string& path,
                            const std::function<void(std::ostream&)>& write);
 
