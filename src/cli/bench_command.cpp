@@ -1,6 +1,7 @@
 #include "bench_command.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <numeric>
 #include <fstream>
@@ -52,6 +53,23 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// A comma-separated list of whole numbers from `least` to `most`, read before any work starts.
+std::vector<std::int64_t> int_list(const char* option, const std::string& text, std::int64_t least, std::int64_t most) {
+  std::vector<std::int64_t> out;
+  for (const std::string& word : split_list(text)) {
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
+    if (ec != std::errc() || end != word.data() + word.size() || v < least || v > most)
+      throw ConfigError(fmt::format("{} {}: '{}' is not a whole number from {} to {}", option, text, word, least, most));
+    out.push_back(v);
+  }
+  if (out.empty()) throw ConfigError(fmt::format("{} '{}': an empty list; give numbers such as 2,4,8", option, text));
+  return out;
+}
+
+// Each rank holds tokens x hidden BF16 rows, and top-k copies of them in flight.
+constexpr std::int64_t kMaxElementsPerRank = std::int64_t{1} << 28;
+
 }  // namespace
 
 void BenchDispatchArgs::add_to(CLI::App& app) {
@@ -68,6 +86,9 @@ void BenchDispatchArgs::add_to(CLI::App& app) {
 int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
   Communicator& world = mpi.world();
   const int n = world.size();
+  if (args.experts > (1 << 16))
+    throw ConfigError(fmt::format("--experts {}: at most {} (a routing map of tokens x experts per rank)", args.experts,
+                                  1 << 16));
   if (args.experts % n != 0)
     throw ConfigError(fmt::format("--experts {} is not divisible by the {} ranks (EP = all ranks)", args.experts, n));
   ProcessGroups groups(world, ParallelLayout::make(n, 1, 1, 1, n, 1));
@@ -78,6 +99,20 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
   const bool node_leader = std::find(node_of.begin(), node_of.end(), node_of[world.rank()]) - node_of.begin() == world.rank();
   const bool root = world.rank() == 0;
   const std::int64_t local = args.experts / n;
+  // Every list is read before the table starts.
+  const std::vector<std::int64_t> topks = int_list("--topk", args.topk, 1, args.experts),
+                                  hiddens = int_list("--hidden", args.hidden, 1, 1 << 16);
+  for (const std::int64_t topk : topks)
+    for (const std::int64_t hidden : hiddens)
+      if (args.tokens > kMaxElementsPerRank / (hidden * topk))
+        throw ConfigError(fmt::format("--tokens {} x --hidden {} x --topk {}: more than {} elements per rank in flight; "
+                                      "give fewer tokens or a smaller hidden size",
+                                      args.tokens, hidden, topk, kMaxElementsPerRank));
+  const std::vector<std::string> names = split_list(args.dispatchers);
+  if (names.empty()) throw ConfigError("--dispatchers '': an empty list; give alltoall, deepep, hybridep or some of them");
+  for (const std::string& name : names)
+    if (name != "alltoall" && name != "deepep" && name != "hybridep")
+      throw ConfigError(fmt::format("--dispatchers: unknown '{}' (alltoall, deepep, hybridep)", name));
 
   if (root)
     std::cout << fmt::format(
@@ -92,11 +127,9 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
                                          "ideal MB", "wire MB", "link%", "speedup");
   if (root) std::cout << header << std::string(header.size() - 1, '-') << "\n";
 
-  for (const std::string& ks : split_list(args.topk))
-    for (const std::string& hs : split_list(args.hidden)) {
-      const int topk = std::stoi(ks);
-      const std::int64_t hidden = std::stoll(hs);
-      if (topk > args.experts) throw ConfigError(fmt::format("--topk {} exceeds --experts {}", topk, args.experts));
+  for (const std::int64_t k : topks)
+    for (const std::int64_t hidden : hiddens) {
+      const int topk = static_cast<int>(k);
       const Routing routing = random_topk_routing(args.tokens, args.experts, topk, 1000 + static_cast<std::uint64_t>(world.rank()));
       const Tensor x = random_normal({args.tokens, hidden}, DType::BF16, 5, static_cast<std::uint64_t>(world.rank()));
       // The ideal inter-node payload: each token once per remote node it has experts on, each way.
@@ -109,14 +142,13 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
         ideal += 2 * static_cast<std::int64_t>(remote.size()) * hidden * 2;
       }
       double alltoall_ms = 0;
-      for (const std::string& name : split_list(args.dispatchers)) {
+      for (const std::string& name : names) {
         std::unique_ptr<TokenDispatcher> d;
         if (name == "alltoall") d = make_alltoall_dispatcher(args.experts, groups, stream);
         else if (name == "deepep" || name == "hybridep")
           d = make_flex_dispatcher(args.experts, groups, stream,
                                    {.backend = name == "deepep" ? FlexBackend::deepep : FlexBackend::hybridep,
                                     .num_sms = args.num_sms, .tokens_per_chunk = args.chunk});
-        else throw ConfigError(fmt::format("--dispatchers: unknown '{}' (alltoall, deepep, hybridep)", name));
         std::vector<double> times;
         TrafficBytes before{};
         std::int64_t tx_before = 0;

@@ -107,6 +107,11 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   const MoESpec spec = moe_spec_from_config(cfg);
   Communicator& world = mpi.world();
   const std::int64_t T = args.tokens.value_or(spec.tokens());
+  // The layer holds several [T x k, hidden] buffers per rank: a bound well inside any machine.
+  if (T > (std::int64_t{1} << 28) / (spec.hidden * spec.topk))
+    throw ConfigError(fmt::format("--tokens {}: {} tokens x top-k {} x hidden {} is more than {} elements per rank; give "
+                                  "fewer tokens",
+                                  T, T, spec.topk, spec.hidden, std::int64_t{1} << 28));
   ProcessGroups groups(world, layer_layout_from_config(cfg, world.size()));
   CommStream stream;
   MoELayer layer(spec, make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, groups, stream),
