@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -31,8 +32,31 @@ std::map<std::string, std::string> cluster_state() {
                                   "with: scripts/cluster.sh up --nodes 2 --ranks-per-node 2 --link-gbit 1",
                                   path));
   for (const char* key : {"nodes", "ranks_per_node", "subnet", "agent"})
-    if (!kv.count(key)) throw ConfigError(fmt::format("{}: no '{}' line; run scripts/cluster.sh up again", path, key));
+    if (!kv.count(key) || kv.at(key).empty())
+      throw ConfigError(fmt::format("{}: no '{}' line (or an empty one); run scripts/cluster.sh up again", path, key));
   return kv;
+}
+
+// A count of the cluster's state (nodes, ranks per node): a whole number from 1 to kMaxCount.
+constexpr int kMaxCount = 4096;
+int cluster_count(const std::map<std::string, std::string>& kv, const char* key) {
+  const std::string& text = kv.at(key);
+  int v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < 1 || v > kMaxCount)
+    throw ConfigError(fmt::format("{}: {}={}: not a whole number from 1 to {}; run scripts/cluster.sh up again",
+                                  cluster_env_path(), key, text, kMaxCount));
+  return v;
+}
+
+// An argument as a POSIX shell reads it back: quoted unless it is plain.
+std::string shell_quoted(const std::string& arg) {
+  const bool plain = !arg.empty() && arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                           "0123456789_-+=/.,:@%") == std::string::npos;
+  if (plain) return arg;
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 // Variables epx and its tests read, passed on to every rank (mpirun starts remote ranks with a
@@ -63,13 +87,16 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
   argv.push_back("--oversubscribe");
   if (args.cluster) {
     const auto kv = cluster_state();
-    const int have_nodes = std::stoi(kv.at("nodes")), have_rpn = std::stoi(kv.at("ranks_per_node"));
+    const int have_nodes = cluster_count(kv, "nodes"), have_rpn = cluster_count(kv, "ranks_per_node");
     const int nodes = args.nodes.value_or(have_nodes), rpn = args.ranks_per_node.value_or(have_rpn);
     if (nodes > have_nodes)
       throw ConfigError(fmt::format("--nodes {}: the emulated cluster has {} nodes; bring up a bigger "
                                     "one with scripts/cluster.sh up --nodes {}",
                                     nodes, have_nodes, nodes));
     if (args.np) throw ConfigError("--np is for local runs; on the cluster use --nodes and --ranks-per-node");
+    if (rpn > kMaxCount)
+      throw ConfigError(fmt::format("--ranks-per-node {}: at most {} (each rank is a process on this machine)", rpn,
+                                    kMaxCount));
     std::string hosts;
     for (int i = 0; i < nodes; ++i) hosts += fmt::format("{}epxnode{}:{}", i ? "," : "", i, rpn);
     const std::string subnet = kv.at("subnet");
@@ -86,6 +113,8 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
     }
   } else {
     if (args.nodes || args.ranks_per_node) throw ConfigError("--nodes and --ranks-per-node need --cluster");
+    if (args.np.value_or(2) > kMaxCount)
+      throw ConfigError(fmt::format("--np {}: at most {} (each rank is a process on this machine)", *args.np, kMaxCount));
     argv.insert(argv.end(), {"-np", std::to_string(args.np.value_or(2))});
   }
   for (char** e = environ; *e; ++e) {
@@ -102,7 +131,7 @@ int run_launch_command(const LaunchArgs& args) {
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<std::string> line = launch_command_line(args, self);
   if (args.dry_run) {
-    for (std::size_t i = 0; i < line.size(); ++i) std::cout << (i ? " " : "") << line[i];
+    for (std::size_t i = 0; i < line.size(); ++i) std::cout << (i ? " " : "") << shell_quoted(line[i]);
     std::cout << "\n";
     return 0;
   }

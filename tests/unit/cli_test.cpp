@@ -445,3 +445,33 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
   EXPECT_EQ(then_override.code, 0) << then_override.out;
   std::filesystem::remove(path);
 }
+
+namespace epx {
+namespace {
+
+// `epx launch --dry-run` prints a line a shell reads back as the same arguments, and a cluster
+// state with impossible counts is refused by name (nodes=0 divided by zero, nodes=abc was an
+// internal error).
+TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
+  const Result quoted = run("launch --dry-run -- epx run 'a b' 'x;rm -rf /tmp/nothing' \"it's\"");
+  ASSERT_EQ(quoted.code, 0) << quoted.out;
+  EXPECT_TRUE(has(quoted, " run 'a b' 'x;rm -rf /tmp/nothing' 'it'\\''s'")) << quoted.out;
+  const std::string dir = ::testing::TempDir() + "epx_cluster_state";
+  std::filesystem::create_directories(dir);
+  ::setenv("EPX_CLUSTER_DIR", dir.c_str(), 1);
+  for (const std::string nodes : {"0", "abc", "99999999999"}) {
+    std::ofstream(dir + "/cluster.env") << "nodes=" << nodes << "\nranks_per_node=2\nsubnet=10.9.0.0/24\nagent=/bin/true\n";
+    const Result r = run("launch --dry-run --cluster -- epx run x");
+    EXPECT_EQ(r.code, 2) << nodes << ": " << r.out;
+    EXPECT_TRUE(has(r, "cluster.env: nodes=" + nodes + ": not a whole number from 1 to 4096")) << r.out;
+  }
+  std::ofstream(dir + "/cluster.env") << "nodes=2\nranks_per_node=2\nsubnet=10.9.0.0/24\nagent=/bin/true\n";
+  const Result fits = run("launch --dry-run --cluster -- epx run x");
+  ::unsetenv("EPX_CLUSTER_DIR");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(fits.code, 0) << fits.out;
+  EXPECT_TRUE(has(fits, "-H epxnode0:2,epxnode1:2 -np 4")) << fits.out;
+}
+
+}  // namespace
+}  // namespace epx
