@@ -53,7 +53,7 @@ void LayerArgs::add_to(CLI::App& app) {
   app.add_option("--collective-timeout", collective_timeout,
                  "under mpirun: abort the job when a collective waits longer than this many seconds "
                  "(default: EPX_COLLECTIVE_TIMEOUT, else 300)")
-      ->check(kPositive);
+      ->check(kCollectiveTimeout);
 }
 
 int run_layer_command(const LayerArgs& args, MpiSession* mpi) {

@@ -6,6 +6,9 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "epx/base/env.hpp"
 
 namespace epx::cli {
 
@@ -23,5 +26,17 @@ inline CLI::Validator above(double least, bool inclusive, const char* name) {
 
 inline const CLI::Validator kPositive = above(0, false, "POSITIVE");
 inline const CLI::Validator kNonNegative = above(0, true, "NONNEGATIVE");
+
+// --collective-timeout: the range EPX_COLLECTIVE_TIMEOUT has (past 1e6 s the start-up watchdog's
+// deadline overflowed and the job was aborted at once).
+inline const CLI::Validator kCollectiveTimeout(
+    [](std::string& text) -> std::string {
+      double v = 0;
+      const EnvKnob& k = env::kCollectiveTimeout;
+      if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < k.min || v > k.max)
+        return fmt::format("must be seconds from {:g} to {:g}, got {}", k.min, k.max, text);
+      return {};
+    },
+    "SECONDS");
 
 }  // namespace epx::cli

@@ -64,7 +64,7 @@ void RunArgs::add_to(CLI::App& app) {
   app.add_option("--collective-timeout", collective_timeout,
                  "abort the job when a collective waits longer than this many seconds (default: "
                  "EPX_COLLECTIVE_TIMEOUT, else 300)")
-      ->check(kPositive);
+      ->check(kCollectiveTimeout);
 }
 
 int run_run_command(const RunArgs& args, MpiSession& mpi) {

@@ -355,7 +355,7 @@ class MpiCommunicator final : public Communicator {
       if (waited > timeout_s_)
         MpiSession::abort_job(
             fmt::format("{} on group {} did not complete within {:g} s (the collective timeout: "
-                        "--collective-timeout or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
+                        "epx run / layer --collective-timeout, or EPX_COLLECTIVE_TIMEOUT); a peer rank is stuck or "
                         "gone. Aborting the job.",
                         r.op, name_, timeout_s_),
             kExitCommTimeout);

@@ -452,6 +452,16 @@ namespace {
 // `epx launch --dry-run` prints a line a shell reads back as the same arguments, and a cluster
 // state with impossible counts is refused by name (nodes=0 divided by zero, nodes=abc was an
 // internal error).
+// --collective-timeout within EPX_COLLECTIVE_TIMEOUT's range: 1e10 s overflowed the start-up
+// watchdog's deadline and aborted the job at once, blaming a healthy rank.
+TEST(Cli, CollectiveTimeoutIsBounded) {
+  for (const char* t : {"1e10", "1e-9", "0"}) {
+    const Result r = run(std::string("run qwen3_30b_a3b_proxy --collective-timeout ") + t);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(has(r, "--collective-timeout: must be seconds from 0.001 to 1e+06")) << r.out;
+  }
+}
+
 TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
   const Result quoted = run("launch --dry-run -- epx run 'a b' 'x;rm -rf /tmp/nothing' \"it's\"");
   ASSERT_EQ(quoted.code, 0) << quoted.out;
