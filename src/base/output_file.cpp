@@ -82,6 +82,8 @@ void check_output_path(const std::string& path, const std::string& option, const
                                                          : "file.safetensors"));
   // A device, FIFO or socket would be replaced by the renamed file (as root, /dev/null itself).
   const fs::file_status status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)  // a loop of links, a component that is a file
+    throw InputError(fmt::format("{} {}: {}; give a file path", option, path, ec.message()));
   if (fs::exists(status) && !fs::is_regular_file(status))
     throw InputError(fmt::format("{} {}: is not a regular file (a device, FIFO or socket); epx writes an output whole "
                                  "and renames it into place, which would replace it; give a file path",

@@ -42,6 +42,9 @@ TEST(OutputFile, RefusesWhatTheRenameWouldReplace) {
   EXPECT_TRUE(fs::is_fifo(fifo));
   EXPECT_THROW(check_output_path(dir.path.string(), "-o"), InputError);
   EXPECT_THROW(check_output_path((dir.path / "missing" / "x.html").string(), "-o"), InputError);
+  fs::create_symlink("loop_b", dir.path / "loop_a");
+  fs::create_symlink("loop_a", dir.path / "loop_b");
+  EXPECT_THROW(check_output_path((dir.path / "loop_a").string(), "-o"), InputError);  // it failed only at the write
   EXPECT_NO_THROW(check_output_path((dir.path / "new.html").string(), "-o"));
   EXPECT_FALSE(fs::exists(dir.path / "new.html"));  // nothing created that stays
 }
