@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -81,8 +82,9 @@ double pair_exchange_s(Communicator& pair, std::int64_t bytes) {
 
 }  // namespace
 
-std::string calibrate_cpu(const std::string& recipe, Communicator& world) {
-  Config loaded = load_config_file(resolve_recipe(recipe));
+std::string calibrate_cpu(const Config& config, Communicator& world) {
+  const std::string recipe = std::filesystem::path(config.source).stem().string();
+  Config loaded = config;
   loaded.target.gpu = "cpu";
   loaded.target.num_gpus = 1;
   loaded.model.expert_model_parallel_size = 1;

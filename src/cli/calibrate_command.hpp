@@ -11,6 +11,6 @@ namespace epx::cli {
 // Collective over `world` (one process, or `epx launch -n 2` to measure the link between ranks
 // 0 and 1). Returns, on rank 0, the YAML text of the measured `cpu` entry (empty elsewhere);
 // `recipe` is the model whose one-rank `epx run` loop sets the end-to-end efficiency.
-std::string calibrate_cpu(const std::string& recipe, Communicator& world);
+std::string calibrate_cpu(const Config& loaded, Communicator& world);
 
 }  // namespace epx::cli

@@ -34,9 +34,22 @@ void PlanArgs::add_to(CLI::App& app) {
 
 int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
   if (args.calibrate) {
-    const std::string recipe = args.config.config_file.value_or(args.config.positional.empty() ? "qwen3_30b_a3b_proxy"
-                                                                                              : args.config.positional.front());
-    std::cout << calibrate_cpu(recipe, mpi->world()) << std::flush;
+    // One process and one core on CONFIG's model (with its overrides): the layout and target
+    // flags have nothing to set there, and were ignored.
+    const HarnessFlags& f = args.config.flags;
+    std::vector<std::string> layout_flags;
+    for (const auto& [flag, given] : {std::pair{"-tp", f.tp.has_value()}, {"-pp", f.pp.has_value()}, {"-cp", f.cp.has_value()},
+                                      {"-ep", f.ep.has_value()}, {"-et", f.et.has_value()}, {"-vp", f.vp.has_value()},
+                                      {"-g", f.gpu.has_value()}, {"-ng", f.num_gpus.has_value()},
+                                      {"-gn", f.gpus_per_node.has_value()}})
+      if (given) layout_flags.push_back(flag);
+    if (!layout_flags.empty())
+      throw ConfigError(fmt::format("--calibrate measures this machine on one process with the model alone (TP, EP, "
+                                    "the GPU and the world do not apply): drop {}",
+                                    fmt::join(layout_flags, " ")));
+    ConfigArgs config = args.config;
+    if (config.positional.empty() && !config.config_file) config.positional = {"qwen3_30b_a3b_proxy"};
+    std::cout << calibrate_cpu(config.load(), mpi->world()) << std::flush;
     return kExitOk;
   }
   for (const std::string& file : args.hardware) add_hardware_file(file);
