@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <limits>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -14,10 +16,47 @@
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
 #include "epx/comm/collectives.hpp"
+#include "epx/plan/plan.hpp"
 #include "epx/train/trainer.hpp"
 #include "number_validators.hpp"
 
 namespace epx::cli {
+namespace {
+
+// This machine's available memory in bytes (/proc/meminfo's MemAvailable), 0 if unknown.
+double available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    double kib = 0;
+    in >> kib;
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// A model past this machine's memory would grow until the OOM killer ends a rank (or the machine
+// swaps for minutes): refused before any allocation, by the planner's count of a rank's peak
+// (above epx run's measured one on the proxies), times the ranks on this node.
+void check_host_memory(const Config& resolved, int local_ranks) {
+  const double available = available_memory_bytes();
+  if (available <= 0) return;
+  double per_rank = 0;
+  try {
+    per_rank = make_plan(resolved).memory.peak();
+  } catch (const ConfigError&) {
+    return;  // a config the planner cannot count: the run itself will say what it cannot do
+  }
+  if (per_rank * local_ranks <= available) return;
+  throw ConfigError(fmt::format("the planner puts each rank's peak at {:.3g} GiB, {:.3g} GiB for the {} rank(s) on this "
+                                "node, but the machine has {:.3g} GiB available; shrink the model (model.hidden_size, "
+                                "num_layers, vocab_size, seq_length) or the micro-batch, or run fewer ranks per node",
+                                per_rank / 1073741824.0, per_rank * local_ranks / 1073741824.0, local_ranks,
+                                available / 1073741824.0));
+}
+
+}  // namespace
+
 namespace {
 
 // The resolved config as JSON (from its YAML dump: numbers, booleans and nulls typed).
@@ -124,6 +163,7 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
     const auto verdict = text.rfind("verdict:");
     std::cout << "epx check: " << text.substr(verdict == std::string::npos ? 0 : verdict) << std::flush;
   }
+  check_host_memory(report.resolved, per_node[nodes[static_cast<std::size_t>(mpi.rank())]]);
   TrainOptions options;
   options.data = MockData::parse_mode(args.mock_data);
   options.steady_first = args.steady_first.value_or(3);
