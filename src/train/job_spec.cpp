@@ -14,8 +14,9 @@
 namespace epx {
 namespace {
 
-[[noreturn]] void bad(const std::string& field, const std::string& value, const std::string& why) {
-  throw ConfigError(fmt::format("{}={}: {}", field, value, why));
+// "file:line:col: key=value: why" for a key read from a file, else "key=value: why".
+[[noreturn]] void bad(const Config& c, const std::string& field, const std::string& value, const std::string& why) {
+  throw ConfigError(fmt::format("{}={}: {}", c.cite(field), value, why));
 }
 
 std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
@@ -23,12 +24,12 @@ std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 // The fields both the MoE layer and the model read: width, sequence, micro-batch, precision.
 void check_shared_fields(const Config& c) {
   const ModelConfig& m = c.model;
-  if (m.hidden_size < 1) bad("model.hidden_size", std::to_string(m.hidden_size), "must be positive");
-  if (m.seq_length < 1) bad("model.seq_length", std::to_string(m.seq_length), "must be positive");
+  if (m.hidden_size < 1) bad(c, "model.hidden_size", std::to_string(m.hidden_size), "must be positive");
+  if (m.seq_length < 1) bad(c, "model.seq_length", std::to_string(m.seq_length), "must be positive");
   if (c.train.micro_batch_size.value_or(1) < 1)
-    bad("train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
-  if (m.fp16) bad("model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
-  if (m.fp8) bad("model.fp8", *m.fp8, "epx computes in BF16 or FP32, with no FP8 GEMMs; set model.fp8=null");
+    bad(c, "train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
+  if (m.fp16) bad(c, "model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
+  if (m.fp8) bad(c, "model.fp8", *m.fp8, "epx computes in BF16 or FP32, with no FP8 GEMMs; set model.fp8=null");
 }
 
 }  // namespace
@@ -47,7 +48,7 @@ ParallelLayout parallel_layout_from_config(const Config& c, int world) {
 
 ParallelLayout layer_layout_from_config(const Config& c, int world) {
   if (c.model.pipeline_model_parallel_size != 1)
-    bad("model.pipeline_model_parallel_size", std::to_string(c.model.pipeline_model_parallel_size),
+    bad(c, "model.pipeline_model_parallel_size", std::to_string(c.model.pipeline_model_parallel_size),
         "one MoE layer has no pipeline stages; set it to 1 (epx run trains with PP)");
   return parallel_layout_from_config(c, world);
 }
@@ -57,31 +58,31 @@ MoESpec moe_spec_from_config(const Config& c) {
   check_shared_fields(c);
   MoESpec s;
   if (!m.num_moe_experts || *m.num_moe_experts < 1)
-    bad("model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
+    bad(c, "model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
         "an MoE layer needs experts; set model.num_moe_experts to 1 or more");
   s.num_experts = *m.num_moe_experts;
   s.hidden = m.hidden_size;
   s.topk = static_cast<int>(m.moe_router_topk);
   if (s.topk < 1 || s.topk > s.num_experts)
-    bad("model.moe_router_topk", std::to_string(s.topk),
+    bad(c, "model.moe_router_topk", std::to_string(s.topk),
         fmt::format("[moe.topk_range] must be between 1 and num_moe_experts ({})", s.num_experts));
   const auto ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
   if (!ffn || *ffn < 1)
-    bad("model.moe_ffn_hidden_size", ffn ? std::to_string(*ffn) : "None",
+    bad(c, "model.moe_ffn_hidden_size", ffn ? std::to_string(*ffn) : "None",
         "set the experts' FFN width (model.moe_ffn_hidden_size)");
   s.ffn = *ffn;
   s.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
   s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
   s.experts_wgrad_under_dispatch_backward = m.overlap_dispatch_backward_with_experts_wgrad;
   if (s.shared_ffn < 0)
-    bad("model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");
+    bad(c, "model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");
   s.dtype = m.bf16 ? DType::BF16 : DType::F32;
 
   s.score_function = m.moe_router_score_function;
   if (s.score_function != "softmax" && s.score_function != "sigmoid")
-    bad("model.moe_router_score_function", s.score_function, "epx supports softmax and sigmoid");
+    bad(c, "model.moe_router_score_function", s.score_function, "epx supports softmax and sigmoid");
   if (m.moe_router_dtype == std::optional<std::string>("fp64"))
-    bad("model.moe_router_dtype", "fp64",
+    bad(c, "model.moe_router_dtype", "fp64",
         "epx routes in FP32 (the router's GEMM, scores and top-k, as moe_router_dtype=fp32); set it to fp32 or null");
   s.pre_softmax = m.moe_router_pre_softmax;
   s.topk_scaling_factor = m.moe_router_topk_scaling_factor.value_or(1.0);
@@ -90,14 +91,14 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.num_groups = s.group_topk > 0 ? static_cast<int>(m.moe_router_num_groups.value_or(0)) : 0;
   if (s.group_topk > 0) {
     if (s.num_groups < 1)
-      bad("model.moe_router_num_groups", "None",
+      bad(c, "model.moe_router_num_groups", "None",
           "[moe.group_limited_routing] group-limited routing (moe_router_group_topk) needs the groups");
     if (s.num_experts % s.num_groups != 0)
-      bad("model.moe_router_num_groups", std::to_string(s.num_groups),
+      bad(c, "model.moe_router_num_groups", std::to_string(s.num_groups),
           fmt::format("must divide num_moe_experts ({})", s.num_experts));
     if (s.group_topk < 1 || s.group_topk > s.num_groups || s.topk % s.group_topk != 0 ||
         s.topk / s.group_topk > s.num_experts / s.num_groups)
-      bad("model.moe_router_group_topk", std::to_string(s.group_topk),
+      bad(c, "model.moe_router_group_topk", std::to_string(s.group_topk),
           "must be between 1 and moe_router_num_groups, divide moe_router_topk, and leave "
           "topk/group_topk experts per group");
   }
@@ -105,7 +106,7 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.bias_update_rate = m.moe_router_bias_update_rate;
   s.load_balancing = m.moe_router_load_balancing_type;
   if (s.load_balancing != "aux_loss" && s.load_balancing != "seq_aux_loss" && s.load_balancing != "none")
-    bad("model.moe_router_load_balancing_type", s.load_balancing,
+    bad(c, "model.moe_router_load_balancing_type", s.load_balancing,
         "epx supports aux_loss, seq_aux_loss and none (global_aux_loss and sinkhorn are not "
         "implemented)");
   s.aux_loss_coeff = m.moe_aux_loss_coeff;
@@ -114,15 +115,15 @@ MoESpec moe_spec_from_config(const Config& c) {
 
   s.capacity_factor = m.moe_expert_capacity_factor;
   if (s.capacity_factor && *s.capacity_factor <= 0)
-    bad("model.moe_expert_capacity_factor", fmt::format("{}", *s.capacity_factor),
+    bad(c, "model.moe_expert_capacity_factor", fmt::format("{}", *s.capacity_factor),
         "must be positive, or None for dropless");
   s.pad_to_capacity = m.moe_pad_expert_input_to_capacity;
   if (s.pad_to_capacity && !s.capacity_factor)
-    bad("model.moe_pad_expert_input_to_capacity", "true",
+    bad(c, "model.moe_pad_expert_input_to_capacity", "true",
         "padding to capacity needs model.moe_expert_capacity_factor");
   s.drop_policy = m.moe_token_drop_policy;
   if (s.drop_policy != "probs" && s.drop_policy != "position")
-    bad("model.moe_token_drop_policy", s.drop_policy, "must be probs or position");
+    bad(c, "model.moe_token_drop_policy", s.drop_policy, "must be probs or position");
 
   s.init_std = m.init_method_std;
   s.num_layers = static_cast<int>(std::max<Int>(1, m.num_layers));
@@ -136,21 +137,21 @@ ModelSpec model_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
   check_shared_fields(c);
   ModelSpec s;
-  if (m.num_layers < 1) bad("model.num_layers", std::to_string(m.num_layers), "must be at least 1");
+  if (m.num_layers < 1) bad(c, "model.num_layers", std::to_string(m.num_layers), "must be at least 1");
   if (!m.vocab_size || *m.vocab_size < 2)
-    bad("model.vocab_size", opt(m.vocab_size), "the mock data and the LM head need a vocabulary; set model.vocab_size (e.g. 4096)");
+    bad(c, "model.vocab_size", opt(m.vocab_size), "the mock data and the LM head need a vocabulary; set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
-    bad("model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
+    bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
   if (!m.gated_linear_unit)
-    bad("model.gated_linear_unit", "false", "epx's MLPs are SwiGLU; set model.gated_linear_unit=true");
-  if (m.add_bias_linear) bad("model.add_bias_linear", "true", "epx's linear layers have no bias; set model.add_bias_linear=false");
-  if (m.add_qkv_bias) bad("model.add_qkv_bias", "true", "epx's attention has no QKV bias; set model.add_qkv_bias=false");
+    bad(c, "model.gated_linear_unit", "false", "epx's MLPs are SwiGLU; set model.gated_linear_unit=true");
+  if (m.add_bias_linear) bad(c, "model.add_bias_linear", "true", "epx's linear layers have no bias; set model.add_bias_linear=false");
+  if (m.add_qkv_bias) bad(c, "model.add_qkv_bias", "true", "epx's attention has no QKV bias; set model.add_qkv_bias=false");
   if (m.multi_latent_attention)
-    bad("model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
+    bad(c, "model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
   if (m.mtp_num_layers && *m.mtp_num_layers > 0)
-    bad("model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
+    bad(c, "model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
   if (m.position_embedding_type != "rope" && m.position_embedding_type != "none")
-    bad("model.position_embedding_type", m.position_embedding_type, "epx implements rope and none; set model.position_embedding_type=rope");
+    bad(c, "model.position_embedding_type", m.position_embedding_type, "epx implements rope and none; set model.position_embedding_type=rope");
 
   s.vocab = *m.vocab_size;
   s.hidden = m.hidden_size;
@@ -166,16 +167,16 @@ ModelSpec model_spec_from_config(const Config& c) {
   AttentionSpec& a = s.attention;
   a.hidden = s.hidden;
   a.heads = m.num_attention_heads;
-  if (a.heads < 1) bad("model.num_attention_heads", std::to_string(a.heads), "must be positive");
+  if (a.heads < 1) bad(c, "model.num_attention_heads", std::to_string(a.heads), "must be positive");
   a.groups = m.num_query_groups.value_or(a.heads);
   if (a.groups < 1 || a.heads % a.groups != 0)
-    bad("model.num_query_groups", std::to_string(a.groups),
+    bad(c, "model.num_query_groups", std::to_string(a.groups),
         fmt::format("must divide num_attention_heads ({})", a.heads));
   a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
-  if (a.head_dim < 1) bad("model.kv_channels", opt(m.kv_channels), "must be positive");
+  if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
   a.rope = m.position_embedding_type == "rope";
   if (a.rope && a.head_dim % 2 != 0)
-    bad("model.kv_channels", std::to_string(a.head_dim), "rotary embeddings need an even head dimension");
+    bad(c, "model.kv_channels", std::to_string(a.head_dim), "rotary embeddings need an even head dimension");
   a.rope_base = m.rotary_base;
   a.qk_norm = m.qk_layernorm;
   a.eps = s.eps;
@@ -185,7 +186,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   const bool any_experts = m.num_moe_experts && *m.num_moe_experts > 0;
   if (!m.moe_layer_freq.pattern.empty() &&
       static_cast<int>(m.moe_layer_freq.pattern.size()) != s.num_layers)
-    bad("model.moe_layer_freq", fmt::format("[{}]", fmt::join(m.moe_layer_freq.pattern, ", ")),
+    bad(c, "model.moe_layer_freq", fmt::format("[{}]", fmt::join(m.moe_layer_freq.pattern, ", ")),
         fmt::format("[moe.layer_pattern_length] the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
   for (int i = 0; i < s.num_layers; ++i) s.is_moe.push_back(any_experts && m.moe_layer_freq.is_moe(i));
   if (s.num_moe_layers() > 0) {
@@ -193,7 +194,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   }
   if (s.num_moe_layers() < s.num_layers) {
     if (!m.ffn_hidden_size || *m.ffn_hidden_size < 1)
-      bad("model.ffn_hidden_size", opt(m.ffn_hidden_size), "the dense MLP layers need a width; set model.ffn_hidden_size");
+      bad(c, "model.ffn_hidden_size", opt(m.ffn_hidden_size), "the dense MLP layers need a width; set model.ffn_hidden_size");
     s.ffn = *m.ffn_hidden_size;
   }
 
@@ -207,21 +208,21 @@ ModelSpec model_spec_from_config(const Config& c) {
       else if (mod == "mlp") r.mlp = true;
       else if (mod == "shared_experts") r.shared_experts = true;
       else
-        bad("model.recompute_modules", mod,
+        bad(c, "model.recompute_modules", mod,
             "epx recomputes layernorm, core_attn, moe_act, mlp and shared_experts (moe and "
             "mla_up_proj are not implemented); remove it from the list");
     }
   } else if (m.recompute_granularity == "full") {
     if (!m.recompute_method || (*m.recompute_method != "uniform" && *m.recompute_method != "block"))
-      bad("model.recompute_method", m.recompute_method.value_or("None"),
+      bad(c, "model.recompute_method", m.recompute_method.value_or("None"),
           "full recompute needs a method; set model.recompute_method=uniform or block");
     if (!m.recompute_num_layers || *m.recompute_num_layers < 1)
-      bad("model.recompute_num_layers", opt(m.recompute_num_layers),
+      bad(c, "model.recompute_num_layers", opt(m.recompute_num_layers),
           "full recompute needs the number of layers per checkpoint (uniform) or recomputed (block); set it to 1 or more");
     r.method = *m.recompute_method;
     r.num_layers = static_cast<int>(*m.recompute_num_layers);
   } else if (m.recompute_granularity) {
-    bad("model.recompute_granularity", *m.recompute_granularity, "must be full, selective or None");
+    bad(c, "model.recompute_granularity", *m.recompute_granularity, "must be full, selective or None");
   }
   return s;
 }
@@ -234,7 +235,7 @@ DispatcherOptions dispatcher_options_from_config(const Config& c) {
   } else if (m.moe_token_dispatcher_type == "flex") {
     o.type = DispatcherType::flex;
   } else {
-    bad("model.moe_token_dispatcher_type", m.moe_token_dispatcher_type,
+    bad(c, "model.moe_token_dispatcher_type", m.moe_token_dispatcher_type,
         "epx runs expert parallelism with the alltoall and flex dispatchers only; set "
         "model.moe_token_dispatcher_type=alltoall or flex");
   }
@@ -253,7 +254,7 @@ DispatcherOptions dispatcher_options_from_config(const Config& c) {
         backend, backend));
   }
   if (const OptInt& sms = m.moe_flex_dispatcher_num_sms) {
-    if (*sms < 1) bad("model.moe_flex_dispatcher_num_sms", std::to_string(*sms), "expected a positive number (default 20)");
+    if (*sms < 1) bad(c, "model.moe_flex_dispatcher_num_sms", std::to_string(*sms), "expected a positive number (default 20)");
     f.num_sms = static_cast<int>(*sms);
   }
   f.ranks_per_domain = static_cast<int>(read_env(env::kHybridEpRanksPerDomain, &c.env_vars));
@@ -265,26 +266,26 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
   const int pp = static_cast<int>(m.pipeline_model_parallel_size);
   if (pp == 1 && m.virtual_pipeline_model_parallel_size)
-    bad("model.virtual_pipeline_model_parallel_size", opt(m.virtual_pipeline_model_parallel_size),
+    bad(c, "model.virtual_pipeline_model_parallel_size", opt(m.virtual_pipeline_model_parallel_size),
         "[parallel.vpp_needs_pp] the interleaved schedule needs pipeline_model_parallel_size > 1; set it to null");
   const PipelineSplit split = pipeline_split(m);
   if (pp == 1 && split.chunks > 1)
-    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+    bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
         "[parallel.vpp_needs_pp] its stages make model chunks for the interleaved schedule, which needs "
         "pipeline_model_parallel_size > 1; give one stage or set pipeline_model_parallel_size");
   if (split.embedding_stage != 0 || split.loss_stage != split.virtual_stages() - 1)
-    bad("model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+    bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
         "epx builds the embedding on the first model chunk of the first stage and the loss on the last chunk of the "
         "last stage; move E into the layout's first stage and L into its last");
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
   if (pp > 1 && m.share_embeddings_and_output_weights)
-    bad("model.share_embeddings_and_output_weights", "true",
+    bad(c, "model.share_embeddings_and_output_weights", "true",
         "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "
         "across stages; set it to false (as the MoE recipes do) or pipeline_model_parallel_size=1");
   // Bridge asserts this before Megatron-Core takes a VPP from the layout, so the VPP as given.
   if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !m.virtual_pipeline_model_parallel_size)
-    bad("model.virtual_pipeline_model_parallel_size", "None",
+    bad(c, "model.virtual_pipeline_model_parallel_size", "None",
         "[ep_overlap.pp_needs_vpp] If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be "
         "specified when pipeline_model_parallel_size > 1; set it (e.g. 2)");
   return p;
@@ -327,15 +328,15 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   o.overlap_param_gather = o.distributed && (c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather);
   o.reduce_dtype = c.model.bf16 && !c.ddp.grad_reduce_in_fp32 ? DType::BF16 : DType::F32;
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
-    bad("ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
+    bad(c, "ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
   o.bucket_size = c.ddp.bucket_size.value_or(o.overlap ? std::max<std::int64_t>(40'000'000, 1'000'000LL * dp) : 0);
   o.embedding_rows = c.ddp.reduce_embedding_rows;
   if (o.embedding_rows && !o.overlap)
-    bad("ddp.reduce_embedding_rows", "true",
+    bad(c, "ddp.reduce_embedding_rows", "true",
         "[ddp.embedding_rows] it splits the overlapped reduction of the embedding's gradient; set "
         "ddp.overlap_grad_reduce=true, or set it false");
   if (o.embedding_rows && c.model.share_embeddings_and_output_weights)
-    bad("ddp.reduce_embedding_rows", "true",
+    bad(c, "ddp.reduce_embedding_rows", "true",
         "[ddp.embedding_rows] with model.share_embeddings_and_output_weights=true the embedding's gradient also holds "
         "the LM head's, which "
         "is not a set of token rows; set it false");
@@ -351,10 +352,10 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   if (j.model.num_moe_layers() > 0) j.dispatcher = dispatcher_options_from_config(c);
   j.iterations = train_iterations(c).value_or(0);
   if (j.iterations > (1 << 24))  // train_iters is capped so; train_samples over a small batch may not be
-    bad("train.train_samples", opt(c.train.train_samples),
+    bad(c, "train.train_samples", opt(c.train.train_samples),
         fmt::format("{} iterations of global batch {}: at most {}", j.iterations, c.train.global_batch_size.value_or(0), 1 << 24));
   if (j.iterations < 1)
-    bad(c.train.train_samples ? "train.train_samples" : "train.train_iters",
+    bad(c, c.train.train_samples ? "train.train_samples" : "train.train_iters",
         opt(c.train.train_samples ? c.train.train_samples : c.train.train_iters),
         "set the number of iterations (or --max_steps), or samples for at least one global batch");
   const std::int64_t gbs = c.train.global_batch_size.value_or(0), mbs = j.model.micro_batch, dp = j.layout.dp;
@@ -373,11 +374,11 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
                           : fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
                                         mbs * dp * j.pipeline.micro_batch_group()));
   if (j.schedule.ep_overlap && j.model.recompute.method.size())
-    bad("model.recompute_granularity", "full",
+    bad(c, "model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
   if (c.optimizer.use_precision_aware_optimizer)
-    bad("optimizer.use_precision_aware_optimizer", "true",
+    bad(c, "optimizer.use_precision_aware_optimizer", "true",
         "epx's Adam keeps FP32 masters and FP32 m and v (no TE FusedAdam); set it to false");
   j.lr = lr_schedule_from_config(c);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);

@@ -95,6 +95,18 @@ TEST(JobSpec, TheRouterRunsInFp32) {
             std::string::npos);
 }
 
+// A value the runtime refuses that a file set is cited at its file and line, as the check's are.
+TEST(JobSpec, RefusalsOfAFilesValueNameTheLine) {
+  std::string text = dump_yaml(test::load_with("qwen3_30b_a3b_proxy", {}));
+  const std::string key = "  fp16: false";
+  text.replace(text.find(key), key.size(), "  fp16: true");
+  Config c = load_config_text(text, "mine.yaml");
+  c.target.gpu = "cpu";
+  const std::string why = error_of([&] { model_spec_from_config(resolve_config(c, std::nullopt)); });
+  EXPECT_NE(why.find("mine.yaml:"), std::string::npos) << why;
+  EXPECT_NE(why.find(": model.fp16=true: epx computes in BF16 or FP32"), std::string::npos) << why;
+}
+
 TEST(JobSpec, FP8IsRefusedByTheRuntime) {
   EXPECT_NE(error_of([] { model_spec_from_config(resolved({"model.fp8=hybrid"})); }).find("model.fp8=hybrid: epx computes"),
             std::string::npos);
