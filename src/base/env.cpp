@@ -22,11 +22,15 @@ double read_env(const EnvKnob& knob, const std::map<std::string, std::string>* r
   const double value = std::strtod(text.c_str(), &end);
   const bool ok = !text.empty() && *end == '\0' && std::isfinite(value) && value >= knob.min &&
                   value <= knob.max && (!knob.whole || value == std::floor(value));
-  if (!ok)
-    throw ConfigError(fmt::format("{}='{}': expected {} from {:g} to {:g} ({}; default {:g}); set {}={:g} or unset it",
-                                  knob.name, text, knob.whole ? "a whole number" : "a number", knob.min,
-                                  knob.max, knob.what, knob.fallback, knob.name,
-                                  knob.fallback >= knob.min ? knob.fallback : knob.min));
+  if (!ok) {
+    // Whole numbers as they are typed (2147483647, not 2.14748e+09).
+    const auto number = [](double v) { return v == std::floor(v) && std::fabs(v) < 1e15 ? fmt::format("{:.0f}", v) : fmt::format("{:g}", v); };
+    const bool has_default = knob.fallback >= knob.min && knob.fallback <= knob.max;  // else unset means "not set"
+    throw ConfigError(fmt::format("{}='{}': expected {} from {} to {} ({}; {}); set {}={} or unset it", knob.name, text,
+                                  knob.whole ? "a whole number" : "a number", number(knob.min), number(knob.max),
+                                  knob.what, has_default ? "default " + number(knob.fallback) : "not set by default",
+                                  knob.name, number(has_default ? knob.fallback : knob.min)));
+  }
   return value;
 }
 

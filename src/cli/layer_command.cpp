@@ -1,5 +1,6 @@
 #include "layer_command.hpp"
 
+#include <charconv>
 #include <chrono>
 #include <iostream>
 
@@ -49,7 +50,14 @@ void LayerArgs::add_to(CLI::App& app) {
                  "safetensors file with `grad_output` [S, B, H]: also run the backward");
   app.add_option("--init-seed", init_seed,
                  "write freshly initialised weights, a random input (and grad output) to the "
-                 "--weights/--input (--grad-output) paths, then run on them");
+                 "--weights/--input (--grad-output) paths, then run on them")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {  // CLI11 wraps -1 (and clamps 1e25) into 2^64 - 1
+            std::uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+            return ec == std::errc() && end == text.data() + text.size() ? "" : "must be a whole number from 0 to 2^64 - 1, got " + text;
+          },
+          "SEED"));
   app.add_option("--collective-timeout", collective_timeout,
                  "under mpirun: abort the job when a collective waits longer than this many seconds "
                  "(default: EPX_COLLECTIVE_TIMEOUT, else 300)")

@@ -1,5 +1,6 @@
 #include "epx/tensor/safetensors.hpp"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,10 +31,15 @@ DType parse_dtype(const std::string& s, const std::string& name, const std::stri
 }  // namespace
 
 TensorMap read_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError(fmt::format("{}: is a directory; give a .safetensors file", path));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open tensor file", path));
+  if (!in) throw InputError(fmt::format("{}: cannot open the tensor file: {}", path, std::strerror(errno)));
   in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<std::uint64_t>(in.tellg());
+  const std::streamoff end = in.tellg();
+  if (end < 0) throw InputError(fmt::format("{}: cannot tell the tensor file's size (not a regular file?)", path));
+  const auto file_size = static_cast<std::uint64_t>(end);
   in.seekg(0);
   unsigned char len_bytes[8] = {};
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))

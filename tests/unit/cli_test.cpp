@@ -315,7 +315,7 @@ TEST(CliLayer, InitSeedThenReadingTheFilesBackGivesTheSameResult) {
   const Result missing = run("layer qwen3_30b_a3b_proxy --weights " + tmp("nope") + " --input " + x +
                              " --out " + tmp("o3.safetensors"));
   EXPECT_EQ(missing.code, 2) << missing.out;
-  EXPECT_TRUE(has(missing, "cannot open tensor file")) << missing.out;
+  EXPECT_TRUE(has(missing, "cannot open the tensor file")) << missing.out;
   for (const auto& f : {w, x, g, tmp("o1.safetensors"), tmp("o2.safetensors")}) std::remove(f.c_str());
 }
 
