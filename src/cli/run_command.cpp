@@ -16,6 +16,7 @@
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
 #include "epx/comm/collectives.hpp"
+#include "epx/config/scheduler_steps.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/train/trainer.hpp"
 #include "number_validators.hpp"
@@ -162,6 +163,14 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
       if (line.starts_with("warning") || line.starts_with("advice")) std::cout << "epx check: " << line << "\n";
     const auto verdict = text.rfind("verdict:");
     std::cout << "epx check: " << text.substr(verdict == std::string::npos ? 0 : verdict) << std::flush;
+  }
+  // The steady state inside the run (a range past its end was clamped to the last iteration).
+  if (const OptInt iterations = train_iterations(report.resolved)) {
+    for (const auto& [flag, at] : {std::pair{"--steady-from", args.steady_first.value_or(0)}, {"--steady-to", args.steady_last}})
+      if (at > *iterations)
+        throw ConfigError(fmt::format("{} {}: the run has {} iterations; give an iteration of it (or more with "
+                                      "--max_steps)",
+                                      flag, at, *iterations));
   }
   check_host_memory(report.resolved, per_node[nodes[static_cast<std::size_t>(mpi.rank())]]);
   TrainOptions options;
