@@ -1,5 +1,6 @@
 #include "epx/tensor/safetensors.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -62,13 +63,23 @@ TensorMap read_safetensors(const std::string& path) {
 
   const std::uint64_t data_size = file_size - 8 - header_len;
   TensorMap out;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;  // every tensor's [begin, end)
   for (const auto& [name, info] : j.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {  // the format's string-to-string map
+      bool strings = info.is_object();
+      for (const auto& [key, value] : info.items()) strings = strings && value.is_string();
+      if (!strings) throw InputError(fmt::format("{}: corrupt safetensors header: __metadata__ is not a map of strings", path));
+      continue;
+    }
     Shape shape;
     std::uint64_t begin = 0, end = 0;
     DType dtype;
     try {
       dtype = parse_dtype(info.at("dtype").get<std::string>(), name, path);
+      for (const auto& d : info.at("shape"))  // 256.5 would be read as 256
+        if (!d.is_number_integer())
+          throw InputError(fmt::format("{}: corrupt entry for tensor '{}': shape {} holds a dimension that is not a "
+                                       "whole number", path, name, info.at("shape").dump()));
       shape = info.at("shape").get<Shape>();
       const auto offsets = info.at("data_offsets").get<std::vector<std::uint64_t>>();
       if (offsets.size() != 2)
@@ -83,7 +94,11 @@ TensorMap read_safetensors(const std::string& path) {
       if (d < 0 || __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes) || bytes > data_size)
         throw InputError(fmt::format("{}: corrupt safetensors file: tensor '{}' has shape {}, more than "
                                      "the file's {} data bytes", path, name, shape_string(shape), data_size));
-    if (begin > end || end > data_size || end - begin != bytes)
+    if (begin <= end && end > data_size)
+      throw InputError(fmt::format("{}: truncated safetensors file? tensor '{}' has data_offsets [{}, {}], past the end "
+                                   "of the file's {} data bytes",
+                                   path, name, begin, end, data_size));
+    if (begin > end || end - begin != bytes)
       throw InputError(fmt::format(
           "{}: corrupt safetensors file: tensor '{}' ({} {}) needs {} bytes but its data_offsets "
           "[{}, {}] cover {} of the {} data bytes", path, name, dtype_name(dtype),
@@ -93,7 +108,22 @@ TensorMap read_safetensors(const std::string& path) {
     if (!in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes)))
       throw InputError(fmt::format("{}: could not read the data of tensor '{}'", path, name));
     out.emplace(name, std::move(t));
+    extents.emplace_back(begin, end);
   }
+  // The format packs the tensors back to back over the whole data section: offsets that overlap
+  // (two tensors reading the same bytes) or leave a gap are a corrupt header.
+  std::sort(extents.begin(), extents.end());
+  std::uint64_t at = 0;
+  for (const auto& [begin, end] : extents) {
+    if (begin != at)
+      throw InputError(fmt::format("{}: corrupt safetensors header: the tensors' data_offsets {} at byte {} (the format "
+                                   "packs them back to back from 0)",
+                                   path, begin < at ? "overlap" : "leave a gap", std::min(begin, at)));
+    at = end;
+  }
+  if (at != data_size)
+    throw InputError(fmt::format("{}: corrupt safetensors file: the tensors cover {} of its {} data bytes", path, at,
+                                 data_size));
   return out;
 }
 

@@ -98,6 +98,19 @@ TEST(Safetensors, BadFilesNameTheFileAndTensor) {
   EXPECT_NE(error_of(path).find(path + ": corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2]}})", 8);
   EXPECT_NE(error_of(path).find("corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
+  // Header lies the format does not allow (the Rust safetensors crate refuses them too).
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(error_of(path).find("not a whole number"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"__metadata__":{"a":1},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_NE(error_of(path).find("__metadata__ is not a map of strings"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  EXPECT_NE(error_of(path).find("data_offsets overlap at byte 4"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  EXPECT_NE(error_of(path).find("data_offsets leave a gap at byte 0"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12);
+  EXPECT_NE(error_of(path).find("cover 8 of its 12 data bytes"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 12);
+  EXPECT_NE(error_of(path).find("truncated safetensors file?"), std::string::npos) << error_of(path);
   std::filesystem::remove(path);
 }
 
