@@ -74,7 +74,7 @@ void check_size_ranges(const Config& cfg) {
       {"model.recompute_num_layers", 0, kMaxParallel},
       {"ddp.bucket_size", 1, Int{1} << 40},
       {"comm_overlap.bucket_size", 1, Int{1} << 40},
-      {"comm_overlap.wgrad_deferral_limit", 0, kMaxCount},
+      {"comm_overlap.wgrad_deferral_limit", -1, kMaxCount},  // -1: Bridge's "no limit"
       {"train.eval_iters", 0, kMaxCount},
       {"model.moe_router_group_topk", 0, kMaxParallel},
       {"target.num_gpus", 1, kMaxCount},

@@ -54,10 +54,11 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
         if (key == "memory_gb" && x == 0)
           throw ConfigError(fmt::format("{}: 0: a GPU's memory is above 0 GiB (every layout would fit in it)", where(v, key)));
-        // A rate divides the work: an efficiency of 0 would make every step infinite.
-        if (key.ends_with("_efficiency") && (x > 1 || x == 0))
-          throw ConfigError(fmt::format("{}: {} is {}: an efficiency is the share of the rate reached (above 0, at most 1)",
-                                        where(v, key), x, x == 0 ? "0" : "above 1"));
+        // 0 is "not known" for a rate the planner asks for where it needs it; ranks sharing the
+        // cores are always counted, and at 0 every step would be infinite.
+        if (key.ends_with("_efficiency") && (x > 1 || (x == 0 && key == "shared_core_efficiency")))
+          throw ConfigError(fmt::format("{}: {} is {}: an efficiency is the share of the rate reached ({}at most 1)",
+                                        where(v, key), x, x == 0 ? "0" : "above 1", x == 0 ? "above 0, " : ""));
         if (key == "cores" && x != std::floor(x))
           throw ConfigError(fmt::format("{}: {}: a number of cores is a whole number", where(v, key), x));
         *r->second = x;

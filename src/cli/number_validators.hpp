@@ -27,8 +27,8 @@ inline CLI::Validator above(double least, bool inclusive, const char* name) {
 inline const CLI::Validator kPositive = above(0, false, "POSITIVE");
 inline const CLI::Validator kNonNegative = above(0, true, "NONNEGATIVE");
 
-// --collective-timeout: the range EPX_COLLECTIVE_TIMEOUT has (past 1e6 s the start-up watchdog's
-// deadline overflowed and the job was aborted at once).
+// --collective-timeout: the range EPX_COLLECTIVE_TIMEOUT has (1e10 s overflowed the start-up
+// watchdog's deadline and aborted the job at once).
 inline const CLI::Validator kCollectiveTimeout(
     [](std::string& text) -> std::string {
       double v = 0;

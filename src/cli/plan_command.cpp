@@ -49,7 +49,17 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
                                     fmt::join(layout_flags, " ")));
     ConfigArgs config = args.config;
     if (config.positional.empty() && !config.config_file) config.positional = {"qwen3_30b_a3b_proxy"};
-    std::cout << calibrate_cpu(config.load(), mpi->world()) << std::flush;
+    const Config loaded = config.load();
+    const ModelConfig& m = loaded.model;
+    for (const auto& [key, size] : {std::pair{"model.tensor_model_parallel_size", m.tensor_model_parallel_size},
+                                    {"model.pipeline_model_parallel_size", m.pipeline_model_parallel_size},
+                                    {"model.context_parallel_size", m.context_parallel_size},
+                                    {"model.expert_tensor_parallel_size", m.expert_tensor_parallel_size.value_or(1)}})
+      if (size > 1)
+        throw ConfigError(fmt::format("{}={}: --calibrate runs the model on one process; set it to 1 (the planner "
+                                      "scales the measured rates to any layout)",
+                                      loaded.cite(key), size));
+    std::cout << calibrate_cpu(loaded, mpi->world()) << std::flush;
     return kExitOk;
   }
   for (const std::string& file : args.hardware) add_hardware_file(file);

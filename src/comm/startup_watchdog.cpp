@@ -91,8 +91,8 @@ void StartupWatchdog::watch(double timeout_s) {
     who += fmt::format("; rank(s) {} are waiting inside MPI_Init", fmt::join(stuck_in_init, " "));
   if (who.empty()) who = "; every rank finished MPI_Init but the first barrier did not complete";
   std::cerr << fmt::format("epx: rank {}: error: the MPI world of {} ranks did not come up within "
-                           "{:g} s (the collective timeout: --collective-timeout or "
-                           "EPX_COLLECTIVE_TIMEOUT){}; markers in {}\n",
+                           "{:g} s (the collective timeout: epx run / layer --collective-timeout, "
+                           "or EPX_COLLECTIVE_TIMEOUT){}; markers in {}\n",
                            rank_, size_, timeout_s, who, dir_.string())
             << std::flush;
   // The markers stay: the other live ranks read them too, and they show what happened.

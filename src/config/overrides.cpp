@@ -153,12 +153,11 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
   }
 
   if (const FieldInfo* f = find_field(key)) {
-    // Hydra's + adds a key the config lacks; Bridge's config has every field of its dataclasses
-    // (a comm_overlap of None has none), so + on one of them fails there: "Could not append".
-    if (adding && !forcing && (f->section != "comm_overlap" || cfg.comm_overlap))
-      throw ConfigError(fmt::format("override '{}': {} is already in the config, and Hydra's + only adds a key the "
-                                    "config lacks (Bridge refuses it: 'Could not append to config'); write {}={} (or "
-                                    "++{}={})",
+    // Hydra's + adds a key: on one that already holds a value (not None) it refuses a scalar
+    // ("Could not append to config"), as Bridge's override parser does; ++ sets it either way.
+    if (adding && !forcing && !f->get(cfg).IsNull() && parse_value(f->key(), value).IsScalar())
+      throw ConfigError(fmt::format("override '{}': {} already holds a value, and Hydra's + only adds a key (Bridge "
+                                    "refuses it: 'Could not append to config'); write {}={} (or ++{}={})",
                                     shorten(text), f->key(), f->key(), shorten(value), f->key(), shorten(value)));
     if (deleting) {
       f->reset(cfg);

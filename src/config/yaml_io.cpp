@@ -103,11 +103,13 @@ YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source
   YAML::Node root;
   try {
     // Every document, so that a second one (after `---`) is refused rather than silently dropped.
+    // An empty one (a trailing `---`) is nothing.
     const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-    if (documents.size() > 1)
-      throw ConfigError(fmt::format("{}:{}: a second YAML document (after '---' or '...'); epx reads one: merge them or "
-                                    "split the file",
-                                    source_name, documents[1].Mark().line + 1));
+    for (std::size_t k = 1; k < documents.size(); ++k)
+      if (!documents[k].IsNull())
+        throw ConfigError(fmt::format("{}:{}: a second YAML document (after '---' or '...'); epx reads one: merge "
+                                      "them or split the file",
+                                      source_name, documents[k].Mark().line + 1));
     if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& e) {
     throw ConfigError(fmt::format("{}:{}:{}: malformed YAML: {}", source_name, e.mark.line + 1,

@@ -341,7 +341,7 @@ BackendAvailability read_probe_file(const std::string& path) {
   BackendAvailability a;
   a.source = path;
   for (const auto& kv : root) {
-    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : std::string("(not a name)");
+    const std::string key = kv.first.Scalar();  // parse_yaml_bounded refused keys that are not names
     std::optional<bool>* slot = key == "deepep" ? &a.deepep : key == "hybridep" ? &a.hybridep : nullptr;
     bool value = false;
     if (slot == nullptr || !YAML::convert<bool>::decode(kv.second, value))

@@ -150,13 +150,14 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   if (run.trace) {
     const TraceBreakdown& t = *run.trace;
     comm.share = t.exposed_s / t.step_s;
-    // At EP 1 the dispatcher's "exchanges" are copies within the rank (on the comm stream all the same).
-    const bool ep1 = config && config->model.expert_model_parallel_size == 1;
+    // At EP 1 (and ETP 1) the dispatcher's "exchanges" are copies within the rank (on the comm
+    // stream all the same), as the run summary has it.
+    const bool ep1 = config && config->model.expert_model_parallel_size * effective_etp(config->model) == 1;
     comm.evidence = fmt::format(
         "{:.3g} s of {:.3g} s per step exposed ({:.0f}%): {} {:.3g} s exposed of {:.3g} s in flight, DP "
         "gradient reduction {:.3g} of {:.3g} s, other {:.3g} of {:.3g} s{} (rank 0, iterations {}..{})",
         t.exposed_s, t.step_s, 100 * comm.share,
-        ep1 ? "token dispatch and combine (EP 1: copies within the rank, no exchange)" : "token exchanges",
+        ep1 ? "token dispatch and combine (EP 1, ETP 1: copies within the rank, no exchange)" : "token exchanges",
         t.token_exchange_exposed_s, t.token_exchange_s, t.dp_reduce_exposed_s,
         t.dp_reduce_s, t.other_comm_exposed_s, t.other_comm_s,
         t.pipeline_wait_s > 0 ? fmt::format(", waiting on the other pipeline stages (bubble + p2p) {:.3g} s", t.pipeline_wait_s)

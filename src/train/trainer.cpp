@@ -389,9 +389,11 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
       result.final_loss, job_.iterations, result.comm_in_flight_s, result.comm_thread_cpu_s,
-      result.traced ? fmt::format(", {:.3f} s of it exposed", result.traced->exposed_comm_s) : "",
+      result.traced ? fmt::format("; {:.3f} s of communication exposed (with the compute thread's wait on token counts)",
+                                  result.traced->exposed_comm_s)
+                    : "",
       result.traced && result.traced->token_exchange_s > 0 && job_.layout.ep * job_.layout.etp > 1  // EP 1: local
-          ? fmt::format("  token exchanges (dispatch, combine and their backward; rank 0): {:.3f} s in flight, "
+          ? fmt::format("  token exchanges (dispatch, combine, their backward, the wait on token counts; rank 0): {:.3f} s in flight, "
                         "{:.3f} s exposed ({:.0f}% hidden)\n",
                         result.traced->token_exchange_s, result.traced->token_exchange_exposed_s,
                         100 * (1 - result.traced->token_exchange_exposed_s / result.traced->token_exchange_s))

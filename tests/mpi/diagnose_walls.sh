@@ -44,7 +44,7 @@ fi
 python3 - "$dir/tiny.d.json" "$dir/normal.d.json" <<'PY'
 import json, sys
 comm = lambda f: next(w["evidence"] for w in json.load(open(f))["walls"] if w["wall"] == "communication")
-assert "EP 1: copies within the rank" in comm(sys.argv[1]) and "token exchanges" not in comm(sys.argv[1]), comm(sys.argv[1])
+assert "EP 1, ETP 1: copies within the rank" in comm(sys.argv[1]) and "token exchanges" not in comm(sys.argv[1]), comm(sys.argv[1])
 assert "token exchanges" in comm(sys.argv[2]), comm(sys.argv[2])
 PY
 

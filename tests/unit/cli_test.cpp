@@ -449,9 +449,6 @@ TEST(Cli, PlanRefusesWhatTheCheckRefusesAndAsksForTheWorld) {
 namespace epx {
 namespace {
 
-// `epx launch --dry-run` prints a line a shell reads back as the same arguments, and a cluster
-// state with impossible counts is refused by name (nodes=0 divided by zero, nodes=abc was an
-// internal error).
 // --collective-timeout within EPX_COLLECTIVE_TIMEOUT's range: 1e10 s overflowed the start-up
 // watchdog's deadline and aborted the job at once, blaming a healthy rank.
 TEST(Cli, CollectiveTimeoutIsBounded) {
@@ -462,6 +459,9 @@ TEST(Cli, CollectiveTimeoutIsBounded) {
   }
 }
 
+// `epx launch --dry-run` prints a line a shell reads back as the same arguments, and a cluster
+// state with impossible counts is refused by name (nodes=0 divided by zero, nodes=abc was an
+// internal error).
 TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
   const Result quoted = run("launch --dry-run -- epx run 'a b' 'x;rm -rf /tmp/nothing' \"it's\"");
   ASSERT_EQ(quoted.code, 0) << quoted.out;

@@ -140,10 +140,15 @@ TEST(ConfigOverrides, AddDeleteAndAliases) {
   apply_override(c, "+comm_overlap.delay_wgrad_compute=true");
   apply_override(c, "comm_overlap=None");  // Bridge's (Python's) spelling
   EXPECT_FALSE(c.comm_overlap.has_value());
-  // + adds a key the config lacks (Hydra): on a field it already has, Bridge refuses it; ++ sets it.
+  // + adds a key (Hydra): a scalar on a field that holds a value is refused, as Bridge refuses it;
+  // on a None field, or a list, it sets it; ++ sets it either way.
   EXPECT_NE(error_of([&] { apply_override(c, "+model.num_layers=3"); }).find("Could not append"), std::string::npos);
   apply_override(c, "++model.num_layers=3");
   EXPECT_EQ(c.model.num_layers, 3);
+  apply_override(c, "+model.recompute_granularity=selective");  // None before
+  EXPECT_EQ(c.model.recompute_granularity, std::optional<std::string>("selective"));
+  apply_override(c, "+model.moe_layer_freq=[1,0]");  // a list
+  EXPECT_EQ(c.model.moe_layer_freq.pattern.size(), 2u);
 
   EXPECT_NE(error_of([&] { apply_override(c, "env_vars.FOO=1"); }).find("+env_vars.FOO=1"),
             std::string::npos);
@@ -372,6 +377,7 @@ TEST(ConfigYaml, BoundsTheWorkABadFileCanCause) {
   EXPECT_EQ(error_of([&] { load_config_text("model:\n  ? [a, b]\n  : 1\n", "key.yaml"); })
                 .rfind("key.yaml:2:5: a key that is a list or mapping", 0),
             0u);
+  EXPECT_EQ(load_config_text("model:\n  num_layers: 2\n---\n", "trailing.yaml").model.num_layers, 2);  // nothing after it
   // A second document is refused, not dropped.
   EXPECT_EQ(error_of([&] { load_config_text("model:\n  num_layers: 2\n---\nmodel:\n  num_layers: 3\n", "two.yaml"); })
                 .rfind("two.yaml:4: a second YAML document", 0),
