@@ -24,21 +24,36 @@
 namespace epx::cli {
 namespace {
 
-// This machine's available memory in bytes (/proc/meminfo's MemAvailable), 0 if unknown.
+// The memory this process may still take, in bytes: /proc/meminfo's MemAvailable, less where a
+// cgroup (a container) limits it below that; 0 if unknown.
 double available_memory_bytes() {
+  double available = 0;
   std::ifstream in("/proc/meminfo");
   for (std::string key; in >> key;) {
     double kib = 0;
     in >> kib;
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == "MemAvailable:") available = kib * 1024;
     in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
-  return 0;
+  double limit = 0, used = 0;  // cgroup v2; "max" reads as no number
+  if (std::ifstream("/sys/fs/cgroup/memory.max") >> limit && std::ifstream("/sys/fs/cgroup/memory.current") >> used)
+    available = available > 0 ? std::min(available, limit - used) : limit - used;
+  return available;
+}
+
+// The ranks on this machine: those that share its boot id (the emulated cluster's nodes are
+// namespaces of one machine, and MPI counts each as a node of its own).
+int ranks_on_this_machine(Communicator& world) {
+  std::string id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+  std::vector<std::string> ids = allgather_text(world, id);
+  for (std::string& s : ids) s.erase(s.find_last_not_of(' ') + 1);  // allgather_text pads with spaces
+  return static_cast<int>(std::count(ids.begin(), ids.end(), id));
 }
 
 // A model past this machine's memory would grow until the OOM killer ends a rank (or the machine
 // swaps for minutes): refused before any allocation, by the planner's count of a rank's peak
-// (above epx run's measured one on the proxies), times the ranks on this node.
+// (above epx run's measured one on the proxies), times the ranks on this machine.
 void check_host_memory(const Config& resolved, int local_ranks) {
   const double available = available_memory_bytes();
   if (available <= 0) return;
@@ -50,8 +65,8 @@ void check_host_memory(const Config& resolved, int local_ranks) {
   }
   if (per_rank * local_ranks <= available) return;
   throw ConfigError(fmt::format("the planner puts each rank's peak at {:.3g} GiB, {:.3g} GiB for the {} rank(s) on this "
-                                "node, but the machine has {:.3g} GiB available; shrink the model (model.hidden_size, "
-                                "num_layers, vocab_size, seq_length) or the micro-batch, or run fewer ranks per node",
+                                "machine, but it has {:.3g} GiB available; shrink the model (model.hidden_size, "
+                                "num_layers, vocab_size, seq_length) or the micro-batch, or run fewer ranks here",
                                 per_rank / 1073741824.0, per_rank * local_ranks / 1073741824.0, local_ranks,
                                 available / 1073741824.0));
 }
@@ -172,7 +187,7 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
                                       "--max_steps)",
                                       flag, at, *iterations));
   }
-  check_host_memory(report.resolved, per_node[nodes[static_cast<std::size_t>(mpi.rank())]]);
+  check_host_memory(report.resolved, ranks_on_this_machine(mpi.world()));
   TrainOptions options;
   options.data = MockData::parse_mode(args.mock_data);
   options.steady_first = args.steady_first.value_or(3);
