@@ -1,7 +1,6 @@
 #include "bench_command.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <numeric>
 #include <fstream>
@@ -57,11 +56,9 @@ std::vector<std::string> split_list(const std::string& s) {
 std::vector<std::int64_t> int_list(const char* option, const std::string& text, std::int64_t least, std::int64_t most) {
   std::vector<std::int64_t> out;
   for (const std::string& word : split_list(text)) {
-    std::int64_t v = 0;
-    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
-    if (ec != std::errc() || end != word.data() + word.size() || v < least || v > most)
-      throw ConfigError(fmt::format("{} {}: '{}' is not a whole number from {} to {}", option, text, word, least, most));
-    out.push_back(v);
+    const std::optional<std::int64_t> v = whole_number(word, least, most);
+    if (!v) throw ConfigError(fmt::format("{} {}: '{}' is not a whole number from {} to {}", option, text, word, least, most));
+    out.push_back(*v);
   }
   if (out.empty()) throw ConfigError(fmt::format("{} '{}': an empty list; give numbers such as 2,4,8", option, text));
   return out;

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -41,12 +40,11 @@ std::map<std::string, std::string> cluster_state() {
 constexpr int kMaxCount = 4096;
 int cluster_count(const std::map<std::string, std::string>& kv, const char* key) {
   const std::string& text = kv.at(key);
-  int v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || v < 1 || v > kMaxCount)
+  const std::optional<std::int64_t> v = whole_number(text, 1, kMaxCount);
+  if (!v)
     throw ConfigError(fmt::format("{}: {}={}: not a whole number from 1 to {}; run scripts/cluster.sh up again",
                                   cluster_env_path(), key, text, kMaxCount));
-  return v;
+  return static_cast<int>(*v);
 }
 
 // An argument as a POSIX shell reads it back: quoted unless it is plain.

@@ -2,8 +2,12 @@
 // 1.797...e308"; these say what to give instead.
 #pragma once
 
+#include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -22,6 +26,15 @@ inline CLI::Validator above(double least, bool inclusive, const char* name) {
         return {};
       },
       name);
+}
+
+// `text` as a whole number from `least` to `most`, else nothing: for what the option validators
+// do not see (the words of a list option, the cluster's state file).
+inline std::optional<std::int64_t> whole_number(std::string_view text, std::int64_t least, std::int64_t most) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < least || v > most) return std::nullopt;
+  return v;
 }
 
 inline const CLI::Validator kPositive = above(0, false, "POSITIVE");

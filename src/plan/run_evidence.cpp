@@ -366,27 +366,26 @@ void read_trace(const std::string& path, RunEvidence& run) {
   double start = 0;
   if (first >= 2) start = ends[static_cast<std::size_t>(first - 2)];
   else for (const TraceSpan& s : all) start = std::min(start, s.begin_s);
-  const struct {
-    double begin, end;
-  } window{start, ends[static_cast<std::size_t>(last - 1)]};
+  const double end = ends[static_cast<std::size_t>(last - 1)];
+  const int iterations = last - first + 1;
+  const double step = (end - start) / iterations;
   // The same run's trace times the same steps (within 1-2% here); another run of as many ranks
   // and iterations does not.
   if (run.kind == "epx results" && first >= 2 && run.mean_step_s > 0) {
-    const double traced = (window.end - window.begin) / (last - first + 1);
-    if (traced > 1.15 * run.mean_step_s || traced < run.mean_step_s / 1.15)
+    if (step > 1.15 * run.mean_step_s || step < run.mean_step_s / 1.15)
       throw InputError(fmt::format("{}: its steps {}..{} take {:.3g} s each, but {} says {:.3g} s: not the same run's "
                                    "trace",
-                                   path, first, last, traced, run.source, run.mean_step_s));
+                                   path, first, last, step, run.source, run.mean_step_s));
   }
 
   std::vector<trace::Span> rank0;
   for (const TraceSpan& s : all)
     if (s.rank == 0) rank0.push_back({s.track, s.name, s.begin_s, s.end_s});
   TraceBreakdown b;
-  static_cast<trace::Breakdown&>(b) = trace::break_down(rank0, window.begin, window.end);
-  b.iterations = last - first + 1;
-  b.step_s = b.window_s / b.iterations;
-  for (double* v : {&b.window_s, &b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_comm_s, &b.token_exchange_s,
+  static_cast<trace::Breakdown&>(b) = trace::break_down(rank0, start, end);
+  b.iterations = iterations;
+  b.step_s = step;
+  for (double* v : {&b.compute_s, &b.wait_s, &b.idle_s, &b.comm_s, &b.exposed_comm_s, &b.token_exchange_s,
                     &b.token_exchange_exposed_s, &b.dp_reduce_s, &b.dp_reduce_exposed_s, &b.other_comm_s,
                     &b.other_comm_exposed_s, &b.pipeline_wait_s, &b.pipeline_wait_exposed_s})
     *v /= b.iterations;
@@ -394,7 +393,7 @@ void read_trace(const std::string& path, RunEvidence& run) {
   run.trace = b;
 
   // The report's timeline: the last steady iteration, every rank, from its start.
-  const double from = last >= 2 ? ends[static_cast<std::size_t>(last - 2)] : window.begin, to = window.end;
+  const double from = last >= 2 ? ends[static_cast<std::size_t>(last - 2)] : start, to = end;
   for (TraceSpan s : all) {
     if (s.end_s <= from || s.begin_s >= to) continue;
     s.begin_s = std::max(s.begin_s, from) - from;

@@ -26,8 +26,8 @@ struct IterationPoint {
   std::map<std::string, double> timers_ms;
 };
 
-// Rank 0's trace over the steady-state iterations, per iteration (trace::break_down's figures,
-// divided by the iterations), and the step it shows.
+// Rank 0's trace over the steady-state iterations: trace::break_down's figures per iteration
+// (window_s stays the whole window), and the step it shows.
 struct TraceBreakdown : trace::Breakdown {
   int iterations = 0;
   double step_s = 0;
