@@ -176,6 +176,20 @@ bool layers_split(const ModelConfig& m) {
   }
 }
 
+std::optional<std::string> interleaved_micro_batch_error(Int pp, Int group, Int micro_batches) {
+  const Int N = group, M = micro_batches, rest = M % N;
+  if (N > M || N < pp)
+    return fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in [PP={} , "
+                       "M={}] (microbatch_group_size_per_vp_stage = {})",
+                       pp, M, N);
+  if (rest > 0 && rest < pp)
+    return fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
+                       "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel size, "
+                       "but it is {} (M = {}, N = {}, PP = {})",
+                       rest, M, N, pp);
+  return std::nullopt;
+}
+
 std::optional<Int> smallest_splitting_vpp(const ModelConfig& m, Int most) {
   ModelConfig c = m;
   for (Int vpp = 2; vpp <= most; ++vpp) {

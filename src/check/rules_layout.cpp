@@ -261,18 +261,8 @@ void add_layout_rules(RuleTable& add) {
                       : fmt::format("train.global_batch_size={}",
                                     round_up(std::max<Int>(1, c.cfg.train.global_batch_size.value_or(1)),
                                              per_step * std::max(N, pp)));
-        if (N > M || N < pp)
-          return fail(fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in "
-                                  "[PP={} , M={}] (microbatch_group_size_per_vp_stage = {})",
-                                  pp, M, N),
-                      fix);
-        const Int rest = M % N;
-        return fail_if(rest > 0 && rest < pp,
-                       fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous "
-                                   "micro-batches in a virtual pipeline stage) should be 0, or larger than or equal to "
-                                   "the pipeline-parallel size, but it is {} (M = {}, N = {}, PP = {})",
-                                   rest, M, N, pp),
-                       fix);
+        if (const auto why = interleaved_micro_batch_error(pp, N, M)) return fail(*why, fix);
+        return pass();
       });
   // The MoE layer's forward raises in training (moe/moe_layer.py), whatever the EP size.
   add("parallel.ep_tp_needs_sp", E,

@@ -55,6 +55,11 @@ LayoutPlan plan_layout(const Config& c, const GpuInfo& gpu) {
   return p;
 }
 
+double micro_batches_per_dp_rank(const Config& c, const ParallelLayout& l) {
+  return static_cast<double>(c.train.global_batch_size.value_or(1)) /
+         (static_cast<double>(c.train.micro_batch_size.value_or(1)) * l.dp);
+}
+
 std::string format_rank_map(const LayoutPlan& p, int max_ranks) {
   std::string out = "rank  node";
   for (GroupKind k : kAllGroupKinds) out += fmt::format(" {:>8}", group_kind_name(k));

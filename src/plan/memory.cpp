@@ -185,7 +185,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor), also at VPP = 1, which
   // Megatron-Core runs interleaved (a warm-up of 2 (PP - p - 1)); the merged EP-overlap schedule
   // holds a second micro-batch's layer while the first one's backward frees its layers.
-  const double m_per_rank = std::max(1.0, static_cast<double>(c.train.global_batch_size.value_or(1)) / (b * l.dp));
+  const double m_per_rank = std::max(1.0, micro_batches_per_dp_rank(c, l));
   const double warmup = std::min(pp - stage, m_per_rank);
   out.in_flight = l.pp == 1 ? 1 : lp.split.interleaved ? warmup * (1 + (pp - 1) / (pp * vpp)) : warmup;
   // Groups of N > PP micro-batches per chunk (microbatch_group_size_per_vp_stage) warm up

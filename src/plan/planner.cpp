@@ -138,10 +138,9 @@ Plan make_plan(const Config& c) {
   const ParallelLayout& l = p.layout.layout;
   p.flops = model_flops(c);
   const double gbs = static_cast<double>(c.train.global_batch_size.value_or(1));
-  const double mbs = static_cast<double>(c.train.micro_batch_size.value_or(1));
   const double tokens_per_step = gbs * static_cast<double>(m.seq_length);
   p.flops_per_step = p.flops.per_token() * tokens_per_step;
-  p.micro_batches = static_cast<std::int64_t>(gbs / (mbs * l.dp));
+  p.micro_batches = static_cast<std::int64_t>(micro_batches_per_dp_rank(c, l));
   const Dispatcher configured = configured_dispatcher(m);
   const double capacity = p.gpu.rates.memory_gb * kGiB;
   const int vpp = p.layout.split.chunks;

@@ -92,8 +92,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // epx's runtime, bench/RESULTS.md "issue 20").
   const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
   s.dp = s.dp_merged = c.ddp.overlap_grad_reduce ? std::max(0.0, comm.dp_s - last_backward) : comm.dp_s;
-  const double micro_batches = static_cast<double>(c.train.global_batch_size.value_or(0)) /
-                               (static_cast<double>(c.train.micro_batch_size.value_or(1)) * l.dp);
+  const double micro_batches = micro_batches_per_dp_rank(c, l);
   if (c.ddp.overlap_grad_reduce && comm.embedding_dp_s > 0 && micro_batches >= 2) {
     // ddp.reduce_embedding_rows (with two or more micro-batches): the embedding's table goes
     // first, as soon as the micro-batch before the last is done with it (the plain schedule: under

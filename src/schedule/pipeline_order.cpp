@@ -50,19 +50,4 @@ std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage
   return steps;
 }
 
-std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches) {
-  if (!pipeline.interleaved) return std::nullopt;
-  const int PP = pipeline.stages, N = pipeline.micro_batch_group(), rest = micro_batches % N;
-  if (N > micro_batches || N < PP)  // Megatron-Core's words (schedules.py)
-    return fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in [PP={} , "
-                       "M={}] (microbatch_group_size_per_vp_stage = {})",
-                       PP, micro_batches, N);
-  if (rest > 0 && rest < PP)
-    return fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
-                       "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel size, "
-                       "but it is {} (M = {}, N = microbatch_group_size_per_vp_stage = {}, PP = {})",
-                       rest, micro_batches, N, PP);
-  return std::nullopt;
-}
-
 }  // namespace epx

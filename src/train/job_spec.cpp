@@ -367,7 +367,9 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
   j.global_batch = gbs;
   j.micro_batches = gbs / (mbs * dp);
   j.pipeline = pipeline_spec_from_config(c);
-  if (const auto why = pipeline_micro_batch_error(j.pipeline, static_cast<int>(j.micro_batches)))
+  if (const auto why = j.pipeline.interleaved ? interleaved_micro_batch_error(j.pipeline.stages, j.pipeline.micro_batch_group(),
+                                                                              j.micro_batches)
+                                             : std::nullopt)
     throw ConfigError(j.pipeline.micro_batch_group() < j.pipeline.stages
                           ? fmt::format("model.microbatch_group_size_per_vp_stage={}: {}; set it to {} or more",
                                         j.pipeline.micro_batch_group(), *why, j.pipeline.stages)

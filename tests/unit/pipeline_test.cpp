@@ -175,7 +175,7 @@ TEST(PipelineOrder, EveryOrderRunsEachPassOnceWithoutDeadlock) {
         for (int group : {0, pp + 1, 2 * pp}) {  // microbatch_group_size_per_vp_stage: PP, or more
           PipelineSpec p = split(pp * 4, pp, vpp, {}, {}, false, false);
           p.group = group;
-          if (pipeline_micro_batch_error(p, m)) continue;
+          if (interleaved_micro_batch_error(pp, p.micro_batch_group(), m)) continue;
           expect_runs_to_completion(p, m, false);
           expect_runs_to_completion(p, m, true);
         }
@@ -207,8 +207,8 @@ TEST(PipelineOrder, InterleavedFollowsTheScheduleTable) {
   const std::vector<PipelineStep> merged = pipeline_order(p, 0, 4, true);
   EXPECT_TRUE(merged[4].forward && !merged[4].backward);
   EXPECT_TRUE(merged[5].forward && merged[5].backward);
-  EXPECT_TRUE(pipeline_micro_batch_error(p, 3).has_value());
-  EXPECT_FALSE(pipeline_micro_batch_error(p, 6).has_value());
+  EXPECT_TRUE(interleaved_micro_batch_error(2, p.micro_batch_group(), 3).has_value());
+  EXPECT_FALSE(interleaved_micro_batch_error(2, p.micro_batch_group(), 6).has_value());
 }
 
 TEST(PipelineOrder, AMicroBatchGroupRunsThatManyThroughEachChunk) {
@@ -228,11 +228,11 @@ TEST(PipelineOrder, AMicroBatchGroupRunsThatManyThroughEachChunk) {
   EXPECT_EQ(forwards, "0c0 1c0 2c0 0c1 1c1 2c1 3c0 4c0 3c1 4c1 ");
   EXPECT_EQ(before_backward, 6);
   // Megatron-Core's checks: PP <= N <= M, and M mod N either 0 or at least PP.
-  EXPECT_FALSE(pipeline_micro_batch_error(p, 5).has_value());  // 5 mod 3 = 2 = PP
-  EXPECT_TRUE(pipeline_micro_batch_error(p, 4).has_value());   // 4 mod 3 = 1 < PP
-  EXPECT_TRUE(pipeline_micro_batch_error(p, 2).has_value());   // N > M
+  EXPECT_FALSE(interleaved_micro_batch_error(2, p.micro_batch_group(), 5).has_value());  // 5 mod 3 = 2 = PP
+  EXPECT_TRUE(interleaved_micro_batch_error(2, p.micro_batch_group(), 4).has_value());   // 4 mod 3 = 1 < PP
+  EXPECT_TRUE(interleaved_micro_batch_error(2, p.micro_batch_group(), 2).has_value());   // N > M
   p.group = 1;
-  EXPECT_TRUE(pipeline_micro_batch_error(p, 6).has_value());   // N < PP
+  EXPECT_TRUE(interleaved_micro_batch_error(2, p.micro_batch_group(), 6).has_value());   // N < PP
 }
 
 }  // namespace

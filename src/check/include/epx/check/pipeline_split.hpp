@@ -37,6 +37,12 @@ std::optional<Int> virtual_pipeline_size(const ModelConfig& m);
 // The split of `m`'s layers. Throws ConfigError naming the field when they do not split so.
 PipelineSplit pipeline_split(const ModelConfig& m);
 
+// Megatron-Core's requirements on the interleaved schedule's micro-batch count M and group N
+// (microbatch_group_size_per_vp_stage, PP by default) on PP stages: PP <= N <= M, and M mod N
+// either 0 or at least PP (schedules.py). Empty when M micro-batches can run, else why not, in
+// Megatron's words. One source for the check's rule and epx run's job.
+std::optional<std::string> interleaved_micro_batch_error(Int pp, Int group, Int micro_batches);
+
 // Whether pipeline_split takes `m` (its layers split so).
 bool layers_split(const ModelConfig& m);
 // The smallest VPP from 2 up to `most` with which `m`'s layers split (none: none does).

@@ -35,6 +35,9 @@ struct LayoutPlan {
   PipelineSplit split;  // which layers each pipeline stage holds (check/pipeline_split)
 };
 LayoutPlan plan_layout(const Config& resolved, const GpuInfo& gpu);
+// The micro-batches each DP rank runs per step: global batch / (micro-batch x DP), unrounded
+// (the checker refuses a global batch that does not divide).
+double micro_batches_per_dp_rank(const Config& resolved, const ParallelLayout& layout);
 // The nodes of one Slurm segment that Bridge's harness requests (utils/executors.py, on systems
 // of 4 GPUs a node): all `nodes` up to a rack's `rack_nodes`, else the largest divisor of
 // `nodes` that fits a rack (1 for a prime).

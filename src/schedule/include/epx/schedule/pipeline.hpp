@@ -39,11 +39,6 @@ struct PipelineStep {
 // forward, and each steady-state forward and backward form one merged step.
 std::vector<PipelineStep> pipeline_order(const PipelineSpec& pipeline, int stage, int micro_batches, bool merge);
 
-// Megatron-Core's requirements on the interleaved schedule's micro-batch count M and group N:
-// PP <= N <= M, and M mod N either 0 or at least PP (with the default N = PP: M a multiple of PP).
-// Empty when `micro_batches` can run, else why not.
-std::optional<std::string> pipeline_micro_batch_error(const PipelineSpec& pipeline, int micro_batches);
-
 // This stage's time in forward_backward_pipelining (each call adds to it): its wall time, and the time its
 // compute thread waited on the neighbouring stages (the pipeline bubble plus exposed transfers).
 struct PipelineTiming {
