@@ -9,6 +9,7 @@
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
 #include "epx/base/to_lower.hpp"
+#include "number_validators.hpp"
 
 namespace epx::cli {
 namespace {
@@ -97,25 +98,27 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--config", config_file, "RECIPE or FILE, as an option (then every positional "
                  "argument is an override)");
   const char* group = "Performance-harness flags (win over dotted overrides)";
-  app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp (and sequence_parallel = TP > 1, as the harness)")->group(group);
-  app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->group(group);
+  app.add_option("--tp,--tensor_model_parallel_size", flags.tp, "-tp (and sequence_parallel = TP > 1, as the harness)")->transform(kPythonInt)->group(group);
+  app.add_option("--pp,--pipeline_model_parallel_size", flags.pp, "-pp")->transform(kPythonInt)->group(group);
   app.add_option("--vp,--virtual_pipeline_model_parallel_size", flags.vp, "-vp: N, None (unset), -1 (keep)")
-      ->check([](const std::string& v) {
-        return v == "None" || (!v.empty() && v.find_first_not_of("-0123456789") == std::string::npos)
-                   ? std::string()
-                   : "expected an integer, None (unset) or -1 (keep), as the harness's -vp";
-      })
+      ->transform(CLI::Validator(
+          [](std::string& v) {  // the harness's `None if x == "None" else int(x)`
+            return v == "None" || kPythonInt(v).empty()
+                       ? std::string()
+                       : "expected an integer, None (unset) or -1 (keep), as the harness's -vp";
+          },
+          ""))
       ->group(group);
-  app.add_option("--cp,--context_parallel_size", flags.cp, "-cp")->group(group);
-  app.add_option("--ep,--expert_model_parallel_size", flags.ep, "-ep")->group(group);
-  app.add_option("--et,--expert_tensor_parallel_size", flags.et, "-et")->group(group);
-  app.add_option("--gb,--global_batch_size", flags.gb, "-gb")->group(group);
-  app.add_option("--mb,--micro_batch_size", flags.mb, "-mb")->group(group);
-  app.add_option("--sl,--seq_length", flags.sl, "-sl")->group(group);
+  app.add_option("--cp,--context_parallel_size", flags.cp, "-cp")->transform(kPythonInt)->group(group);
+  app.add_option("--ep,--expert_model_parallel_size", flags.ep, "-ep")->transform(kPythonInt)->group(group);
+  app.add_option("--et,--expert_tensor_parallel_size", flags.et, "-et")->transform(kPythonInt)->group(group);
+  app.add_option("--gb,--global_batch_size", flags.gb, "-gb")->transform(kPythonInt)->group(group);
+  app.add_option("--mb,--micro_batch_size", flags.mb, "-mb")->transform(kPythonInt)->group(group);
+  app.add_option("--sl,--seq_length", flags.sl, "-sl")->transform(kPythonInt)->group(group);
   app.add_option("--pipeline_model_parallel_layout", flags.pipeline_layout,
                  "the pipeline layout (on deepseek_v3 it replaces the -pp / -vp table's)")
       ->group(group);
-  app.add_option("--ms,--max_steps", flags.max_steps, "-ms: train.train_iters")->group(group);
+  app.add_option("--ms,--max_steps", flags.max_steps, "-ms: train.train_iters")->transform(kPythonInt)->group(group);
   app.add_option("--moe_a2a_overlap", moe_a2a_overlap,
                  "true: EP overlap + delay_wgrad on, shared-expert overlap off; false: no change")
       ->group(group);
@@ -125,8 +128,8 @@ void ConfigArgs::add_to(CLI::App& app) {
       ->group(group);
   app.add_option("-g,--gpu", flags.gpu, "target GPU: h100 h200 b200 b300 gb200 gb300 a100 v100 cpu")
       ->group(group);
-  app.add_option("--ng,--num_gpus", flags.num_gpus, "-ng: world size")->group(group);
-  app.add_option("--gn,--gpus_per_node", flags.gpus_per_node, "-gn")->group(group);
+  app.add_option("--ng,--num_gpus", flags.num_gpus, "-ng: world size")->transform(kPythonInt)->group(group);
+  app.add_option("--gn,--gpus_per_node", flags.gpus_per_node, "-gn")->transform(kPythonInt)->group(group);
   app.add_option("--cuda_graph_impl", flags.cuda_graph_impl, "none|local|transformer_engine")
       ->check(CLI::IsMember({"none", "local", "transformer_engine"}))  // the harness's choices
       ->group(group);
@@ -147,7 +150,7 @@ void ConfigArgs::add_to(CLI::App& app) {
       })
       ->group(group);
   app.add_option("--rl,--recompute_num_layers", flags.recompute_num_layers,
-                 "-rl: full recompute, block method")
+                 "-rl: full recompute, block method")->transform(kPythonInt)
       ->group(group);
   app.add_option("--recompute_modules", flags.recompute_modules, "comma list: selective recompute")
       ->group(group);

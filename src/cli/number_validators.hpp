@@ -37,6 +37,35 @@ inline std::optional<std::int64_t> whole_number(std::string_view text, std::int6
   return v;
 }
 
+// The harness's integer flags are argparse's `type=int`, Python's int(): decimal, leading zeros
+// kept decimal, a sign, `_` between digits, spaces around. CLI11 alone reads 010 as octal 8, 0x10
+// as 16 and clamps 10^20 to 2^63 - 1; this hands it the plain decimal digits, or refuses.
+inline const CLI::Validator kPythonInt(
+    [](std::string& text) -> std::string {
+      const char* space = " \t\n\r\f\v";
+      const std::size_t first = text.find_first_not_of(space);
+      std::string_view s = first == std::string::npos ? "" : std::string_view(text).substr(first);
+      s = s.substr(0, s.find_last_not_of(space) + 1);
+      std::string sign;
+      if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
+        if (s.front() == '-') sign = "-";
+        s.remove_prefix(1);
+      }
+      std::string digits;
+      const auto is_digit = [&](std::size_t i) { return i < s.size() && s[i] >= '0' && s[i] <= '9'; };
+      for (std::size_t i = 0; i < s.size(); ++i) {
+        if (is_digit(i)) digits += s[i];
+        else if (!(s[i] == '_' && i > 0 && is_digit(i - 1) && is_digit(i + 1)))
+          return "expected an integer (as Python's int() reads it), got '" + text + "'";
+      }
+      if (digits.empty()) return "expected an integer (as Python's int() reads it), got '" + text + "'";
+      digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));  // 010 is ten
+      if (digits.size() > 18) return "'" + text + "' is out of range (more than 18 digits)";
+      text = sign + digits;
+      return {};
+    },
+    "");  // no name: the help shows the option's type alone
+
 inline const CLI::Validator kPositive = above(0, false, "POSITIVE");
 inline const CLI::Validator kNonNegative = above(0, true, "NONNEGATIVE");
 

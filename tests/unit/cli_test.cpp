@@ -99,6 +99,27 @@ TEST(Cli, FixesOfFlagSetFieldsAreFlagsAndAFlagTakesItsLastValue) {
   EXPECT_TRUE(has(r, "fix: --te-version 2.")) << r.out;
 }
 
+TEST(Cli, HarnessIntegerFlagsReadAsPythonsInt) {
+  // argparse's type=int: 010 is ten (CLI11 alone read octal 8), 1_000 a thousand, spaces around
+  // are fine; 0x10, 4.0 and 1__0 are not integers; 10^20 is refused, not clamped to 2^63 - 1.
+  Result r = run("config show qwen3_30b_a3b_proxy -tp 010 -gb ' 1_024 ' -pp=02 -vp -01");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "tensor_model_parallel_size: 10\n")) << r.out;
+  EXPECT_TRUE(has(r, "global_batch_size: 1024\n")) << r.out;
+  EXPECT_TRUE(has(r, "pipeline_model_parallel_size: 2\n")) << r.out;
+  EXPECT_TRUE(has(r, "virtual_pipeline_model_parallel_size: null")) << r.out;  // -01 is -1: keep
+  for (const char* bad : {"0x10", "4.0", "1__0", "_1", "''"}) {
+    r = run(fmt::format("check qwen3_30b_a3b_proxy -ep {}", bad));
+    EXPECT_EQ(r.code, 2) << bad << r.out;
+    EXPECT_TRUE(has(r, "--ep: expected an integer (as Python's int() reads it)")) << bad << r.out;
+  }
+  r = run("check qwen3_30b_a3b_proxy -ng 99999999999999999999");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "--ng: '99999999999999999999' is out of range")) << r.out;
+  r = run("config show qwen3_30b_a3b_proxy -pp 2 -vp 0x2");
+  EXPECT_TRUE(has(r, "--vp: expected an integer, None (unset) or -1 (keep)")) << r.out;
+}
+
 TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   // -ep on a HybridEP recipe resets the ranks per NVLink domain (8 in the recipe) to min(EP, 8)
   // on H100, unless an env_vars override set them; -g without -gn brings the GPU's node size.
