@@ -54,6 +54,10 @@ Effect predicted_effect(const Config& c, const Variant& base, const std::vector<
 // step waits for after the backward: the DP reduction left over (all-grads-sync, with its
 // layernorm and embedding parts), the parameter all-gather, and the pipeline's blocking
 // receives. The token exchanges sit inside forward / backward compute and are not timed apart.
+bool is_dp_timer(const std::string& name) {
+  return name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
+         name == "embedding-grads-all-reduce";
+}
 struct TimedWaits {
   double dp_s = 0, pp_s = 0;  // per iteration
   std::string text;           // the timers shown, in words (empty: none logged)
@@ -62,18 +66,55 @@ TimedWaits timed_waits(const RunEvidence& run) {
   TimedWaits t;
   std::vector<std::string> shown;
   for (const auto& [name, ms] : run.timers_ms) {
-    const bool dp = name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
-                    name == "embedding-grads-all-reduce";
-    const bool pp = name.ends_with("-recv");
-    if (dp) t.dp_s += ms / 1000;
+    const bool dp = is_dp_timer(name), pp = name.ends_with("-recv");
+    const auto min = run.timers_min_ms.find(name);
+    // A collective's min over ranks is the last rank to arrive, which waits for no one: the
+    // communication itself. The max adds the wait for that rank (rank_notes names the spread).
+    if (dp) t.dp_s += (min != run.timers_min_ms.end() ? min->second : ms) / 1000;
     // Each receive's max is some rank's: their sum may add up waits of different ranks, so the
     // largest one stands for the pipeline's wait (a lower bound).
     if (pp) t.pp_s = std::max(t.pp_s, ms / 1000);
-    if (dp || pp || name == "forward-backward" || name == "optimizer") shown.push_back(fmt::format("{} {:.4g}", name, ms));
+    if (dp || pp || name == "forward-backward" || name == "optimizer")
+      shown.push_back(min != run.timers_min_ms.end() ? fmt::format("{} {:.4g}-{:.4g}", name, min->second, ms)
+                                                     : fmt::format("{} {:.4g}", name, ms));
   }
   if (!shown.empty())
-    t.text = fmt::format("Megatron's timers (ms per iteration, max over ranks): {}", fmt::join(shown, ", "));
+    t.text = fmt::format("Megatron's timers (ms per iteration, {} over ranks): {}",
+                         run.timers_min_ms.empty() ? "max" : "min-max", fmt::join(shown, ", "));
   return t;
+}
+
+// Where Megatron's timers differ across ranks (--timing-log-option minmax, its default, or all):
+// a rank that computes longer (its pipeline stage's or its experts' load, a slow GPU or data
+// loader) makes the others wait in the collectives after it. The spreads of at least 10% of the
+// timer and 2% of the step, largest first; with `all`, the rank behind each.
+std::optional<std::string> rank_note(const RunEvidence& run) {
+  struct Spread {
+    std::string name;
+    double min = 0, max = 0;
+  };
+  std::vector<Spread> spreads;
+  for (const auto& [name, min] : run.timers_min_ms)
+    if (const double max = run.timers_ms.at(name); max - min >= 0.1 * max && max - min >= 20 * run.mean_step_s)
+      spreads.push_back({name, min, max});
+  if (spreads.empty()) return std::nullopt;
+  std::sort(spreads.begin(), spreads.end(), [](const Spread& a, const Spread& b) { return a.max - a.min > b.max - b.min; });
+  if (spreads.size() > 3) spreads.resize(3);
+  std::vector<std::string> shown, ranks;
+  for (const Spread& s : spreads) {
+    shown.push_back(fmt::format("{} ({:.4g} to {:.4g} ms per iteration)", s.name, s.min, s.max));
+    const auto by_rank = run.timers_by_rank_ms.find(s.name);
+    if (by_rank == run.timers_by_rank_ms.end() || by_rank->second.size() < 2) continue;
+    // A wait is shortest on the rank the others wait for; any other timer is longest there.
+    const bool wait = is_dp_timer(s.name) || s.name.ends_with("-recv");
+    const auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
+    const auto [least, most] = std::minmax_element(by_rank->second.begin(), by_rank->second.end(), cmp);
+    ranks.push_back(wait ? fmt::format("rank {} waits least in {}", least->first, s.name)
+                         : fmt::format("rank {} takes longest in {}", most->first, s.name));
+  }
+  return fmt::format("the ranks' timers differ most in {}: one rank computing longer (its pipeline stage's or its "
+                     "experts' load, a slow GPU or data loader) makes the others wait in the collectives after it{}{}",
+                     fmt::join(shown, ", "), ranks.empty() ? "" : "; ", fmt::join(ranks, ", "));
 }
 
 // What the log says beside the walls: iterations skipped or NaN, and steady-state steps far
@@ -281,6 +322,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   }
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
+  if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
   // A log names its own world and batch: a config that says otherwise is not the run's.
   if (config && run.ranks > 0 && config->target.num_gpus && *config->target.num_gpus != run.ranks)
     d.notes.push_back(fmt::format("the run had {} ranks (its arguments dump), the config plans {}: the planner's figures "

@@ -190,6 +190,11 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$|using world size:\s*(\d+))");
   // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
   static const std::regex timer(R"(^\s+([a-z][a-z0-9-]*) \.+: (?:\(([0-9.eE+-]+), )?([0-9.eE+-]+)\)?\s*$)");
+  // --timing-log-option all: "times across ranks (ms):", then per timer "  name:" and a line
+  // "     rank  3: 12.34" for each rank whose time is above 0.
+  static const std::regex all_ranks_timer(R"(^\s+([a-z][a-z0-9-]*):\s*$)");
+  static const std::regex rank_time(R"(^\s+rank\s+(\d+): ([0-9.eE+-]+)\s*$)");
+  std::string all_ranks_name;  // the timer whose ranks' lines follow
   static const std::regex global_batch(R"(global batch size:\s*(\d+))");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
   static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
@@ -225,9 +230,25 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       return static_cast<int>(value(text, what, least, 1e9));
     };
     if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
-      run.iterations.back().timers_ms[m[1]] = value(m[3], "timer " + m[1].str() + " (ms)", 0, 1e12);
+      IterationPoint& p = run.iterations.back();
+      p.timers_ms[m[1]] = value(m[3], "timer " + m[1].str() + " (ms)", 0, 1e12);
+      if (m[2].matched) p.timers_min_ms[m[1]] = value(m[2], "timer " + m[1].str() + " (ms)", 0, 1e12);
       continue;
     }
+    if (!run.iterations.empty() && std::regex_search(line, m, all_ranks_timer)) {
+      all_ranks_name = m[1];
+      continue;
+    }
+    if (!run.iterations.empty() && !all_ranks_name.empty() && std::regex_search(line, m, rank_time)) {
+      IterationPoint& p = run.iterations.back();
+      const double ms = value(m[2], "timer " + all_ranks_name + " (ms)", 0, 1e12);
+      p.timers_by_rank_ms[all_ranks_name][count(m[1], "the rank", 0)] = ms;
+      p.timers_ms[all_ranks_name] = std::max(p.timers_ms[all_ranks_name], ms);
+      const auto [min, first] = p.timers_min_ms.emplace(all_ranks_name, ms);
+      if (!first) min->second = std::min(min->second, ms);
+      continue;
+    }
+    all_ranks_name.clear();
     if (std::regex_search(line, m, world_size)) {
       run.ranks = count(m[1].matched ? m[1].str() : m[2].str(), "the world size", 1);
       continue;
@@ -305,12 +326,18 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;
       for (const auto& [name, ms] : its[k].timers_ms) run.timers_ms[name] += ms;
+      for (const auto& [name, ms] : its[k].timers_min_ms) run.timers_min_ms[name] += ms;
+      for (const auto& [name, ranks] : its[k].timers_by_rank_ms)
+        for (const auto& [rank, ms] : ranks) run.timers_by_rank_ms[name][rank] += ms;
     }
     if (n > 0) break;
   }
   run.mean_step_s = sum / n;
   run.tflops_per_gpu = sum > 0 ? flops / sum : 0;  // weighted by time: the run's FLOPs over its time
-  for (auto& [name, ms] : run.timers_ms) ms /= n;  // a timer missing on some lines counts as 0 there
+  for (auto* timers : {&run.timers_ms, &run.timers_min_ms})
+    for (auto& [name, ms] : *timers) ms /= n;  // a timer missing on some lines counts as 0 there
+  for (auto& [name, ranks] : run.timers_by_rank_ms)
+    for (auto& [rank, ms] : ranks) ms /= n;
   run.final_loss = run.iterations.back().lm_loss;
 }
 

@@ -487,10 +487,36 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   run = read_run(path.string(), std::nullopt);
   ASSERT_EQ(run.timers_ms.count("all-grads-sync"), 1u);
   EXPECT_DOUBLE_EQ(run.timers_ms["all-grads-sync"], 3000);
+  EXPECT_DOUBLE_EQ(run.timers_min_ms["all-grads-sync"], 2500);
   const Diagnosis timed = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100"}), find_gpu("h100"));
   EXPECT_EQ(timed.binding, "communication") << timed.why;
-  EXPECT_NE(timed.why.find("all-grads-sync 3000"), std::string::npos) << timed.why;
+  // The DP reduction is the min over ranks (the last rank to arrive waits for no one): 2.5 s.
+  EXPECT_NE(timed.why.find("min-max over ranks): all-grads-sync 2500-3000"), std::string::npos) << timed.why;
+  EXPECT_NE(timed.walls[1].evidence.find("pipeline waits 2.5 s"), std::string::npos) << timed.walls[1].evidence;
   EXPECT_TRUE(timed.walls[1].measured);
+  // The ranks differ by 500 ms in the reduction (over 10% of it and 2% of the step): a note;
+  // --timing-log-option all names the rank the others wait for.
+  const auto notes_of = [](const Diagnosis& d) { return fmt::format("{}", fmt::join(d.notes, "\n")); };
+  EXPECT_NE(notes_of(timed).find("differ most in all-grads-sync (2500 to 3000 ms per iteration)"), std::string::npos)
+      << notes_of(timed);
+  const std::string all = "times across ranks (ms):\n"
+                          "  forward-compute:\n     rank  0: 4000.00\n     rank  1: 5200.00\n     rank  2: 4100.00\n"
+                          "  all-grads-sync:\n     rank  0: 1400.00\n     rank  1: 200.00\n     rank  2: 1300.00\n"
+                          "  optimizer:\n     rank  0: 100.00\n     rank  1: 101.00\n     rank  2: 100.00\n";
+  std::ofstream(path) << line(1, 9000) << all << line(2, 9000) << all << line(3, 9000) << all;
+  RunEvidence per_rank = read_run(path.string(), std::nullopt);
+  EXPECT_DOUBLE_EQ(per_rank.timers_ms["forward-compute"], 5200);
+  EXPECT_DOUBLE_EQ(per_rank.timers_min_ms["all-grads-sync"], 200);
+  EXPECT_DOUBLE_EQ(per_rank.timers_by_rank_ms["all-grads-sync"][2], 1300);
+  const Diagnosis ranks = diagnose(per_rank, std::nullopt, find_gpu("h100"));
+  EXPECT_NE(notes_of(ranks).find("differ most in all-grads-sync (200 to 1400 ms per iteration), forward-compute (4000 "
+                                 "to 5200 ms per iteration): one rank"),
+            std::string::npos)
+      << notes_of(ranks);
+  EXPECT_NE(notes_of(ranks).find("; rank 1 waits least in all-grads-sync, rank 1 takes longest in forward-compute"),
+            std::string::npos)
+      << notes_of(ranks);
+  EXPECT_EQ(notes_of(ranks).find("optimizer ("), std::string::npos) << notes_of(ranks);  // 1%: not a spread
   // What is left after the backward gets smaller: BF16 instead of FP32, a reduce-scatter.
   const Diagnosis fp32 = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100", "ddp.grad_reduce_in_fp32=true",
                                                                   "ddp.use_distributed_optimizer=false"}),

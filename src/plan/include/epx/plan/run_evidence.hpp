@@ -22,8 +22,11 @@ struct IterationPoint {
   double lm_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not logged, or logged as nan
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
   int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
-  // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks.
-  std::map<std::string, double> timers_ms;
+  // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks;
+  // the min over ranks (--timing-log-option minmax, Megatron's default, or all); and with `all`
+  // each rank's (it lists the ranks whose timer is above 0).
+  std::map<std::string, double> timers_ms, timers_min_ms;
+  std::map<std::string, std::map<int, double>> timers_by_rank_ms;
 };
 
 // Rank 0's trace over the steady-state iterations: trace::break_down's figures per iteration
@@ -73,7 +76,9 @@ struct RunEvidence {
   // A Megatron log whose iterations go back (a requeued run appended to its log): the later
   // lines replace the earlier ones from that iteration on. The last such iteration, 0: none.
   int restarted_at = 0;
-  std::map<std::string, double> timers_ms;  // Megatron's timers, the mean over the steady lines
+  // Megatron's timers, the mean over the steady lines (a timer missing on a line counts as 0 there).
+  std::map<std::string, double> timers_ms, timers_min_ms;
+  std::map<std::string, std::map<int, double>> timers_by_rank_ms;
   std::string layout, dispatcher, schedule, recompute;
   std::optional<PipelineEvidence> pipeline;  // PP > 1 (epx results)
   std::optional<TraceBreakdown> trace;  // rank 0, from --trace
