@@ -55,6 +55,35 @@ void add_layout_rules(RuleTable& add) {
         return fail(fmt::format("num_moe_experts ({}) must be divisible by expert_model_parallel_size ({})", experts, ep),
                     fmt::format("model.expert_model_parallel_size={}", nearest));
       });
+  // Megatron-Core's divide() (core/utils.py) asserts each linear's split: the experts' fc2 takes
+  // moe_ffn_hidden_size / ETP inputs, a dense or shared-expert MLP's ffn / TP. The fix keeps the
+  // split a divisor of the one set, so the world still divides.
+  add("parallel.ffn_divisible", E,
+      {"model.moe_ffn_hidden_size", "model.expert_tensor_parallel_size", "model.ffn_hidden_size",
+       "model.moe_shared_expert_intermediate_size", "model.tensor_model_parallel_size", "model.num_moe_experts",
+       "model.moe_layer_freq"},
+      kMcore, "each MLP's hidden size splits evenly over its TP ranks (the experts' over ETP)", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int tp = m.tensor_model_parallel_size, etp = effective_etp(m);
+        const auto refuse = [&](const char* size, Int n, const char* split, Int ranks) {
+          const Int fits = std::gcd(n, ranks);
+          return fail(fmt::format("{} is not divisible by {}: {} over {}", n, ranks, size, split),
+                      fmt::format("model.{}={}{}", split, fits,
+                                  std::string(split) == "tensor_model_parallel_size" && fits == 1 && m.sequence_parallel
+                                      ? " model.sequence_parallel=false"
+                                      : ""));
+        };
+        if (m.num_moe_experts && m.moe_ffn_hidden_size && etp > 0 && *m.moe_ffn_hidden_size % etp != 0)
+          return refuse("moe_ffn_hidden_size", *m.moe_ffn_hidden_size, "expert_tensor_parallel_size", etp);
+        if (tp <= 0) return pass();
+        if (m.num_moe_experts && m.moe_shared_expert_intermediate_size && *m.moe_shared_expert_intermediate_size % tp != 0)
+          return refuse("moe_shared_expert_intermediate_size", *m.moe_shared_expert_intermediate_size,
+                        "tensor_model_parallel_size", tp);
+        const bool dense = !m.num_moe_experts || m.moe_layer_freq.has_dense();
+        if (dense && m.ffn_hidden_size && *m.ffn_hidden_size % tp != 0)
+          return refuse("ffn_hidden_size", *m.ffn_hidden_size, "tensor_model_parallel_size", tp);
+        return pass();
+      });
   add("parallel.heads_divisible_by_tp", E,
       {"model.num_attention_heads", "model.num_query_groups", "model.tensor_model_parallel_size"},
       kMcore, "attention heads split evenly over TP ranks, query groups too or each replicated over TP ranks",
@@ -181,6 +210,25 @@ void add_layout_rules(RuleTable& add) {
             return fail("All of the MTP layers must be in the same one virtual pipeline stage", fix);
         }
         return pass();
+      });
+  // Megatron-Core builds the embedding where pre_process holds (the first chunk of the first
+  // stage) and the loss where post_process does (the last of the last), wherever the layout's E
+  // and L sit (training.py build_model); validate_layer_layout only asks that E come first and L
+  // last in the flattened layout, so '|EttL' passes there.
+  add("pipeline.layout_embedding_loss_stages", W,
+      {"model.pipeline_model_parallel_layout", "model.pipeline_model_parallel_size"}, kMcore,
+      "a layout's E sits in the first stage and its L in the last, where Megatron builds them",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.pipeline_model_parallel_layout || !layers_split(m)) return pass();
+        const PipelineSplit split = pipeline_split(m);
+        return fail_if(split.embedding_stage != 0 || split.loss_stage != split.virtual_stages() - 1,
+                       fmt::format("the layout puts the embedding in virtual stage {} and the loss in {} of {}: "
+                                   "Megatron-Core builds them on the first model chunk of the first stage and the "
+                                   "last of the last (pre_process / post_process) wherever E and L sit, so the "
+                                   "stages' layer counts are not the ones the layout shows (and epx run refuses "
+                                   "it); move E into the layout's first stage and L into its last",
+                                   split.embedding_stage, split.loss_stage, split.virtual_stages()));
       });
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",

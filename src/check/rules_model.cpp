@@ -49,8 +49,10 @@ void add_model_rules(RuleTable& add) {
                        "Please use --moe-router-pre-softmax when topk is 1.", "model.moe_router_pre_softmax=true");
       });
   add("moe.group_limited_routing", E,
-      {"model.moe_router_group_topk", "model.moe_router_num_groups", "model.num_moe_experts"}, kMcore,
-      "group-limited routing (moe_router_group_topk) has groups that split the experts",
+      {"model.moe_router_group_topk", "model.moe_router_num_groups", "model.num_moe_experts", "model.moe_router_topk"},
+      kMcore,
+      "group-limited routing (moe_router_group_topk) has groups that split the experts, each with its topk // "
+      "group_topk best, and the kept groups hold topk experts",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.moe_router_group_topk || *m.moe_router_group_topk == 0 || !m.num_moe_experts) return pass();
@@ -66,10 +68,38 @@ void add_model_rules(RuleTable& add) {
           return fail(fmt::format("num_moe_experts ({}) should be divisible by moe_router_num_groups ({}).",
                                   *m.num_moe_experts, groups),
                       fix);
-        return fail_if(*m.moe_router_group_topk > groups,
-                       fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
-                                   *m.moe_router_group_topk, groups),
-                       fmt::format("model.moe_router_group_topk={}", groups));
+        const Int group_topk = *m.moe_router_group_topk, topk = m.moe_router_topk;
+        if (group_topk > groups)
+          return fail(fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
+                                  group_topk, groups),
+                      fmt::format("model.moe_router_group_topk={}", groups));
+        // group_limited_topk (moe_utils.py) ranks each group by its best topk // group_topk scores
+        // (torch's topk raises past the group's experts), then takes the top-k of the kept groups'
+        // experts (past them it picks masked experts, of score -inf). More groups kept fix both.
+        const Int per_group = *m.num_moe_experts / groups;
+        const auto fits = [&](Int kept) { return topk / kept <= per_group && kept * per_group >= topk; };
+        if (fits(group_topk)) return pass();
+        Int kept = group_topk;
+        while (kept < groups && !fits(kept)) ++kept;
+        return fail(fmt::format("moe_router_topk ({}) from moe_router_group_topk ({}) of moe_router_num_groups ({}) "
+                                "groups of {} experts: group-limited routing ranks each group by its best topk // "
+                                "group_topk = {} scores and picks the top-k among the kept groups' {} experts; {}",
+                                topk, group_topk, groups, per_group, topk / group_topk, group_topk * per_group,
+                                topk / group_topk > per_group ? "a group has fewer (torch's topk raises)"
+                                                              : "they are fewer than top-k (it would route to masked "
+                                                                "experts)"),
+                    fmt::format("model.moe_router_group_topk={}", kept));
+      });
+  add("moe.group_topk_above_topk", W, {"model.moe_router_group_topk", "model.moe_router_topk", "model.num_moe_experts"},
+      kMcore, "group-limited routing keeps no more groups than the top-k (each group's rank sums its best topk // group_topk)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || !m.moe_router_group_topk || *m.moe_router_group_topk <= m.moe_router_topk) return pass();
+        return fail(fmt::format("moe_router_group_topk ({}) above moe_router_topk ({}): group_limited_topk ranks each "
+                                "group by the sum of its best topk // group_topk = 0 scores, so every group ties and "
+                                "which groups are kept is arbitrary (epx run refuses it)",
+                                *m.moe_router_group_topk, m.moe_router_topk),
+                    fmt::format("model.moe_router_group_topk={}", m.moe_router_topk));
       });
   add("moe.expert_bias_score_function", E, {"model.moe_router_enable_expert_bias", "model.moe_router_score_function"},
       kMcore, "aux-loss-free expert bias needs a sigmoid (or sqrtsoftplus) router", [](const CheckContext& c) {

@@ -22,6 +22,18 @@ void add_optimizer_rules(RuleTable& add) {
                         "optimizer.use_precision_aware_optimizer=true");
         return pass();
       });
+  // torch's Adam takes eps >= 0, but at 0 its step m / (sqrt(v) + eps) is 0 / 0 for every weight
+  // whose gradient has been 0 in every step so far: an expert no token reached yet, an embedding
+  // row of a token not seen. One NaN weight makes the next loss NaN, which stops the run.
+  add("optimizer.adam_eps_zero", W, {"optimizer.adam_eps", "optimizer.optimizer"}, "torch.optim.Adam",
+      "Adam's eps above 0", [](const CheckContext& c) {
+        const OptimizerConfig& o = c.cfg.optimizer;
+        return fail_if(o.optimizer == "adam" && o.adam_eps == 0,
+                       "adam_eps=0: Adam's step m / (sqrt(v) + eps) is 0 / 0 = NaN for every weight whose gradient "
+                       "has been 0 so far (an expert no token reached, the embedding row of a token not seen), and "
+                       "the next loss is NaN",
+                       "optimizer.adam_eps=1e-08");
+      });
 
   // ---- epx's own gradient reduction ----------------------------------------------------------
   add("ddp.embedding_rows", E,

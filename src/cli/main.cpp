@@ -244,6 +244,8 @@ int main(int argc, char** argv) {
     return fail("error", e.what(), epx::kExitBadInput);
   } catch (const epx::EnvironmentError& e) {
     return fail("environment error", e.what(), epx::kExitEnvironment);
+  } catch (const epx::TrainingDiverged& e) {
+    return fail("error", e.what(), epx::kExitDiverged);
   } catch (const std::exception& e) {
     return fail("internal error", e.what(), epx::kExitInternal);
   }

@@ -96,11 +96,13 @@ MoESpec moe_spec_from_config(const Config& c) {
     if (s.num_experts % s.num_groups != 0)
       bad(c, "model.moe_router_num_groups", std::to_string(s.num_groups),
           fmt::format("must divide num_moe_experts ({})", s.num_experts));
-    if (s.group_topk < 1 || s.group_topk > s.num_groups || s.topk % s.group_topk != 0 ||
-        s.topk / s.group_topk > s.num_experts / s.num_groups)
+    const int per_group = s.num_experts / s.num_groups;
+    if (s.group_topk < 1 || s.group_topk > s.num_groups || s.group_topk > s.topk || s.topk / s.group_topk > per_group ||
+        s.group_topk * per_group < s.topk)
       bad(c, "model.moe_router_group_topk", std::to_string(s.group_topk),
-          "must be between 1 and moe_router_num_groups, divide moe_router_topk, and leave "
-          "topk/group_topk experts per group");
+          "[moe.group_limited_routing] must be between 1 and moe_router_num_groups and at most moe_router_topk, with "
+          "topk // group_topk experts in a group and topk in the kept groups (epx ranks each group by the sum of its "
+          "best topk // group_topk scores, as Megatron's group_limited_topk)");
   }
   s.expert_bias = m.moe_router_enable_expert_bias;
   s.bias_update_rate = m.moe_router_bias_update_rate;

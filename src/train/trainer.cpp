@@ -309,6 +309,7 @@ IterationLog Trainer::train_step(int it) {
 void Trainer::training_log(const IterationLog& log) const {
   const int rank = world_.rank(), it = log.iteration;
   const std::int64_t iters = job_.iterations;
+  const auto py = [](double x) { return std::isnan(x) ? std::fabs(x) : x; };  // Python prints nan, never -nan
   if (options_.log && rank == world_.size() - 1)
     out_ << fmt::format(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
                         "throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
@@ -319,9 +320,9 @@ void Trainer::training_log(const IterationLog& log) const {
                         load_balancing_coeff() > 0 ? fmt::format(" {}: {:.6E} |", job_.model.moe->load_balancing == "seq_aux_loss"
                                                                                        ? "seq_load_balancing_loss"
                                                                                        : "load_balancing_loss",
-                                                                   log.load_balancing_loss)
+                                                                   py(log.load_balancing_loss))
                                                    : "",
-                        log.grad_norm, std::isfinite(log.lm_loss) ? 0 : 1)
+                        py(log.grad_norm), std::isfinite(log.lm_loss) ? 0 : 1)
          << std::flush;
   if (options_.log && rank == 0)
     out_ << fmt::format("Step Time : {:.2f}s GPU utilization: {:.1f}MODEL_TFLOP/s/GPU\n"
@@ -449,6 +450,21 @@ TrainResult Trainer::run() {
       steady.begin = Clock::now();
     }
     result.iterations.push_back(train_step(it));
+    if (const double loss = result.iterations.back().lm_loss; !std::isfinite(loss)) {
+      // Megatron's loss check (pretrain_gpt.py's loss_func, check_for_nan_in_loss): fatal, before
+      // the iteration's line. The loss is the world's sum, so every rank stops here.
+      const auto last = std::find_if(result.iterations.rbegin() + 1, result.iterations.rend(),
+                                     [](const IterationLog& l) { return std::isfinite(l.lm_loss); });
+      throw TrainingDiverged(fmt::format(
+          "iteration {}: the lm loss is {} ('found {} in local forward loss calculation', which stops a Megatron run "
+          "by default: rerun_state_machine.check_for_nan_in_loss){}; the training diverged: lower optimizer.lr, keep "
+          "optimizer.adam_eps above 0 (Adam divides by sqrt(v) + eps, 0/0 where a gradient is 0), or clip the "
+          "gradients (optimizer.clip_grad)",
+          it, std::isnan(loss) ? "NaN" : "infinite", std::isnan(loss) ? "NaN" : "Inf",
+          last == result.iterations.rend() ? std::string()
+                                           : fmt::format("; the last finite one was {:.6E} at iteration {}",
+                                                         last->lm_loss, last->iteration)));
+    }
     if (it == result.steady_last) {
       steady.end = Clock::now();
       steady.stream = stream_.stats();

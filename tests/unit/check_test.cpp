@@ -105,6 +105,9 @@ const std::vector<Case>& cases() {
       {"fp8.gpu", {"model.fp8=hybrid", "model.fp8_recipe=mxfp8", "target.gpu=h100"},
        {"model.fp8=hybrid", "model.fp8_recipe=mxfp8", "target.gpu=b200"}},
       {"parallel.layers_divisible_by_pp", PP2 + Overrides{"model.num_layers=3"}, PP2},  // fix: uneven stages
+      // Megatron builds the embedding on stage 0's first chunk whatever the layout says.
+      {"pipeline.layout_embedding_loss_stages", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout='|Etttt|L|'"},
+       PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout='Et|tt|t|L'"}},
       {"parallel.layers_divisible_by_pp",  // fix: the embedding and loss counted
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2"}, PP2},
       {"parallel.layers_divisible_by_pp",  // fix: a smaller VPP
@@ -178,6 +181,22 @@ const std::vector<Case>& cases() {
        {"model.moe_router_group_topk=2", "model.moe_router_num_groups=2"}},
       {"moe.group_limited_routing", {"model.moe_router_group_topk=2"},
        {"model.moe_router_group_topk=2", "model.moe_router_num_groups=4"}},
+      // 16 experts in 8 groups of 2, top-4: one group kept cannot give its best 4 (torch's topk
+      // raises); two kept give 2 each but hold 4; top-4 from 3 of 8 groups (best 1 each) is fine.
+      {"moe.group_limited_routing", {"model.moe_router_num_groups=8", "model.moe_router_group_topk=1"},
+       {"model.moe_router_num_groups=8", "model.moe_router_group_topk=2"}},
+      {"moe.group_limited_routing", {"model.moe_router_num_groups=8", "model.moe_router_group_topk=1"},
+       {"model.moe_router_num_groups=8", "model.moe_router_group_topk=3"}},
+      {"moe.group_topk_above_topk", {"model.moe_router_num_groups=8", "model.moe_router_group_topk=5"},
+       {"model.moe_router_num_groups=8", "model.moe_router_group_topk=4"}},
+      {"parallel.ffn_divisible", {"model.moe_ffn_hidden_size=129", "model.expert_tensor_parallel_size=2", "target.num_gpus=4"},
+       {"model.moe_ffn_hidden_size=128", "model.expert_tensor_parallel_size=2", "target.num_gpus=4"}},
+      {"parallel.ffn_divisible", TP2 + Overrides{"model.sequence_parallel=true", "model.moe_layer_freq=[0,1]", "model.ffn_hidden_size=765"},
+       TP2 + Overrides{"model.sequence_parallel=true", "model.moe_layer_freq=[0,1]", "model.ffn_hidden_size=766"}},
+      {"parallel.ffn_divisible",  // all layers MoE: the dense size is not built
+       TP2 + Overrides{"model.sequence_parallel=true", "model.moe_shared_expert_intermediate_size=255"},
+       TP2 + Overrides{"model.sequence_parallel=true", "model.ffn_hidden_size=765"}},
+      {"optimizer.adam_eps_zero", {"optimizer.adam_eps=0"}, {"optimizer.adam_eps=1e-12"}},
       {"moe.expert_bias_score_function", {"model.moe_router_enable_expert_bias=true"},
        {"model.moe_router_enable_expert_bias=true", "model.moe_router_score_function=sigmoid"}},
       {"moe.capacity_settings", {"model.moe_pad_expert_input_to_capacity=true"},

@@ -16,6 +16,7 @@ enum ExitCode : int {
   kExitInternal = 3,     // a bug in epx
   kExitCommTimeout = 4,  // a collective or the job's start-up did not complete in time, or failed in flight
   kExitEnvironment = 5,  // EnvironmentError
+  kExitDiverged = 6,     // TrainingDiverged
 };
 
 // Bad config input: malformed YAML, a wrong type, an unknown key, a value epx cannot run, a bad
@@ -37,6 +38,13 @@ class InputError : public std::runtime_error {
 class EnvironmentError : public std::runtime_error {
  public:
   explicit EnvironmentError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The training's loss became NaN or infinite: Megatron's check_for_nan_in_loss (on by default)
+// stops the run there, and so does epx run. Every rank sees the same reduced loss and stops.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  explicit TrainingDiverged(const std::string& what) : std::runtime_error(what) {}
 };
 
 }  // namespace epx
