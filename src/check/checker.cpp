@@ -30,6 +30,7 @@ void check_versions(const Config& cfg) {
 // divide by them: a product of three parallel sizes then stays well inside 64 bits.
 void check_size_ranges(const Config& cfg) {
   constexpr Int kMaxParallel = Int{1} << 20, kMaxCount = Int{1} << 24;
+  constexpr Int kMaxSms = 1024;  // a GPU's SMs: 132 on H100, 148 on B200 (epx's DeepEP cuts num_sms / 2 chunks)
   struct Range {
     const char* key;
     Int min, max;
@@ -66,10 +67,10 @@ void check_size_ranges(const Config& cfg) {
       {"model.qk_head_dim", 1, kMaxCount},
       {"model.qk_pos_emb_head_dim", 0, kMaxCount},
       {"model.v_head_dim", 1, kMaxCount},
-      {"model.moe_flex_dispatcher_num_sms", 1, kMaxParallel},
-      {"model.moe_deepep_num_sms", 1, kMaxParallel},
-      {"model.moe_hybridep_num_sms", 1, kMaxParallel},
-      {"model.moe_hybridep_num_sms_preprocessing", 1, kMaxParallel},
+      {"model.moe_flex_dispatcher_num_sms", 1, kMaxSms},
+      {"model.moe_deepep_num_sms", 1, kMaxSms},
+      {"model.moe_hybridep_num_sms", 1, kMaxSms},
+      {"model.moe_hybridep_num_sms_preprocessing", 1, kMaxSms},
       {"model.mtp_num_layers", 0, kMaxParallel},
       {"model.recompute_num_layers", 0, kMaxParallel},
       {"ddp.bucket_size", 1, Int{1} << 40},

@@ -45,6 +45,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const double moe_layers = stage.moe_layers, stage_layers = stage.layers;
   if (moe_layers > 0 && l.ep > 1) {
     const double E = static_cast<double>(*m.num_moe_experts), k = static_cast<double>(m.moe_router_topk), ep = l.ep;
+    const double rows = routed_rows_per_token(m);  // alltoall sends the rows padded to capacity too
     // EP ranks that share NVLink: the EP group is EP*ETP consecutive ranks, ETP fastest. NCCL's
     // all-to-all and HybridEP use a whole NVLink domain (an NVL72 rack through multi-node
     // NVLink); DeepEP's NVLink stage is a node, the rest goes over RDMA.
@@ -53,15 +54,15 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     const double blocks = ep / local;
     double intra = 0, inter = 0;  // rows per token
     if (dispatcher == Dispatcher::alltoall) {
-      intra = k * (local - 1) / ep;
-      inter = k * (ep - local) / ep;
+      intra = rows * (local - 1) / ep;
+      inter = rows * (ep - local) / ep;
     } else {
       inter = (blocks - 1) * (1 - miss(E, E / blocks, k));                  // one copy per remote block
       intra = (ep - 1) * (1 - miss(E, E / ep, k));                          // then one per destination rank
     }
     // Expert tensor parallelism: the received rows are all-gathered over ETP on dispatch and
     // reduce-scattered on combine, inside the node (ETP is the fastest-varying expert rank).
-    intra += k * (l.etp - 1.0);
+    intra += rows * (l.etp - 1.0);
     out.token_intra = 4 * moe_layers * tokens * intra * row;
     out.token_inter = 4 * moe_layers * tokens * inter * row;
     // Each exchange also pays a fixed cost: 5 per MoE layer and micro-batch, the 4 and the

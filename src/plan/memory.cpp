@@ -148,7 +148,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // and attention's own widths (below), plus the routed rows each expert keeps for its wgrad
   // (k*s*b*h BF16, ETP/TP of them per rank).
   const double s = static_cast<double>(m.seq_length) / l.cp, b = static_cast<double>(c.train.micro_batch_size.value_or(1));
-  const double k = static_cast<double>(m.moe_router_topk);
+  const double k = routed_rows_per_token(m);  // top-k, or the rows padded to capacity
   const double f_dense = static_cast<double>(m.ffn_hidden_size.value_or(0));
   const double f_moe = static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k +
                        static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));

@@ -50,7 +50,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) * (ranks_here > 1 ? hw.shared_core_efficiency : 1)
                                     : 1;
   const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * cores, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
-  const double h = static_cast<double>(m.hidden_size), k = static_cast<double>(m.moe_router_topk);
+  const double h = static_cast<double>(m.hidden_size), k = routed_rows_per_token(m);
+  const double padding = k / std::max(1.0, static_cast<double>(m.moe_router_topk));  // rows computed per model row
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
   // The routed experts' FLOPs run at the rows each expert sees, the rest at the tokens. Each
   // pipeline stage computes its own layers (and the head and loss on the last): the slowest
@@ -66,7 +67,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
       other -= f.attention_core;
       stage = cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
     }
-    stage += per_rank * (other / (peak * efficiency(hw, tokens)) + f.routed_experts / (peak * efficiency(hw, expert_rows)));
+    stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
+                         padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
     s.stage_compute.push_back(stage);
     s.compute = std::max(s.compute, stage);
   }

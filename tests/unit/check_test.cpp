@@ -119,6 +119,8 @@ const std::vector<Case>& cases() {
                        "model.pipeline_model_parallel_layout='Et|tt|t|tL'"}},
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
+      {"train.batch_divisible", {"train.global_batch_size=null"}, {"train.global_batch_size=2"}},
+      {"train.batch_divisible", {"train.micro_batch_size=null"}, {"train.micro_batch_size=1"}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_preprocess]"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_router,moe_preprocess]"}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe]"},

@@ -221,6 +221,26 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   EXPECT_EQ(tensorwise.step_grads, dist.step_grads);
 }
 
+TEST(Plan, ExpertInputsPaddedToCapacityCountTheirRows) {
+  // Padded to capacity, every expert computes factor x tokens x k / experts rows, empty ones too:
+  // the routed activations, the dispatcher's buffers, alltoall's exchanges and the experts' GEMM
+  // time grow with the factor; the model FLOPs (Megatron's count) do not. A factor below 1
+  // without padding drops what overflows.
+  const auto plan = [](const std::vector<std::string>& overrides) {
+    return make_plan(resolved("qwen3_30b_a3b", overrides));
+  };
+  const Plan plain = plan({}), padded = plan({"model.moe_expert_capacity_factor=4", "model.moe_pad_expert_input_to_capacity=true"}),
+             dropping = plan({"model.moe_expert_capacity_factor=0.5"}),
+             unpadded = plan({"model.moe_expert_capacity_factor=4"});
+  EXPECT_GT(padded.memory.activations, 2 * plain.memory.activations);
+  EXPECT_GT(padded.memory.dispatcher_buffers, 1.5 * plain.memory.dispatcher_buffers);  // beside HybridEP's workspace
+  EXPECT_GT(padded.variants.front().exposed_comm_s, plain.variants.front().exposed_comm_s);
+  EXPECT_GT(padded.configured().step_time_s, 1.5 * plain.configured().step_time_s);
+  EXPECT_DOUBLE_EQ(padded.flops_per_step, plain.flops_per_step);
+  EXPECT_LT(dropping.memory.activations, plain.memory.activations);
+  EXPECT_DOUBLE_EQ(unpadded.memory.activations, plain.memory.activations);
+}
+
 TEST(Plan, GroupsInsideOrAcrossNodes) {
   const LayoutPlan two_nodes = make_plan(resolved("qwen3_30b_a3b", {})).layout;
   const LayoutPlan one_node = make_plan(resolved("qwen3_30b_a3b", {"target.num_gpus=8", "model.expert_model_parallel_size=8",

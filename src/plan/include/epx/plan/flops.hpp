@@ -7,6 +7,8 @@
 // as in Megatron: the router GEMM, permutation, softmax, norms (except MTP's) and recompute.
 #pragma once
 
+#include <algorithm>
+
 #include "epx/config/config.hpp"
 
 namespace epx {
@@ -41,6 +43,15 @@ ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers
 double moe_layers_in(const ModelConfig& m, Int first, Int last);
 // The MTP layers that count as MoE layers: all of them when the last layer is one, else none.
 double mtp_moe_layers(const ModelConfig& m);
+
+// The rows the routed experts compute per token: top-k, scaled by the capacity factor where the
+// experts' inputs are padded to capacity (Megatron's get_capacity: each expert takes
+// ceil(factor x tokens x k / experts) rows, empty ones too) or where a factor below 1 drops
+// what overflows. Model FLOPs count k (as Megatron's); the time and memory count these.
+inline double routed_rows_per_token(const ModelConfig& m) {
+  const double k = static_cast<double>(m.moe_router_topk), factor = m.moe_expert_capacity_factor.value_or(1);
+  return k * (m.moe_pad_expert_input_to_capacity ? factor : std::min(1.0, factor));
+}
 
 // Bytes of one activation or weight element in the compute dtype (BF16/FP16: 2, else 4).
 inline double element_bytes(const ModelConfig& m) { return m.bf16 || m.fp16 ? 2 : 4; }
