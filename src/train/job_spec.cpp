@@ -141,7 +141,8 @@ ModelSpec model_spec_from_config(const Config& c) {
   ModelSpec s;
   if (m.num_layers < 1) bad(c, "model.num_layers", std::to_string(m.num_layers), "must be at least 1");
   if (!m.vocab_size || *m.vocab_size < 2)
-    bad(c, "model.vocab_size", opt(m.vocab_size), "the mock data and the LM head need a vocabulary; set model.vocab_size (e.g. 4096)");
+    bad(c, "model.vocab_size", opt(m.vocab_size), "must be at least 2: the mock data draw token ids below it, and the LM head's loss over one id is always 0; "
+        "set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
     bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
   if (!m.gated_linear_unit)
