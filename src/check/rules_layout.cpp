@@ -424,6 +424,16 @@ void add_layout_rules(RuleTable& add) {
                                    s.max_steps.value_or(0), t.train_iters.value_or(0)),
                        fmt::format("scheduler.max_steps={}", t.train_iters.value_or(0)));
       });
+  // Bridge: train_iters = train_samples // global_batch_size; under one batch, no iteration runs.
+  add("train.samples_below_one_batch", W, {"train.train_samples", "train.global_batch_size"}, kBridgeConfig,
+      "sample-based training has samples for at least one global batch", [](const CheckContext& c) {
+        const auto& t = c.cfg.train;
+        if (!t.train_samples || !t.global_batch_size || *t.train_samples >= *t.global_batch_size) return pass();
+        return fail(fmt::format("train_samples ({}) is below one global batch ({}): train_iters = train_samples // "
+                                "global_batch_size = 0, and the run trains no iteration (epx run refuses it)",
+                                *t.train_samples, *t.global_batch_size),
+                    fmt::format("train.train_samples={}", *t.global_batch_size));
+      });
   add("scheduler.warmup_capped", W,
       {"scheduler.lr_warmup_iters", "scheduler.lr_decay_iters", "scheduler.lr_warmup_samples",
        "scheduler.lr_decay_samples", "scheduler.lr_warmup_fraction", "scheduler.max_steps", "train.train_iters",

@@ -120,6 +120,8 @@ const std::vector<Case>& cases() {
       {"parallel.ep_tp_needs_sp", TP2, TP2 + Overrides{"model.sequence_parallel=true"}},
       {"train.batch_divisible", {"train.global_batch_size=7"}, {}},
       {"train.batch_divisible", {"train.global_batch_size=null"}, {"train.global_batch_size=2"}},
+      {"train.samples_below_one_batch", {"train.train_iters=null", "train.train_samples=7", "scheduler.lr_warmup_iters=0"},
+       {"train.train_iters=null", "train.train_samples=8", "scheduler.lr_warmup_iters=0"}},
       {"train.batch_divisible", {"train.micro_batch_size=null"}, {"train.micro_batch_size=1"}},
       {"cuda_graph.modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_preprocess]"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[moe_router,moe_preprocess]"}},
