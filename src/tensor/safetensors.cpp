@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -165,6 +166,12 @@ const Tensor& expect_tensor(const TensorMap& tensors, const std::string& name, c
   if (t.shape() != shape)
     throw InputError(fmt::format("{}: tensor '{}' has shape {}; expected {}", file, name,
                                  shape_string(t.shape()), shape_string(shape)));
+  // A NaN or infinity would spread through every output it touches: named here, not found later.
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if (const float v = t.get(i); !std::isfinite(v))
+      throw InputError(fmt::format("{}: tensor '{}' holds {} at element {} (flat index, shape {}); the values must be "
+                                   "finite",
+                                   file, name, std::isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf", i, shape_string(t.shape())));
   return t;
 }
 

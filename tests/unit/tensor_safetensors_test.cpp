@@ -1,6 +1,8 @@
 // Tensor storage and accounting, and safetensors files: round trip and every kind of bad file.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -128,6 +130,17 @@ TEST(Safetensors, ExpectTensorChecksPresenceShapeAndDtype) {
   EXPECT_NE(msg("y", {2, 3}).find("tensor 'y' is missing"), std::string::npos);
   EXPECT_NE(msg("x", {3, 2}).find("has shape [2, 3]; expected [3, 2]"), std::string::npos);
   EXPECT_NE(msg("n", {2}).find("is I64"), std::string::npos);
+  // Values must be finite, in either float dtype.
+  TensorMap bad{{"f", Tensor({2, 2}, DType::F32)}, {"b", Tensor({3}, DType::BF16)}};
+  bad.at("f").set(3, std::nanf(""));
+  bad.at("b").set(1, -INFINITY);
+  try {
+    expect_tensor(bad, "f", {2, 2}, "w.safetensors");
+    ADD_FAILURE() << "a NaN passed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("w.safetensors: tensor 'f' holds NaN at element 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(expect_tensor(bad, "b", {3}, "w.safetensors"), InputError);
 }
 
 }  // namespace

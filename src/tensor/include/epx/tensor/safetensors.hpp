@@ -20,8 +20,8 @@ TensorMap read_safetensors(const std::string& path);
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// The named tensor with the expected shape and a float dtype (F32 or BF16), or an InputError
-// that names the tensor, the file, what was found and what was expected.
+// The named tensor with the expected shape, a float dtype (F32 or BF16) and finite values, or an
+// InputError that names the tensor, the file, what was found and what was expected.
 const Tensor& expect_tensor(const TensorMap& tensors, const std::string& name,
                             const Shape& shape, const std::string& file);
 
