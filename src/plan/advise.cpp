@@ -273,7 +273,7 @@ std::vector<Tip> tuning_tips(const Config& c, const Advice& a) {
   } else if (!a.plan.fits) {
     // Selective first, full only if it still does not fit; neither: the layout itself.
     const double capacity = a.plan.gpu.rates.memory_gb;
-    const std::vector<std::string> selective = selective_recompute_overrides(m), full = full_recompute_overrides(m);
+    const std::vector<std::string> selective = selective_recompute_overrides(m), full = full_recompute_overrides(c);
     const Replanned with_selective = replan(c, selective), with_full = replan(c, full);
     const auto peak = [](const Replanned& r) {
       return r.plan ? fmt::format("{:.1f} GiB", r.plan->configured().peak_memory_gb) : "refused: " + r.refusal;

@@ -359,7 +359,7 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     if (!config->ddp.use_distributed_optimizer)
       add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full")) {
-      add("memory", "full recompute, only if it still does not fit", full_recompute_overrides(*m));
+      add("memory", "full recompute, only if it still does not fit", full_recompute_overrides(*config));
     }
     if (m->num_layers % (2 * m->pipeline_model_parallel_size) == 0)
       add("memory", "a deeper pipeline (PP x2) spreads the layers", {fmt::format("model.pipeline_model_parallel_size={}", 2 * m->pipeline_model_parallel_size)},

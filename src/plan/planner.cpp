@@ -87,12 +87,16 @@ void check_variants(Plan& p, const Config& resolved) {
     if (!v.overrides.empty()) v.refusal = check_refusal(resolved, v.overrides);
 }
 
-std::vector<std::string> full_recompute_overrides(const ModelConfig& m) {
+std::vector<std::string> full_recompute_overrides(const Config& c) {
+  const ModelConfig& m = c.model;
   std::vector<std::string> o = {"model.recompute_granularity=full", "model.recompute_method=uniform",
                                 "model.recompute_num_layers=1"};
   if (m.cuda_graph_impl != "none") o.push_back("model.cuda_graph_impl=none");
+  // EP overlap off where it was set: comm_overlap (which Bridge copies onto the model), or the
+  // model alone (a new comm_overlap section would bring its other defaults with it).
+  const std::string section = c.comm_overlap ? "comm_overlap" : "model";
   if (m.overlap_moe_expert_parallel_comm)
-    o.insert(o.end(), {"comm_overlap.overlap_moe_expert_parallel_comm=false", "comm_overlap.delay_wgrad_compute=false"});
+    o.insert(o.end(), {section + ".overlap_moe_expert_parallel_comm=false", section + ".delay_wgrad_compute=false"});
   return o;
 }
 

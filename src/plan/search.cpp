@@ -87,7 +87,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                   layout.insert(layout.end(), fix.begin(), fix.end());
                 }
                 if (full) {
-                  const std::vector<std::string> recompute = full_recompute_overrides(m);
+                  const std::vector<std::string> recompute = full_recompute_overrides(loaded);
                   layout.insert(layout.end(), recompute.begin(), recompute.end());
                 } else if (m.recompute_granularity == std::optional<std::string>("full")) {
                   layout.push_back("model.recompute_granularity=null");

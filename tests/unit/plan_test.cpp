@@ -221,6 +221,25 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   EXPECT_EQ(tensorwise.step_grads, dist.step_grads);
 }
 
+TEST(Plan, FullRecomputeTurnsEpOverlapOffWhereItWasSet) {
+  // Through comm_overlap where the config has the section (Bridge copies it onto the model), on
+  // the model where only the model sets it: a new section would bring its own defaults.
+  const auto has = [](const std::vector<std::string>& o, const std::string& s) {
+    return std::find(o.begin(), o.end(), s) != o.end();
+  };
+  const std::vector<std::string> section =
+      full_recompute_overrides(resolved("qwen3_30b_a3b_proxy", {"+comm_overlap.overlap_moe_expert_parallel_comm=true"}));
+  EXPECT_TRUE(has(section, "comm_overlap.overlap_moe_expert_parallel_comm=false")) << fmt::format("{}", fmt::join(section, " "));
+  const std::vector<std::string> model =
+      full_recompute_overrides(resolved("qwen3_30b_a3b_proxy", {"comm_overlap=None", "model.overlap_moe_expert_parallel_comm=true"}));
+  EXPECT_TRUE(has(model, "model.overlap_moe_expert_parallel_comm=false")) << fmt::format("{}", fmt::join(model, " "));
+  EXPECT_TRUE(has(model, "model.delay_wgrad_compute=false"));
+  const Replanned replanned =
+      replan(resolved("qwen3_30b_a3b_proxy", {"comm_overlap=None", "model.overlap_moe_expert_parallel_comm=true"}), model);
+  EXPECT_TRUE(replanned.plan) << replanned.refusal;
+  EXPECT_FALSE(replanned.plan->configured().ep_overlap);
+}
+
 TEST(Plan, ExpertInputsPaddedToCapacityCountTheirRows) {
   // Padded to capacity, every expert computes factor x tokens x k / experts rows, empty ones too:
   // the routed activations, the dispatcher's buffers, alltoall's exchanges and the experts' GEMM

@@ -143,9 +143,9 @@ std::string check_refusal(const Config& resolved, const std::vector<std::string>
 // overlap at PP > 1 without VPP, say). Apart from make_plan, which --search calls per candidate.
 void check_variants(Plan& p, const Config& resolved);
 // The overrides that turn full recompute on (uniform, one layer), with per-layer CUDA graphs off
-// where `m` has them (Megatron-Core takes full recompute only with full-iteration graphs) and EP
+// where the model has them (Megatron-Core takes full recompute only with full-iteration graphs) and EP
 // overlap off where it is on (Megatron refuses the two together: ep_overlap.full_recompute).
-std::vector<std::string> full_recompute_overrides(const ModelConfig& m);
+std::vector<std::string> full_recompute_overrides(const Config& c);
 // The seeds' selective recompute (core_attn, moe_act, layernorm), clearing full recompute's
 // method and layer count where `m` sets them.
 std::vector<std::string> selective_recompute_overrides(const ModelConfig& m);
