@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -55,8 +56,11 @@ Effect predicted_effect(const Config& c, const Variant& base, const std::vector<
 // layernorm and embedding parts), the parameter all-gather, and the pipeline's blocking
 // receives. The token exchanges sit inside forward / backward compute and are not timed apart.
 bool is_dp_timer(const std::string& name) {
-  return name == "all-grads-sync" || name == "params-all-gather" || name == "layernorm-grads-all-reduce" ||
-         name == "embedding-grads-all-reduce";
+  static const std::set<std::string> kNames = {
+      "all-grads-sync", "params-all-gather", "layernorm-grads-all-reduce", "embedding-grads-all-reduce",
+      // Megatron-LM's names before September 2023, and before August 2022.
+      "grads-all-reduce", "grads-reduce-scatter", "backward-params-all-reduce", "backward-embedding-all-reduce"};
+  return kNames.contains(name);
 }
 struct TimedWaits {
   double dp_s = 0, pp_s = 0;  // per iteration
@@ -124,9 +128,13 @@ std::vector<std::string> log_notes(const RunEvidence& run) {
   if (run.cut_off)
     notes.push_back("the log's last line has no end (the run was still writing it): it is left out");
   if (run.restarted_at > 0)
-    notes.push_back(fmt::format("the log goes back to iteration {} (a requeued or resumed run appended to it): the "
-                                "later lines replace the earlier ones from there",
-                                run.restarted_at));
+    notes.push_back(run.went_back
+                        ? fmt::format("the log goes back to iteration {} (a requeued or resumed run appended to it): the "
+                                      "later lines replace the earlier ones from there",
+                                      run.restarted_at)
+                        : fmt::format("the run was resumed at iteration {} (a second arguments dump): the resumed "
+                                      "process's first iterations, its warm-up, are left out of the steady state",
+                                      run.restarted_at));
   if (run.skipped_iterations > 0 || run.nan_iterations > 0)
     notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
                                 "walls, first",

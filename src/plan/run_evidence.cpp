@@ -179,13 +179,16 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
   static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
-  // Megatron prints the loss with {:.6E}: a NaN or infinity is NAN, INF or -INF.
-  static const std::regex loss(R"(lm loss:\s*([+-]?(?:[nN][aA][nN]|[iI][nN][fF])|[0-9.eE+-]+))");
+  // Megatron prints the loss with {:.6E}: a NaN or infinity is NAN, INF or -INF (before 2020:
+  // "lm loss 6.758929E+00", no colon).
+  static const std::regex loss(R"(lm loss:?\s*([+-]?(?:[nN][aA][nN]|[iI][nN][fF])|[0-9.eE+-]+))");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
-  // A launcher's prefix ("[default3]:" from torchrun --tee, "3: " from srun -l), dropped from
-  // every line before the rest is read.
-  static const std::regex launcher_prefix(R"(^(?:\[[^\]]*\]|\d+):)");
+  // Launchers' prefixes, dropped from every line before the rest is read, one after another
+  // (srun -l over torchrun --tee gives "0: [default7]:"): "[default3]:" (torchrun --tee), "3: "
+  // (srun -l), "[1,3]<stdout>:" (mpirun --tag-output), an RFC 3339 time (kubectl logs --timestamps).
+  static const std::regex launcher_prefix(
+      R"(^ ?(?:\[[^\]]*\](?:<std(?:out|err)>)?:|\d+:|\d{4}-\d\d-\d\dT[0-9:.]+(?:Z|[+-]\d\d:\d\d) ))");
   // The arguments dump, or Megatron-LM's "using world size: N, data-parallel size: ..." line.
   static const std::regex world_size(R"(^\s*world_size \.+ (\d+)\s*$|using world size:\s*(\d+))");
   // Megatron's Timers.log: "    all-grads-sync ......: (min, max)" or, max only, ": max".
@@ -195,10 +198,21 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex all_ranks_timer(R"(^\s+([a-z][a-z0-9-]*):\s*$)");
   static const std::regex rank_time(R"(^\s+rank\s+(\d+): ([0-9.eE+-]+)\s*$)");
   std::string all_ranks_name;  // the timer whose ranks' lines follow
+  // Before August 2022 the timers were one line: "time (ms) | forward-compute: 604.56 | ...".
+  static const std::regex timers_line(R"(^\s*time \(ms\)((?: \| [a-z][a-z0-9-]*: [0-9.eE+-]+)+)\s*$)");
+  static const std::regex timers_line_item(R"(\| ([a-z][a-z0-9-]*): ([0-9.eE+-]+))");
+  // Bridge prints its rate on a line of its own, before the iteration's line (after it in
+  // older versions; --log-throughput adds it to the iteration's line):
+  // "Step Time : 14.26s GPU utilization: 58.2MODEL_TFLOP/s/GPU". It goes to the iteration line
+  // just read if that has none, else to the next one.
+  static const std::regex step_time_line(R"(Step Time : [0-9.eE+-]+s GPU utilization: ([0-9.eE+-]+)(?:MODEL_)?TFLOP/s/GPU)");
+  std::optional<double> bridge_tflops;
+  // A second arguments dump after iterations: a resumed process, whose next line starts anew.
+  bool resumed = false;
   static const std::regex global_batch(R"(global batch size:\s*(\d+))");
   // Bridge's memory line (GB: bytes / 1e9) and Megatron-LM's report_memory (MB: bytes / 2^20).
-  static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
-  static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*\| max allocated:\s*([0-9.eE+-]+))");
+  static const std::regex memory(R"(\(after (\d+) iterations\) memory \(GB\).*?mem-max-allocated-gigabytes:\s*([0-9.eE+-]+))");
+  static const std::regex memory_mb(R"(\(after (\d+) iterations\) memory \(MB\).*?\| max allocated:\s*([0-9.eE+-]+))");
   run.kind = "Megatron log";
   std::map<int, double> memory_after;
   // A last line without its newline is one the run was still writing ("...(ms): 4"): not read.
@@ -216,7 +230,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     // log lines are a few hundred characters, so a longer one is not one of them.
     if (line.size() > 8192) continue;
     std::smatch m;
-    if (std::regex_search(line, m, launcher_prefix)) line.erase(0, static_cast<std::size_t>(m.length(0)));
+    while (std::regex_search(line, m, launcher_prefix)) line.erase(0, static_cast<std::size_t>(m.length(0)));
     // A number of the line: finite and within [least, most], else the line's error names it.
     const auto value = [&](const std::string& text, const std::string& what, double least, double most) {
       char* end = nullptr;
@@ -249,27 +263,45 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       continue;
     }
     all_ranks_name.clear();
+    if (!run.iterations.empty() && std::regex_search(line, m, timers_line)) {
+      const std::string items = m[1];
+      for (std::sregex_iterator it(items.begin(), items.end(), timers_line_item), end; it != end; ++it)
+        run.iterations.back().timers_ms[(*it)[1]] = value((*it)[2], "timer " + (*it)[1].str() + " (ms)", 0, 1e12);
+      continue;
+    }
     if (std::regex_search(line, m, world_size)) {
       run.ranks = count(m[1].matched ? m[1].str() : m[2].str(), "the world size", 1);
+      resumed = !run.iterations.empty();
       continue;
     }
-    const bool in_gb = std::regex_search(line, m, memory);
-    if (in_gb || std::regex_search(line, m, memory_mb)) {
-      const double gib = value(m[2], in_gb ? "max allocated (GB)" : "max allocated (MB)", 0, 1e12) *
-                         (in_gb ? 1e9 : 1048576.0) / kGiB;
-      double& peak = memory_after[count(m[1], "the memory line's iteration", 0)];  // the max over the ranks
-      peak = std::max(peak, gib);
+    if (std::regex_search(line, m, step_time_line)) {
+      const double rate = value(m[1], "GPU utilization (TFLOP/s/GPU)", 0, 1e9);
+      if (!run.iterations.empty() && !run.iterations.back().throughput_logged && !bridge_tflops)
+        run.iterations.back().tflops_per_gpu = rate, run.iterations.back().throughput_logged = true;
+      else
+        bridge_tflops = rate;
       continue;
     }
+    // Every memory line of the line (ranks' lines written without a newline between them run
+    // together), the max over the ranks; an iteration line run on after them is read too.
+    for (const bool in_gb : {true, false})
+      for (std::sregex_iterator it(line.begin(), line.end(), in_gb ? memory : memory_mb), end; it != end; ++it) {
+        const double gib = value((*it)[2], in_gb ? "max allocated (GB)" : "max allocated (MB)", 0, 1e12) *
+                           (in_gb ? 1e9 : 1048576.0) / kGiB;
+        double& peak = memory_after[count((*it)[1], "the memory line's iteration", 0)];
+        peak = std::max(peak, gib);
+      }
     if (!std::regex_search(line, m, iteration)) continue;
-    IterationPoint p;
-    p.iteration = count(m[1], "the iteration", 1);  // Megatron counts from 1
+    const std::string iteration_text = m[1];
     if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
+    IterationPoint p;
+    p.iteration = count(iteration_text, "the iteration", 1);  // Megatron counts from 1
     // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.
     p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
-    const bool has_tflops = std::regex_search(line, m, tflops);
-    if (has_tflops) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
-    run.throughput_logged = run.iterations.empty() ? has_tflops : run.throughput_logged && has_tflops;
+    p.throughput_logged = std::regex_search(line, m, tflops);
+    if (p.throughput_logged) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
+    else if (bridge_tflops) p.tflops_per_gpu = *bridge_tflops, p.throughput_logged = true;
+    bridge_tflops.reset();
     if (std::regex_search(line, m, loss))
       p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos ? value(m[1], "lm loss", -1e300, 1e300)
                                                                         : std::numeric_limits<double>::quiet_NaN();
@@ -279,14 +311,25 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (std::regex_search(line, m, nans)) p.nans = count(m[1], "number of nan iterations", 0);
     if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
       run.restarted_at = p.iteration;
+      run.went_back = true;
       while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration) run.iterations.pop_back();
+    } else if (resumed) {
+      run.restarted_at = p.iteration;
+      run.went_back = false;
     }
+    resumed = false;
     run.iterations.push_back(p);
   }
   if (run.iterations.empty())
-    throw InputError(fmt::format("{}: neither an `epx run --results` JSON nor a Megatron training log (no line with "
-                                 "'iteration N/M | ... elapsed time per iteration (ms): T')",
-                                 path));
+    throw InputError(fmt::format(
+        "{}: neither an `epx run --results` JSON nor a Megatron training log (no line with 'iteration N/M | ... "
+        "elapsed time per iteration (ms): T'){}",
+        path,
+        whole.find("elapsed time per") != std::string_view::npos
+            ? "; its lines look cut and wrapped (a terminal's or a web page's width?): give the log as the run wrote it"
+            : ""));
+  run.throughput_logged = std::all_of(run.iterations.begin(), run.iterations.end(),
+                                     [](const IterationPoint& p) { return p.throughput_logged; });
   for (IterationPoint& p : run.iterations)
     if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;
   for (const auto& [iteration, gib] : memory_after) run.peak_memory_gb = std::max(run.peak_memory_gb, gib);
@@ -294,9 +337,12 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   // (log_interval). Megatron also logs the run's first iteration, off the interval, and does
   // not reset its timer or counters there (training.py: should_reset = not is_first_iteration),
   // on the interval too (log_interval 1): the next line covers that iteration again. A first
-  // line on a longer interval is taken to be a cut log's, covering one interval.
+  // line on a longer interval is taken to be a cut log's, covering one interval. (A line at
+  // iteration 1 is on no interval but 1's.)
   const std::vector<IterationPoint>& its = run.iterations;
-  const bool first_off_interval = its.size() >= 3 && its[1].iteration - its[0].iteration != its[2].iteration - its[1].iteration;
+  const bool first_off_interval =
+      (its.size() >= 2 && its[0].iteration == 1 && its[1].iteration > 2) ||
+      (its.size() >= 3 && its[1].iteration - its[0].iteration != its[2].iteration - its[1].iteration);
   const bool first_not_reset = first_off_interval || (its.size() >= 2 && its[1].iteration - its[0].iteration == 1);
   const auto first_averaged = [&](std::size_t k) {
     if (k == 1 && first_not_reset) return its[0].iteration;
@@ -304,13 +350,23 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     return its.size() > 1 && !first_off_interval ? std::max(1, 2 * its[0].iteration - its[1].iteration + 1)
                                                  : its[0].iteration;
   };
-  // A restart's first line is its process's first iteration too: the next line repeats its counts.
+  // A restart's first line is its process's first iteration too. The next line repeats a line's
+  // counts where Megatron-LM did not reset them (since 2026); Megatron-LM before and Bridge reset
+  // every line. The larger of the two counts is right either way where one of them is 0 (the
+  // usual case for skipped and NaN iterations).
   const auto restart_line = std::find_if(its.begin(), its.end(), [&](const IterationPoint& p) {
     return run.restarted_at > 0 && p.iteration == run.restarted_at;
   });
-  for (std::size_t k = first_not_reset ? 1 : 0; k < its.size(); ++k)
-    if (its.begin() + static_cast<long>(k) != restart_line || k + 1 == its.size())
+  for (std::size_t k = 0; k < its.size(); ++k) {
+    const bool repeated = (k == 0 && first_not_reset) || its.begin() + static_cast<long>(k) == restart_line;
+    if (repeated && k + 1 < its.size()) {
+      run.skipped_iterations += std::max(its[k].skipped, its[k + 1].skipped);
+      run.nan_iterations += std::max(its[k].nans, its[k + 1].nans);
+      ++k;
+    } else {
       run.skipped_iterations += its[k].skipped, run.nan_iterations += its[k].nans;
+    }
+  }
   // The seeds' steady state: from the run's third iteration (all of it for shorter logs); a line
   // counts when the first iteration it covers is in it. A resumed run starts where its log does.
   run.steady_last = its.back().iteration;
@@ -321,7 +377,8 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line
-    for (std::size_t k = 0; k < its.size(); ++k) {
+    // (but a first line the next one covers again)
+    for (std::size_t k = fallback && first_not_reset && its.size() > 1 ? 1 : 0; k < its.size(); ++k) {
       if (!fallback && first_averaged(k) < steady_from) continue;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;

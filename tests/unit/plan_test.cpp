@@ -494,6 +494,95 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
 }
 
+// Logs as they come from launchers and from other Megatron and Bridge versions (helper-found
+// excerpts of real logs, cut down).
+TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_megatron_formats_{}.log", getpid());
+  const auto read = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return read_run(path.string(), std::nullopt);
+  };
+  const auto line = [](int it, double ms, const std::string& more = "") {
+    return fmt::format(" [2025-11-03 10:00:00] iteration {:8d}/     100 | elapsed time per iteration (ms): {} | {}lm "
+                       "loss: 5.0 |\n",
+                       it, ms, more);
+  };
+  // Prefixes one after another: mpirun --tag-output, srun -l over torchrun --tee, kubectl's time.
+  for (const std::string prefix : {"[1,7]<stdout>:", "0: [default7]:", "2025-06-01T10:00:00.123456789Z "}) {
+    SCOPED_TRACE(prefix);
+    std::string text;
+    for (int it : {10, 20, 30})
+      text += prefix + line(it, 1000) + prefix + "(min, max) time across ranks (ms):\n" + prefix +
+              "    all-grads-sync .................................: (20.00, 60.00)\n";
+    const RunEvidence run = read(text);
+    EXPECT_DOUBLE_EQ(run.timers_min_ms.at("all-grads-sync"), 20);
+    EXPECT_DOUBLE_EQ(run.mean_step_s, 1.0);
+  }
+  // Before August 2022 the timers were one line; the DP reduction had other names then (and
+  // until September 2023: grads-all-reduce).
+  RunEvidence run = read(line(10, 1000) + line(20, 1000) +
+                         "time (ms) | forward-compute: 604.56 | backward-params-all-reduce: 267.65 | optimizer: 85.27\n" +
+                         line(30, 1000) + "    grads-all-reduce ...............................: (300.00, 320.00)\n");
+  EXPECT_DOUBLE_EQ(run.timers_ms.at("backward-params-all-reduce"), 267.65 / 2);  // one of the two steady lines
+  EXPECT_DOUBLE_EQ(run.timers_min_ms.at("grads-all-reduce"), 300.0 / 2);
+  const Diagnosis old_names = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100"}), find_gpu("h100"));
+  EXPECT_NE(old_names.walls[1].evidence.find("pipeline waits 0.284 s"), std::string::npos) << old_names.walls[1].evidence;
+  // Bridge's rate is its Step Time line, before the iteration's line (after it in older Bridge).
+  run = read("Step Time : 1.00s GPU utilization: 58.2MODEL_TFLOP/s/GPU\n" + line(10, 1000) +
+             "Step Time : 1.00s GPU utilization: 49.3MODEL_TFLOP/s/GPU\n" + line(20, 1000) +
+             "Step Time : 1.00s GPU utilization: 49.3MODEL_TFLOP/s/GPU\n" + line(30, 1000));
+  EXPECT_TRUE(run.throughput_logged);
+  EXPECT_DOUBLE_EQ(run.iterations.front().tflops_per_gpu, 58.2);
+  run = read(line(10, 1000) + "Step Time : 1.00s GPU utilization: 58.2TFLOP/s/GPU\n" + line(20, 1000) +
+             "Step Time : 1.00s GPU utilization: 49.3TFLOP/s/GPU\n" + line(30, 1000));
+  EXPECT_FALSE(run.throughput_logged);  // the last line has none
+  EXPECT_DOUBLE_EQ(run.iterations[1].tflops_per_gpu, 49.3);
+  // A first line's skipped iteration counts whether the next line repeats it (Megatron-LM since
+  // 2026) or not (before, and Bridge).
+  run = read(line(1, 5000, "number of skipped iterations:   1 | ") + line(2, 1000, "number of skipped iterations:   0 | ") +
+             line(3, 1000) + line(4, 1000));
+  EXPECT_EQ(run.skipped_iterations, 1);
+  run = read(line(1, 5000, "number of skipped iterations:   1 | ") + line(2, 1000, "number of skipped iterations:   1 | ") +
+             line(3, 1000) + line(4, 1000));
+  EXPECT_EQ(run.skipped_iterations, 1);
+  // A resumed run (a second arguments dump) that goes on from where it stopped: its first line,
+  // the resumed process's warm-up, is left out of the steady state.
+  run = read("  world_size ...... 8\n" + line(10, 1000) + line(20, 1000) + line(30, 1000) + line(40, 1000) +
+             "  world_size ...... 8\n" + line(41, 30000) + line(50, 1000) + line(60, 1000));
+  EXPECT_EQ(run.restarted_at, 41);
+  EXPECT_FALSE(run.went_back);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 1.0);
+  // Two lines, the first iteration's and the interval's: the second covers the first again.
+  run = read(line(1, 9000) + line(10, 1000));
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 1.0);
+  // Ranks' memory lines run together, and an iteration line run on after them.
+  run = read(line(1, 1000) + "[Rank 0] (after 1 iterations) memory (MB) | allocated: 1.0 | max allocated: 2048.00 | "
+             "reserved: 3.0 | max reserved: 3.0[Rank 8] (after 1 iterations) memory (MB) | allocated: 1.0 | max "
+             "allocated: 1024.00 | reserved: 3.0 | max reserved: 3.0" + line(2, 1000));
+  EXPECT_DOUBLE_EQ(run.peak_memory_gb, 2.0);
+  EXPECT_EQ(run.iterations.size(), 2u);
+  // Megatron's 2019 loss had no colon.
+  run = read(" iteration      400/    3000 | elapsed time per iteration (ms): 12879.0 | learning rate 6.300E-06 | lm loss "
+             "6.758929E+00 | loss scale 64.0 |\n");
+  EXPECT_DOUBLE_EQ(run.final_loss, 6.758929);
+  // Not Megatron's: the generic refusal (not the iteration's range); a wrapped paste is named.
+  const auto refusal = [&](const std::string& text) {
+    try {
+      read(text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("read");
+  };
+  EXPECT_NE(refusal("Training epoch 0, iteration 0/149 | lr: 1e-05 | reduced_train_loss: 4.4 | train_step_timing in s: 2.1\n")
+                .find("neither an `epx run --results` JSON nor a Megatron training log"),
+            std::string::npos);
+  EXPECT_NE(refusal(" iteration 10/ 50 | consumed samples: 5120 |\nelapsed time per iteration (ms): 13212.7 |\n")
+                .find("its lines look cut and wrapped"),
+            std::string::npos);
+  std::filesystem::remove(path);
+}
+
 TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_megatron_{}.log", getpid());
   const auto line = [](int it, double ms) {

@@ -22,6 +22,7 @@ struct IterationPoint {
   double lm_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not logged, or logged as nan
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
   int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
+  bool throughput_logged = true;    // a Megatron log's rate (its line's, or Bridge's Step Time line)
   // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks;
   // the min over ranks (--timing-log-option minmax, Megatron's default, or all); and with `all`
   // each rank's (it lists the ranks whose timer is above 0).
@@ -73,9 +74,12 @@ struct RunEvidence {
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
   std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
   bool cut_off = false;  // a Megatron log whose last line has no end (still being written): left out
-  // A Megatron log whose iterations go back (a requeued run appended to its log): the later
-  // lines replace the earlier ones from that iteration on. The last such iteration, 0: none.
+  // A Megatron log of more than one process: one whose iterations go back (a requeued run
+  // appended to its log: the later lines replace the earlier ones from that iteration on,
+  // went_back), or a second arguments dump before the next line (a resumed run). The first
+  // iteration of the last such process, 0: none.
   int restarted_at = 0;
+  bool went_back = false;
   // Megatron's timers, the mean over the steady lines (a timer missing on a line counts as 0 there).
   std::map<std::string, double> timers_ms, timers_min_ms;
   std::map<std::string, std::map<int, double>> timers_by_rank_ms;
