@@ -3,7 +3,7 @@
 # ranks, at the recipe's own shape: global batch 8, vocabulary 4096), then
 # for each row run the proxy for STEPS iterations and plan the same config; print the measured
 # and predicted step time and peak memory and the errors.
-#   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,shapes,cluster (cluster: root)
+#   bash bench/plan_vs_run.sh [STEPS] [SECTIONS]   SECTIONS: local,shapes,recompute,cluster (cluster: root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -52,6 +52,18 @@ if [[ $sections == *,shapes,* ]]; then  # away from the calibrated model
   row "2 local ranks, alltoall, seq 512" 2 2 launch -n 2 -- model.seq_length=512
   row "2 local ranks, alltoall, 4 layers" 2 2 launch -n 2 -- model.num_layers=4
   row "2 local ranks, alltoall, hidden 512, EP overlap" 2 2 launch -n 2 -- model.hidden_size=512 --moe_a2a_overlap true
+fi
+if [[ $sections == *,recompute,* ]]; then  # 4 layers: block and uniform chunks differ
+  full=(model.recompute_granularity=full)
+  row "2 local ranks, 4 layers, no recompute" 2 2 launch -n 2 -- model.num_layers=4
+  row "2 local ranks, 4 layers, full uniform 1" 2 2 launch -n 2 -- model.num_layers=4 "${full[@]}" \
+    model.recompute_method=uniform model.recompute_num_layers=1
+  row "2 local ranks, 4 layers, full uniform 2" 2 2 launch -n 2 -- model.num_layers=4 "${full[@]}" \
+    model.recompute_method=uniform model.recompute_num_layers=2
+  row "2 local ranks, 4 layers, full block 1" 2 2 launch -n 2 -- model.num_layers=4 "${full[@]}" \
+    model.recompute_method=block model.recompute_num_layers=1
+  row "2 local ranks, 4 layers, selective moe_act, layernorm" 2 2 launch -n 2 -- model.num_layers=4 \
+    model.recompute_granularity=selective "model.recompute_modules=[moe_act,layernorm]"
 fi
 if [[ $sections == *,cluster,* ]]; then
   bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit 0.15 >/dev/null

@@ -179,8 +179,11 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double stage_layers = st.layers + mtp;
   const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max(1.0, stage_layers);
   const double input_split = sp ? tp : 1;  // a layer's input, split by SP
-  double one_micro_batch = full ? stage_layers * 2 * s * b * h / input_split + avg_layer  // inputs + one layer rebuilt
-                                : dense_layers * per_layer_dense + moe_layers * per_layer_moe;
+  double one_micro_batch = dense_layers * per_layer_dense + moe_layers * per_layer_moe;
+  if (full) {  // the checkpoints' inputs, the layers kept whole, the ones rebuilt at once
+    const FullRecompute r = full_recompute(m, stage_layers, lp.split.chunks);
+    one_micro_batch = r.kept_inputs * 2 * s * b * h / input_split + (stage_layers - r.recomputed + r.rebuilt) * avg_layer;
+  }
   // Micro-batches in flight on stage p: 1F1B keeps PP - p (the first stage PP); interleaving
   // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor), also at VPP = 1, which
   // Megatron-Core runs interleaved (a warm-up of 2 (PP - p - 1)); the merged EP-overlap schedule
@@ -217,6 +220,15 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
 }
 
 }  // namespace
+
+FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks) {
+  const double per_chunk = layers / std::max(1, chunks), n = std::max<double>(1, static_cast<double>(m.recompute_num_layers.value_or(1)));
+  if (m.recompute_method == std::optional<std::string>("block")) {
+    const double r = std::min(n, per_chunk);
+    return {r * chunks, r * chunks, r > 0 ? 1.0 : 0.0};
+  }
+  return {layers, std::ceil(per_chunk / n) * chunks, std::min(n, per_chunk)};
+}
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
   MemoryPlan most = stage_memory(c, lp, dispatcher, ep_overlap, 0);

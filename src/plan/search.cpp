@@ -131,12 +131,14 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
                       if (v.as_configured) rows.push_back({o, v});
                   }
               }
-  // Faster first (step times to the millisecond); on a tie, the one that holds less memory. A
-  // config within 5% of the GPU's memory ranks after every one with room: what the count leaves
-  // out (the CUDA context, NCCL's buffers, fragmentation) may not fit beside it.
+  // Faster first (step times in steps of 0.1%, whatever their size: a proxy's step is a
+  // millisecond); on a tie, the one that holds less memory. A config within 5% of the GPU's
+  // memory ranks after every one with room: what the count leaves out (the CUDA context, NCCL's
+  // buffers, fragmentation) may not fit beside it.
   const GpuInfo gpu = result.gpu;
-  const auto key = [&gpu](const SearchRow& r) {
-    return std::tuple{tight_fit(r.variant.peak_memory_gb, gpu), std::llround(r.variant.step_time_s * 1e3),
+  const auto step_bucket = [](double s) { return std::llround(std::log(std::max(s, 1e-12)) / std::log1p(1e-3)); };
+  const auto key = [&](const SearchRow& r) {
+    return std::tuple{tight_fit(r.variant.peak_memory_gb, gpu), step_bucket(r.variant.step_time_s),
                       r.variant.peak_memory_gb};
   };
   std::sort(rows.begin(), rows.end(), [&](const SearchRow& a, const SearchRow& b) { return key(a) < key(b); });
@@ -147,13 +149,13 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
     // The terms of the step that differ between the two.
     const SearchRow &a = result.top[0], &b = result.top[1];
     const double d = b.variant.step_time_s - a.variant.step_time_s;
-    if (std::llround(d * 1e3) == 0)
-      result.why = fmt::format("the best and the next tie on step time ({:.2f} s); the best holds {:.1f} GiB less",
+    if (step_bucket(a.variant.step_time_s) == step_bucket(b.variant.step_time_s))
+      result.why = fmt::format("the best and the next tie on step time ({:.3g} s); the best holds {:.1f} GiB less",
                                a.variant.step_time_s, b.variant.peak_memory_gb - a.variant.peak_memory_gb);
     else
       result.why = fmt::format(
-        "the best is {:.2f} s faster per step than the next: compute {:+.2f} s, exposed communication {:+.2f} s, "
-        "pipeline bubble {:+.2f} s (the next minus the best); peak memory {:.1f} against {:.1f} GiB",
+        "the best is {:.3g} s faster per step than the next: compute {:+.3g} s, exposed communication {:+.3g} s, "
+        "pipeline bubble {:+.3g} s (the next minus the best); peak memory {:.1f} against {:.1f} GiB",
         d, b.variant.compute_s - a.variant.compute_s, b.variant.exposed_comm_s - a.variant.exposed_comm_s, b.variant.bubble_s - a.variant.bubble_s,
         a.variant.peak_memory_gb, b.variant.peak_memory_gb);
   }
@@ -168,8 +170,9 @@ std::string format_search(const SearchResult& r) {
     const Variant& v = r.top[i].variant;
     const bool t = tight_fit(v.peak_memory_gb, r.gpu);
     tight = tight || t;
-    out += fmt::format("{:2}. {:7.2f} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GiB{}  {:<13}  {}\n", i + 1,
-                       v.step_time_s, v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb, t ? "*" : " ", v.wall,
+    out += fmt::format("{:2}. {:>7} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GiB{}  {:<13}  {}\n", i + 1,
+                       fmt::format("{:.3g}", v.step_time_s), v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb,
+                       t ? "*" : " ", v.wall,
                        fmt::join(r.top[i].overrides, " "));
   }
   if (tight)

@@ -58,22 +58,35 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // stage sets the pace of every other.
   const double expert_rows = m.num_moe_experts ? tokens * k * l.ep * l.etp / (static_cast<double>(*m.num_moe_experts) * l.tp) : tokens;
   const double per_rank = tokens / l.tp;  // each rank's share of a micro-batch's tokens
+  // Recompute runs a forward again in the backward, a third of its forward + backward: full
+  // recompute the recomputed layers' share of the stage, selective the modules it names (the
+  // attention's QK^T and PV, the MoE layer's experts, the dense and shared MLPs; the norms and
+  // activations are elementwise work). epx's own blocked attention keeps nothing core_attn could
+  // drop and recomputes nothing for it.
+  const bool full = m.recompute_granularity == std::optional<std::string>("full");
+  const auto modules = m.recompute_modules.value_or(StringList{"core_attn"});
+  const auto selective = [&](const char* module) {
+    return m.recompute_granularity == std::optional<std::string>("selective") &&
+           std::find(modules.begin(), modules.end(), module) != modules.end();
+  };
   StepCosts s;
   for (int p = 0; p < lp.split.stages; ++p) {
     const PipelineStage st = pipeline_stage(m, lp.split, p);
     const ModelFlops f = layer_flops(c, st.layers, st.moe_layers, st.mtp_layers, st.last);
-    double other = f.per_token() - f.routed_experts, stage = 0;
+    const double core_again = selective("core_attn") && gpu.cuda() ? 1.0 / 3 : 0, experts_again = selective("moe") ? 1.0 / 3 : 0,
+                 mlp_again = selective("mlp") || selective("moe") || selective("shared_experts") ? 1.0 / 3 : 0;
+    double other = f.per_token() - f.routed_experts + core_again * f.attention_core + mlp_again * f.mlp, stage = 0;
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
-      other -= f.attention_core;
-      stage = cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
+      other -= (1 + core_again) * f.attention_core;
+      stage = (1 + core_again) * cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
-                         padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
+                         (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
+    const double layers = st.layers + st.mtp_layers;
+    if (full && layers > 0) stage *= 1 + full_recompute(m, layers, lp.split.chunks).recomputed / layers / 3;
     s.stage_compute.push_back(stage);
     s.compute = std::max(s.compute, stage);
   }
-  // Full recompute runs every checkpointed layer's forward again: a third more GEMM work.
-  if (m.recompute_granularity && *m.recompute_granularity == "full") s.compute *= 4.0 / 3.0;
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.

@@ -221,6 +221,42 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   EXPECT_EQ(tensorwise.step_grads, dist.step_grads);
 }
 
+TEST(Plan, RecomputeCostsWhatItRecomputesAndSavesWhatItDrops) {
+  // 48 layers on one stage. Block recomputes the first N (each on its own), uniform every layer
+  // in groups of N; selective recompute pays for the modules it runs again.
+  const auto plan = [](std::vector<std::string> more) {
+    more.insert(more.begin(), {"model.cuda_graph_impl=none", "comm_overlap.overlap_moe_expert_parallel_comm=false",
+                               "comm_overlap.delay_wgrad_compute=false"});
+    return make_plan(resolved("qwen3_30b_a3b", more));
+  };
+  const auto full = [&](const char* method, int n) {
+    return plan({"model.recompute_granularity=full", fmt::format("model.recompute_method={}", method),
+                 fmt::format("model.recompute_num_layers={}", n)});
+  };
+  const Plan none = plan({}), block1 = full("block", 1), block24 = full("block", 24), block48 = full("block", 48),
+             uniform1 = full("uniform", 1), uniform8 = full("uniform", 8);
+  const auto step = [](const Plan& p) { return p.configured().step_time_s; };
+  EXPECT_NEAR(block1.memory.activations, none.memory.activations, 0.03 * none.memory.activations);
+  EXPECT_LT(step(block1) - step(none), 0.01 * step(none));  // 1 of 48 layers again
+  EXPECT_LT(block24.memory.activations, 0.6 * none.memory.activations);
+  EXPECT_NEAR(step(block24) - step(none), (step(block48) - step(none)) / 2, 0.01 * step(none));
+  EXPECT_DOUBLE_EQ(block48.memory.activations, uniform1.memory.activations);
+  EXPECT_DOUBLE_EQ(step(block48), step(uniform1));
+  // Every forward again: a third more of the micro-batches' compute (not of the optimizer step).
+  const double ratio = uniform1.configured().compute_s / none.configured().compute_s;
+  EXPECT_GT(ratio, 1.25);
+  EXPECT_LT(ratio, 4.0 / 3.0);
+  EXPECT_GT(uniform8.memory.activations, uniform1.memory.activations);  // 8 layers rebuilt at once
+  EXPECT_DOUBLE_EQ(step(uniform8), step(uniform1));
+  const Plan moe = plan({"model.recompute_granularity=selective", "model.recompute_modules=[moe]"}),
+             core = plan({"model.recompute_granularity=selective", "model.recompute_modules=[core_attn]"}),
+             act = plan({"model.recompute_granularity=selective", "model.recompute_modules=[moe_act]"});
+  EXPECT_GT(step(moe), step(core));
+  EXPECT_GT(step(core), step(none));
+  EXPECT_DOUBLE_EQ(step(act), step(none));  // elementwise
+  EXPECT_LT(moe.memory.activations, core.memory.activations);
+}
+
 TEST(Plan, FullRecomputeTurnsEpOverlapOffWhereItWasSet) {
   // Through comm_overlap where the config has the section (Bridge copies it onto the model), on
   // the model where only the model sets it: a new section would bring its own defaults.

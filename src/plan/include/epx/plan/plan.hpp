@@ -57,6 +57,17 @@ PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, i
 // The stage with the most MoE layers: the one whose token exchanges set the pace.
 PipelineStage busiest_moe_stage(const ModelConfig& m, const PipelineSplit& split);
 
+// Full recompute (recompute_granularity full) of a stage's `layers` in `chunks` model chunks,
+// as Megatron-Core's TransformerBlock checkpoints each chunk: `uniform` recomputes every layer,
+// in groups of recompute_num_layers whose first input it keeps, a group at a time; `block` the
+// first recompute_num_layers of each chunk, one at a time, and keeps the others' activations.
+struct FullRecompute {
+  double recomputed = 0;   // layers whose forward runs again in the backward
+  double kept_inputs = 0;  // the checkpoints: layer inputs held instead of their activations
+  double rebuilt = 0;      // layers whose activations are rebuilt at once in the backward
+};
+FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks);
+
 // Bytes per GPU on the most-loaded rank (reported in GiB), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
 // experts' wgrad, dispatcher buffers, logits, the optimizer step's FP32 grads, runtime extras).
