@@ -512,9 +512,17 @@ Advice advise(const Config& c, const BackendAvailability& have) {
   }
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    double predicted = 0;
+    double predicted = 0, peak = 0;
     for (const Variant& v : ab_plan.variants)
-      if (v.dispatcher == r.d && v.ep_overlap == r.overlap && v.delay_wgrad == r.delay) predicted = v.step_time_s;
+      if (v.dispatcher == r.d && v.ep_overlap == r.overlap && v.delay_wgrad == r.delay)
+        predicted = v.step_time_s, peak = v.peak_memory_gb;
+    const double capacity = ab_plan.gpu.rates.memory_gb;
+    const std::string memory =
+        capacity > 0 && peak > capacity
+            ? fmt::format("\n# the planner puts its peak at {:.1f} GiB, past the GPU's {:.0f}: it runs out of memory as "
+                          "it stands; add the memory fix of the tuning above to every run of the A/B",
+                          peak, capacity)
+            : "";
     const std::string knobs = fmt::format(
         " --moe_flex_dispatcher_backend {} --moe_a2a_overlap false comm_overlap.overlap_moe_expert_parallel_comm={} "
         "comm_overlap.delay_wgrad_compute={} model.moe_shared_expert_overlap=false{}",
@@ -532,9 +540,9 @@ Advice advise(const Config& c, const BackendAvailability& have) {
       a.harness_ab.push_back(fmt::format("# -c: the harness has no FP8 {} scaling (fp8_cs: tensorwise, fp8_mx: "
                                          "mxfp8, fp8_sc: blockwise)",
                                          m.fp8_recipe.value_or("delayed")));
-    a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step){}\n{}{}", i + 1, r.label, predicted,
+    a.harness_ab.push_back(fmt::format("# {}. {} (predicted {:.3g} s/step){}{}\n{}{}", i + 1, r.label, predicted,
                                        refusal.empty() ? "" : "\n# epx check refuses this run as it stands: " + refusal,
-                                       harness, knobs));
+                                       memory, harness, knobs));
     a.epx_ab.push_back(fmt::format("# {}. {}\n{}{} --results ab{}.json", i + 1, r.label, here, knobs, i + 1));
   }
   return a;

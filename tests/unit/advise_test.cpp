@@ -150,6 +150,12 @@ TEST(Advise, TuningFollowsThePlan) {
   // One knob per A/B row: baseline, the dispatcher, + EP overlap, + delay_wgrad.
   ASSERT_EQ(a.harness_ab.size(), 4u);
   EXPECT_NE(a.harness_ab[0].find("--moe_flex_dispatcher_backend None"), std::string::npos);
+  for (const std::string& line : a.harness_ab) EXPECT_EQ(line.find("runs out of memory"), std::string::npos) << line;
+  // A layout that does not fit: every A/B run says so, beside the tuning's memory fix.
+  const Advice big = advise_on("qwen3_30b_a3b", {"train.micro_batch_size=4"});
+  ASSERT_FALSE(big.harness_ab.empty());
+  for (const std::string& line : big.harness_ab)
+    EXPECT_NE(line.find("past the GPU's 80: it runs out of memory as it stands"), std::string::npos) << line;
   EXPECT_NE(a.harness_ab[3].find("comm_overlap.delay_wgrad_compute=true"), std::string::npos);
   // PP without VPP refuses EP overlap: the advice adds VPP.
   const std::vector<std::string> no_overlap = {"comm_overlap.overlap_moe_expert_parallel_comm=false",
