@@ -123,6 +123,15 @@ void add_hardware_file(const std::string& path) {
       it = catalog.insert(catalog.end(), std::move(fresh));
     }
     read_entry(kv.second, path, *it);
+    // The CPU runtime's fields time epx's own ranks; on a CUDA GPU they would slow its plans
+    // silently (a GPU's rates are the whole GPU's, its attention the GEMMs' rate).
+    const HardwareRates& r = it->rates;
+    if (it->cuda() && (r.cores > 0 || r.attention_tflops > 0 || r.shared_core_efficiency != 1))
+      throw ConfigError(fmt::format("{}:{}:{}: {}: cores, attention_tflops and shared_core_efficiency describe epx's "
+                                    "CPU runtime (compute_capability 0), and {} is a CUDA GPU (compute capability {}); "
+                                    "drop them, or give compute_capability: 0",
+                                    path, kv.second.Mark().line + 1, kv.second.Mark().column + 1, name, name,
+                                    it->major));
   }
   // Entries are updated in place and new ones appended, so pointers into the catalog stay valid.
   std::deque<GpuInfo>& live = mutable_catalog();

@@ -42,6 +42,21 @@ void add_layout_rules(RuleTable& add) {
                        "num_moe_experts must be non None to use expert-parallel.",
                        "model.expert_model_parallel_size=1");
       });
+  // The harness asks Slurm (or Kubeflow) for -(num_gpus // -gpus_per_node) nodes of
+  // gpus_per_node tasks each (setup_experiment.py, utils/executors.py): a world that does not
+  // fill its nodes runs on more ranks than -ng says.
+  add("target.world_fills_nodes", W, {"target.num_gpus", "target.gpus_per_node", "target.gpu"},
+      "Megatron-Bridge scripts/performance/setup_experiment.py", "the world is whole nodes, as the harness launches it", [](const CheckContext& c) {
+        const OptInt gpn = gpus_per_node(c.cfg);
+        if (!c.gpu.cuda() || !c.world() || !gpn || *gpn < 1 || *c.world() % *gpn == 0) return pass();
+        const Int world = *c.world(), nodes = (world + *gpn - 1) / *gpn;
+        Int fits = *gpn;  // the most GPUs per node that the world fills
+        while (world % fits != 0) --fits;
+        return fail(fmt::format("num_gpus {} is not a multiple of {} GPUs per node: the harness launches -(num_gpus // "
+                                "-gpus_per_node) = {} node(s) of {} tasks, a world of {} ranks, not {}",
+                                world, *gpn, nodes, *gpn, nodes * *gpn, world),
+                    fmt::format("target.gpus_per_node={}", fits));
+      });
   add("parallel.experts_divisible_by_ep", E,
       {"model.num_moe_experts", "model.expert_model_parallel_size"}, kMcore,
       "experts split evenly over EP ranks", [](const CheckContext& c) {

@@ -201,6 +201,8 @@ const std::vector<Case>& cases() {
        TP2 + Overrides{"model.sequence_parallel=true", "model.moe_shared_expert_intermediate_size=255"},
        TP2 + Overrides{"model.sequence_parallel=true", "model.ffn_hidden_size=765"}},
       {"optimizer.adam_eps_zero", {"optimizer.adam_eps=0"}, {"optimizer.adam_eps=1e-12"}},
+      {"target.world_fills_nodes", {"target.gpu=h100", "target.num_gpus=4"},
+       {"target.gpu=h100", "target.num_gpus=4", "target.gpus_per_node=4"}},
       {"moe.expert_bias_score_function", {"model.moe_router_enable_expert_bias=true"},
        {"model.moe_router_enable_expert_bias=true", "model.moe_router_score_function=sigmoid"}},
       {"moe.capacity_settings", {"model.moe_pad_expert_input_to_capacity=true"},

@@ -296,6 +296,23 @@ TEST(Plan, ExpertInputsPaddedToCapacityCountTheirRows) {
   EXPECT_DOUBLE_EQ(unpadded.memory.activations, plain.memory.activations);
 }
 
+TEST(Plan, CpuRuntimeFieldsAreRefusedOnAGpu) {
+  // cores, attention_tflops and shared_core_efficiency time epx's own ranks: on an H100 they
+  // would have slowed its plans without a word.
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_hw_{}.yaml", getpid());
+  std::ofstream(path) << "h100:\n  cores: 3\n";
+  try {
+    add_hardware_file(path.string());
+    ADD_FAILURE() << "cores on an h100 were taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("h100: cores, attention_tflops and shared_core_efficiency describe epx's CPU runtime"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(find_gpu("h100")->rates.cores, 0);  // a refused file changes nothing
+  std::filesystem::remove(path);
+}
+
 TEST(Plan, GroupsInsideOrAcrossNodes) {
   const LayoutPlan two_nodes = make_plan(resolved("qwen3_30b_a3b", {})).layout;
   const LayoutPlan one_node = make_plan(resolved("qwen3_30b_a3b", {"target.num_gpus=8", "model.expert_model_parallel_size=8",
