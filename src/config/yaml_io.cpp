@@ -275,7 +275,10 @@ std::string ignored_note(const Config& cfg) {
   std::vector<std::string> sections, fields;
   for (const auto& kv : cfg.extra_sections.node) {
     const std::string name = kv.first.as<std::string>();
-    if (!name.starts_with("_")) sections.push_back(name);
+    if (name.starts_with("_")) continue;
+    // One field of it epx run reads (job_spec.cpp): the note says so.
+    const bool nan_check = name == "rerun_state_machine" && kv.second.IsMap() && kv.second["check_for_nan_in_loss"].IsDefined();
+    sections.push_back(nan_check ? name + " (but its check_for_nan_in_loss, which epx run reads)" : name);
   }
   for (const auto& sec : cfg.extra_fields.node)
     for (const auto& kv : sec.second) {

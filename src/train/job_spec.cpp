@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/base/env.hpp"
+#include "epx/base/to_lower.hpp"
 #include "epx/check/pipeline_split.hpp"
 #include "epx/config/scheduler_steps.hpp"
 #include "epx/schedule/pipeline.hpp"
@@ -369,6 +370,13 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
         gbs, mbs, dp, mbs * dp, std::max<std::int64_t>(1, gbs / (mbs * dp)) * mbs * dp));
   j.global_batch = gbs;
   j.micro_batches = gbs / (mbs * dp);
+  const YAML::Node nan_check = c.extra_sections.child_map("rerun_state_machine")["check_for_nan_in_loss"];
+  if (nan_check.IsDefined() && nan_check.IsScalar()) {
+    const std::string v = to_lower(nan_check.Scalar());
+    if (v != "true" && v != "false")
+      bad(c, "rerun_state_machine.check_for_nan_in_loss", nan_check.Scalar(), "expected true or false");
+    j.check_for_nan_in_loss = v == "true";
+  }
   j.pipeline = pipeline_spec_from_config(c);
   if (const auto why = j.pipeline.interleaved ? interleaved_micro_batch_error(j.pipeline.stages, j.pipeline.micro_batch_group(),
                                                                               j.micro_batches)

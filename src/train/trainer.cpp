@@ -316,7 +316,7 @@ void Trainer::training_log(const IterationLog& log) const {
                         "lm loss: {:.6E} |{} loss scale: 1.0 | grad norm: {:.3f} | number of skipped iterations:   0 | "
                         "number of nan iterations: {:3d} |\n",
                         timestamp(), it, iters, log.consumed_samples, log.step_s * 1e3, log.tflops_per_rank, log.lr,
-                        job_.global_batch, log.lm_loss,
+                        job_.global_batch, py(log.lm_loss),
                         load_balancing_coeff() > 0 ? fmt::format(" {}: {:.6E} |", job_.model.moe->load_balancing == "seq_aux_loss"
                                                                                        ? "seq_load_balancing_loss"
                                                                                        : "load_balancing_loss",
@@ -384,12 +384,15 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       "  steady-state step time: {:.3f} s (mean of iterations {}..{})\n"
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
       "  peak memory: {:.4f} GB = {:.4f} GiB (mem-max-allocated, max over ranks)\n"
-      "  final lm loss: {:.6f} (iteration {})\n"
+      "  final lm loss: {:.6f} (iteration {}){}\n"
       "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
-      result.final_loss, job_.iterations, result.comm_in_flight_s, result.comm_thread_cpu_s,
+      std::isnan(result.final_loss) ? std::fabs(result.final_loss) : result.final_loss, job_.iterations,
+      std::isfinite(result.final_loss) ? ""
+                                       : "; the training diverged (rerun_state_machine.check_for_nan_in_loss is off)",
+      result.comm_in_flight_s, result.comm_thread_cpu_s,
       result.traced ? fmt::format("; {:.3f} s of communication exposed (with the compute thread's wait on token counts)",
                                   result.traced->exposed_comm_s)
                     : "",
@@ -450,7 +453,7 @@ TrainResult Trainer::run() {
       steady.begin = Clock::now();
     }
     result.iterations.push_back(train_step(it));
-    if (const double loss = result.iterations.back().lm_loss; !std::isfinite(loss)) {
+    if (const double loss = result.iterations.back().lm_loss; !std::isfinite(loss) && job_.check_for_nan_in_loss) {
       // Megatron's loss check (pretrain_gpt.py's loss_func, check_for_nan_in_loss): fatal, before
       // the iteration's line. The loss is the world's sum, so every rank stops here.
       const auto last = std::find_if(result.iterations.rbegin() + 1, result.iterations.rend(),
@@ -459,7 +462,8 @@ TrainResult Trainer::run() {
           "iteration {}: the lm loss is {} ('found {} in local forward loss calculation', which stops a Megatron run "
           "by default: rerun_state_machine.check_for_nan_in_loss){}; the training diverged: lower optimizer.lr, keep "
           "optimizer.adam_eps above 0 (Adam divides by sqrt(v) + eps, 0/0 where a gradient is 0), or clip the "
-          "gradients (optimizer.clip_grad)",
+          "gradients (optimizer.clip_grad); +rerun_state_machine.check_for_nan_in_loss=false runs on, as Bridge's "
+          "performance recipes do",
           it, std::isnan(loss) ? "NaN" : "infinite", std::isnan(loss) ? "NaN" : "Inf",
           last == result.iterations.rend() ? std::string()
                                            : fmt::format("; the last finite one was {:.6E} at iteration {}",

@@ -88,6 +88,21 @@ TEST(JobSpec, GroupsAloneLeaveTheRoutingPlain) {
   EXPECT_NE(error_of([&] { moe_spec_from_config(c); }).find("model.moe_router_num_groups=None"), std::string::npos);
 }
 
+// A NaN loss stops the run unless the kept rerun_state_machine section turns the check off (as
+// Bridge's performance recipes do); its value must be a bool.
+TEST(JobSpec, TheNanCheckFollowsTheRerunStateMachine) {
+  EXPECT_TRUE(JobSpec::from_config(resolved({}), 2).check_for_nan_in_loss);
+  EXPECT_FALSE(JobSpec::from_config(resolved({"+rerun_state_machine.check_for_nan_in_loss=false"}), 2).check_for_nan_in_loss);
+  EXPECT_NE(error_of([] { JobSpec::from_config(resolved({"+rerun_state_machine.check_for_nan_in_loss=maybe"}), 2); })
+                .find("rerun_state_machine.check_for_nan_in_loss=maybe: expected true or false"),
+            std::string::npos);
+  // Group-limited routing where group_topk does not divide topk, as Megatron's floor takes it.
+  EXPECT_EQ(error_of([] {
+              moe_spec_from_config(resolved({"model.moe_router_num_groups=4", "model.moe_router_group_topk=3"}));
+            }),
+            "");
+}
+
 TEST(JobSpec, TheRouterRunsInFp32) {
   EXPECT_EQ(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp32"})); }), "");
   EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp64"})); })

@@ -68,6 +68,10 @@ struct JobSpec {
   std::int64_t iterations = 0;
   std::int64_t global_batch = 0;   // sequences per iteration, over all DP ranks
   std::int64_t micro_batches = 0;  // per DP rank per iteration (gradient accumulation)
+  // Stop at a NaN or infinite loss: Bridge's rerun_state_machine.check_for_nan_in_loss (True
+  // unless the config's kept rerun_state_machine section turns it off, as the performance
+  // recipes do).
+  bool check_for_nan_in_loss = true;
 
   // Also requires target.num_gpus to equal `world`, the batch to divide over DP, and the
   // micro-batch count to suit the pipeline schedule.
