@@ -91,7 +91,8 @@ TimedWaits timed_waits(const RunEvidence& run) {
 // Where Megatron's timers differ across ranks (--timing-log-option minmax, its default, or all):
 // a rank that computes longer (its pipeline stage's or its experts' load, a slow GPU or data
 // loader) makes the others wait in the collectives after it. The spreads of at least 10% of the
-// timer and 2% of the step, largest first; with `all`, the rank behind each.
+// timer and 2% of the step, largest first; with `all`, the rank behind each. The pipeline's
+// sends and receives differ by stage whatever the load (the first stage receives no forward).
 std::optional<std::string> rank_note(const RunEvidence& run) {
   struct Spread {
     std::string name;
@@ -99,7 +100,9 @@ std::optional<std::string> rank_note(const RunEvidence& run) {
   };
   std::vector<Spread> spreads;
   for (const auto& [name, min] : run.timers_min_ms)
-    if (const double max = run.timers_ms.at(name); max - min >= 0.1 * max && max - min >= 20 * run.mean_step_s)
+    if (const double max = run.timers_ms.at(name); name.find("-recv") == std::string::npos &&
+                                                   name.find("-send") == std::string::npos && max - min >= 0.1 * max &&
+                                                   max - min >= 20 * run.mean_step_s)
       spreads.push_back({name, min, max});
   if (spreads.empty()) return std::nullopt;
   std::sort(spreads.begin(), spreads.end(), [](const Spread& a, const Spread& b) { return a.max - a.min > b.max - b.min; });
@@ -110,7 +113,7 @@ std::optional<std::string> rank_note(const RunEvidence& run) {
     const auto by_rank = run.timers_by_rank_ms.find(s.name);
     if (by_rank == run.timers_by_rank_ms.end() || by_rank->second.size() < 2) continue;
     // A wait is shortest on the rank the others wait for; any other timer is longest there.
-    const bool wait = is_dp_timer(s.name) || s.name.ends_with("-recv");
+    const bool wait = is_dp_timer(s.name);
     const auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
     const auto [least, most] = std::minmax_element(by_rank->second.begin(), by_rank->second.end(), cmp);
     ranks.push_back(wait ? fmt::format("rank {} waits least in {}", least->first, s.name)
