@@ -177,11 +177,12 @@ bool layers_split(const ModelConfig& m) {
 }
 
 std::optional<std::string> interleaved_micro_batch_error(Int pp, Int group, Int micro_batches) {
-  const Int N = group, M = micro_batches, rest = M % N;
+  const Int N = group, M = micro_batches;
   if (N > M || N < pp)
     return fmt::format("The number of contiguous micro-batches in a virtual pipeline stage should range in [PP={} , "
                        "M={}] (microbatch_group_size_per_vp_stage = {})",
                        pp, M, N);
+  const Int rest = M % N;  // N >= PP >= 1 here
   if (rest > 0 && rest < pp)
     return fmt::format("The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
                        "in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel size, "

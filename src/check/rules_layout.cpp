@@ -473,12 +473,13 @@ void add_layout_rules(RuleTable& add) {
         const auto& t = c.cfg.train;
         // ConfigContainer.validate() takes the evaluation's batch from the training's (epx keeps
         // Bridge's validation section unread, so its eval sizes count as unset).
+        if (!t.global_batch_size)  // asserted first, then the micro-batch
+          return fail("train.global_batch_size must be set when eval_global_batch_size is not explicitly configured",
+                      fmt::format("train.global_batch_size={}",
+                                  t.micro_batch_size.value_or(1) * std::max<Int>(1, data_parallel_size(c.cfg))));
         if (!t.micro_batch_size)
           return fail("train.micro_batch_size must be set when eval_micro_batch_size is not explicitly configured",
                       "train.micro_batch_size=1");
-        if (!t.global_batch_size)
-          return fail("train.global_batch_size must be set when eval_global_batch_size is not explicitly configured",
-                      fmt::format("train.global_batch_size={}", *t.micro_batch_size * std::max<Int>(1, data_parallel_size(c.cfg))));
         if (!c.world() && t.global_batch_size && t.micro_batch_size) {
           // Whatever the world, DP >= 1: a batch the micro-batch does not divide never fits.
           if (*t.micro_batch_size <= 0 || *t.global_batch_size % *t.micro_batch_size != 0)

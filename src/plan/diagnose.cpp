@@ -72,9 +72,10 @@ TimedWaits timed_waits(const RunEvidence& run) {
   for (const auto& [name, ms] : run.timers_ms) {
     const bool dp = is_dp_timer(name), pp = name.ends_with("-recv");
     const auto min = run.timers_min_ms.find(name);
-    // A collective's min over ranks is the last rank to arrive, which waits for no one: the
-    // communication itself. The max adds the wait for that rank (rank_notes names the spread).
-    if (dp) t.dp_s += (min != run.timers_min_ms.end() ? min->second : ms) / 1000;
+    // The max over ranks: the step waits for the slowest. Megatron starts the DP timers after a
+    // barrier (barrier_with_L1_time, on by default), so a late rank's wait is not in them and
+    // the spread is the ranks' own reductions (rank_note names it).
+    if (dp) t.dp_s += ms / 1000;
     // Each receive's max is some rank's: their sum may add up waits of different ranks, so the
     // largest one stands for the pipeline's wait (a lower bound).
     if (pp) t.pp_s = std::max(t.pp_s, ms / 1000);
@@ -89,10 +90,11 @@ TimedWaits timed_waits(const RunEvidence& run) {
 }
 
 // Where Megatron's timers differ across ranks (--timing-log-option minmax, its default, or all):
-// a rank that computes longer (its pipeline stage's or its experts' load, a slow GPU or data
-// loader) makes the others wait in the collectives after it. The spreads of at least 10% of the
-// timer and 2% of the step, largest first; with `all`, the rank behind each. The pipeline's
-// sends and receives differ by stage whatever the load (the first stage receives no forward).
+// a rank slower than the rest (its pipeline stage's or its experts' load, a slow GPU, link or
+// data loader) sets the pace of the collectives after it. The spreads of at least 10% of the
+// timer and 2% of the step, largest first; with `all`, the rank that takes longest. The
+// pipeline's sends and receives differ by stage whatever the load (the first stage receives no
+// forward).
 std::optional<std::string> rank_note(const RunEvidence& run) {
   struct Spread {
     std::string name;
@@ -112,15 +114,12 @@ std::optional<std::string> rank_note(const RunEvidence& run) {
     shown.push_back(fmt::format("{} ({:.4g} to {:.4g} ms per iteration)", s.name, s.min, s.max));
     const auto by_rank = run.timers_by_rank_ms.find(s.name);
     if (by_rank == run.timers_by_rank_ms.end() || by_rank->second.size() < 2) continue;
-    // A wait is shortest on the rank the others wait for; any other timer is longest there.
-    const bool wait = is_dp_timer(s.name);
-    const auto cmp = [](const auto& a, const auto& b) { return a.second < b.second; };
-    const auto [least, most] = std::minmax_element(by_rank->second.begin(), by_rank->second.end(), cmp);
-    ranks.push_back(wait ? fmt::format("rank {} waits least in {}", least->first, s.name)
-                         : fmt::format("rank {} takes longest in {}", most->first, s.name));
+    const auto most = std::max_element(by_rank->second.begin(), by_rank->second.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    ranks.push_back(fmt::format("rank {} takes longest in {}", most->first, s.name));
   }
-  return fmt::format("the ranks' timers differ most in {}: one rank computing longer (its pipeline stage's or its "
-                     "experts' load, a slow GPU or data loader) makes the others wait in the collectives after it{}{}",
+  return fmt::format("the ranks' timers differ most in {}: a rank slower than the rest (its pipeline stage's or its "
+                     "experts' load, a slow GPU, link or data loader) sets the pace of the collectives after it{}{}",
                      fmt::join(shown, ", "), ranks.empty() ? "" : "; ", fmt::join(ranks, ", "));
 }
 

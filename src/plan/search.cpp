@@ -150,7 +150,7 @@ SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, in
     const SearchRow &a = result.top[0], &b = result.top[1];
     const double d = b.variant.step_time_s - a.variant.step_time_s;
     if (step_bucket(a.variant.step_time_s) == step_bucket(b.variant.step_time_s))
-      result.why = fmt::format("the best and the next tie on step time ({:.3g} s); the best holds {:.1f} GiB less",
+      result.why = fmt::format("the best and the next tie on step time ({:.4g} s); the best holds {:.1f} GiB less",
                                a.variant.step_time_s, b.variant.peak_memory_gb - a.variant.peak_memory_gb);
     else
       result.why = fmt::format(
@@ -171,7 +171,7 @@ std::string format_search(const SearchResult& r) {
     const bool t = tight_fit(v.peak_memory_gb, r.gpu);
     tight = tight || t;
     out += fmt::format("{:2}. {:>7} s  {:6.1f} TFLOP/s/GPU  {:8.0f} tokens/s/GPU  {:5.1f} GiB{}  {:<13}  {}\n", i + 1,
-                       fmt::format("{:.3g}", v.step_time_s), v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb,
+                       fmt::format("{:.4g}", v.step_time_s), v.tflops_per_gpu, v.tokens_per_s_per_gpu, v.peak_memory_gb,
                        t ? "*" : " ", v.wall,
                        fmt::join(r.top[i].overrides, " "));
   }
