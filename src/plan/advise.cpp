@@ -519,9 +519,12 @@ Advice advise(const Config& c, const BackendAvailability& have) {
     const double capacity = ab_plan.gpu.rates.memory_gb;
     const std::string memory =
         capacity > 0 && peak > capacity
-            ? fmt::format("\n# the planner puts its peak at {:.1f} GiB, past the GPU's {:.0f}: it runs out of memory as "
-                          "it stands; add the memory fix of the tuning above to every run of the A/B",
-                          peak, capacity)
+            ? fmt::format("\n# the planner puts its peak at {:.1f} GiB, past the GPU's {:.0f} GiB: it runs out of memory "
+                          "as it stands; fit it first with the tuning's memory fix{}",
+                          peak, capacity,
+                          r.overlap ? " that keeps EP overlap (selective recompute, or the layout: Megatron refuses "
+                                      "full recompute beside it)"
+                                    : "")
             : "";
     const std::string knobs = fmt::format(
         " --moe_flex_dispatcher_backend {} --moe_a2a_overlap false comm_overlap.overlap_moe_expert_parallel_comm={} "

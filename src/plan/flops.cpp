@@ -62,7 +62,7 @@ ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers
   const double dense_layers = layers - moe_layers;
 
   // Sums over layers of the FFN width a token passes through: dense and shared, and routed.
-  double mlp_width = 0, routed_width = 0;
+  double mlp_width = 0, routed_width = 0, shared_width = 0;
   if (dense_layers > 0) {
     if (!m.ffn_hidden_size) missing("model.ffn_hidden_size");
     mlp_width += dense_layers * static_cast<double>(*m.ffn_hidden_size);
@@ -71,11 +71,13 @@ ModelFlops layer_flops(const Config& c, double decoder_layers, double moe_layers
     const OptInt& moe_ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : m.ffn_hidden_size;
     if (!moe_ffn) missing("model.moe_ffn_hidden_size");
     routed_width = moe_layers * static_cast<double>(*moe_ffn) * static_cast<double>(m.moe_router_topk);
-    mlp_width += moe_layers * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
+    shared_width = moe_layers * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
+    mlp_width += shared_width;
   }
   const AttentionMacs a = attention_macs(m);
   ModelFlops f;
   f.mlp = 12 * h * mlp_width * gated;  // 3 passes x 2 GEMMs (up, down) x 2 FLOPs
+  f.shared_experts = 12 * h * shared_width * gated;
   f.routed_experts = 12 * h * routed_width * gated;
   f.attention = 6 * (a.linear + a.core) * layers;
   f.attention_core = 6 * a.core * layers;

@@ -179,10 +179,11 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double stage_layers = st.layers + mtp;
   const double avg_layer = (dense_layers * per_layer_dense + moe_layers * per_layer_moe) / std::max(1.0, stage_layers);
   const double input_split = sp ? tp : 1;  // a layer's input, split by SP
-  double one_micro_batch = dense_layers * per_layer_dense + moe_layers * per_layer_moe;
-  if (full) {  // the checkpoints' inputs, the layers kept whole, the ones rebuilt at once
+  double one_micro_batch = dense_layers * per_layer_dense + moe_layers * per_layer_moe, rebuilt = 0;
+  if (full) {  // each micro-batch's checkpoint inputs and whole layers; one group rebuilt at a time
     const FullRecompute r = full_recompute(m, stage_layers, lp.split.chunks);
-    one_micro_batch = r.kept_inputs * 2 * s * b * h / input_split + (stage_layers - r.recomputed + r.rebuilt) * avg_layer;
+    one_micro_batch = r.kept_inputs * 2 * s * b * h / input_split + (stage_layers - r.recomputed) * avg_layer;
+    rebuilt = r.rebuilt * avg_layer;
   }
   // Micro-batches in flight on stage p: 1F1B keeps PP - p (the first stage PP); interleaving
   // adds (PP-1)/(PP*VPP) of that (Megatron's first-stage factor), also at VPP = 1, which
@@ -195,7 +196,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // (VPP - 1) (N - PP) more forwards, each a chunk's share of a micro-batch.
   const double group = static_cast<double>(m.microbatch_group_size_per_vp_stage.value_or(l.pp));
   if (lp.split.interleaved && group > pp) out.in_flight += (vpp - 1) * (group - pp) / vpp;
-  out.activations = one_micro_batch * out.in_flight + (ep_overlap ? avg_layer : 0);
+  out.activations = one_micro_batch * out.in_flight + rebuilt + (ep_overlap ? avg_layer : 0);
   // Logits and the cross-entropy's FP32 copies on the last stage.
   if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp;
 

@@ -73,9 +73,12 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   for (int p = 0; p < lp.split.stages; ++p) {
     const PipelineStage st = pipeline_stage(m, lp.split, p);
     const ModelFlops f = layer_flops(c, st.layers, st.moe_layers, st.mtp_layers, st.last);
-    const double core_again = selective("core_attn") && gpu.cuda() ? 1.0 / 3 : 0, experts_again = selective("moe") ? 1.0 / 3 : 0,
-                 mlp_again = selective("mlp") || selective("moe") || selective("shared_experts") ? 1.0 / 3 : 0;
-    double other = f.per_token() - f.routed_experts + core_again * f.attention_core + mlp_again * f.mlp, stage = 0;
+    // `mlp`: the dense layers' MLPs; `shared_experts`: the shared experts; `moe`: the MoE layer,
+    // routed and shared experts both.
+    const double core_again = selective("core_attn") && gpu.cuda() ? 1.0 / 3 : 0, experts_again = selective("moe") ? 1.0 / 3 : 0;
+    const double mlp_again = (selective("mlp") ? f.mlp - f.shared_experts : 0) +
+                             (selective("moe") || selective("shared_experts") ? f.shared_experts : 0);
+    double other = f.per_token() - f.routed_experts + core_again * f.attention_core + mlp_again / 3, stage = 0;
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
       other -= (1 + core_again) * f.attention_core;
       stage = (1 + core_again) * cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);

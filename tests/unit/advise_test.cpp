@@ -155,7 +155,8 @@ TEST(Advise, TuningFollowsThePlan) {
   const Advice big = advise_on("qwen3_30b_a3b", {"train.micro_batch_size=4"});
   ASSERT_FALSE(big.harness_ab.empty());
   for (const std::string& line : big.harness_ab)
-    EXPECT_NE(line.find("past the GPU's 80: it runs out of memory as it stands"), std::string::npos) << line;
+    EXPECT_NE(line.find("past the GPU's 80 GiB: it runs out of memory as it stands"), std::string::npos) << line;
+  EXPECT_NE(big.harness_ab.back().find("that keeps EP overlap (selective recompute"), std::string::npos);
   EXPECT_NE(a.harness_ab[3].find("comm_overlap.delay_wgrad_compute=true"), std::string::npos);
   // PP without VPP refuses EP overlap: the advice adds VPP.
   const std::vector<std::string> no_overlap = {"comm_overlap.overlap_moe_expert_parallel_comm=false",

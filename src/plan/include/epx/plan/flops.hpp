@@ -18,6 +18,7 @@ struct ModelFlops {
   // attention, MTP's own norms and projection, the logits.
   double mlp = 0, routed_experts = 0, attention = 0, mtp = 0, logits = 0;
   double attention_core = 0;  // QK^T and PV, part of `attention`
+  double shared_experts = 0;  // the MoE layers' shared experts, part of `mlp`
   double per_token() const { return mlp + routed_experts + attention + mtp + logits; }
 };
 
