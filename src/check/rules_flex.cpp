@@ -2,6 +2,7 @@
 #include <charconv>
 
 #include "epx/base/env.hpp"
+#include "epx/base/python_int.hpp"
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
@@ -120,20 +121,20 @@ void add_flex_rules(RuleTable& add) {
                            : fmt::format("env_vars.{}=<the EP ranks in one NVLink domain>",
                                          kRanksPerDomainVar));
       });
-  // HybridEP reads its chunk size with int() and cuts the tokens by it (epx's runtime likewise).
+  // HybridEP reads its chunk size with int() and cuts the tokens by it.
   add("hybridep.tokens_per_chunk", E, {"env_vars." + std::string(env::kHybridEpTokensPerChunk.name)}, "epx",
       "NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API is a positive whole number of tokens", [](const CheckContext& c) {
         const auto& knob = env::kHybridEpTokensPerChunk;
         const auto it = c.cfg.env_vars.find(knob.name);
         if (!uses_flex(c.cfg.model, "hybridep") || it == c.cfg.env_vars.end()) return pass();
+        const std::optional<std::string> text = python_int_text(it->second);
         Int tokens = 0;
-        const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), tokens);
-        return fail_if(ec != std::errc() || end != it->second.data() + it->second.size() || tokens < knob.min ||
-                           tokens > knob.max,
-                       fmt::format("{}='{}' must be a whole number of tokens from {:g} to {:g} (HybridEP's pipelined "
-                                   "dispatch chunk)",
+        const bool whole = text && std::from_chars(text->data(), text->data() + text->size(), tokens).ec == std::errc();
+        return fail_if(!whole || tokens < knob.min || tokens > knob.max,
+                       fmt::format("{}='{}' must be a whole number of tokens from {:.0f} to {:.0f} (HybridEP's "
+                                   "pipelined dispatch chunk, read with int())",
                                    knob.name, it->second, knob.min, knob.max),
-                       fmt::format("env_vars.{}={:g}", knob.name, knob.fallback));
+                       fmt::format("env_vars.{}={:.0f}", knob.name, knob.fallback));
       });
   add("hybridep.domain_mismatch", W,
       {"env_vars." + std::string(kRanksPerDomainVar), "model.expert_model_parallel_size",

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "epx/base/env.hpp"
+#include "epx/base/python_int.hpp"
 
 namespace epx::cli {
 
@@ -42,26 +43,10 @@ inline std::optional<std::int64_t> whole_number(std::string_view text, std::int6
 // as 16 and clamps 10^20 to 2^63 - 1; this hands it the plain decimal digits, or refuses.
 inline const CLI::Validator kPythonInt(
     [](std::string& text) -> std::string {
-      const char* space = " \t\n\r\f\v";
-      const std::size_t first = text.find_first_not_of(space);
-      std::string_view s = first == std::string::npos ? "" : std::string_view(text).substr(first);
-      s = s.substr(0, s.find_last_not_of(space) + 1);
-      std::string sign;
-      if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
-        if (s.front() == '-') sign = "-";
-        s.remove_prefix(1);
-      }
-      std::string digits;
-      const auto is_digit = [&](std::size_t i) { return i < s.size() && s[i] >= '0' && s[i] <= '9'; };
-      for (std::size_t i = 0; i < s.size(); ++i) {
-        if (is_digit(i)) digits += s[i];
-        else if (!(s[i] == '_' && i > 0 && is_digit(i - 1) && is_digit(i + 1)))
-          return "expected an integer (as Python's int() reads it), got '" + text + "'";
-      }
-      if (digits.empty()) return "expected an integer (as Python's int() reads it), got '" + text + "'";
-      digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));  // 010 is ten
-      if (digits.size() > 18) return "'" + text + "' is out of range (more than 18 digits)";
-      text = sign + digits;
+      const std::optional<std::string> value = python_int_text(text);
+      if (!value) return "expected an integer (as Python's int() reads it), got '" + text + "'";
+      if (value->size() > 19) return "'" + text + "' is out of range (more than 18 digits)";
+      text = *value;
       return {};
     },
     "");  // no name: the help shows the option's type alone
