@@ -203,10 +203,13 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   static const std::regex timers_line_item(R"(\| ([a-z][a-z0-9-]*): ([0-9.eE+-]+))");
   // Bridge prints its rate on a line of its own, before the iteration's line (after it in
   // older versions; --log-throughput adds it to the iteration's line):
-  // "Step Time : 14.26s GPU utilization: 58.2MODEL_TFLOP/s/GPU". It goes to the iteration line
-  // just read if that has none, else to the next one.
+  // "Step Time : 14.26s GPU utilization: 58.2MODEL_TFLOP/s/GPU". Which order the log has is
+  // told at its end, where a log cut at its start still shows it: a rate line after the last
+  // iteration line is the older order's.
   static const std::regex step_time_line(R"(Step Time : [0-9.eE+-]+s GPU utilization: ([0-9.eE+-]+)(?:MODEL_)?TFLOP/s/GPU)");
-  std::optional<double> bridge_tflops;
+  std::vector<std::pair<double, int>> step_rates;  // each rate and the iteration lines read before it
+  std::vector<int> serials;                         // each kept iteration line's number among those read
+  int iteration_lines = 0;
   // A second arguments dump after iterations: a resumed process, whose next line starts anew.
   bool resumed = false;
   static const std::regex global_batch(R"(global batch size:\s*(\d+))");
@@ -275,11 +278,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       continue;
     }
     if (std::regex_search(line, m, step_time_line)) {
-      const double rate = value(m[1], "GPU utilization (TFLOP/s/GPU)", 0, 1e9);
-      if (!run.iterations.empty() && !run.iterations.back().throughput_logged && !bridge_tflops)
-        run.iterations.back().tflops_per_gpu = rate, run.iterations.back().throughput_logged = true;
-      else
-        bridge_tflops = rate;
+      step_rates.emplace_back(value(m[1], "GPU utilization (TFLOP/s/GPU)", 0, 1e9), iteration_lines);
       continue;
     }
     // Every memory line of the line (ranks' lines written without a newline between them run
@@ -300,8 +299,6 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
     p.throughput_logged = std::regex_search(line, m, tflops);
     if (p.throughput_logged) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
-    else if (bridge_tflops) p.tflops_per_gpu = *bridge_tflops, p.throughput_logged = true;
-    bridge_tflops.reset();
     if (std::regex_search(line, m, loss))
       p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos ? value(m[1], "lm loss", -1e300, 1e300)
                                                                         : std::numeric_limits<double>::quiet_NaN();
@@ -312,13 +309,15 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
       run.restarted_at = p.iteration;
       run.went_back = true;
-      while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration) run.iterations.pop_back();
+      while (!run.iterations.empty() && run.iterations.back().iteration >= p.iteration)
+        run.iterations.pop_back(), serials.pop_back();
     } else if (resumed) {
       run.restarted_at = p.iteration;
       run.went_back = false;
     }
     resumed = false;
     run.iterations.push_back(p);
+    serials.push_back(++iteration_lines);
   }
   if (run.iterations.empty())
     throw InputError(fmt::format(
@@ -328,8 +327,15 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
         whole.find("elapsed time per") != std::string_view::npos
             ? "; its lines look cut and wrapped (a terminal's or a web page's width?): give the log as the run wrote it"
             : ""));
-  run.throughput_logged = std::all_of(run.iterations.begin(), run.iterations.end(),
-                                     [](const IterationPoint& p) { return p.throughput_logged; });
+  // A rate line goes to the iteration line after it (the current order) or before it (the older).
+  const bool rate_after_line = !step_rates.empty() && step_rates.back().second == iteration_lines;
+  for (const auto& [rate, lines_before] : step_rates) {
+    const int serial = rate_after_line ? lines_before : lines_before + 1;
+    const auto it = std::find(serials.begin(), serials.end(), serial);
+    if (IterationPoint* p = it == serials.end() ? nullptr : &run.iterations[static_cast<std::size_t>(it - serials.begin())];
+        p && !p->throughput_logged)
+      p->tflops_per_gpu = rate, p->throughput_logged = true;
+  }
   for (IterationPoint& p : run.iterations)
     if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;
   for (const auto& [iteration, gib] : memory_after) run.peak_memory_gb = std::max(run.peak_memory_gb, gib);
@@ -382,6 +388,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       if (!fallback && first_averaged(k) < steady_from) continue;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;
+      run.throughput_logged = run.throughput_logged && its[k].throughput_logged;  // over the lines averaged
       for (const auto& [name, ms] : its[k].timers_ms) run.timers_ms[name] += ms;
       for (const auto& [name, ms] : its[k].timers_min_ms) run.timers_min_ms[name] += ms;
       for (const auto& [name, ranks] : its[k].timers_by_rank_ms)

@@ -587,9 +587,18 @@ TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
   EXPECT_TRUE(run.throughput_logged);
   EXPECT_DOUBLE_EQ(run.iterations.front().tflops_per_gpu, 58.2);
   run = read(line(10, 1000) + "Step Time : 1.00s GPU utilization: 58.2TFLOP/s/GPU\n" + line(20, 1000) +
-             "Step Time : 1.00s GPU utilization: 49.3TFLOP/s/GPU\n" + line(30, 1000));
-  EXPECT_FALSE(run.throughput_logged);  // the last line has none
+             "Step Time : 1.00s GPU utilization: 49.3TFLOP/s/GPU\n" + line(30, 1000) +
+             "Step Time : 1.00s GPU utilization: 40.0TFLOP/s/GPU\n");
+  EXPECT_TRUE(run.throughput_logged);  // a rate line after the last iteration's: the older order
   EXPECT_DOUBLE_EQ(run.iterations[1].tflops_per_gpu, 49.3);
+  // The current order, cut at its start (a tail): the first line has no rate, the rest theirs,
+  // and the steady state's lines all have one.
+  run = read(line(10, 1000) + "Step Time : 1.00s GPU utilization: 58.2TFLOP/s/GPU\n" + line(20, 1000) +
+             "Step Time : 1.00s GPU utilization: 49.3TFLOP/s/GPU\n" + line(30, 1000));
+  EXPECT_FALSE(run.iterations[0].throughput_logged);
+  EXPECT_TRUE(run.throughput_logged);
+  EXPECT_DOUBLE_EQ(run.iterations[1].tflops_per_gpu, 58.2);
+  EXPECT_DOUBLE_EQ(run.iterations[2].tflops_per_gpu, 49.3);
   // A first line's skipped iteration counts whether the next line repeats it (Megatron-LM since
   // 2026) or not (before, and Bridge).
   run = read(line(1, 5000, "number of skipped iterations:   1 | ") + line(2, 1000, "number of skipped iterations:   0 | ") +

@@ -67,8 +67,8 @@ struct RunEvidence {
   int first_iteration = 1;  // the first the run's lines cover (a resumed run's: past its checkpoint)
   int steady_first = 0, steady_last = 0;
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
-  // Megatron logs its throughput only with --log-throughput (off by default): without it the
-  // rate is unknown here, not 0.
+  // Megatron logs its throughput only with --log-throughput (off by default), Bridge on a line of
+  // its own: without it on every line of the steady state the rate is unknown here, not 0.
   bool throughput_logged = true;
   int ranks = 0;  // the world size: epx results' ranks, a Megatron log's arguments dump; 0: not said
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
