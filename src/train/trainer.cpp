@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A NaN as Python prints it, without the sign bit fmt would show ("-nan").
+double python_nan(double x) { return std::isnan(x) ? std::fabs(x) : x; }
+
 double grad_sum_of_squares(const std::vector<Param*>& params) {
   double s = 0;
   for (const Param* p : params) s += sum_of_squares(p->grad.data<float>(), p->grad.numel());
@@ -309,20 +312,19 @@ IterationLog Trainer::train_step(int it) {
 void Trainer::training_log(const IterationLog& log) const {
   const int rank = world_.rank(), it = log.iteration;
   const std::int64_t iters = job_.iterations;
-  const auto py = [](double x) { return std::isnan(x) ? std::fabs(x) : x; };  // Python prints nan, never -nan
   if (options_.log && rank == world_.size() - 1)
     out_ << fmt::format(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} | "
                         "throughput per GPU (TFLOP/s/GPU): {:.3f} | learning rate: {:.6E} | global batch size: {:5d} | "
                         "lm loss: {:.6E} |{} loss scale: 1.0 | grad norm: {:.3f} | number of skipped iterations:   0 | "
                         "number of nan iterations: {:3d} |\n",
                         timestamp(), it, iters, log.consumed_samples, log.step_s * 1e3, log.tflops_per_rank, log.lr,
-                        job_.global_batch, py(log.lm_loss),
+                        job_.global_batch, python_nan(log.lm_loss),
                         load_balancing_coeff() > 0 ? fmt::format(" {}: {:.6E} |", job_.model.moe->load_balancing == "seq_aux_loss"
                                                                                        ? "seq_load_balancing_loss"
                                                                                        : "load_balancing_loss",
-                                                                   py(log.load_balancing_loss))
+                                                                   python_nan(log.load_balancing_loss))
                                                    : "",
-                        py(log.grad_norm), std::isfinite(log.lm_loss) ? 0 : 1)
+                        python_nan(log.grad_norm), std::isfinite(log.lm_loss) ? 0 : 1)
          << std::flush;
   if (options_.log && rank == 0)
     out_ << fmt::format("Step Time : {:.2f}s GPU utilization: {:.1f}MODEL_TFLOP/s/GPU\n"
@@ -389,7 +391,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
-      std::isnan(result.final_loss) ? std::fabs(result.final_loss) : result.final_loss, job_.iterations,
+      python_nan(result.final_loss), job_.iterations,
       std::isfinite(result.final_loss) ? ""
                                        : "; the training diverged (rerun_state_machine.check_for_nan_in_loss is off)",
       result.comm_in_flight_s, result.comm_thread_cpu_s,
