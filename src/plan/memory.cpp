@@ -153,11 +153,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double f_moe = static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0))) * k +
                        static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
   const bool full = m.recompute_granularity && *m.recompute_granularity == "full";
-  const auto modules = m.recompute_modules.value_or(StringList{"core_attn"});
-  const auto has = [&](const char* mod) {
-    return m.recompute_granularity == std::optional<std::string>("selective") &&
-           std::find(modules.begin(), modules.end(), mod) != modules.end();
-  };
+  const auto has = [&](const char* module) { return recomputes_module(m, module); };
   // Megatron's 18 s*b*h (BF16 bytes) are 10 for the norms, the GEMMs' inputs and the dropout
   // masks, and 8 for Q, K, V and the attention output at MHA's widths: those 8 come from the
   // model's own widths (GQA's narrower K and V, MLA's wider heads and its latents).
@@ -229,6 +225,12 @@ FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks) {
     return {r * chunks, r * chunks, r > 0 ? 1.0 : 0.0};
   }
   return {layers, std::ceil(per_chunk / n) * chunks, std::min(n, per_chunk)};
+}
+
+bool recomputes_module(const ModelConfig& m, std::string_view module) {
+  if (m.recompute_granularity != std::optional<std::string>("selective")) return false;
+  if (!m.recompute_modules) return module == "core_attn";
+  return std::find(m.recompute_modules->begin(), m.recompute_modules->end(), module) != m.recompute_modules->end();
 }
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {

@@ -328,13 +328,14 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
             ? "; its lines look cut and wrapped (a terminal's or a web page's width?): give the log as the run wrote it"
             : ""));
   // A rate line goes to the iteration line after it (the current order) or before it (the older).
+  // The kept lines' serials rise, so each is found by bisection.
   const bool rate_after_line = !step_rates.empty() && step_rates.back().second == iteration_lines;
   for (const auto& [rate, lines_before] : step_rates) {
     const int serial = rate_after_line ? lines_before : lines_before + 1;
-    const auto it = std::find(serials.begin(), serials.end(), serial);
-    if (IterationPoint* p = it == serials.end() ? nullptr : &run.iterations[static_cast<std::size_t>(it - serials.begin())];
-        p && !p->throughput_logged)
-      p->tflops_per_gpu = rate, p->throughput_logged = true;
+    const auto it = std::lower_bound(serials.begin(), serials.end(), serial);
+    if (it == serials.end() || *it != serial) continue;  // a line a restart replaced
+    IterationPoint& p = run.iterations[static_cast<std::size_t>(it - serials.begin())];
+    if (!p.throughput_logged) p.tflops_per_gpu = rate, p.throughput_logged = true;
   }
   for (IterationPoint& p : run.iterations)
     if (const auto it = memory_after.find(p.iteration); it != memory_after.end()) p.mem_max_allocated_gb = it->second;

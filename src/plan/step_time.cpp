@@ -64,11 +64,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // activations are elementwise work). epx's own blocked attention keeps nothing core_attn could
   // drop and recomputes nothing for it.
   const bool full = m.recompute_granularity == std::optional<std::string>("full");
-  const auto modules = m.recompute_modules.value_or(StringList{"core_attn"});
-  const auto selective = [&](const char* module) {
-    return m.recompute_granularity == std::optional<std::string>("selective") &&
-           std::find(modules.begin(), modules.end(), module) != modules.end();
-  };
+  const auto selective = [&](const char* module) { return recomputes_module(m, module); };
   StepCosts s;
   for (int p = 0; p < lp.split.stages; ++p) {
     const PipelineStage st = pipeline_stage(m, lp.split, p);

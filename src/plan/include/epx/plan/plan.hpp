@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,6 +68,9 @@ struct FullRecompute {
   double rebuilt = 0;      // layers whose activations are rebuilt at once in the backward
 };
 FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks);
+// Whether selective recompute (recompute_granularity selective) recomputes `module`, one of
+// recompute_modules (Megatron's default: core_attn).
+bool recomputes_module(const ModelConfig& m, std::string_view module);
 
 // Bytes per GPU on the most-loaded rank (reported in GiB), as Megatron's
 // theoretical_memory_usage itemises them, plus what it leaves out (routed inputs kept for the
