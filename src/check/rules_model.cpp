@@ -1,4 +1,5 @@
 // The model's rules: MoE routing and experts, precision, FP8 and recompute.
+#include "epx/check/group_limited_routing.hpp"
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
@@ -73,11 +74,9 @@ void add_model_rules(RuleTable& add) {
           return fail(fmt::format("moe_router_group_topk ({}) should be smaller than moe_router_num_groups ({}).",
                                   group_topk, groups),
                       fmt::format("model.moe_router_group_topk={}", groups));
-        // group_limited_topk (moe_utils.py) ranks each group by its best topk // group_topk scores
-        // (torch's topk raises past the group's experts), then takes the top-k of the kept groups'
-        // experts (past them it picks masked experts, of score -inf). More groups kept fix both.
+        // More groups kept fix both ways group_limited_topk fails.
         const Int per_group = *m.num_moe_experts / groups;
-        const auto fits = [&](Int kept) { return topk / kept <= per_group && kept * per_group >= topk; };
+        const auto fits = [&](Int kept) { return group_limited_routes(*m.num_moe_experts, groups, kept, topk); };
         if (fits(group_topk)) return pass();
         Int kept = group_topk;
         while (kept < groups && !fits(kept)) ++kept;

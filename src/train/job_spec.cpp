@@ -8,6 +8,7 @@
 
 #include "epx/base/env.hpp"
 #include "epx/base/to_lower.hpp"
+#include "epx/check/group_limited_routing.hpp"
 #include "epx/check/pipeline_split.hpp"
 #include "epx/config/scheduler_steps.hpp"
 #include "epx/schedule/pipeline.hpp"
@@ -97,9 +98,8 @@ MoESpec moe_spec_from_config(const Config& c) {
     if (s.num_experts % s.num_groups != 0)
       bad(c, "model.moe_router_num_groups", std::to_string(s.num_groups),
           fmt::format("must divide num_moe_experts ({})", s.num_experts));
-    const int per_group = s.num_experts / s.num_groups;
-    if (s.group_topk < 1 || s.group_topk > s.num_groups || s.group_topk > s.topk || s.topk / s.group_topk > per_group ||
-        s.group_topk * per_group < s.topk)
+    if (s.group_topk > s.num_groups || s.group_topk > s.topk ||
+        !group_limited_routes(s.num_experts, s.num_groups, s.group_topk, s.topk))
       bad(c, "model.moe_router_group_topk", std::to_string(s.group_topk),
           "[moe.group_limited_routing] must be between 1 and moe_router_num_groups and at most moe_router_topk, with "
           "topk // group_topk experts in a group and topk in the kept groups (epx ranks each group by the sum of its "
