@@ -93,11 +93,16 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const double stage_moe = stage.moe_layers, stage_layers = stage.layers + stage.mtp_layers;
   const double row = h * element_bytes(m);
   const bool fused = m.moe_permute_fusion || m.moe_permute_fusion_into_hybridep;
-  s.memory_bound = stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +
+  // A recomputed MoE layer (full recompute, or the selective `moe` module) runs its forward again
+  // with its exchanges: the dispatch and combine, half of the four, and the forward permutations.
+  const double moe_again = full && stage_layers > 0 ? full_recompute(m, stage_layers, lp.split.chunks).recomputed / stage_layers
+                           : selective("moe")      ? 1
+                                                   : 0;
+  s.memory_bound = (1 + moe_again / 2) * stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +
                    stage_layers * kElementwiseBytes * tokens * h / l.tp / hbm;
   const bool graphed = m.cuda_graph_impl != "none";
   s.host = stage_moe * (graphed || dispatcher != Dispatcher::alltoall ? kHostPerMoeLayerGraphedS : kHostPerMoeLayerS);
-  s.exchange = comm.token_exchange_s;
+  s.exchange = (1 + moe_again / 2) * comm.token_exchange_s;
   s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
   // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
   s.optimizer = 30 * memory.optimizer_params / hbm;

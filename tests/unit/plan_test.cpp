@@ -248,12 +248,18 @@ TEST(Plan, RecomputeCostsWhatItRecomputesAndSavesWhatItDrops) {
   EXPECT_LT(ratio, 4.0 / 3.0);
   EXPECT_GT(uniform8.memory.activations, uniform1.memory.activations);  // 8 layers rebuilt at once
   EXPECT_DOUBLE_EQ(step(uniform8), step(uniform1));
+  // A recomputed MoE layer exchanges its tokens forward again: half the four exchanges more.
+  const auto exchanges = [](const Plan& p) { return p.configured().exposed_comm_s - p.configured().exposed_dp_s; };
+  EXPECT_NEAR(exchanges(uniform1), 1.5 * exchanges(none), 0.01 * exchanges(none));
+  EXPECT_NEAR(exchanges(block24), 1.25 * exchanges(none), 0.01 * exchanges(none));
   const Plan moe = plan({"model.recompute_granularity=selective", "model.recompute_modules=[moe]"}),
              core = plan({"model.recompute_granularity=selective", "model.recompute_modules=[core_attn]"}),
              act = plan({"model.recompute_granularity=selective", "model.recompute_modules=[moe_act]"});
   EXPECT_GT(step(moe), step(core));
   EXPECT_GT(step(core), step(none));
   EXPECT_DOUBLE_EQ(step(act), step(none));  // elementwise
+  EXPECT_NEAR(exchanges(moe), 1.5 * exchanges(none), 0.01 * exchanges(none));
+  EXPECT_DOUBLE_EQ(exchanges(core), exchanges(none));
   EXPECT_LT(moe.memory.activations, core.memory.activations);
 }
 
