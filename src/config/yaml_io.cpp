@@ -1,7 +1,11 @@
 // YAML in and out: epx recipes, `epx config show` dumps and Megatron-Bridge config dumps.
 #include <algorithm>
 #include <fstream>
+#include <charconv>
+#include <limits>
 #include <map>
+#include <ranges>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -18,6 +22,50 @@ constexpr std::size_t kMaxConfigBytes = 2 << 20;
 constexpr int kMaxDepth = 32;
 constexpr std::size_t kMaxValues = 20000;  // counted with aliases expanded (copies expand them)
 constexpr Int kMaxDumpedDataParallel = Int{1} << 24;  // check's bound on target.num_gpus
+
+// PyYAML's integer of a plain scalar, as OmegaConf reads Megatron-Bridge's YAML files (YAML 1.1):
+// 0b binary, 0 octal (010 is 8), 0x hex, ':' base 60, '_' between digits. Nothing where YAML 1.1
+// reads no integer or the value passes 64 bits.
+std::optional<Int> yaml11_int(std::string_view s) {
+  static const std::regex form(R"([-+]?(0b[01_]+|0[0-7_]+|0|[1-9][0-9_]*|0x[0-9a-fA-F_]+|[1-9][0-9_]*(:[0-5]?[0-9])+))");
+  if (s.size() > 100 || !std::regex_match(s.begin(), s.end(), form)) return std::nullopt;
+  std::string digits(s);
+  std::erase(digits, '_');
+  const bool negative = digits.front() == '-';
+  if (digits.front() == '-' || digits.front() == '+') digits.erase(0, 1);
+  int base = 10;
+  if (digits.starts_with("0b") || digits.starts_with("0x")) {
+    base = digits[1] == 'b' ? 2 : 16;
+    digits.erase(0, 2);
+  } else if (digits.size() > 1 && digits.front() == '0') {
+    base = 8;
+  }
+  __int128 v = 0;
+  for (const std::string_view part : std::views::split(std::string_view(digits), ':') | std::views::transform([](auto r) {
+                                       return std::string_view(r.begin(), r.end());
+                                     })) {
+    Int p = 0;  // a base-60 digit, or the whole number
+    if (part.empty() || std::from_chars(part.data(), part.data() + part.size(), p, base).ec != std::errc()) return std::nullopt;
+    v = v * 60 + p;
+    if (v > std::numeric_limits<Int>::max()) return std::nullopt;
+  }
+  return static_cast<Int>(negative ? -v : v);
+}
+
+// Rewrites the plain (unquoted) scalars that YAML 1.1 reads as integers in decimal, in place
+// (their marks stay), so that a field reads what Megatron-Bridge reads from the file.
+void read_yaml11_integers(YAML::Node node) {
+  if (node.IsScalar()) {
+    if (node.Tag() != "?") return;  // quoted: a string
+    if (const std::optional<Int> v = yaml11_int(node.Scalar()); v && std::to_string(*v) != node.Scalar())
+      node = std::to_string(*v);
+    return;
+  }
+  if (node.IsMap())
+    for (auto item : node) read_yaml11_integers(item.second);
+  else if (node.IsSequence())
+    for (auto item : node) read_yaml11_integers(item);
+}
 
 std::string location(const std::string& source, const YAML::Node& n) {
   const YAML::Mark m = n.Mark();
@@ -116,6 +164,7 @@ YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source
                                   e.mark.column + 1, e.msg));
   }
   check_yaml_bounds(root, source_name);
+  read_yaml11_integers(root);
   return root;
 }
 

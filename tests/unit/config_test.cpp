@@ -229,6 +229,26 @@ TEST(ConfigYaml, ErrorsNameFileLineAndKey) {
             std::string::npos);
 }
 
+TEST(ConfigYaml, IntegersReadAsPyYamlReadsThem) {
+  // OmegaConf reads Bridge's files with PyYAML (YAML 1.1): 010 is octal, 0x hex, 0b binary, '_'
+  // between digits, ':' base 60; quoted, a string (which an integer field reads as int() does).
+  const Config c = load_config_text(
+      "model:\n  num_layers: 010\n  hidden_size: 0x100\n  num_moe_experts: 0b1000\n  seq_length: 1_024\n"
+      "  moe_router_topk: \"02\"\n  num_attention_heads: 1:04\n  ffn_hidden_size: 09\n"
+      "train:\n  train_iters: +0_5\n",
+      "y.yaml");
+  EXPECT_EQ(c.model.num_layers, 8);
+  EXPECT_EQ(c.model.hidden_size, 256);
+  EXPECT_EQ(c.model.num_moe_experts, 8);
+  EXPECT_EQ(c.model.seq_length, 1024);
+  EXPECT_EQ(c.model.moe_router_topk, 2);
+  EXPECT_EQ(c.model.num_attention_heads, 64);
+  EXPECT_EQ(c.model.ffn_hidden_size, 9);  // 09 is no YAML 1.1 integer: the string "09", then int("09")
+  EXPECT_EQ(c.train.train_iters, 5);
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  num_layers: 0x8000000000000000\n", "big.yaml"); }),
+            "big.yaml:2:15: model.num_layers expects an integer, got 0x8000000000000000");
+}
+
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
   const Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
   EXPECT_EQ(c.model.num_moe_experts, 128);
