@@ -201,17 +201,18 @@ std::string target_text(const Config& cfg) {
 // harness, where argparse overrides Hydra). Such a key's override is given as its flag (repeated
 // flags take the last value, as argparse does); a key a flag only implies gets a note to drop it.
 std::string fix_for_flags(const Config& user, const std::string& fix) {
-  static const std::map<std::string, std::string> kFlagOf = {
-      {"model.tensor_model_parallel_size", "-tp"}, {"model.pipeline_model_parallel_size", "-pp"},
-      {"model.context_parallel_size", "-cp"},      {"model.expert_model_parallel_size", "-ep"},
-      {"model.expert_tensor_parallel_size", "-et"}, {"model.virtual_pipeline_model_parallel_size", "-vp"},
-      {"train.global_batch_size", "-gb"},          {"train.micro_batch_size", "-mb"},
-      {"model.seq_length", "-sl"},                 {"train.train_iters", "-ms"},
-      {"target.gpu", "-g"},                        {"target.num_gpus", "-ng"},
-      {"target.gpus_per_node", "-gn"},             {"model.cuda_graph_impl", "--cuda_graph_impl"},
-      {"target.torch_version", "--torch-version"}, {"target.te_version", "--te-version"},
-      {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"},
-      {"model.pipeline_model_parallel_layout", "--pipeline_model_parallel_layout"}};
+  static const std::map<std::string, std::string> kFlagOf = [] {
+    std::map<std::string, std::string> of = {
+        {"model.virtual_pipeline_model_parallel_size", "-vp"},
+        {"target.gpu", "-g"},
+        {"model.cuda_graph_impl", "--cuda_graph_impl"},
+        {"target.torch_version", "--torch-version"},
+        {"target.te_version", "--te-version"},
+        {"model.moe_flex_dispatcher_backend", "--moe_flex_dispatcher_backend"},
+        {"model.pipeline_model_parallel_layout", "--pipeline_model_parallel_layout"}};
+    for (const HarnessIntFlag& flag : kHarnessIntFlags) of.emplace(flag.key, flag.flag);
+    return of;
+  }();
   // Keys a flag sets beside its own: the flags to drop before the override can apply.
   static const std::vector<std::pair<std::string, std::string>> kImpliedBy = {
       {"model.sequence_parallel", "-tp"},

@@ -186,21 +186,11 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   auto set_int = [&](const std::string& key, const OptInt& v) {
     if (v) set(key, std::to_string(*v));
   };
-  set_int("model.tensor_model_parallel_size", f.tp);
+  for (const HarnessIntFlag& flag : kHarnessIntFlags) set_int(flag.key, f.*flag.value);
   if (f.tp) set("model.sequence_parallel", *f.tp > 1 ? "true" : "false");  // as the harness sets it
-  set_int("model.pipeline_model_parallel_size", f.pp);
-  set_int("model.context_parallel_size", f.cp);
-  set_int("model.expert_model_parallel_size", f.ep);
-  set_int("model.expert_tensor_parallel_size", f.et);
   if (f.vp && *f.vp != "-1") set("model.virtual_pipeline_model_parallel_size", *f.vp);  // None: null
-  set_int("train.global_batch_size", f.gb);
-  set_int("train.micro_batch_size", f.mb);
-  set_int("model.seq_length", f.sl);
   if (f.pipeline_layout) set("model.pipeline_model_parallel_layout", "'" + *f.pipeline_layout + "'");
-  set_int("train.train_iters", f.max_steps);
   if (f.gpu) set("target.gpu", *f.gpu);
-  set_int("target.num_gpus", f.num_gpus);
-  set_int("target.gpus_per_node", f.gpus_per_node);
   if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
   // The harness's set_cuda_graph_overrides: with graphs off the scope is not read; full_iteration
   // stands alone and captures the whole step (set_full_iteration_cuda_graph), never with TE's

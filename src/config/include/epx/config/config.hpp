@@ -356,6 +356,25 @@ struct HarnessFlags {
   OptString pipeline_layout;  // --pipeline_model_parallel_layout
 };
 void apply_harness_flags(Config& cfg, const HarnessFlags& flags);
+// The harness's integer flags that each set one key: one table for applying them and for naming
+// the flag that set a key (a fix must give the flag, which wins over an override).
+struct HarnessIntFlag {
+  const char* flag;
+  const char* key;
+  OptInt HarnessFlags::*value;
+};
+inline constexpr HarnessIntFlag kHarnessIntFlags[] = {
+    {"-tp", "model.tensor_model_parallel_size", &HarnessFlags::tp},
+    {"-pp", "model.pipeline_model_parallel_size", &HarnessFlags::pp},
+    {"-cp", "model.context_parallel_size", &HarnessFlags::cp},
+    {"-ep", "model.expert_model_parallel_size", &HarnessFlags::ep},
+    {"-et", "model.expert_tensor_parallel_size", &HarnessFlags::et},
+    {"-gb", "train.global_batch_size", &HarnessFlags::gb},
+    {"-mb", "train.micro_batch_size", &HarnessFlags::mb},
+    {"-sl", "model.seq_length", &HarnessFlags::sl},
+    {"-ms", "train.train_iters", &HarnessFlags::max_steps},
+    {"-ng", "target.num_gpus", &HarnessFlags::num_gpus},
+    {"-gn", "target.gpus_per_node", &HarnessFlags::gpus_per_node}};
 
 // The config as YAML; load_config_text(dump_yaml(c)) gives back the same values.
 std::string dump_yaml(const Config& cfg);
