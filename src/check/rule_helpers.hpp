@@ -83,12 +83,13 @@ inline bool full_iteration_graph(const ModelConfig& m) {
          (m.cuda_graph_impl == "local" && has_cuda_graph_module(m, "full_iteration"));
 }
 
-// A TE version rule: unknown TE on a GPU target cannot be decided; epx's runtime has no TE.
-inline Outcome te_at_least(const CheckContext& c, const char* minimum, std::string message) {
+// A TE version rule: unknown TE on a GPU target cannot be decided; epx's runtime has no TE. The
+// fix: the feature turned off where given, else the TE version.
+inline Outcome te_at_least(const CheckContext& c, const char* minimum, std::string message, std::string fix = "") {
   if (!c.cuda()) return pass();
   if (!c.cfg.target.te_version) return unknown("pass --te-version to check");
   return fail_if(!version_at_least(*c.cfg.target.te_version, minimum), std::move(message),
-                 fmt::format("target.te_version={}", minimum));
+                 fix.empty() ? fmt::format("target.te_version={}", minimum) : std::move(fix));
 }
 
 // The smallest multiple of `step` that is >= value (for fixes that must divide).

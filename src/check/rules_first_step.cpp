@@ -36,6 +36,32 @@ void add_first_step_rules(RuleTable& add) {
         return fail_if(uses_flex(m, "deepep") && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
                        "DeepEP dispatcher requires TPxEP > 1", "model.moe_token_dispatcher_type=alltoall");
       });
+  add("flex.ncclep_needs_tp_ep", E, {"model.moe_flex_dispatcher_backend", "model.expert_model_parallel_size",
+                                     "model.expert_tensor_parallel_size"},
+      "Megatron-Core moe/token_dispatcher.py", "NCCL EP needs ETP x EP > 1", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(uses_flex(m, "ncclep") && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
+                       "NCCL EP dispatcher requires TPxEP > 1", "model.moe_token_dispatcher_type=alltoall");
+      });
+  add("moe.router_fusion_te", E, {"model.moe_router_fusion", "model.moe_router_score_function", "target.te_version"},
+      "Megatron-Core moe/moe_utils.py", "the fused router (moe_router_fusion) needs TE >= 2.7.0, 2.13.0 for sqrtsoftplus",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.moe_router_fusion || !m.num_moe_experts) return pass();
+        // Megatron-Core imports TE's fused router ops from 2.7.0 on (extensions/transformer_engine.py).
+        if (m.moe_router_score_function == "sqrtsoftplus")
+          return te_at_least(c, "2.13.0",
+                             "Fused sqrtsoftplus score function requires TE >= 2.13.0. Please upgrade Transformer "
+                             "Engine or disable moe_router_fusion.",
+                             "model.moe_router_fusion=false");
+        return te_at_least(c, "2.7.0", "fused_topk_with_score_function is not available. Please install TE >= 2.6.0.",
+                           "model.moe_router_fusion=false");
+      });
+  add("train.seed_positive", E, {"rng.seed"}, "Megatron-Bridge training/initialize.py",
+      "the random seed is a positive integer", [](const CheckContext& c) {
+        return fail_if(c.cfg.rng.seed <= 0, fmt::format("Seed ({}) should be a positive integer.", c.cfg.rng.seed),
+                       "rng.seed=1234");
+      });
   add("flex.ncclep_dropless", E, {"model.moe_flex_dispatcher_backend", "model.moe_expert_capacity_factor",
                                   "model.moe_pad_expert_input_to_capacity"},
       "Megatron-Core moe/token_dispatcher.py", "NCCL EP has no drop and pad", [](const CheckContext& c) {

@@ -190,6 +190,23 @@ void add_model_rules(RuleTable& add) {
                        "Device compute capability 10.0 or higher required for MXFP8 execution.",
                        "model.fp8_recipe=tensorwise");
       });
+  add("fp8.te_moe", E, {"model.fp8", "model.num_moe_experts", "model.moe_grouped_gemm", "target.te_version"}, kMcore,
+      "MoE FP8 training needs TE >= 1.7.0, with grouped GEMM TE >= 1.11.0", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8 || !m.num_moe_experts) return pass();
+        const std::string te = c.cfg.target.te_version.value_or("unknown");
+        if (!m.moe_grouped_gemm)
+          return te_at_least(c, "1.7.0",
+                             fmt::format("Only transformer-engine>=1.7.0 supports MoE FP8 training, but your version is {}.", te));
+        return te_at_least(c, "1.11.0",
+                           fmt::format("Only transformer-engine>=1.11.0 supports FP8 grouped gemm, but your version is {}.", te));
+      });
+  add("moe.permute_fusion_te", E, {"model.moe_permute_fusion", "model.num_moe_experts", "target.te_version"}, kMcore,
+      "fused permutation (moe_permute_fusion) needs TE >= 2.1.0", [](const CheckContext& c) {
+        if (!c.cfg.model.moe_permute_fusion || !c.cfg.model.num_moe_experts) return pass();
+        return te_at_least(c, "2.1.0", "fused permutation is not available. Please install TE >= 2.1.0.",
+                           "model.moe_permute_fusion=false");
+      });
   add("recompute.full_needs_method", E,
       {"model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"},
       kMcore, "full recompute names a method and a layer count", [](const CheckContext& c) {
@@ -201,7 +218,8 @@ void add_model_rules(RuleTable& add) {
                       m.recompute_num_layers
                           ? "model.recompute_method=uniform"
                           : "model.recompute_method=uniform model.recompute_num_layers=1");
-        return fail_if(!m.recompute_num_layers || *m.recompute_num_layers < 1,
+        // Block over 0 layers recomputes none (TransformerBlock's loop); uniform steps by the count.
+        return fail_if(!m.recompute_num_layers || *m.recompute_num_layers < (*m.recompute_method == "block" ? 0 : 1),
                        "When using recompute_granularity: full, recompute_num_layers must be "
                        "between 1 and the layers per pipeline rank",
                        "model.recompute_num_layers=1");

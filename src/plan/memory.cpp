@@ -220,8 +220,8 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
 
 FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks) {
   const double per_chunk = layers / std::max(1, chunks), n = std::max<double>(1, static_cast<double>(m.recompute_num_layers.value_or(1)));
-  if (m.recompute_method == std::optional<std::string>("block")) {
-    const double r = std::min(n, per_chunk);
+  if (m.recompute_method == std::optional<std::string>("block")) {  // over 0 layers: none
+    const double r = std::clamp<double>(static_cast<double>(m.recompute_num_layers.value_or(1)), 0, per_chunk);
     return {r * chunks, r * chunks, r > 0 ? 1.0 : 0.0};
   }
   return {layers, std::ceil(per_chunk / n) * chunks, std::min(n, per_chunk)};

@@ -220,9 +220,10 @@ ModelSpec model_spec_from_config(const Config& c) {
     if (!m.recompute_method || (*m.recompute_method != "uniform" && *m.recompute_method != "block"))
       bad(c, "model.recompute_method", m.recompute_method.value_or("None"),
           "full recompute needs a method; set model.recompute_method=uniform or block");
-    if (!m.recompute_num_layers || *m.recompute_num_layers < 1)
+    if (!m.recompute_num_layers || *m.recompute_num_layers < (*m.recompute_method == "block" ? 0 : 1))
       bad(c, "model.recompute_num_layers", opt(m.recompute_num_layers),
-          "full recompute needs the number of layers per checkpoint (uniform) or recomputed (block); set it to 1 or more");
+          "full recompute needs the number of layers per checkpoint (uniform, 1 or more) or recomputed (block, 0 or "
+          "more)");
     r.method = *m.recompute_method;
     r.num_layers = static_cast<int>(*m.recompute_num_layers);
   } else if (m.recompute_granularity) {
