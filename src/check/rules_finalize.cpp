@@ -15,6 +15,10 @@ void add_finalize_rules(RuleTable& add) {
       "TP overlap without a userbuffer config uses TE's default");
   add("config.misspelt_field", W, {}, "epx: a dump's kept fields against the modelled ones",
       "an unmodelled field of a Bridge dump one or two letters from a modelled one (checker.cpp)");
+  add("mixed_precision.overwrites_model", W,
+      {"mixed_precision", "model.bf16", "model.fp16", "model.fp8", "model.fp8_recipe", "model.fp8_param",
+       "ddp.grad_reduce_in_fp32"},
+      "Megatron-Bridge training/mixed_precision.py", "mixed_precision replaces precision fields the user set on the model");
   add("comm_overlap.overwrites_model", W,
       {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
       "comm_overlap copies its (unset) overlap switches over the model's");

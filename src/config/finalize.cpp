@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/config/config.hpp"
+#include "mixed_precision.hpp"
 
 namespace epx {
 namespace {
@@ -191,6 +192,7 @@ Int effective_etp(const ModelConfig& m) {
 
 std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   std::vector<Finding> out;
+  apply_mixed_precision(c, out);  // first in runtime_config_update
   const Int dp = data_parallel_size(c);
 
   if (c.comm_overlap) {

@@ -55,6 +55,17 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
     }
     return true;
   }
+  // ConfigContainer.mixed_precision takes a recipe's name (or None), which finalize applies.
+  if (section == "mixed_precision") cfg.file_locations.erase(key);  // no longer the file's
+  if (section == "mixed_precision" && name.empty() && !deleting) {
+    const YAML::Node v = parse_value(key, value);
+    if (!v.IsScalar() && !v.IsNull())
+      throw ConfigError(fmt::format("{}: mixed_precision takes a recipe's name (bf16_mixed, "
+                                    "bf16_with_fp8_current_scaling_mixed, ...) or None",
+                                    key));
+    cfg.extra_sections.node[section] = v;
+    return true;
+  }
   // Unmodelled fields of a Megatron-Bridge dump's tagged section (model.fp8, ...), kept as the
   // groups' are: Bridge takes any of its dataclass's fields there.
   const YAML::Node& tagged = cfg.extra_fields.node;  // const: yaml-cpp's mutable [] would insert

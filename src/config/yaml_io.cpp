@@ -213,6 +213,11 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
                std::find(bridge_only_sections().begin(), bridge_only_sections().end(), sec) !=
                    bridge_only_sections().end()) {
       c.extra_sections.node[sec] = body;
+      if (sec == "mixed_precision") {  // read at finalize, from a copy without marks
+        c.file_locations[sec] = location(source_name, body);
+        if (body.IsMap())
+          for (const auto& field : body) c.file_locations[sec + "." + field.first.Scalar()] = location(source_name, field.second);
+      }
     } else {
       throw ConfigError(fmt::format("{}: unknown section '{}'{}; epx models {} and keeps "
                                     "Megatron-Bridge's other groups ({})",
@@ -327,6 +332,7 @@ std::string ignored_note(const Config& cfg) {
     if (name.starts_with("_")) continue;
     // One field of it epx run reads (job_spec.cpp): the note says so.
     const bool nan_check = name == "rerun_state_machine" && kv.second.IsMap() && kv.second["check_for_nan_in_loss"].IsDefined();
+    if (name == "mixed_precision") continue;  // applied by finalize (mixed_precision.cpp)
     sections.push_back(nan_check ? name + " (but its check_for_nan_in_loss, which epx run reads)" : name);
   }
   for (const auto& sec : cfg.extra_fields.node)

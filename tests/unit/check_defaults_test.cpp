@@ -4,6 +4,8 @@
 // Megatron-Core) would raise on that environment, and nothing is guessed where a fact is missing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <set>
 
 #include "epx/base/output_file.hpp"
@@ -171,6 +173,57 @@ TEST(CheckDefaults, JsonReportIsValidWhateverBytesTheInputHas) {
   const std::string text = json_text(report_json(run_check(c)), 2);
   EXPECT_TRUE(nlohmann::json::accept(text)) << text;
   EXPECT_NE(text.find("\xef\xbf\xbd"), std::string::npos);  // U+FFFD in place of the bad bytes
+}
+
+// Bridge's mixed_precision (a recipe's name or its fields) replaces the model's and DDP's
+// precision fields first thing in runtime_config_update, defaults included.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CheckDefaults, MixedPrecisionReplacesThePrecisionFields) {
+  const auto resolved = [](const std::vector<std::string>& overrides) {
+    Config c = load_config_file(resolve_recipe("qwen3_30b_a3b_proxy"));
+    for (const std::string& o : overrides) apply_override(c, o);
+    return run_check(c);
+  };
+  const CheckReport fp8 = resolved({"mixed_precision=bf16-with-fp8-current-scaling-mixed"});
+  EXPECT_EQ(fp8.resolved.model.fp8, "hybrid");
+  EXPECT_EQ(fp8.resolved.model.fp8_recipe, "tensorwise");
+  EXPECT_TRUE(fp8.resolved.model.fp8_param);  // from fp8_param_gather
+  EXPECT_TRUE(fp8.resolved.model.bf16);
+  EXPECT_TRUE(fp8.resolved.ddp.grad_reduce_in_fp32);
+  const CheckReport half = resolved({"mixed_precision=fp16_mixed"});
+  EXPECT_TRUE(half.resolved.model.fp16);
+  EXPECT_FALSE(half.resolved.model.bf16);
+  EXPECT_FALSE(half.resolved.ddp.grad_reduce_in_fp32);
+  // An override it replaces is told.
+  const CheckReport reset = resolved({"model.fp8=hybrid", "mixed_precision=bf16_mixed"});
+  EXPECT_FALSE(reset.resolved.model.fp8);
+  EXPECT_EQ(std::count_if(reset.findings.begin(), reset.findings.end(),
+                          [](const Finding& f) { return f.rule_id == "mixed_precision.overwrites_model"; }),
+            1);
+  EXPECT_EQ(resolved({"mixed_precision=None"}).resolved.model.bf16, true);
+  EXPECT_NE(error_of([&] { resolved({"mixed_precision=bf16_mixd"}); })
+                .find("override mixed_precision: Unknown mixed-precision recipe 'bf16_mixd'. Available recipes: bf16_mixed"),
+            std::string::npos);
+  // Its fields, as a dump after runtime_config_update writes them; errors at their line.
+  const std::string fields = "mixed_precision:\n  bf16: true\n  fp8: e4m3\n  fp8_recipe: mxfp8\n  fp8_param: null\n"
+                             "  fp8_param_gather: false\n  grad_reduce_in_fp32: false\nmodel:\n  num_moe_experts: 4\n";
+  const CheckReport mx = run_check(load_config_text(fields, "mp.yaml"));
+  EXPECT_EQ(mx.resolved.model.fp8, "e4m3");
+  EXPECT_EQ(mx.resolved.model.fp8_recipe, "mxfp8");
+  EXPECT_FALSE(mx.resolved.model.fp8_param);
+  EXPECT_FALSE(mx.resolved.ddp.grad_reduce_in_fp32);
+  EXPECT_EQ(error_of([] { run_check(load_config_text("mixed_precision:\n  fp8: hybrid\n  fp4: e2m1\nmodel: {}\n", "f.yaml")); }),
+            "f.yaml:2:3: mixed_precision: fp4 and fp8 cannot be used simultaneously. Please choose one.");
+  EXPECT_EQ(error_of([] { run_check(load_config_text("mixed_precision:\n  bf16: maybe\nmodel: {}\n", "f.yaml")); }),
+            "f.yaml:2:9: mixed_precision.bf16 expects a bool (true|false), got maybe");
 }
 
 }  // namespace

@@ -346,6 +346,8 @@ const std::vector<Case>& cases() {
         "model.recompute_num_layers=2"},
        {"model.mtp_num_layers=1", "model.recompute_granularity=full", "model.recompute_method=uniform",
         "model.recompute_num_layers=1"}},
+      {"mixed_precision.overwrites_model", {"model.bf16=false", "model.fp16=true", "mixed_precision=bf16_mixed"},
+       {"mixed_precision=bf16_mixed"}},
       {"comm_overlap.overwrites_model", {"model.overlap_moe_expert_parallel_comm=true"},
        {"~comm_overlap", "model.overlap_moe_expert_parallel_comm=true"}},
       // DP 2: comm_overlap's optimizer defaults (overlap on, 128 Mi buckets) replace the ddp section's.

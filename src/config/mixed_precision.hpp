@@ -1,0 +1,17 @@
+// Megatron-Bridge's mixed_precision group: a recipe name or a MixedPrecisionConfig, applied over
+// the model's and DDP's precision fields first thing in runtime_config_update.
+#pragma once
+
+#include <vector>
+
+#include "epx/config/config.hpp"
+
+namespace epx {
+
+// Applies a config's `mixed_precision` (kept as an unmodelled Bridge group) to model.bf16, fp16,
+// fp8, fp8_recipe, fp8_param and ddp.grad_reduce_in_fp32, as MixedPrecisionConfig.setup does:
+// every field it has, defaults included, replaces the model's. Warns where that changes a value
+// an override or flag set. Throws ConfigError for an unknown recipe name or FP8 with FP4.
+void apply_mixed_precision(Config& c, std::vector<Finding>& out);
+
+}  // namespace epx
