@@ -201,6 +201,18 @@ void add_model_rules(RuleTable& add) {
         return te_at_least(c, "1.11.0",
                            fmt::format("Only transformer-engine>=1.11.0 supports FP8 grouped gemm, but your version is {}.", te));
       });
+  add("fp8.custom_recipe_factory", E, {"model.fp8", "model.fp8_recipe"}, kMcore,
+      "the custom FP8 recipe names its quantizer factory (model.fp8_quantizer_factory)", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.fp8 || m.fp8_recipe != std::optional<std::string>("custom")) return pass();
+        // epx keeps the factory as an unmodelled field of the model (a dump's, or +model.fp8_quantizer_factory=...).
+        const YAML::Node factory = c.cfg.extra_fields.child_map("model")["fp8_quantizer_factory"];
+        return fail_if(!factory.IsDefined() || !factory.IsScalar() || factory.Scalar().empty() || factory.Scalar() == "null" ||
+                           factory.Scalar() == "None",
+                       "fp8_quantizer_factory must be provided when fp8_recipe is 'custom'. Specify a Python import path "
+                       "(e.g., package.module.quantizer_factory) via --fp8-quantizer-factory.",
+                       "model.fp8_recipe=tensorwise");
+      });
   add("moe.permute_fusion_te", E, {"model.moe_permute_fusion", "model.num_moe_experts", "target.te_version"}, kMcore,
       "fused permutation (moe_permute_fusion) needs TE >= 2.1.0", [](const CheckContext& c) {
         if (!c.cfg.model.moe_permute_fusion || !c.cfg.model.num_moe_experts) return pass();

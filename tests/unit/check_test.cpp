@@ -331,6 +331,11 @@ const std::vector<Case>& cases() {
        H100 + Overrides{"model.fp8=hybrid", "model.fp8_recipe=tensorwise", "model.moe_grouped_gemm=false",
                         "target.te_version=1.7.0"}},
       {"train.seed_positive", {"rng.seed=0"}, {"rng.seed=1"}},
+      {"fp8.custom_recipe_factory",  // the dump's mixed_precision (bf16_mixed) would reset FP8
+       H100 + Overrides{"mixed_precision=None", "model.fp8=hybrid", "model.fp8_recipe=custom"},
+       H100 + Overrides{"mixed_precision=None", "model.fp8=hybrid", "model.fp8_recipe=custom",
+                        "+model.fp8_quantizer_factory=pkg.mod.factory"},
+       std::nullopt, std::nullopt, kDump},
       {"cuda_graph.scope_and_modules", {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},
        {"model.cuda_graph_modules=[attn]"}},
       {"flex.ncclep_dropless",
