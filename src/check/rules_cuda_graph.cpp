@@ -52,6 +52,15 @@ void add_cuda_graph_rules(RuleTable& add) {
                        "the preprocess step.",
                        local ? set("[attn]") : set("[moe_router]"));
       });
+  add("cuda_graph.te_rng_tracker", E, {"model.cuda_graph_impl", "model.use_te_rng_tracker", "rng.te_rng_tracker"},
+      "Megatron-Bridge models/gpt_provider.py", "CUDA graphs need Transformer Engine's RNG tracker",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.cuda_graph_impl != "none" && !m.use_te_rng_tracker,
+                       "Transformer engine's RNG tracker is required for cudagraphs, it can be enabled with "
+                       "use_te_rng_tracker=True'.",
+                       "model.use_te_rng_tracker=true");
+      });
   add("cuda_graph.scope_and_modules", E, {"model.cuda_graph_scope", "model.cuda_graph_modules"}, kMcore,
       "Bridge's legacy cuda_graph_scope and cuda_graph_modules are not both set", [](const CheckContext& c) {
         const auto& m = c.cfg.model;

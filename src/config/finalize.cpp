@@ -200,6 +200,8 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
     setup_model_comm_overlap(c, options, out);
     if (c.ddp.use_distributed_optimizer) setup_optimizer_comm_overlap(c, dp, out);
   }
+  // ConfigContainer.validate: the TE RNG tracker asked for in either place is on in both.
+  c.model.use_te_rng_tracker = c.rng.te_rng_tracker = c.model.use_te_rng_tracker || c.rng.te_rng_tracker;
   // Bridge keeps these two in step between ddp and optimizer.
   const bool dist_opt = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
   c.ddp.use_distributed_optimizer = c.optimizer.use_distributed_optimizer = dist_opt;

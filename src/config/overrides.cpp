@@ -202,7 +202,13 @@ void apply_harness_flags(Config& cfg, const HarnessFlags& f) {
   if (f.vp && *f.vp != "-1") set("model.virtual_pipeline_model_parallel_size", *f.vp);  // None: null
   if (f.pipeline_layout) set("model.pipeline_model_parallel_layout", "'" + *f.pipeline_layout + "'");
   if (f.gpu) set("target.gpu", *f.gpu);
-  if (f.cuda_graph_impl) set("model.cuda_graph_impl", *f.cuda_graph_impl);
+  if (f.cuda_graph_impl) {
+    set("model.cuda_graph_impl", *f.cuda_graph_impl);
+    // The harness's _set_cuda_graph_overrides: graphs need TE's RNG tracker.
+    const std::string tracker = *f.cuda_graph_impl != "none" ? "true" : "false";
+    set("model.use_te_rng_tracker", tracker);
+    set("rng.te_rng_tracker", tracker);
+  }
   // The harness's set_cuda_graph_overrides: with graphs off the scope is not read; full_iteration
   // stands alone and captures the whole step (set_full_iteration_cuda_graph), never with TE's
   // per-layer graphs.

@@ -473,6 +473,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, recompute_modules, kRecomputeModules),
       EPX_FIELD(kModel, mtp_num_layers),
       EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"}),
+      EPX_FIELD(kModel, use_te_rng_tracker),
       EPX_FIELD(kModel, cuda_graph_scope, kCudaGraphScopes),
       EPX_FIELD(kModel, cuda_graph_modules, kCudaGraphScopes),
 
@@ -537,6 +538,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kTrain, manual_gc),
 
       EPX_FIELD(kRng, seed),
+      EPX_FIELD(kRng, te_rng_tracker),
 
       EPX_FIELD(kTarget, gpu),
       EPX_FIELD(kTarget, num_gpus),

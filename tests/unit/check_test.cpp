@@ -52,8 +52,8 @@ const Overrides HYBRIDEP = {"model.moe_token_dispatcher_type=flex",
 const Overrides DEEPEP = {"model.moe_token_dispatcher_type=flex",
                           "model.moe_flex_dispatcher_backend=deepep"};
 const Overrides ATTN_GRAPH = {"model.cuda_graph_scope=[attn]"};
-const Overrides TE_GRAPH = {"model.cuda_graph_impl=transformer_engine", "target.gpu=h100", "target.te_version=2.12.0",
-                            "target.torch_version=2.7.0"};
+const Overrides TE_GRAPH = {"model.cuda_graph_impl=transformer_engine", "model.use_te_rng_tracker=true", "target.gpu=h100",
+                            "target.te_version=2.12.0", "target.torch_version=2.7.0"};
 const Overrides GB200_EP = {"target.gpu=gb200", "model.num_moe_experts=128",
                             "train.global_batch_size=128"};
 
@@ -336,6 +336,8 @@ const std::vector<Case>& cases() {
        H100 + Overrides{"mixed_precision=None", "model.fp8=hybrid", "model.fp8_recipe=custom",
                         "+model.fp8_quantizer_factory=pkg.mod.factory"},
        std::nullopt, std::nullopt, kDump},
+      {"cuda_graph.te_rng_tracker", {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"},
+       {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]", "rng.te_rng_tracker=true"}},
       {"cuda_graph.scope_and_modules", {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},
        {"model.cuda_graph_modules=[attn]"}},
       {"flex.ncclep_dropless",

@@ -361,6 +361,19 @@ TEST(HarnessFlags, ConflictingRecomputeFlags) {
   EXPECT_NE(error_of([&] { apply_harness_flags(c, f); }).find("conflict"), std::string::npos);
 }
 
+TEST(HarnessFlags, CudaGraphImplBringsTheTeRngTracker) {  // _set_cuda_graph_overrides
+  Config c = load_with("qwen3_30b_a3b_proxy", {});
+  HarnessFlags f;
+  f.cuda_graph_impl = "transformer_engine";
+  apply_harness_flags(c, f);
+  EXPECT_TRUE(c.model.use_te_rng_tracker);
+  EXPECT_TRUE(c.rng.te_rng_tracker);
+  f.cuda_graph_impl = "none";
+  apply_harness_flags(c, f);
+  EXPECT_FALSE(c.model.use_te_rng_tracker);
+  EXPECT_FALSE(c.rng.te_rng_tracker);
+}
+
 TEST(HarnessFlags, FlexBackendNoneSelectsAlltoall) {
   Config c = load_with("qwen3_30b_a3b", {});
   HarnessFlags f;

@@ -165,6 +165,7 @@ struct ModelConfig {
   std::string cuda_graph_impl = "none";
   StringList cuda_graph_scope;
   StringList cuda_graph_modules;
+  bool use_te_rng_tracker = false;  // Transformer Engine's RNG tracker, which CUDA graphs need
 };
 
 // Bridge's CommOverlapConfig: None means "not set by the user, use the computed default".
@@ -245,6 +246,7 @@ struct TrainConfig {
 
 struct RngConfig {
   Int seed = 1234;
+  bool te_rng_tracker = false;  // kept in step with model.use_te_rng_tracker (Bridge's validate)
 };
 
 // epx's own section: the environment a config targets (the performance harness's -g/-ng/-gn
