@@ -19,6 +19,7 @@
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
 #include "number_validators.hpp"
+#include "same_job.hpp"
 
 namespace epx::cli {
 namespace {
@@ -103,6 +104,7 @@ void BenchLayerArgs::add_to(CLI::App& app) {
 int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
+  require_same_job(mpi.world(), dump_yaml(loaded));
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const MoESpec spec = moe_spec_from_config(cfg);
   Communicator& world = mpi.world();

@@ -18,6 +18,7 @@
 #include "epx/tensor/safetensors.hpp"
 #include "epx/train/job_spec.hpp"
 #include "number_validators.hpp"
+#include "same_job.hpp"
 
 namespace epx::cli {
 namespace {
@@ -78,6 +79,7 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   }
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
+  if (mpi) require_same_job(mpi->world(), dump_yaml(loaded));
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const MoESpec spec = moe_spec_from_config(cfg);
   const int rank = mpi ? mpi->rank() : 0, world = mpi ? mpi->size() : 1;

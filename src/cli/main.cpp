@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <iostream>
+#include <new>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -246,6 +247,12 @@ int main(int argc, char** argv) {
     return fail("environment error", e.what(), epx::kExitEnvironment);
   } catch (const epx::TrainingDiverged& e) {
     return fail("error", e.what(), epx::kExitDiverged);
+  } catch (const std::bad_alloc&) {  // a shape past this machine's memory, not a bug
+    return fail("environment error",
+                "out of memory: the job needs more memory than this machine gives it; `epx plan CONFIG -g cpu "
+                "-ng RANKS` gives its peak per rank, and a smaller shape (hidden size, experts, sequence, micro-batch) "
+                "fits",
+                epx::kExitEnvironment);
   } catch (const std::exception& e) {
     return fail("internal error", e.what(), epx::kExitInternal);
   }

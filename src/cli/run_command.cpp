@@ -20,6 +20,7 @@
 #include "epx/plan/plan.hpp"
 #include "epx/train/trainer.hpp"
 #include "number_validators.hpp"
+#include "same_job.hpp"
 
 namespace epx::cli {
 namespace {
@@ -148,6 +149,8 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
                                   *loaded.target.num_gpus, mpi.size(), *loaded.target.num_gpus, *loaded.target.num_gpus));
   loaded.target.num_gpus = mpi.size();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";
+  require_same_job(mpi.world(), fmt::format("{}mock_data: {}\nsteady: {} {}\n", dump_yaml(loaded), args.mock_data,
+                                            args.steady_first.value_or(0), args.steady_last));
   // Ranks over several nodes (the emulated cluster): the config records the ranks per node, so
   // the results say where the job ran (`epx diagnose` plans it as it was).
   const std::vector<int> nodes = node_of_each_rank(mpi.world());
