@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <ranges>
 #include <thread>
 
 #include <fmt/format.h>
@@ -125,7 +126,26 @@ std::vector<std::string> launch_command_line(const LaunchArgs& args, const std::
   return argv;
 }
 
+// Whether `name` runs: an executable file at a path, or found on PATH as execvp finds it. mpirun
+// would end with its own exit code above 128 for one that does not.
+bool runnable(const std::string& name) {
+  const auto executable = [](const std::filesystem::path& p) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+  };
+  if (name.empty()) return false;
+  if (name.find('/') != std::string::npos) return executable(name);
+  const char* path = std::getenv("PATH");
+  for (const auto dir : std::views::split(std::string_view(path ? path : ""), ':'))
+    if (executable(std::filesystem::path(std::string_view(dir.begin(), dir.end())) / name)) return true;
+  return false;
+}
+
 int run_launch_command(const LaunchArgs& args) {
+  if (!args.command.empty() && args.command[0] != "epx" && !runnable(args.command[0]))
+    throw ConfigError(fmt::format("command '{}': no such executable file{}; give a path to one, or a program on PATH "
+                                  "('epx' means this epx)",
+                                  args.command[0], args.command[0].find('/') == std::string::npos ? " on PATH" : ""));
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<std::string> line = launch_command_line(args, self);
   if (args.dry_run) {

@@ -504,5 +504,14 @@ TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
   EXPECT_TRUE(has(fits, "-H epxnode0:2,epxnode1:2 -np 4")) << fits.out;
 }
 
+// A command that does not run is refused by name (mpirun ended with its own code above 128).
+TEST(Cli, LaunchRefusesACommandThatDoesNotRun) {
+  for (const std::string command : {"/nonexistent/binary", "''", "no_such_program_epx", "/tmp"}) {
+    const Result r = run("launch -n 1 -- " + command);
+    EXPECT_EQ(r.code, 2) << command << ": " << r.out;
+    EXPECT_TRUE(has(r, "no such executable file")) << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace epx
