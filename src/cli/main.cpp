@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
+    epx::check_omp_num_threads();
     if ((*layer && epx::launched_by_mpirun()) || *bench_dispatch || *bench_layer || *run || (*plan && plan_args.calibrate)) {
       epx::share_cores_with_local_ranks();
       const std::optional<double>& given = *layer ? layer_args.collective_timeout : run_args.collective_timeout;

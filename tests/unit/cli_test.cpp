@@ -504,6 +504,15 @@ TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
   EXPECT_TRUE(has(fits, "-H epxnode0:2,epxnode1:2 -np 4")) << fits.out;
 }
 
+// Past the process's thread limit libgomp crashed (exit 139) starting the threads.
+TEST(Cli, RefusesOmpNumThreadsPastTheLimit) {
+  ::setenv("OMP_NUM_THREADS", "100000", 1);
+  const Result r = run("check qwen3_30b_a3b_proxy");
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r, "OMP_NUM_THREADS=100000: at most 1024 threads per process")) << r.out;
+}
+
 // A command that does not run is refused by name (mpirun ended with its own code above 128).
 TEST(Cli, LaunchRefusesACommandThatDoesNotRun) {
   for (const std::string command : {"/nonexistent/binary", "''", "no_such_program_epx", "/tmp"}) {

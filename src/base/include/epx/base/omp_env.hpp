@@ -16,4 +16,10 @@ void cap_openmp_spin(char** argv);
 // threads (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE).
 void share_cores_with_local_ranks();
 
+// Throws ConfigError when OMP_NUM_THREADS (a number, or a comma-separated list for nested
+// levels) asks for more than kMaxOmpThreads threads: libgomp crashes starting threads past the
+// process limit.
+inline constexpr long kMaxOmpThreads = 1024;
+void check_omp_num_threads();
+
 }  // namespace epx
