@@ -20,16 +20,25 @@ namespace epx::cli {
 namespace {
 
 // plotly.js-basic-dist-min as scripts/setup.sh leaves it.
+std::filesystem::path plotly_path() {
+  return std::filesystem::path(env_path(env::kVendorDir).value_or(EPX_BUILD_VENDOR_DIR)) / "plotly-basic.min.js";
+}
+
 std::string plotly_source() {
-  const std::filesystem::path dir = env_path(env::kVendorDir).value_or(EPX_BUILD_VENDOR_DIR);
-  const std::filesystem::path file = dir / "plotly-basic.min.js";
+  const std::filesystem::path file = plotly_path();
+  const std::string fix = fmt::format("run scripts/setup.sh (it fetches plotly.js-basic-dist-min from the npm registry), "
+                                      "or set {} to its folder",
+                                      env::kVendorDir);
+  std::error_code ec;
   std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw EnvironmentError(fmt::format("{}: the plotting library is not installed; run scripts/setup.sh (it fetches "
-                                       "plotly.js-basic-dist-min from the npm registry), or set {} to its folder",
-                                       file.string(), env::kVendorDir));
+  if (!std::filesystem::is_regular_file(file, ec) || !in)
+    throw EnvironmentError(fmt::format("{}: the plotting library is not installed; {}", file.string(), fix));
   std::stringstream s;
   s << in.rdbuf();
+  // The package's file opens with its banner: "plotly.js (basic - minified) vX".
+  if (s.str().substr(0, 256).find("plotly.js") == std::string::npos)
+    throw EnvironmentError(fmt::format("{}: not the plotting library (its first lines do not name plotly.js); {}",
+                                       file.string(), fix));
   return s.str();
 }
 
@@ -111,6 +120,7 @@ int run_report_command(const ReportArgs& args) {
   }
   if (args.source.config) inputs.push_back({"--config", *args.source.config});
   for (const std::string& file : args.hardware) inputs.push_back({"--hardware", file});
+  inputs.push_back({"the plotting library", plotly_path().string()});
   check_output_path(args.output, "-o", inputs);
   for (const std::string& file : args.hardware) add_hardware_file(file);
   std::string page = report_page_template();
