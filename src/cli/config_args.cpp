@@ -127,6 +127,8 @@ void ConfigArgs::add_to(CLI::App& app) {
       ->check(CLI::IsMember({"deepep", "hybridep", "None"}))
       ->group(group);
   app.add_option("-g,--gpu", flags.gpu, "target GPU: h100 h200 b200 b300 gb200 gb300 a100 v100 cpu")
+      ->check(CLI::Validator([](std::string& s) { return s.empty() ? std::string("names no GPU") : std::string(); },
+                             "GPU"))
       ->group(group);
   app.add_option("--ng,--num_gpus", flags.num_gpus, "-ng: world size")->transform(kPythonInt)->group(group);
   app.add_option("--gn,--gpus_per_node", flags.gpus_per_node, "-gn")->transform(kPythonInt)->group(group);

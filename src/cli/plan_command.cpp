@@ -43,6 +43,10 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
                                       {"-g", f.gpu.has_value()}, {"-ng", f.num_gpus.has_value()},
                                       {"-gn", f.gpus_per_node.has_value()}})
       if (given) layout_flags.push_back(flag);
+    if (args.json || args.search)
+      throw ConfigError(fmt::format("--calibrate prints this machine's hardware entry as YAML (for --hardware); {} "
+                                    "does not apply to it: drop it",
+                                    args.json ? "--json" : "--search"));
     if (!layout_flags.empty())
       throw ConfigError(fmt::format("--calibrate measures this machine on one process with the model alone (TP, EP, "
                                     "the GPU and the world do not apply): drop {}",

@@ -16,8 +16,14 @@ namespace fs = std::filesystem;
 
 std::vector<fs::path> recipe_dirs() {
   std::vector<fs::path> dirs;
-  if (const auto dir = env_path(env::kRecipesDir)) dirs.emplace_back(*dir);
   std::error_code ec;
+  if (const auto dir = env_path(env::kRecipesDir)) {  // the user's: never passed over in silence
+    if (!fs::is_directory(*dir, ec))
+      throw ConfigError(fmt::format("{}={}: not a directory of recipes; set it to one, or unset it for the recipes "
+                                    "shipped with epx",
+                                    env::kRecipesDir, *dir));
+    dirs.emplace_back(*dir);
+  }
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     dirs.push_back(exe.parent_path() / "../share/epx/recipes");

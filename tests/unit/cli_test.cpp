@@ -513,6 +513,18 @@ TEST(Cli, RefusesOmpNumThreadsPastTheLimit) {
   EXPECT_TRUE(has(r, "OMP_NUM_THREADS=100000: at most 1024 threads per process")) << r.out;
 }
 
+// An empty -g and a recipes folder that is not one were passed over in silence.
+TEST(Cli, RefusesAnEmptyGpuAndAMissingRecipesFolder) {
+  const Result gpu = run("check qwen3_30b_a3b -g ''");
+  EXPECT_EQ(gpu.code, 2) << gpu.out;
+  EXPECT_TRUE(has(gpu, "--gpu: names no GPU")) << gpu.out;
+  ::setenv("EPX_RECIPES_DIR", "/nonexistent", 1);
+  const Result dir = run("check qwen3_30b_a3b");
+  ::unsetenv("EPX_RECIPES_DIR");
+  EXPECT_EQ(dir.code, 2) << dir.out;
+  EXPECT_TRUE(has(dir, "EPX_RECIPES_DIR=/nonexistent: not a directory of recipes")) << dir.out;
+}
+
 // A command that does not run is refused by name (mpirun ended with its own code above 128).
 TEST(Cli, LaunchRefusesACommandThatDoesNotRun) {
   for (const std::string command : {"/nonexistent/binary", "''", "no_such_program_epx", "/tmp"}) {
