@@ -462,12 +462,15 @@ void read_trace(const std::string& path, RunEvidence& run) {
   const int iterations = last - first + 1;
   const double step = (end - start) / iterations;
   // The same run's trace times the same steps (within 1-2% here); another run of as many ranks
-  // and iterations does not.
-  if (run.kind == "epx results" && first >= 2 && run.mean_step_s > 0) {
-    if (step > 1.15 * run.mean_step_s || step < run.mean_step_s / 1.15)
-      throw InputError(fmt::format("{}: its steps {}..{} take {:.3g} s each, but {} says {:.3g} s: not the same run's "
+  // and iterations does not. Iterations 2..last: where the first begins is the trace's own start.
+  if (run.kind == "epx results" && last >= 2 && run.iterations.size() == ends.size()) {
+    double logged = 0;
+    for (int i = 2; i <= last; ++i) logged += run.iterations[static_cast<std::size_t>(i - 1)].step_s;
+    const double traced = ends[static_cast<std::size_t>(last - 1)] - ends[0];
+    if (logged > 0 && (traced > 1.15 * logged || traced < logged / 1.15))
+      throw InputError(fmt::format("{}: its steps 2..{} take {:.3g} s each, but {} says {:.3g} s: not the same run's "
                                    "trace",
-                                   path, first, last, step, run.source, run.mean_step_s));
+                                   path, last, traced / (last - 1), run.source, logged / (last - 1)));
   }
 
   std::vector<trace::Span> rank0;
@@ -503,6 +506,11 @@ RunEvidence read_run(const std::string& run_path, const std::optional<std::strin
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '{') read_epx_results(text, run_path, run);
   else read_megatron_log(text, run_path, run);
+  // A trace is `epx run --trace`'s, of the run whose results it goes with; a Megatron run has none.
+  if (trace_path && run.kind != "epx results")
+    throw InputError(fmt::format("{}: a trace goes with the `epx run --results` file of the same run, and {} is a "
+                                 "Megatron log (its timers are read from the log); drop the trace",
+                                 *trace_path, run_path));
   if (trace_path) read_trace(*trace_path, run);
   return run;
 }

@@ -31,13 +31,20 @@ set -e
 echo "$out"
 [[ $code -eq 2 && $out == *"a trace of 1 rank(s), but"*"ran on 2: not the same run's trace"* ]] || { echo "another run's trace was read"; exit 1; }
 # A trace of as many ranks and iterations whose steps are not the results' is refused too.
-sed -E 's/"mean_step_time_s": *[0-9.eE+-]+/"mean_step_time_s": 1000/' "$dir/r.json" > "$dir/slow.json"
+sed -E 's/"step_time_s": *[0-9.eE+-]+/"step_time_s": 1000/' "$dir/r.json" > "$dir/slow.json"
 set +e
 out=$("$epx" diagnose "$dir/slow.json" --trace "$dir/t.json" 2>&1)
 code=$?
 set -e
 echo "$out"
 [[ $code -eq 2 && $out == *"says 1e+03 s: not the same run's trace"* ]] || { echo "a trace of other steps was read"; exit 1; }
+# A Megatron log has no epx trace: one given with it is another run's.
+printf ' iteration        1/       2 | elapsed time per iteration (ms): 900.0 | lm loss: 1.0E+01 |\n iteration        2/       2 | elapsed time per iteration (ms): 900.0 | lm loss: 9.0E+00 |\n' >"$dir/m.log"
+set +e
+out=$("$epx" diagnose "$dir/m.log" --trace "$dir/t.json" --config qwen3_30b_a3b -g h100 2>&1)
+code=$?
+set -e
+[[ $code -eq 2 && $out == *"is a Megatron log (its timers are read from the log); drop the trace"* ]] || { echo "$out"; echo "a trace was read with a Megatron log"; exit 1; }
 # Results carry their config: --config is for a Megatron log and is refused here.
 set +e
 out=$("$epx" diagnose "$dir/r.json" --config qwen3_30b_a3b_proxy 2>&1)
