@@ -1,6 +1,7 @@
 // Hydra-style dotted overrides and the performance harness's flags.
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -142,10 +143,17 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
     throw ConfigError(fmt::format("cannot read override '{}': expected key=value, +key=value or "
                                   "~key",
                                   text));
-  if (!deleting && eq == std::string::npos)
+  if (!deleting && eq == std::string::npos) {
+    std::error_code ec;
+    if (key.find('/') != std::string::npos || std::filesystem::is_regular_file(key, ec))  // a second file
+      throw ConfigError(fmt::format("'{}' after the config is a file, not an override (key=value): an option takes "
+                                    "one file per occurrence (--hardware a.yaml --hardware b.yaml), and the config "
+                                    "is one",
+                                    text));
     throw ConfigError(fmt::format("override '{}' has no value: write {}=VALUE (or ~{} to reset "
                                   "it to the default)",
                                   text, key, key));
+  }
   if (deleting && eq != std::string::npos)
     throw ConfigError(fmt::format("override '{}': a deletion takes no value, write ~{}", text, key));
 

@@ -190,6 +190,7 @@ TEST(ConfigOverrides, ClearErrors) {
   EXPECT_NE(unknown.find("did you mean model.moe_router_topk"), std::string::npos) << unknown;
   const std::string wrong_section = error_of([&] { apply_override(c, "train.num_moe_experts=8"); });
   EXPECT_NE(wrong_section.find("model.num_moe_experts"), std::string::npos) << wrong_section;
+  EXPECT_NE(error_of([&] { apply_override(c, "dir/b.yaml"); }).find("is a file, not an override"), std::string::npos);
   EXPECT_NE(error_of([&] { apply_override(c, "model.bf16"); }).find("has no value"),
             std::string::npos);
   EXPECT_NE(error_of([&] { apply_override(c, "=3"); }).find("expected key=value"),
