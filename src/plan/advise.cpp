@@ -323,7 +323,7 @@ BackendAvailability parse_have_list(const std::string& list) {
     else if (word == "none") none = true;
     else if (word != "alltoall")
       throw InputError(fmt::format("--have {}: '{}' is not a backend; list what the container has from deepep, "
-                                   "hybridep (or none)",
+                                   "hybridep (or none; alltoall, always there, may be listed too)",
                                    list, word));
     any = true;
   }
