@@ -99,11 +99,13 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
     if (rank == 0) {
       MoELayer full(spec, make_local_dispatcher(spec.num_experts));
       full.init_weights(*args.init_seed);
-      write_safetensors(args.weights, full.weight_tensors(), {{"format", "epx-moe-layer"}});
-      write_safetensors(args.input, {{"input", random_normal(x_shape, spec.dtype, *args.init_seed, 1)}});
-      if (args.grad_output)
-        write_safetensors(*args.grad_output,
-                          {{"grad_output", random_normal(x_shape, spec.dtype, *args.init_seed, 2)}});
+      // Every tensor first, then the files: a shape past memory leaves none of them written.
+      const TensorMap weights = full.weight_tensors();
+      const Tensor input = random_normal(x_shape, spec.dtype, *args.init_seed, 1);
+      const Tensor grad_output = args.grad_output ? random_normal(x_shape, spec.dtype, *args.init_seed, 2) : Tensor();
+      write_safetensors(args.weights, weights, {{"format", "epx-moe-layer"}});
+      write_safetensors(args.input, {{"input", input}});
+      if (args.grad_output) write_safetensors(*args.grad_output, {{"grad_output", grad_output}});
       std::cout << fmt::format("wrote initial weights to {} and a random input to {}{} (seed {})\n",
                                args.weights, args.input,
                                args.grad_output ? " and " + *args.grad_output : "", *args.init_seed);
