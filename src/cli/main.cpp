@@ -85,6 +85,7 @@ std::string nearest_option(const CLI::App& app, const std::vector<std::string>& 
   };
   collect(&app);
   for (const std::string& arg : args) {
+    if (arg == "--") break;  // the rest is a command's (epx launch -- ...)
     const std::string word = arg.substr(0, arg.find('='));
     if (!word.starts_with("--") || std::find(known.begin(), known.end(), word) != known.end()) continue;
     if (const std::string best = nearest_name(known, word); !best.empty()) return fmt::format(" (did you mean {}?)", best);
@@ -193,7 +194,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const std::vector<std::string> args = normalize_harness_flags(argc, argv);
     const std::string unknown = unknown_command(app, args);
-    const std::string what = unknown.empty() ? e.what() + nearest_option(app, args) : unknown;
+    // A number past what the option holds (CLI11 says only "Could not convert").
+    const std::string range = dynamic_cast<const CLI::ConversionError*>(&e) ? ": not a number this option can hold" : "";
+    const std::string what = unknown.empty() ? e.what() + range + nearest_option(app, args) : unknown;
     std::cerr << "epx: error: " << what << "\nRun with --help for the options.\n";
     if (std::find(args.begin(), args.end(), "--json") != args.end())
       std::cout << refusal_json("error", what, epx::kExitBadInput);
