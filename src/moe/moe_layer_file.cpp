@@ -2,9 +2,11 @@
 // name, and where this rank's experts and ETP slice sit in it. Initialisation draws each element
 // by its index in the file tensor, so any rank layout holds the same weights as one rank.
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 
+#include "epx/base/error.hpp"
 #include "epx/comm/process_groups.hpp"
 #include "epx/moe/moe_layer.hpp"
 #include "epx/tensor/random.hpp"
@@ -119,6 +121,16 @@ TensorMap MoELayer::grad_tensors() const {
 }
 
 void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
+  // A tensor the layer has no place for: the file was written for another config (an expert
+  // bias, a shared expert), whose weights would be dropped in silence.
+  std::set<std::string> known;
+  for (const Entry& e : entries()) known.insert(e.name);
+  if (spec_.expert_bias) known.insert("mlp.router.expert_bias");
+  for (const auto& [name, t] : tensors)
+    if (!known.count(name))
+      throw InputError(fmt::format("{}: tensor '{}' is not a weight of this layer ({} of them, e.g. '{}'); the file "
+                                   "was written for another config, or set the config it was written with",
+                                   file, name, known.size(), *known.begin()));
   for (const Entry& e : entries()) {
     const Tensor f32 = expect_tensor(tensors, e.name, e.full_shape(), file).to(DType::F32);
     const float* src = f32.data<float>();

@@ -337,6 +337,16 @@ TEST(MoELayer, RejectsInputOfTheWrongShapeOrDtype) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("'mlp.experts.linear_fc2.weight3' is missing"), std::string::npos) << e.what();
   }
+  // A tensor the layer has no place for (written for a config with an expert bias) is not dropped.
+  w = layer.weight_tensors();
+  w.emplace("mlp.router.expert_bias", Tensor({6}, DType::F32));
+  try {
+    layer.load_weights(w, "w.safetensors");
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'mlp.router.expert_bias' is not a weight of this layer"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
