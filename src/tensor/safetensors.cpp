@@ -87,8 +87,12 @@ TensorMap read_safetensors(const std::string& path) {
         throw InputError(fmt::format("{}: corrupt entry for tensor '{}': data_offsets must have two entries", path, name));
       begin = offsets[0];
       end = offsets[1];
-    } catch (const nlohmann::json::exception& e) {
-      throw InputError(fmt::format("{}: corrupt entry for tensor '{}': {}", path, name, e.what()));
+    } catch (const nlohmann::json::exception&) {  // a field missing or of another type
+      std::string got = info.dump();
+      if (got.size() > 200) got = got.substr(0, 200) + "...";
+      throw InputError(fmt::format("{}: corrupt entry for tensor '{}': the format's entry is {{\"dtype\": a string, "
+                                   "\"shape\": a list of whole numbers, \"data_offsets\": [begin, end]}}, got {}",
+                                   path, name, got));
     }
     std::uint64_t bytes = dtype_size(dtype);
     for (auto d : shape)

@@ -100,6 +100,11 @@ TEST(Safetensors, BadFilesNameTheFileAndTensor) {
   EXPECT_NE(error_of(path).find(path + ": corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2]}})", 8);
   EXPECT_NE(error_of(path).find("corrupt entry for tensor 'w'"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":1,"shape":[2],"data_offsets":[0,8]}})", 8);  // named by the format, not the library
+  EXPECT_NE(error_of(path).find("corrupt entry for tensor 'w': the format's entry is {\"dtype\": a string"),
+            std::string::npos)
+      << error_of(path);
+  EXPECT_EQ(error_of(path).find("json.exception"), std::string::npos) << error_of(path);
   // Header lies the format does not allow (the Rust safetensors crate refuses them too).
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8);
   EXPECT_NE(error_of(path).find("not a whole number"), std::string::npos) << error_of(path);
