@@ -233,7 +233,11 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     // log lines are a few hundred characters, so a longer one is not one of them.
     if (line.size() > 8192) continue;
     std::smatch m;
-    while (std::regex_search(line, m, launcher_prefix)) line.erase(0, static_cast<std::size_t>(m.length(0)));
+    // Each pattern is tried only where its words are on the line: std::regex is slow, and a
+    // long run's log has millions of lines.
+    const auto has = [&](std::string_view words) { return line.find(words) != std::string::npos; };
+    while (std::regex_search(line, m, launcher_prefix, std::regex_constants::match_continuous))
+      line.erase(0, static_cast<std::size_t>(m.length(0)));
     // A number of the line: finite and within [least, most], else the line's error names it.
     const auto value = [&](const std::string& text, const std::string& what, double least, double most) {
       char* end = nullptr;
@@ -246,17 +250,17 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     const auto count = [&](const std::string& text, const std::string& what, double least) {
       return static_cast<int>(value(text, what, least, 1e9));
     };
-    if (!run.iterations.empty() && std::regex_search(line, m, timer)) {
+    if (!run.iterations.empty() && has("..") && std::regex_search(line, m, timer)) {
       IterationPoint& p = run.iterations.back();
       p.timers_ms[m[1]] = value(m[3], "timer " + m[1].str() + " (ms)", 0, 1e12);
       if (m[2].matched) p.timers_min_ms[m[1]] = value(m[2], "timer " + m[1].str() + " (ms)", 0, 1e12);
       continue;
     }
-    if (!run.iterations.empty() && std::regex_search(line, m, all_ranks_timer)) {
+    if (!run.iterations.empty() && has(":") && std::regex_search(line, m, all_ranks_timer)) {
       all_ranks_name = m[1];
       continue;
     }
-    if (!run.iterations.empty() && !all_ranks_name.empty() && std::regex_search(line, m, rank_time)) {
+    if (!run.iterations.empty() && !all_ranks_name.empty() && has("rank") && std::regex_search(line, m, rank_time)) {
       IterationPoint& p = run.iterations.back();
       const double ms = value(m[2], "timer " + all_ranks_name + " (ms)", 0, 1e12);
       p.timers_by_rank_ms[all_ranks_name][count(m[1], "the rank", 0)] = ms;
@@ -266,46 +270,47 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
       continue;
     }
     all_ranks_name.clear();
-    if (!run.iterations.empty() && std::regex_search(line, m, timers_line)) {
+    if (!run.iterations.empty() && has("time (ms)") && std::regex_search(line, m, timers_line)) {
       const std::string items = m[1];
       for (std::sregex_iterator it(items.begin(), items.end(), timers_line_item), end; it != end; ++it)
         run.iterations.back().timers_ms[(*it)[1]] = value((*it)[2], "timer " + (*it)[1].str() + " (ms)", 0, 1e12);
       continue;
     }
-    if (std::regex_search(line, m, world_size)) {
+    if (has("world") && std::regex_search(line, m, world_size)) {
       run.ranks = count(m[1].matched ? m[1].str() : m[2].str(), "the world size", 1);
       resumed = !run.iterations.empty();
       continue;
     }
-    if (std::regex_search(line, m, step_time_line)) {
+    if (has("Step Time") && std::regex_search(line, m, step_time_line)) {
       step_rates.emplace_back(value(m[1], "GPU utilization (TFLOP/s/GPU)", 0, 1e9), iteration_lines);
       continue;
     }
     // Every memory line of the line (ranks' lines written without a newline between them run
     // together), the max over the ranks; an iteration line run on after them is read too.
     for (const bool in_gb : {true, false})
-      for (std::sregex_iterator it(line.begin(), line.end(), in_gb ? memory : memory_mb), end; it != end; ++it) {
+      for (std::sregex_iterator it(line.begin(), has("memory (") ? line.end() : line.begin(), in_gb ? memory : memory_mb), end;
+           it != end; ++it) {
         const double gib = value((*it)[2], in_gb ? "max allocated (GB)" : "max allocated (MB)", 0, 1e12) *
                            (in_gb ? 1e9 : 1048576.0) / kGiB;
         double& peak = memory_after[count((*it)[1], "the memory line's iteration", 0)];
         peak = std::max(peak, gib);
       }
-    if (!std::regex_search(line, m, iteration)) continue;
+    if (!has("elapsed time per iteration") || !std::regex_search(line, m, iteration)) continue;
     const std::string iteration_text = m[1];
     if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
     IterationPoint p;
     p.iteration = count(iteration_text, "the iteration", 1);  // Megatron counts from 1
     // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.
     p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
-    p.throughput_logged = std::regex_search(line, m, tflops);
+    p.throughput_logged = has("throughput per GPU") && std::regex_search(line, m, tflops);
     if (p.throughput_logged) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
-    if (std::regex_search(line, m, loss))
+    if (has("lm loss") && std::regex_search(line, m, loss))
       p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos ? value(m[1], "lm loss", -1e300, 1e300)
                                                                         : std::numeric_limits<double>::quiet_NaN();
-    if (std::regex_search(line, m, skipped)) p.skipped = count(m[1], "number of skipped iterations", 0);
-    if (std::regex_search(line, m, global_batch))
+    if (has("skipped") && std::regex_search(line, m, skipped)) p.skipped = count(m[1], "number of skipped iterations", 0);
+    if (has("global batch") && std::regex_search(line, m, global_batch))
       run.global_batch_size = static_cast<std::int64_t>(value(m[1], "global batch size", 1, 1e15));
-    if (std::regex_search(line, m, nans)) p.nans = count(m[1], "number of nan iterations", 0);
+    if (has("nan iterations") && std::regex_search(line, m, nans)) p.nans = count(m[1], "number of nan iterations", 0);
     if (!run.iterations.empty() && p.iteration <= run.iterations.back().iteration) {
       run.restarted_at = p.iteration;
       run.went_back = true;
