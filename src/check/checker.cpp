@@ -147,7 +147,9 @@ void check_real_ranges(const Config& cfg) {
 // config dataclasses (TransformerConfig, ModelParallelConfig, OptimizerConfig, DDP, Bridge's
 // training, comm-overlap, mixed-precision and GPT / DeepSeek providers), these are the ones this
 // close to a modelled field.
-const std::vector<std::string> kRealNearMisses = {"fp4", "fp4_param", "fp4_recipe"};
+const std::vector<std::string> kRealNearMisses = {"fp4", "fp4_param", "fp4_recipe",
+                                                  // SchedulerConfig's derived step counts (in samples)
+                                                  "lr_decay_steps", "lr_warmup_steps", "wd_incr_steps", "wsd_decay_steps"};
 
 void flag_misspelt_fields(const Config& user, std::vector<Finding>& findings) {
   const YAML::Node& kept = user.extra_fields.node;

@@ -64,8 +64,10 @@ void add_cuda_graph_rules(RuleTable& add) {
   add("cuda_graph.scope_and_modules", E, {"model.cuda_graph_scope", "model.cuda_graph_modules"}, kMcore,
       "Bridge's legacy cuda_graph_scope and cuda_graph_modules are not both set", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(!m.cuda_graph_scope.empty() && !m.cuda_graph_modules.empty(),
-                       "cuda_graph_scope and cuda_graph_modules cannot be set together.", "model.cuda_graph_scope=[]");
+        // Megatron-Core's default modules, "full", counts as unset.
+        const bool modules = !m.cuda_graph_modules.empty() && m.cuda_graph_modules != StringList{"full"};
+        return fail_if(!m.cuda_graph_scope.empty() && modules, "cuda_graph_scope and cuda_graph_modules cannot be set together.",
+                       "model.cuda_graph_scope=[]");
       });
   add("cuda_graph.recompute", E,
       {"model.cuda_graph_impl", "model.recompute_granularity", "model.recompute_modules", "model.cuda_graph_modules",

@@ -131,8 +131,15 @@ struct Codec<StringList> {
                            const std::vector<std::string>& choices) {
     StringList out;
     if (n.IsSequence()) {
-      for (const auto& item : n) out.push_back(scalar(item, key, "a list of strings"));
-    } else if (n.IsScalar() && !is_null(n)) {
+      for (const auto& item : n) {
+        // A Bridge dump writes an enum member (cuda_graph_modules' CudaGraphModule) as
+        // {_target_: the enum, _call_: true, _args_: [value], _name_: member}: the member's name.
+        const bool member = item.IsMap() && item["_target_"].IsDefined() && item["_name_"].IsDefined();
+        out.push_back(scalar(member ? item["_name_"] : item, key, "a list of strings"));
+      }
+    } else if (is_null(n)) {
+      // None: the list is empty (a dump after Megatron-Core's post-init has cuda_graph_scope: null).
+    } else if (n.IsScalar()) {
       std::string s = n.Scalar();
       // Accept "[a, b]" typed as one scalar on a command line that YAML did not split.
       if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);

@@ -340,6 +340,9 @@ const std::vector<Case>& cases() {
        {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]", "rng.te_rng_tracker=true"}},
       {"cuda_graph.scope_and_modules", {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},
        {"model.cuda_graph_modules=[attn]"}},
+      {"cuda_graph.scope_and_modules",  // Megatron-Core's default modules, as a dump before its post-init has them
+       {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn,mlp]"},
+       {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=full"}},
       {"flex.ncclep_dropless",
        {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep",
         "model.moe_expert_capacity_factor=1.0"},
@@ -546,8 +549,9 @@ TEST(CheckRules, AMisspeltFieldOfABridgeDumpIsFlagged) {
   // that leaves the real field at its default. The shipped dump's own fields raise nothing.
   Config dump = load_config_file(kDump);
   EXPECT_EQ(find(run_check(dump), "config.misspelt_field"), nullptr);
-  for (const std::string real : {"+model.fp4=null", "+model.fp4_recipe=nvfp4", "+model.fp4_param=false"})
-    apply_override(dump, real);  // Megatron's own fields, a letter from fp8's
+  for (const std::string real : {"+model.fp4=null", "+model.fp4_recipe=nvfp4", "+model.fp4_param=false",
+                                  "+scheduler.lr_decay_steps=51200", "+scheduler.lr_warmup_steps=10240"})
+    apply_override(dump, real);  // Megatron's and Bridge's own fields, a letter or two from modelled ones
   EXPECT_EQ(find(run_check(dump), "config.misspelt_field"), nullptr);
   apply_override(dump, "+model.moe_router_top_k=4");
   const CheckReport r = run_check(dump);

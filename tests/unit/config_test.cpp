@@ -250,6 +250,17 @@ TEST(ConfigYaml, IntegersReadAsPyYamlReadsThem) {
             "big.yaml:2:15: model.num_layers expects an integer, got 0x8000000000000000");
 }
 
+// After Megatron-Core's post-init, a dump has the scope as None and the modules as enum members.
+TEST(ConfigYaml, ReadsCudaGraphModulesAsABridgeDumpWritesThem) {
+  const Config c = load_config_text(
+      "model:\n  cuda_graph_scope: null\n  cuda_graph_modules:\n"
+      "  - {_target_: megatron.core.transformer.enums.CudaGraphModule, _call_: true, _args_: [4], _name_: moe_router}\n"
+      "  - {_target_: megatron.core.transformer.enums.CudaGraphModule, _call_: true, _args_: [5], _name_: moe_preprocess}\n",
+      "post.yaml");
+  EXPECT_TRUE(c.model.cuda_graph_scope.empty());
+  EXPECT_EQ(c.model.cuda_graph_modules, (StringList{"moe_router", "moe_preprocess"}));
+}
+
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
   const Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
   EXPECT_EQ(c.model.num_moe_experts, 128);
