@@ -19,6 +19,8 @@ void add_finalize_rules(RuleTable& add) {
       {"mixed_precision", "model.bf16", "model.fp16", "model.fp8", "model.fp8_recipe", "model.fp8_param",
        "ddp.grad_reduce_in_fp32"},
       "Megatron-Bridge training/mixed_precision.py", "mixed_precision replaces precision fields the user set on the model");
+  add("mixed_precision.fp4_not_modelled", W, {"mixed_precision"}, "Megatron-Bridge training/mixed_precision.py",
+      "an FP4 mixed-precision recipe, which epx checks and plans as BF16");
   add("comm_overlap.overwrites_model", W,
       {"model.overlap_moe_expert_parallel_comm", "model.delay_wgrad_compute"}, kBridgeCommOverlap,
       "comm_overlap copies its (unset) overlap switches over the model's");

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/config/mixed_precision.hpp"
 #include "epx/base/to_lower.hpp"
 #include "number_validators.hpp"
 
@@ -165,7 +167,9 @@ void ConfigArgs::add_to(CLI::App& app) {
   app.add_option("--task", task, "pretrain (sft and peft are not modelled)")
       ->check(CLI::IsMember({"pretrain", "sft", "peft"}))
       ->group(group);
-  app.add_option("-c,--compute_dtype", compute_dtype, "bf16 (the recipes' precision; FP8 by model.fp8 overrides)")
+  app.add_option("-c,--compute_dtype", compute_dtype,
+                 "the perf recipes' precision, as Bridge's mixed_precision (applied over model.bf16/fp8/...): bf16, "
+                 "fp8_cs, fp8_mx, fp8_sc, nvfp4")
       ->check(CLI::IsMember({"bf16", "fp8_cs", "fp8_mx", "fp8_sc", "nvfp4"}))
       ->group(group);
   app.add_option("--config_variant", config_variant, "the harness's recipe variant (v1, ...): one per recipe here")
@@ -197,6 +201,20 @@ Config ConfigArgs::load() const {
     throw ConfigError("no config given: name a recipe (see `epx config list`) or a YAML file");
   const std::size_t first_override = config_file ? 0 : 1;
   Config cfg = load_config_file(resolve_recipe(config_file ? *config_file : positional.front()));
+  if (compute_dtype) {
+    // The harness builds the recipe at this precision (its get_precision_config, the flat perf
+    // recipes' _perf_precision: gradients reduced in BF16), before the overrides.
+    static const std::map<std::string, std::string> kRecipeOf = {
+        {"bf16", "bf16_mixed"},
+        {"fp8_cs", "bf16_with_fp8_current_scaling_mixed"},
+        {"fp8_mx", "bf16_with_mxfp8_mixed"},
+        {"fp8_sc", "bf16_with_fp8_subchannel_scaling_mixed"},
+        {"nvfp4", "bf16_with_nvfp4_mixed"}};
+    YAML::Node precision = mixed_precision_recipe(kRecipeOf.at(*compute_dtype));
+    precision["grad_reduce_in_fp32"] = false;
+    cfg.extra_sections.node["mixed_precision"] = precision;
+    std::erase_if(cfg.file_locations, [](const auto& kv) { return kv.first.starts_with("mixed_precision"); });
+  }
   const OptString recipe_backend = cfg.model.moe_flex_dispatcher_backend;
   for (size_t i = first_override; i < positional.size(); ++i) apply_override(cfg, positional[i]);
   HarnessFlags f = flags;
@@ -205,14 +223,6 @@ Config ConfigArgs::load() const {
   couple_harness_environment(cfg, f, recipe_backend);
   if (task && *task != "pretrain")
     throw ConfigError(fmt::format("--task {}: epx checks, plans and runs pretraining; drop --task or give pretrain", *task));
-  // -c as the config's precision (advise writes it so): bf16, or an FP8 run with that scaling.
-  if (compute_dtype && *compute_dtype != "bf16") {
-    const std::string matching = harness_compute_dtype(cfg.model);
-    if (*compute_dtype != matching)
-      throw ConfigError(fmt::format("-c {}: the harness's precision recipes are not modelled; give the config's own "
-                                    "({}) and set FP8 with model.fp8 / model.fp8_recipe overrides",
-                                    *compute_dtype, matching.empty() ? "none: its FP8 scaling has no -c" : matching));
-  }
   if (model_recipe.value_or(std::filesystem::path(config_file ? *config_file : positional.front()).stem().string()) ==
       "deepseek_v3")
     couple_deepseek_v3_layout(cfg, f);

@@ -4,7 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/config/config.hpp"
-#include "mixed_precision.hpp"
+#include "epx/config/mixed_precision.hpp"
 
 namespace epx {
 namespace {

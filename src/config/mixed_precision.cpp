@@ -1,5 +1,5 @@
 // Megatron-Bridge's mixed-precision recipes (training/mixed_precision.py) and their setup.
-#include "mixed_precision.hpp"
+#include "epx/config/mixed_precision.hpp"
 
 #include <algorithm>
 
@@ -63,6 +63,19 @@ const std::vector<std::pair<std::string, Precision>>& recipes() {
 }
 
 // Where the group or one of its fields was read: the file and line, or the override's key.
+// The recipe named so (hyphens as underscores, as get_mixed_precision_config); `at` says where.
+Precision recipe(std::string name, const std::string& at) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  const auto& all = recipes();
+  const auto found = std::find_if(all.begin(), all.end(), [&](const auto& r) { return r.first == name; });
+  if (found != all.end()) return found->second;
+  std::vector<std::string> names;
+  for (const auto& r : all) names.push_back(r.first);
+  std::sort(names.begin(), names.end());
+  throw ConfigError(
+      fmt::format("{}: Unknown mixed-precision recipe '{}'. Available recipes: {}.", at, name, fmt::join(names, ", ")));
+}
+
 std::string where(const Config& c, const std::string& key) {
   const auto at = c.file_locations.find(key);
   return at == c.file_locations.end() ? "override " + key : at->second + ": " + key;
@@ -116,17 +129,7 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
   std::string name;
   if (group.IsScalar()) {
     name = group.Scalar();
-    std::replace(name.begin(), name.end(), '-', '_');
-    const auto& all = recipes();
-    const auto found = std::find_if(all.begin(), all.end(), [&](const auto& r) { return r.first == name; });
-    if (found == all.end()) {
-      std::vector<std::string> names;
-      for (const auto& r : all) names.push_back(r.first);
-      std::sort(names.begin(), names.end());
-      throw ConfigError(fmt::format("{}: Unknown mixed-precision recipe '{}'. Available recipes: {}.",
-                                    where(c, "mixed_precision"), name, fmt::join(names, ", ")));
-    }
-    p = found->second;
+    p = recipe(name, where(c, "mixed_precision"));
   } else if (group.IsMap()) {
     p = read_fields(c, group);
     name = "its fields";
@@ -139,6 +142,13 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
     throw ConfigError(fmt::format("{}: fp4 and fp8 cannot be used simultaneously. Please choose one.",
                                   where(c, "mixed_precision")));
   const bool fp8_param = p.fp8_param.value_or(p.fp8_param_gather);
+  if (p.fp4)
+    out.push_back(Finding{"mixed_precision.fp4_not_modelled", Severity::warning,
+                          {{"mixed_precision", group.IsScalar() ? group.Scalar() : "{...}"}, {"mixed_precision.fp4", *p.fp4}},
+                          fmt::format("mixed_precision ({}) trains in FP4 ({}), which epx does not model: it checks and "
+                                      "plans the run as BF16",
+                                      name, *p.fp4),
+                          ""});
 
   // update_config_with_precision_overrides: each field replaces the model's (and the DDP's).
   ModelConfig& m = c.model;
@@ -172,6 +182,21 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
                                     "anything else reads them: {}; set the precision through mixed_precision",
                                     name, fmt::join(what, ", ")),
                         ""});
+}
+
+YAML::Node mixed_precision_recipe(const std::string& name) {
+  const Precision p = recipe(name, "mixed precision");
+  const auto text = [](const OptString& s) { return s ? YAML::Node(*s) : YAML::Node(YAML::NodeType::Null); };
+  YAML::Node n(YAML::NodeType::Map);
+  n["bf16"] = p.bf16;
+  n["fp16"] = p.fp16;
+  n["fp8"] = text(p.fp8);
+  n["fp8_recipe"] = p.fp8_recipe;
+  n["fp8_param"] = p.fp8_param ? YAML::Node(*p.fp8_param) : YAML::Node(YAML::NodeType::Null);
+  n["fp8_param_gather"] = p.fp8_param_gather;
+  n["grad_reduce_in_fp32"] = p.grad_reduce_in_fp32;
+  n["fp4"] = text(p.fp4);
+  return n;
 }
 
 }  // namespace epx

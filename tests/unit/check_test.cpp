@@ -356,6 +356,7 @@ const std::vector<Case>& cases() {
         "model.recompute_num_layers=2"},
        {"model.mtp_num_layers=1", "model.recompute_granularity=full", "model.recompute_method=uniform",
         "model.recompute_num_layers=1"}},
+      {"mixed_precision.fp4_not_modelled", {"mixed_precision=bf16_with_nvfp4_mixed"}, {"mixed_precision=bf16_mixed"}},
       {"mixed_precision.overwrites_model", {"model.bf16=false", "model.fp16=true", "mixed_precision=bf16_mixed"},
        {"mixed_precision=bf16_mixed"}},
       {"comm_overlap.overwrites_model", {"model.overlap_moe_expert_parallel_comm=true"},

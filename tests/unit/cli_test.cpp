@@ -157,7 +157,7 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("config show qwen3_30b_a3b --cuda_graph_scope full_iteration --cuda_graph_impl local");
   EXPECT_TRUE(has(r, "  cuda_graph_impl: full_iteration\n")) << r.out;
   // advise's harness command lines paste into epx as they are (-m, -mr, --task, -c, ...); a
-  // precision or task epx does not model is refused.
+  // task epx does not model is refused.
   // On H200 the harness raises for -ep on a HybridEP recipe: the line gives EP as an override.
   for (const std::string extra : {"", " -g h200", " model.fp8=e4m3 model.fp8_recipe=tensorwise"}) {
     r = run("advise qwen3_30b_a3b" + extra);
@@ -167,8 +167,15 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
     r = run("check qwen3_30b_a3b " + harness + extra);
     EXPECT_EQ(r.code, 0) << harness << "\n" << r.out;
   }
-  EXPECT_EQ(run("check qwen3_30b_a3b -c fp8_cs").code, 2);
   EXPECT_EQ(run("check qwen3_30b_a3b --task sft").code, 2);
+  // -c builds the recipe at the harness's precision: Bridge's mixed_precision, gradients reduced
+  // in BF16 (its _perf_precision), applied over the model's fields; FP4 is not modelled.
+  r = run("config show qwen3_30b_a3b -c fp8_cs");
+  EXPECT_TRUE(has(r, "  fp8: hybrid\n  fp8_recipe: tensorwise\n  fp8_param: true\n")) << r.out;
+  EXPECT_TRUE(has(r, "  grad_reduce_in_fp32: false\n")) << r.out;
+  r = run("check qwen3_30b_a3b -c nvfp4");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r, "mixed_precision.fp4_not_modelled")) << r.out;
 }
 
 TEST(Cli, FixesClearTheirFindingAndNotesSayWhatIsNotModelled) {

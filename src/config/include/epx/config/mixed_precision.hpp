@@ -2,6 +2,7 @@
 // the model's and DDP's precision fields first thing in runtime_config_update.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "epx/config/config.hpp"
@@ -13,5 +14,9 @@ namespace epx {
 // every field it has, defaults included, replaces the model's. Warns where that changes a value
 // an override or flag set. Throws ConfigError for an unknown recipe name or FP8 with FP4.
 void apply_mixed_precision(Config& c, std::vector<Finding>& out);
+
+// A mixed-precision recipe's fields (MIXED_PRECISION_RECIPES[name]()) as the group's mapping, for
+// the harness's -c. Throws ConfigError for an unknown name.
+YAML::Node mixed_precision_recipe(const std::string& name);
 
 }  // namespace epx
