@@ -28,6 +28,16 @@ void add_model_rules(RuleTable& add) {
                        "moe_router_dtype for better numerical stability.",
                        "model.moe_router_dtype=fp32");
       });
+  add("moe.router_dtype_torch", W, {"model.moe_router_dtype"}, "Megatron-Core moe/router.py",
+      "moe_router_dtype names fp32 or fp64, not a torch dtype", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || !m.moe_router_dtype || !m.moe_router_dtype->starts_with("torch.")) return pass();
+        const std::string name = *m.moe_router_dtype == "torch.float64" ? "fp64" : "fp32";
+        return fail(fmt::format("moe_router_dtype is {} (a torch dtype): the router compares it with '{}', so it "
+                                "routes in the activations' dtype, and the large-expert-count warning is silenced",
+                                *m.moe_router_dtype, name),
+                    "model.moe_router_dtype=" + name);
+      });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
       "1 <= top-k <= number of experts", [](const CheckContext& c) {
         const auto& m = c.cfg.model;

@@ -374,6 +374,16 @@ FieldInfo torch_dtype_field(FieldInfo f) {
   return f;
 }
 
+// A string field that a Bridge recipe may set to a torch dtype ({_target_: torch.float32, _call_:
+// false} in a dump): the dtype's name, kept as such (moe_router_dtype compares it with 'fp32').
+FieldInfo torch_name_field(FieldInfo f) {
+  f.set = [set = f.set](Config& c, const YAML::Node& n) {
+    const YAML::Node target = n.IsMap() ? n["_target_"] : YAML::Node();
+    set(c, target.IsDefined() && target.IsScalar() ? YAML::Node(target.Scalar()) : n);
+  };
+  return f;
+}
+
 #define EPX_FIELD(sec, member, ...) \
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
@@ -442,7 +452,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, moe_router_bias_update_rate),
       EPX_FIELD(kModel, moe_router_num_groups),
       EPX_FIELD(kModel, moe_router_group_topk),
-      EPX_FIELD(kModel, moe_router_dtype, {"fp32", "fp64"}),
+      torch_name_field(EPX_FIELD(kModel, moe_router_dtype, {"fp32", "fp64", "torch.float32", "torch.float64"})),
       EPX_FIELD(kModel, moe_router_force_load_balancing),
       EPX_FIELD(kModel, moe_grouped_gemm),
       EPX_FIELD(kModel, moe_token_dispatcher_type, {"allgather", "alltoall", "flex"}),

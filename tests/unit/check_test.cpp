@@ -178,6 +178,7 @@ const std::vector<Case>& cases() {
       {"moe.ffn_without_experts", {"~model.num_moe_experts", "model.expert_model_parallel_size=1"},
        {"~model.num_moe_experts", "model.expert_model_parallel_size=1", "model.moe_layer_freq=2"}},
       {"moe.router_dtype", {"model.num_moe_experts=32"}, {"model.num_moe_experts=32", "model.moe_router_dtype=fp32"}},
+      {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
       {"moe.topk1_needs_pre_softmax", {"model.moe_router_topk=1"},
        {"model.moe_router_topk=1", "model.moe_router_pre_softmax=true"}},

@@ -259,6 +259,10 @@ TEST(ConfigYaml, ReadsCudaGraphModulesAsABridgeDumpWritesThem) {
       "post.yaml");
   EXPECT_TRUE(c.model.cuda_graph_scope.empty());
   EXPECT_EQ(c.model.cuda_graph_modules, (StringList{"moe_router", "moe_preprocess"}));
+  // A Bridge recipe's torch dtype where Megatron takes 'fp32' keeps its name (the check warns).
+  EXPECT_EQ(load_config_text("model:\n  moe_router_dtype: {_target_: torch.float32, _call_: false}\n", "d.yaml")
+                .model.moe_router_dtype,
+            "torch.float32");
 }
 
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
