@@ -7,6 +7,7 @@
 #include "epx/base/edit_distance.hpp"
 #include "epx/check/check.hpp"
 #include "epx/check/flex_backend.hpp"
+#include "epx/config/mixed_precision.hpp"
 #include "epx/config/schema.hpp"
 
 namespace epx {
@@ -202,7 +203,11 @@ std::string target_text(const Config& cfg) {
 // A fix's override of a key that a harness flag set does nothing: the flag wins (as in the
 // harness, where argparse overrides Hydra). Such a key's override is given as its flag (repeated
 // flags take the last value, as argparse does); a key a flag only implies gets a note to drop it.
-std::string fix_for_flags(const Config& user, const std::string& fix) {
+std::string fix_for_flags(const Config& user, const OptString& flex_backend_flag, const std::string& fix) {
+  // Bridge's mixed_precision replaces these after the overrides: a fix setting one drops it first.
+  static const std::vector<std::string> kPrecisionKeys = {"model.bf16",      "model.fp16",      "model.fp8",
+                                                          "model.fp8_recipe", "model.fp8_param", "ddp.grad_reduce_in_fp32"};
+  bool drop_precision_group = false;
   static const std::map<std::string, std::string> kFlagOf = [] {
     std::map<std::string, std::string> of = {
         {"model.virtual_pipeline_model_parallel_size", "-vp"},
@@ -230,6 +235,13 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
     at = end + 1;
     const auto eq = token.find('=');
     const std::string key = eq == std::string::npos ? "" : token.substr(0, eq);
+    if (mixed_precision_source(user) && std::find(kPrecisionKeys.begin(), kPrecisionKeys.end(), key) != kPrecisionKeys.end())
+      drop_precision_group = true;
+    // The flex backend flag selects the flex dispatcher after the overrides: alltoall is the flag's None.
+    if (token == "model.moe_token_dispatcher_type=alltoall" && flex_backend_flag && *flex_backend_flag != "None") {
+      out.push_back("--moe_flex_dispatcher_backend None");
+      continue;
+    }
     if (key.empty() || !user.set_on_command_line(key) || user.explicit_keys.at(key) != Config::Origin::flag) {
       out.push_back(std::move(token));
       continue;
@@ -251,6 +263,7 @@ std::string fix_for_flags(const Config& user, const std::string& fix) {
       if (by.empty() && key.starts_with(prefix)) by = flag;
     if (!by.empty() && std::find(drop.begin(), drop.end(), by) == drop.end()) drop.push_back(by);
   }
+  if (drop_precision_group) out.insert(out.begin(), "mixed_precision=None");
   std::string text = fmt::format("{}", fmt::join(out, " "));
   if (!drop.empty())
     text += fmt::format(" (without {}: a harness flag wins over overrides)", fmt::join(drop, ", "));
@@ -312,7 +325,7 @@ CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) 
     }
   }
   flag_misspelt_fields(report.user, report.findings);
-  for (Finding& f : report.findings) f.fix = fix_for_flags(report.user, f.fix);
+  for (Finding& f : report.findings) f.fix = fix_for_flags(report.user, flex_backend_flag, f.fix);
   // Values as resolved, for every field the rule reads (resolve-step findings carry their own).
   for (Finding& f : report.findings) {
     if (!f.values.empty()) continue;

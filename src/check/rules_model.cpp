@@ -38,6 +38,26 @@ void add_model_rules(RuleTable& add) {
                                 *m.moe_router_dtype, name),
                     "model.moe_router_dtype=" + name);
       });
+  add("model.rope_even_head_dim", E,
+      {"model.position_embedding_type", "model.kv_channels", "model.hidden_size", "model.num_attention_heads"},
+      "Megatron-Core models/common/embeddings/rotary_pos_embedding.py",
+      "rotary embeddings rotate pairs: the head dimension (kv_channels) is even", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.position_embedding_type != "rope" || m.num_attention_heads < 1) return pass();
+        // MLA rotates its own qk_pos_emb_head_dim channels.
+        const Int head_dim = m.multi_latent_attention ? m.qk_pos_emb_head_dim
+                                                      : m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
+        const std::string key = m.multi_latent_attention ? "qk_pos_emb_head_dim" : "kv_channels";
+        return fail_if(head_dim % 2 != 0,
+                       fmt::format("the head dimension {} ({}) is odd: rotary embeddings rotate pairs of channels, and "
+                                   "the first step fails on the shapes",
+                                   head_dim,
+                                   m.multi_latent_attention || m.kv_channels
+                                       ? key
+                                       : fmt::format("hidden_size {} / num_attention_heads {}", m.hidden_size,
+                                                     m.num_attention_heads)),
+                       fmt::format("model.{}={}", key, head_dim + 1));
+      });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
       "1 <= top-k <= number of experts", [](const CheckContext& c) {
         const auto& m = c.cfg.model;

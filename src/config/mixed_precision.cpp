@@ -120,24 +120,34 @@ Precision read_fields(const Config& c, const YAML::Node& group) {
   return p;
 }
 
+YAML::Node group_of(const Config& c) { return static_cast<const YAML::Node&>(c.extra_sections.node)["mixed_precision"]; }
+
+// The group's precision: the named recipe's, or its fields'.
+Precision group_precision(const Config& c, const YAML::Node& group) {
+  if (group.IsScalar()) return recipe(group.Scalar(), where(c, "mixed_precision"));
+  if (group.IsMap()) return read_fields(c, group);
+  throw ConfigError(fmt::format("{} must be a recipe name (bf16_mixed, ...) or a mapping of MixedPrecisionConfig fields",
+                                where(c, "mixed_precision")));
+}
+
 }  // namespace
 
+OptString mixed_precision_source(const Config& c) {
+  const YAML::Node group = group_of(c);
+  if (is_null(group)) return std::nullopt;
+  return group.IsScalar() ? "mixed_precision=" + group.Scalar() : "mixed_precision (its fields)";
+}
+
+OptString mixed_precision_fp4(const Config& c) {
+  const YAML::Node group = group_of(c);
+  return is_null(group) ? std::nullopt : group_precision(c, group).fp4;
+}
+
 void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
-  const YAML::Node group = static_cast<const YAML::Node&>(c.extra_sections.node)["mixed_precision"];
+  const YAML::Node group = group_of(c);
   if (is_null(group)) return;
-  Precision p;
-  std::string name;
-  if (group.IsScalar()) {
-    name = group.Scalar();
-    p = recipe(name, where(c, "mixed_precision"));
-  } else if (group.IsMap()) {
-    p = read_fields(c, group);
-    name = "its fields";
-  } else {
-    throw ConfigError(fmt::format("{} must be a recipe name (bf16_mixed, ...) or a mapping of MixedPrecisionConfig "
-                                  "fields",
-                                  where(c, "mixed_precision")));
-  }
+  const Precision p = group_precision(c, group);
+  const std::string name = group.IsScalar() ? group.Scalar() : "its fields";
   if (p.fp4 && p.fp8)
     throw ConfigError(fmt::format("{}: fp4 and fp8 cannot be used simultaneously. Please choose one.",
                                   where(c, "mixed_precision")));

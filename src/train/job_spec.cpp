@@ -10,6 +10,7 @@
 #include "epx/base/to_lower.hpp"
 #include "epx/check/group_limited_routing.hpp"
 #include "epx/check/pipeline_split.hpp"
+#include "epx/config/mixed_precision.hpp"
 #include "epx/config/scheduler_steps.hpp"
 #include "epx/schedule/pipeline.hpp"
 
@@ -30,8 +31,20 @@ void check_shared_fields(const Config& c) {
   if (m.seq_length < 1) bad(c, "model.seq_length", std::to_string(m.seq_length), "must be positive");
   if (c.train.micro_batch_size.value_or(1) < 1)
     bad(c, "train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
-  if (m.fp16) bad(c, "model.fp16", "true", "epx computes in BF16 or FP32; set model.bf16=true instead");
-  if (m.fp8) bad(c, "model.fp8", *m.fp8, "epx computes in BF16 or FP32, with no FP8 GEMMs; set model.fp8=null");
+  // Bridge's mixed_precision, when set, decided the precision fields: the refusal names it.
+  const OptString group = mixed_precision_source(c);
+  const std::string by = group ? fmt::format(" (set by {})", *group) : "";
+  if (const OptString fp4 = mixed_precision_fp4(c))
+    throw ConfigError(fmt::format("{}: trains in FP4 ({}); epx computes in BF16 or FP32, with no FP4 GEMMs; set "
+                                  "mixed_precision=bf16_mixed",
+                                  *group, *fp4));
+  if (m.fp16)
+    bad(c, "model.fp16", "true" + by,
+        fmt::format("epx computes in BF16 or FP32; set {}", group ? "mixed_precision=bf16_mixed" : "model.bf16=true instead"));
+  if (m.fp8)
+    bad(c, "model.fp8", *m.fp8 + by,
+        fmt::format("epx computes in BF16 or FP32, with no FP8 GEMMs; set {}",
+                    group ? "mixed_precision=bf16_mixed" : "model.fp8=null"));
 }
 
 }  // namespace
@@ -180,7 +193,9 @@ ModelSpec model_spec_from_config(const Config& c) {
   if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
   a.rope = m.position_embedding_type == "rope";
   if (a.rope && a.head_dim % 2 != 0)
-    bad(c, "model.kv_channels", std::to_string(a.head_dim), "rotary embeddings need an even head dimension");
+    bad(c, "model.kv_channels", m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
+        fmt::format("[model.rope_even_head_dim] rotary embeddings need an even head dimension; set model.kv_channels={}",
+                    a.head_dim + 1));
   a.rope_base = m.rotary_base;
   a.qk_norm = m.qk_layernorm;
   a.eps = s.eps;

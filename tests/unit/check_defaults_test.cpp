@@ -209,6 +209,12 @@ TEST(CheckDefaults, MixedPrecisionReplacesThePrecisionFields) {
                           [](const Finding& f) { return f.rule_id == "mixed_precision.overwrites_model"; }),
             1);
   EXPECT_EQ(resolved({"mixed_precision=None"}).resolved.model.bf16, true);
+  // A fix of a field it replaces drops it first (the model's field alone would be replaced again).
+  const CheckReport fp32 = resolved({"+mixed_precision.bf16=false", "comm_overlap.overlap_moe_expert_parallel_comm=true"});
+  const auto precision = std::find_if(fp32.findings.begin(), fp32.findings.end(),
+                                      [](const Finding& f) { return f.rule_id == "ep_overlap.precision"; });
+  ASSERT_NE(precision, fp32.findings.end());
+  EXPECT_EQ(precision->fix, "mixed_precision=None model.bf16=true");
   EXPECT_NE(error_of([&] { resolved({"mixed_precision=bf16_mixd"}); })
                 .find("override mixed_precision: Unknown mixed-precision recipe 'bf16_mixd'. Available recipes: bf16_mixed"),
             std::string::npos);

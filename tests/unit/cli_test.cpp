@@ -183,6 +183,9 @@ TEST(Cli, FixesClearTheirFindingAndNotesSayWhatIsNotModelled) {
   // A fix that keeps the finding away: on V100 neither flex backend runs, so DeepEP's fix is
   // alltoall, not HybridEP; an interleaved batch's remainder is fixed by the group size, not
   // the batch.
+  // The backend flag selects flex after the overrides: alltoall is the flag's None.
+  r = run("check qwen3_30b_a3b_proxy -ng 1 -ep 1 --moe_flex_dispatcher_backend deepep");
+  EXPECT_TRUE(has(r, "DeepEP dispatcher requires TPxEP > 1 | fix: --moe_flex_dispatcher_backend None")) << r.out;
   r = run("check qwen3_30b_a3b -g v100 --moe_flex_dispatcher_backend deepep");
   EXPECT_TRUE(has(r, "Falling back to alltoall. | fix: --moe_flex_dispatcher_backend None")) << r.out;
   r = run("check qwen3_30b_a3b -pp 4 -vp 2 -ng 64 -gb 1056");  // M 66: 66 mod 4 = 2

@@ -15,6 +15,12 @@ namespace epx {
 // an override or flag set. Throws ConfigError for an unknown recipe name or FP8 with FP4.
 void apply_mixed_precision(Config& c, std::vector<Finding>& out);
 
+// The group as the user gave it ("mixed_precision=NAME", or its fields), none when unset: what
+// set the model's precision, for a refusal to name.
+OptString mixed_precision_source(const Config& c);
+// The FP4 format the group trains in (fp4), none when it does not.
+OptString mixed_precision_fp4(const Config& c);
+
 // A mixed-precision recipe's fields (MIXED_PRECISION_RECIPES[name]()) as the group's mapping, for
 // the harness's -c. Throws ConfigError for an unknown name.
 YAML::Node mixed_precision_recipe(const std::string& name);
