@@ -123,8 +123,8 @@ TensorMap MoELayer::grad_tensors() const {
 void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
   // A tensor the layer has no place for: the file was written for another config (an expert
   // bias, a shared expert), whose weights would be dropped in silence.
-  std::set<std::string> known;
-  for (const Entry& e : entries()) known.insert(e.name);
+  std::set<std::string> known;  // the whole layer's, whatever this rank holds
+  for (const auto& [name, shape] : file_shapes(spec_)) known.insert(name);
   if (spec_.expert_bias) known.insert("mlp.router.expert_bias");
   for (const auto& [name, t] : tensors)
     if (!known.count(name))
