@@ -250,7 +250,7 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     const auto count = [&](const std::string& text, const std::string& what, double least) {
       return static_cast<int>(value(text, what, least, 1e9));
     };
-    if (!run.iterations.empty() && has("..") && std::regex_search(line, m, timer)) {
+    if (!run.iterations.empty() && has(".:") && std::regex_search(line, m, timer)) {
       IterationPoint& p = run.iterations.back();
       p.timers_ms[m[1]] = value(m[3], "timer " + m[1].str() + " (ms)", 0, 1e12);
       if (m[2].matched) p.timers_min_ms[m[1]] = value(m[2], "timer " + m[1].str() + " (ms)", 0, 1e12);
