@@ -29,20 +29,16 @@ void add_first_step_rules(RuleTable& add) {
                        "\"attn\" or \"mlp\".",
                        "model.cuda_graph_impl=transformer_engine");
       });
-  add("flex.deepep_needs_tp_ep", E, {"model.moe_flex_dispatcher_backend", "model.expert_model_parallel_size",
-                                     "model.expert_tensor_parallel_size"},
-      "Megatron-Core moe/token_dispatcher.py", "DeepEP needs ETP x EP > 1", [](const CheckContext& c) {
-        const auto& m = c.cfg.model;
-        return fail_if(uses_flex(m, "deepep") && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
-                       "DeepEP dispatcher requires TPxEP > 1", "model.moe_token_dispatcher_type=alltoall");
-      });
-  add("flex.ncclep_needs_tp_ep", E, {"model.moe_flex_dispatcher_backend", "model.expert_model_parallel_size",
-                                     "model.expert_tensor_parallel_size"},
-      "Megatron-Core moe/token_dispatcher.py", "NCCL EP needs ETP x EP > 1", [](const CheckContext& c) {
-        const auto& m = c.cfg.model;
-        return fail_if(uses_flex(m, "ncclep") && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
-                       "NCCL EP dispatcher requires TPxEP > 1", "model.moe_token_dispatcher_type=alltoall");
-      });
+  // The flex managers exchange over the ETP x EP group: one rank has no one to exchange with.
+  for (const auto& [backend, name] : {std::pair{"deepep", "DeepEP"}, {"ncclep", "NCCL EP"}})
+    add(fmt::format("flex.{}_needs_tp_ep", backend), E,
+        {"model.moe_flex_dispatcher_backend", "model.expert_model_parallel_size", "model.expert_tensor_parallel_size"},
+        "Megatron-Core moe/token_dispatcher.py", fmt::format("{} needs ETP x EP > 1", name),
+        [backend, name](const CheckContext& c) {
+          const auto& m = c.cfg.model;
+          return fail_if(uses_flex(m, backend) && m.expert_model_parallel_size * m.expert_tensor_parallel_size.value_or(1) <= 1,
+                         fmt::format("{} dispatcher requires TPxEP > 1", name), "model.moe_token_dispatcher_type=alltoall");
+        });
   add("moe.router_fusion_te", E, {"model.moe_router_fusion", "model.moe_router_score_function", "target.te_version"},
       "Megatron-Core moe/moe_utils.py", "the fused router (moe_router_fusion) needs TE >= 2.7.0, 2.13.0 for sqrtsoftplus",
       [](const CheckContext& c) {

@@ -1,6 +1,7 @@
 // Helpers shared by the unit tests.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,16 @@ namespace epx::test {
 
 inline std::string recipe_path(const std::string& name) {
   return std::string(EPX_RECIPES) + "/" + name + ".yaml";
+}
+
+// The message of the ConfigError `fn` throws, "(no error)" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline Config load_with(const std::string& recipe, const std::vector<std::string>& overrides) {

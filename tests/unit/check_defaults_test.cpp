@@ -11,9 +11,12 @@
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
 #include "epx/config/schema.hpp"
+#include "test_support.hpp"
 
 namespace epx {
 namespace {
+
+using test::error_of;
 
 using Ids = std::set<std::string>;
 
@@ -177,14 +180,6 @@ TEST(CheckDefaults, JsonReportIsValidWhateverBytesTheInputHas) {
 
 // Bridge's mixed_precision (a recipe's name or its fields) replaces the model's and DDP's
 // precision fields first thing in runtime_config_update, defaults included.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(CheckDefaults, MixedPrecisionReplacesThePrecisionFields) {
   const auto resolved = [](const std::vector<std::string>& overrides) {

@@ -514,11 +514,17 @@ TEST(Cli, LaunchDryRunQuotesAndReadsTheClusterState) {
   EXPECT_TRUE(has(fits, "-H epxnode0:2,epxnode1:2 -np 4")) << fits.out;
 }
 
+// `epx ARGS` with the environment variable NAME set to VALUE.
+Result run_with(const char* name, const char* value, const std::string& args) {
+  ::setenv(name, value, 1);
+  const Result r = run(args);
+  ::unsetenv(name);
+  return r;
+}
+
 // Past the process's thread limit libgomp crashed (exit 139) starting the threads.
 TEST(Cli, RefusesOmpNumThreadsPastTheLimit) {
-  ::setenv("OMP_NUM_THREADS", "100000", 1);
-  const Result r = run("check qwen3_30b_a3b_proxy");
-  ::unsetenv("OMP_NUM_THREADS");
+  const Result r = run_with("OMP_NUM_THREADS", "100000", "check qwen3_30b_a3b_proxy");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "OMP_NUM_THREADS=100000: at most 1024 threads per process")) << r.out;
 }
@@ -528,9 +534,7 @@ TEST(Cli, RefusesAnEmptyGpuAndAMissingRecipesFolder) {
   const Result gpu = run("check qwen3_30b_a3b -g ''");
   EXPECT_EQ(gpu.code, 2) << gpu.out;
   EXPECT_TRUE(has(gpu, "--gpu: names no GPU")) << gpu.out;
-  ::setenv("EPX_RECIPES_DIR", "/nonexistent", 1);
-  const Result dir = run("check qwen3_30b_a3b");
-  ::unsetenv("EPX_RECIPES_DIR");
+  const Result dir = run_with("EPX_RECIPES_DIR", "/nonexistent", "check qwen3_30b_a3b");
   EXPECT_EQ(dir.code, 2) << dir.out;
   EXPECT_TRUE(has(dir, "EPX_RECIPES_DIR=/nonexistent: not a directory of recipes")) << dir.out;
 }

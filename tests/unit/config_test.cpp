@@ -15,14 +15,7 @@ namespace {
 using test::load_with;
 using test::recipe_path;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(ConfigDefaults, MatchMegatron) {
   const Config c;
