@@ -203,8 +203,10 @@ std::string target_text(const Config& cfg) {
 // A fix's override of a key that a harness flag set does nothing: the flag wins (as in the
 // harness, where argparse overrides Hydra). Such a key's override is given as its flag (repeated
 // flags take the last value, as argparse does); a key a flag only implies gets a note to drop it.
-std::string fix_for_flags(const Config& user, const OptString& flex_backend_flag, const std::string& fix) {
-  // Bridge's mixed_precision replaces these after the overrides: a fix setting one drops it first.
+std::string fix_for_flags(const Config& user, const Config& resolved, const OptString& flex_backend_flag,
+                          const std::string& fix) {
+  // Bridge's mixed_precision replaces these after the overrides: a fix setting one drops the
+  // group first and keeps the others at what the group set.
   static const std::vector<std::string> kPrecisionKeys = {"model.bf16",      "model.fp16",      "model.fp8",
                                                           "model.fp8_recipe", "model.fp8_param", "ddp.grad_reduce_in_fp32"};
   bool drop_precision_group = false;
@@ -263,7 +265,12 @@ std::string fix_for_flags(const Config& user, const OptString& flex_backend_flag
       if (by.empty() && key.starts_with(prefix)) by = flag;
     if (!by.empty() && std::find(drop.begin(), drop.end(), by) == drop.end()) drop.push_back(by);
   }
-  if (drop_precision_group) out.insert(out.begin(), "mixed_precision=None");
+  if (drop_precision_group) {
+    std::vector<std::string> kept = {"mixed_precision=None"};
+    for (const std::string& key : kPrecisionKeys)
+      if (fix.find(key + "=") == std::string::npos) kept.push_back(key + "=" + field_text(resolved, key));
+    out.insert(out.begin(), kept.begin(), kept.end());
+  }
   std::string text = fmt::format("{}", fmt::join(out, " "));
   if (!drop.empty())
     text += fmt::format(" (without {}: a harness flag wins over overrides)", fmt::join(drop, ", "));
@@ -325,7 +332,7 @@ CheckReport run_check(const Config& loaded, const OptString& flex_backend_flag) 
     }
   }
   flag_misspelt_fields(report.user, report.findings);
-  for (Finding& f : report.findings) f.fix = fix_for_flags(report.user, flex_backend_flag, f.fix);
+  for (Finding& f : report.findings) f.fix = fix_for_flags(report.user, report.resolved, flex_backend_flag, f.fix);
   // Values as resolved, for every field the rule reads (resolve-step findings carry their own).
   for (Finding& f : report.findings) {
     if (!f.values.empty()) continue;

@@ -66,8 +66,9 @@ void add_cuda_graph_rules(RuleTable& add) {
         const auto& m = c.cfg.model;
         // Megatron-Core's default modules, "full", counts as unset.
         const bool modules = !m.cuda_graph_modules.empty() && m.cuda_graph_modules != StringList{"full"};
+        // Megatron tests the scope against None: the fix is None, not an empty list.
         return fail_if(!m.cuda_graph_scope.empty() && modules, "cuda_graph_scope and cuda_graph_modules cannot be set together.",
-                       "model.cuda_graph_scope=[]");
+                       "model.cuda_graph_scope=null");
       });
   add("cuda_graph.recompute", E,
       {"model.cuda_graph_impl", "model.recompute_granularity", "model.recompute_modules", "model.cuda_graph_modules",

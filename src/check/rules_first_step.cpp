@@ -44,13 +44,13 @@ void add_first_step_rules(RuleTable& add) {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.moe_router_fusion || !m.num_moe_experts) return pass();
-        // Megatron-Core imports TE's fused router ops from 2.7.0 on (extensions/transformer_engine.py).
+        // Megatron-Core imports TE's fused router ops from 2.7.0.dev on (extensions/transformer_engine.py).
         if (m.moe_router_score_function == "sqrtsoftplus")
           return te_at_least(c, "2.13.0",
                              "Fused sqrtsoftplus score function requires TE >= 2.13.0. Please upgrade Transformer "
                              "Engine or disable moe_router_fusion.",
                              "model.moe_router_fusion=false");
-        return te_at_least(c, "2.7.0", "fused_topk_with_score_function is not available. Please install TE >= 2.6.0.",
+        return te_at_least(c, "2.7.0.dev0", "fused_topk_with_score_function is not available. Please install TE >= 2.6.0.",
                            "model.moe_router_fusion=false");
       });
   add("train.seed_positive", E, {"rng.seed"}, "Megatron-Bridge training/initialize.py",

@@ -44,19 +44,27 @@ void add_model_rules(RuleTable& add) {
       "rotary embeddings rotate pairs: the head dimension (kv_channels) is even", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.position_embedding_type != "rope" || m.num_attention_heads < 1) return pass();
-        // MLA rotates its own qk_pos_emb_head_dim channels.
+        // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent)
+        // (rotary_percent: an unmodelled field a Bridge dump keeps).
         const Int head_dim = m.multi_latent_attention ? m.qk_pos_emb_head_dim
                                                       : m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
+        const YAML::Node percent = c.cfg.extra_fields.child_map("model")["rotary_percent"];
+        double share = 1;
+        if (m.multi_latent_attention || !percent.IsDefined() || !percent.IsScalar() ||
+            !YAML::convert<double>::decode(percent, share))
+          share = 1;
+        const auto rotated = [&](Int dim) { return static_cast<Int>(static_cast<double>(dim) * share); };
+        if (rotated(head_dim) % 2 == 0) return pass();
+        Int fixed = head_dim + 1;  // the next head dimension that rotates an even number of channels
+        while (rotated(fixed) % 2 != 0 && fixed < head_dim + 64) ++fixed;
         const std::string key = m.multi_latent_attention ? "qk_pos_emb_head_dim" : "kv_channels";
-        return fail_if(head_dim % 2 != 0,
-                       fmt::format("the head dimension {} ({}) is odd: rotary embeddings rotate pairs of channels, and "
-                                   "the first step fails on the shapes",
-                                   head_dim,
-                                   m.multi_latent_attention || m.kv_channels
-                                       ? key
-                                       : fmt::format("hidden_size {} / num_attention_heads {}", m.hidden_size,
-                                                     m.num_attention_heads)),
-                       fmt::format("model.{}={}", key, head_dim + 1));
+        const std::string of = m.multi_latent_attention || m.kv_channels
+                                   ? key
+                                   : fmt::format("hidden_size {} / num_attention_heads {}", m.hidden_size, m.num_attention_heads);
+        return fail(fmt::format("the head dimension rotates {} channels ({}{}), an odd count: rotary embeddings rotate "
+                                "pairs of channels, and the first step fails on the shapes",
+                                rotated(head_dim), of, share != 1 ? fmt::format(" x rotary_percent {:g}", share) : ""),
+                    fmt::format("model.{}={}", key, fixed));
       });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
       "1 <= top-k <= number of experts", [](const CheckContext& c) {
@@ -226,7 +234,7 @@ void add_model_rules(RuleTable& add) {
         if (!m.fp8 || !m.num_moe_experts) return pass();
         const std::string te = c.cfg.target.te_version.value_or("unknown");
         if (!m.moe_grouped_gemm)
-          return te_at_least(c, "1.7.0",
+          return te_at_least(c, "1.7.0.dev0",
                              fmt::format("Only transformer-engine>=1.7.0 supports MoE FP8 training, but your version is {}.", te));
         return te_at_least(c, "1.11.0",
                            fmt::format("Only transformer-engine>=1.11.0 supports FP8 grouped gemm, but your version is {}.", te));
@@ -235,7 +243,7 @@ void add_model_rules(RuleTable& add) {
       "the custom FP8 recipe names its quantizer factory (model.fp8_quantizer_factory)", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.fp8 || m.fp8_recipe != std::optional<std::string>("custom")) return pass();
-        // epx keeps the factory as an unmodelled field of the model (a dump's, or +model.fp8_quantizer_factory=...).
+        // epx keeps the factory as an unmodelled field of a Bridge dump's model section.
         const YAML::Node factory = c.cfg.extra_fields.child_map("model")["fp8_quantizer_factory"];
         return fail_if(!factory.IsDefined() || !factory.IsScalar() || factory.Scalar().empty() || factory.Scalar() == "null" ||
                            factory.Scalar() == "None",

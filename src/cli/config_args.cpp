@@ -202,8 +202,9 @@ Config ConfigArgs::load() const {
   const std::size_t first_override = config_file ? 0 : 1;
   Config cfg = load_config_file(resolve_recipe(config_file ? *config_file : positional.front()));
   if (compute_dtype) {
-    // The harness builds the recipe at this precision (its get_precision_config, the flat perf
-    // recipes' _perf_precision: gradients reduced in BF16), before the overrides.
+    // The harness builds the recipe at this precision (the flat perf recipes' _perf_precision:
+    // gradients reduced in BF16), before the overrides. Not coupled: run_script.py's
+    // use_precision_aware_optimizer for bf16 with Adam (epx run has no precision-aware optimizer).
     static const std::map<std::string, std::string> kRecipeOf = {
         {"bf16", "bf16_mixed"},
         {"fp8_cs", "bf16_with_fp8_current_scaling_mixed"},

@@ -14,7 +14,6 @@ struct Precision {
   bool bf16 = false, fp16 = false;
   OptString fp8;
   std::string fp8_recipe = "tensorwise";
-  OptBool fp8_param;  // None: fp8_param_gather (MixedPrecisionConfig.finalize)
   bool fp8_param_gather = false;
   bool grad_reduce_in_fp32 = true;
   OptString fp4;
@@ -113,7 +112,16 @@ Precision read_fields(const Config& c, const YAML::Node& group) {
   p.fp16 = read_bool(c, group, "fp16", p.fp16);
   p.fp8 = read_string(c, group, "fp8", p.fp8);
   p.fp8_recipe = read_string(c, group, "fp8_recipe", p.fp8_recipe).value_or(p.fp8_recipe);
-  if (const YAML::Node n = group["fp8_param"]; n.IsDefined() && !is_null(n)) p.fp8_param = read_bool(c, group, "fp8_param", false);
+  // The model's choices (schema.cpp), which these fields replace.
+  const auto choose = [&](const char* field, const std::string& v, std::initializer_list<const char*> choices) {
+    if (std::find(choices.begin(), choices.end(), v) == choices.end())
+      throw ConfigError(fmt::format("{} must be one of {}, got '{}'", where(c, fmt::format("mixed_precision.{}", field)),
+                                    fmt::join(choices, "|"), v));
+  };
+  if (p.fp8) choose("fp8", *p.fp8, {"e4m3", "hybrid"});
+  choose("fp8_recipe", p.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+  // MixedPrecisionConfig's __setattr__ keeps fp8_param and fp8_param_gather equal, and its
+  // __init__ sets fp8_param_gather last: the dataclass's fp8_param is always fp8_param_gather's.
   p.fp8_param_gather = read_bool(c, group, "fp8_param_gather", p.fp8_param_gather);
   p.grad_reduce_in_fp32 = read_bool(c, group, "grad_reduce_in_fp32", p.grad_reduce_in_fp32);
   p.fp4 = read_string(c, group, "fp4", p.fp4);
@@ -151,7 +159,7 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
   if (p.fp4 && p.fp8)
     throw ConfigError(fmt::format("{}: fp4 and fp8 cannot be used simultaneously. Please choose one.",
                                   where(c, "mixed_precision")));
-  const bool fp8_param = p.fp8_param.value_or(p.fp8_param_gather);
+  const bool fp8_param = p.fp8_param_gather;  // kept equal by MixedPrecisionConfig
   if (p.fp4)
     out.push_back(Finding{"mixed_precision.fp4_not_modelled", Severity::warning,
                           {{"mixed_precision", group.IsScalar() ? group.Scalar() : "{...}"}, {"mixed_precision.fp4", *p.fp4}},
@@ -202,7 +210,6 @@ YAML::Node mixed_precision_recipe(const std::string& name) {
   n["fp16"] = p.fp16;
   n["fp8"] = text(p.fp8);
   n["fp8_recipe"] = p.fp8_recipe;
-  n["fp8_param"] = p.fp8_param ? YAML::Node(*p.fp8_param) : YAML::Node(YAML::NodeType::Null);
   n["fp8_param_gather"] = p.fp8_param_gather;
   n["grad_reduce_in_fp32"] = p.grad_reduce_in_fp32;
   n["fp4"] = text(p.fp4);

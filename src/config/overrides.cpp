@@ -57,7 +57,17 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
     return true;
   }
   // ConfigContainer.mixed_precision takes a recipe's name (or None), which finalize applies.
-  if (section == "mixed_precision") cfg.file_locations.erase(key);  // no longer the file's
+  if (section == "mixed_precision") {
+    cfg.file_locations.erase(key);  // no longer the file's
+    // A field of a recipe's name: Hydra cannot add a key under a string, and a mapping of one
+    // field would take every other field's default.
+    const YAML::Node group = static_cast<const YAML::Node&>(cfg.extra_sections.node)["mixed_precision"];
+    if (!name.empty() && group.IsDefined() && group.IsScalar())
+      throw ConfigError(fmt::format("{}: mixed_precision is the recipe name '{}', which has no fields to set; give "
+                                    "mixed_precision=NAME for another recipe, or all its fields as a YAML mapping in "
+                                    "the config file",
+                                    key, group.Scalar()));
+  }
   if (section == "mixed_precision" && name.empty() && !deleting) {
     const YAML::Node v = parse_value(key, value);
     if (!v.IsScalar() && !v.IsNull())

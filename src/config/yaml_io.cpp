@@ -37,6 +37,7 @@ std::optional<Int> yaml11_int(std::string_view s) {
   if (digits.starts_with("0b") || digits.starts_with("0x")) {
     base = digits[1] == 'b' ? 2 : 16;
     digits.erase(0, 2);
+    if (digits.empty()) return std::nullopt;  // 0b_: PyYAML raises
   } else if (digits.size() > 1 && digits.front() == '0') {
     base = 8;
   }
@@ -300,6 +301,18 @@ Config load_config_file(const std::filesystem::path& path) {
   return load_config_text(read_config_text(path), path.string());
 }
 
+namespace {
+
+// A value as the emitter writes it, quoted where read_yaml11_integers would read the plain text
+// as another integer (a string '010'), so that a dump reads back the same.
+void emit_value(YAML::Emitter& out, const YAML::Node& n) {
+  const std::optional<Int> v = n.IsScalar() ? yaml11_int(n.Scalar()) : std::nullopt;
+  if (v && std::to_string(*v) != n.Scalar()) out << YAML::DoubleQuoted << n.Scalar();
+  else out << n;
+}
+
+}  // namespace
+
 std::string dump_yaml(const Config& cfg) {
   YAML::Emitter out;
   out.SetNullFormat(YAML::LowerNull);
@@ -312,15 +325,26 @@ std::string dump_yaml(const Config& cfg) {
     }
     out << YAML::Value << YAML::BeginMap;
     for (const auto& f : schema())
-      if (f.section == sec) out << YAML::Key << f.name << YAML::Value << f.get(cfg);
-    for (const auto& kv : cfg.extra_fields.child_map(sec)) out << YAML::Key << kv.first << YAML::Value << kv.second;
+      if (f.section == sec) {
+        out << YAML::Key << f.name << YAML::Value;
+        emit_value(out, f.get(cfg));
+      }
+    for (const auto& kv : cfg.extra_fields.child_map(sec)) {
+      out << YAML::Key << kv.first << YAML::Value;
+      emit_value(out, kv.second);
+    }
     out << YAML::EndMap;
   }
   out << YAML::Key << "env_vars" << YAML::Value << YAML::BeginMap;
-  for (const auto& [k, v] : cfg.env_vars) out << YAML::Key << k << YAML::Value << v;
+  for (const auto& [k, v] : cfg.env_vars) {
+    out << YAML::Key << k << YAML::Value;
+    emit_value(out, YAML::Node(v));
+  }
   out << YAML::EndMap;
-  for (const auto& kv : cfg.extra_sections.node)
-    out << YAML::Key << kv.first << YAML::Value << kv.second;
+  for (const auto& kv : cfg.extra_sections.node) {
+    out << YAML::Key << kv.first << YAML::Value;
+    emit_value(out, kv.second);
+  }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -204,12 +204,14 @@ TEST(CheckDefaults, MixedPrecisionReplacesThePrecisionFields) {
                           [](const Finding& f) { return f.rule_id == "mixed_precision.overwrites_model"; }),
             1);
   EXPECT_EQ(resolved({"mixed_precision=None"}).resolved.model.bf16, true);
-  // A fix of a field it replaces drops it first (the model's field alone would be replaced again).
+  // A fix of a field it replaces drops it first (the model's field alone would be replaced
+  // again), keeping the other fields at what it set.
   const CheckReport fp32 = resolved({"+mixed_precision.bf16=false", "comm_overlap.overlap_moe_expert_parallel_comm=true"});
   const auto precision = std::find_if(fp32.findings.begin(), fp32.findings.end(),
                                       [](const Finding& f) { return f.rule_id == "ep_overlap.precision"; });
   ASSERT_NE(precision, fp32.findings.end());
-  EXPECT_EQ(precision->fix, "mixed_precision=None model.bf16=true");
+  EXPECT_EQ(precision->fix, "mixed_precision=None model.fp16=false model.fp8=null model.fp8_recipe=tensorwise "
+                            "model.fp8_param=false ddp.grad_reduce_in_fp32=true model.bf16=true");
   EXPECT_NE(error_of([&] { resolved({"mixed_precision=bf16_mixd"}); })
                 .find("override mixed_precision: Unknown mixed-precision recipe 'bf16_mixd'. Available recipes: bf16_mixed"),
             std::string::npos);
@@ -223,6 +225,8 @@ TEST(CheckDefaults, MixedPrecisionReplacesThePrecisionFields) {
   EXPECT_FALSE(mx.resolved.ddp.grad_reduce_in_fp32);
   EXPECT_EQ(error_of([] { run_check(load_config_text("mixed_precision:\n  fp8: hybrid\n  fp4: e2m1\nmodel: {}\n", "f.yaml")); }),
             "f.yaml:2:3: mixed_precision: fp4 and fp8 cannot be used simultaneously. Please choose one.");
+  EXPECT_EQ(error_of([] { run_check(load_config_text("mixed_precision:\n  fp8: bogus\nmodel: {}\n", "f.yaml")); }),
+            "f.yaml:2:8: mixed_precision.fp8 must be one of e4m3|hybrid, got 'bogus'");
   EXPECT_EQ(error_of([] { run_check(load_config_text("mixed_precision:\n  bf16: maybe\nmodel: {}\n", "f.yaml")); }),
             "f.yaml:2:9: mixed_precision.bf16 expects a bool (true|false), got maybe");
 }

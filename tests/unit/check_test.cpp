@@ -181,6 +181,9 @@ const std::vector<Case>& cases() {
       {"model.rope_even_head_dim", {"model.hidden_size=250", "model.kv_channels=null"},
        {"model.hidden_size=256", "model.kv_channels=null"}},
       {"model.rope_even_head_dim", {"model.kv_channels=33"}, {"model.kv_channels=34"}},
+      {"model.rope_even_head_dim",  // Megatron rotates int(kv_channels * rotary_percent) channels
+       {"+model.rotary_percent=0.5", "model.kv_channels=130"}, {"+model.rotary_percent=0.5", "model.kv_channels=132"},
+       std::nullopt, std::nullopt, kDump},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
       {"moe.topk1_needs_pre_softmax", {"model.moe_router_topk=1"},
@@ -319,7 +322,7 @@ const std::vector<Case>& cases() {
        {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep", "model.expert_model_parallel_size=1"},
        {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep"}},
       {"moe.router_fusion_te", H100 + Overrides{"model.moe_router_fusion=true", "target.te_version=2.6.0"},
-       H100 + Overrides{"model.moe_router_fusion=true", "target.te_version=2.7.0"}},
+       H100 + Overrides{"model.moe_router_fusion=true", "target.te_version=2.7.0.dev0"}},
       {"moe.router_fusion_te",
        H100 + Overrides{"model.moe_router_fusion=true", "model.moe_router_score_function=sqrtsoftplus",
                         "model.moe_router_enable_expert_bias=true", "target.te_version=2.12.0"},

@@ -173,6 +173,13 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("config show qwen3_30b_a3b -c fp8_cs");
   EXPECT_TRUE(has(r, "  fp8: hybrid\n  fp8_recipe: tensorwise\n  fp8_param: true\n")) << r.out;
   EXPECT_TRUE(has(r, "  grad_reduce_in_fp32: false\n")) << r.out;
+  // A fix of a precision field -c set keeps the rest of its precision (FP8 stays on).
+  r = run("check qwen3_30b_a3b -c fp8_mx -g h100");
+  const std::string mxfp8 = "fix: mixed_precision=None model.bf16=true model.fp16=false model.fp8=e4m3 model.fp8_param=true "
+                            "ddp.grad_reduce_in_fp32=false model.fp8_recipe=tensorwise";
+  EXPECT_TRUE(has(r, mxfp8)) << r.out;
+  r = run("config show qwen3_30b_a3b -c fp8_mx -g h100 " + mxfp8.substr(5));
+  EXPECT_TRUE(has(r, "  fp8: e4m3\n  fp8_recipe: tensorwise\n")) << r.out;
   r = run("check qwen3_30b_a3b -c nvfp4");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "mixed_precision.fp4_not_modelled")) << r.out;

@@ -55,6 +55,15 @@ TEST(ConfigRecipes, ShippedRecipesLoadAndRoundTrip) {
     // Finalize is idempotent: resolving the dump changes nothing.
     EXPECT_EQ(dump_yaml(resolve_config(reloaded, std::nullopt)), dumped);
   }
+  // A string that YAML 1.1 would read as another integer is written quoted, and reads back so.
+  Config c = load_with("qwen3_30b_a3b_proxy", {"+env_vars.B=010", "+env_vars.C=0x10"});
+  const Config reloaded = load_config_text(dump_yaml(c), "dump");
+  EXPECT_EQ(reloaded.env_vars.at("B"), "010");
+  EXPECT_EQ(reloaded.env_vars.at("C"), "0x10");
+  // A field of a recipe's name has nowhere to go.
+  apply_override(c, "mixed_precision=bf16_mixed");
+  EXPECT_NE(error_of([&] { apply_override(c, "+mixed_precision.fp8=hybrid"); }).find("is the recipe name 'bf16_mixed'"),
+            std::string::npos);
 }
 
 TEST(ConfigRecipes, RealShapes) {
