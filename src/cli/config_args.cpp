@@ -213,6 +213,7 @@ Config ConfigArgs::load() const {
         {"nvfp4", "bf16_with_nvfp4_mixed"}};
     YAML::Node precision = mixed_precision_recipe(kRecipeOf.at(*compute_dtype));
     precision["grad_reduce_in_fp32"] = false;
+    precision["_source_"] = "-c " + *compute_dtype;  // for messages (mixed_precision.cpp)
     cfg.extra_sections.node["mixed_precision"] = precision;
     std::erase_if(cfg.file_locations, [](const auto& kv) { return kv.first.starts_with("mixed_precision"); });
   }

@@ -138,12 +138,21 @@ Precision group_precision(const Config& c, const YAML::Node& group) {
                                 where(c, "mixed_precision")));
 }
 
+// What set the group, for messages: a recipe's name, the harness's -c (epx's own `_source_` key),
+// or its fields.
+std::string group_name(const YAML::Node& group) {
+  if (group.IsScalar()) return group.Scalar();
+  const YAML::Node source = group["_source_"];
+  return source.IsDefined() && source.IsScalar() ? source.Scalar() : "its fields";
+}
+
 }  // namespace
 
 OptString mixed_precision_source(const Config& c) {
   const YAML::Node group = group_of(c);
   if (is_null(group)) return std::nullopt;
-  return group.IsScalar() ? "mixed_precision=" + group.Scalar() : "mixed_precision (its fields)";
+  const std::string name = group_name(group);
+  return group.IsScalar() ? "mixed_precision=" + name : name.starts_with("-c") ? name : "mixed_precision (its fields)";
 }
 
 OptString mixed_precision_fp4(const Config& c) {
@@ -155,14 +164,14 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
   const YAML::Node group = group_of(c);
   if (is_null(group)) return;
   const Precision p = group_precision(c, group);
-  const std::string name = group.IsScalar() ? group.Scalar() : "its fields";
+  const std::string name = group_name(group);
   if (p.fp4 && p.fp8)
     throw ConfigError(fmt::format("{}: fp4 and fp8 cannot be used simultaneously. Please choose one.",
                                   where(c, "mixed_precision")));
   const bool fp8_param = p.fp8_param_gather;  // kept equal by MixedPrecisionConfig
   if (p.fp4)
     out.push_back(Finding{"mixed_precision.fp4_not_modelled", Severity::warning,
-                          {{"mixed_precision", group.IsScalar() ? group.Scalar() : "{...}"}, {"mixed_precision.fp4", *p.fp4}},
+                          {{"mixed_precision", group_name(group)}, {"mixed_precision.fp4", *p.fp4}},
                           fmt::format("mixed_precision ({}) trains in FP4 ({}), which epx does not model: it checks and "
                                       "plans the run as BF16",
                                       name, *p.fp4),
@@ -188,7 +197,7 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
       flag(p.grad_reduce_in_fp32));
   if (changed.empty()) return;
   std::vector<std::pair<std::string, std::string>> values = {
-      {"mixed_precision", group.IsScalar() ? group.Scalar() : "{...}"}};
+      {"mixed_precision", group_name(group)}};
   std::vector<std::string> what;
   for (const auto& [was, now] : changed) {
     const auto eq = was.find('=');
@@ -197,8 +206,8 @@ void apply_mixed_precision(Config& c, std::vector<Finding>& out) {
   }
   out.push_back(Finding{"mixed_precision.overwrites_model", Severity::warning, std::move(values),
                         fmt::format("Bridge applies mixed_precision ({}) over the model's precision fields before "
-                                    "anything else reads them: {}; set the precision through mixed_precision",
-                                    name, fmt::join(what, ", ")),
+                                    "anything else reads them: {}; set the precision through {}",
+                                    name, fmt::join(what, ", "), name.starts_with("-c") ? "-c" : "mixed_precision"),
                         ""});
 }
 

@@ -34,17 +34,17 @@ void check_shared_fields(const Config& c) {
   // Bridge's mixed_precision, when set, decided the precision fields: the refusal names it.
   const OptString group = mixed_precision_source(c);
   const std::string by = group ? fmt::format(" (set by {})", *group) : "";
+  const std::string bf16 = group && group->starts_with("-c") ? "-c bf16" : "mixed_precision=bf16_mixed";
   if (const OptString fp4 = mixed_precision_fp4(c))
-    throw ConfigError(fmt::format("{}: trains in FP4 ({}); epx computes in BF16 or FP32, with no FP4 GEMMs; set "
-                                  "mixed_precision=bf16_mixed",
-                                  *group, *fp4));
+    throw ConfigError(fmt::format("{}: trains in FP4 ({}); epx computes in BF16 or FP32, with no FP4 GEMMs; set {}",
+                                  *group, *fp4, bf16));
   if (m.fp16)
     bad(c, "model.fp16", "true" + by,
-        fmt::format("epx computes in BF16 or FP32; set {}", group ? "mixed_precision=bf16_mixed" : "model.bf16=true instead"));
+        fmt::format("epx computes in BF16 or FP32; set {}", group ? bf16 : "model.bf16=true instead"));
   if (m.fp8)
     bad(c, "model.fp8", *m.fp8 + by,
         fmt::format("epx computes in BF16 or FP32, with no FP8 GEMMs; set {}",
-                    group ? "mixed_precision=bf16_mixed" : "model.fp8=null"));
+                    group ? bf16 : "model.fp8=null"));
 }
 
 }  // namespace

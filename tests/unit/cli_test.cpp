@@ -173,6 +173,11 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("config show qwen3_30b_a3b -c fp8_cs");
   EXPECT_TRUE(has(r, "  fp8: hybrid\n  fp8_recipe: tensorwise\n  fp8_param: true\n")) << r.out;
   EXPECT_TRUE(has(r, "  grad_reduce_in_fp32: false\n")) << r.out;
+  // Messages name -c when it set the precision.
+  r = run("check qwen3_30b_a3b -c bf16 model.fp8=hybrid");
+  EXPECT_TRUE(has(r, "Bridge applies mixed_precision (-c bf16) over the model's precision fields before anything else "
+                     "reads them: model.fp8=hybrid -> null; set the precision through -c"))
+      << r.out;
   // A fix of a precision field -c set keeps the rest of its precision (FP8 stays on).
   r = run("check qwen3_30b_a3b -c fp8_mx -g h100");
   const std::string mxfp8 = "fix: mixed_precision=None model.bf16=true model.fp16=false model.fp8=e4m3 model.fp8_param=true "
