@@ -205,10 +205,9 @@ std::string target_text(const Config& cfg) {
 // flags take the last value, as argparse does); a key a flag only implies gets a note to drop it.
 std::string fix_for_flags(const Config& user, const Config& resolved, const OptString& flex_backend_flag,
                           const std::string& fix) {
-  // Bridge's mixed_precision replaces these after the overrides: a fix setting one drops the
+  // Bridge's mixed_precision replaces its keys after the overrides: a fix setting one drops the
   // group first and keeps the others at what the group set.
-  static const std::vector<std::string> kPrecisionKeys = {"model.bf16",      "model.fp16",      "model.fp8",
-                                                          "model.fp8_recipe", "model.fp8_param", "ddp.grad_reduce_in_fp32"};
+  const bool precision_group = mixed_precision_source(user).has_value();
   bool drop_precision_group = false;
   static const std::map<std::string, std::string> kFlagOf = [] {
     std::map<std::string, std::string> of = {
@@ -237,7 +236,7 @@ std::string fix_for_flags(const Config& user, const Config& resolved, const OptS
     at = end + 1;
     const auto eq = token.find('=');
     const std::string key = eq == std::string::npos ? "" : token.substr(0, eq);
-    if (mixed_precision_source(user) && std::find(kPrecisionKeys.begin(), kPrecisionKeys.end(), key) != kPrecisionKeys.end())
+    if (precision_group && std::find(kMixedPrecisionKeys.begin(), kMixedPrecisionKeys.end(), key) != kMixedPrecisionKeys.end())
       drop_precision_group = true;
     // The flex backend flag selects the flex dispatcher after the overrides: alltoall is the flag's None.
     if (token == "model.moe_token_dispatcher_type=alltoall" && flex_backend_flag && *flex_backend_flag != "None") {
@@ -267,7 +266,7 @@ std::string fix_for_flags(const Config& user, const Config& resolved, const OptS
   }
   if (drop_precision_group) {
     std::vector<std::string> kept = {"mixed_precision=None"};
-    for (const std::string& key : kPrecisionKeys)
+    for (const std::string& key : kMixedPrecisionKeys)
       if (fix.find(key + "=") == std::string::npos) kept.push_back(key + "=" + field_text(resolved, key));
     out.insert(out.begin(), kept.begin(), kept.end());
   }

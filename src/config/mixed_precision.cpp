@@ -61,7 +61,6 @@ const std::vector<std::pair<std::string, Precision>>& recipes() {
   return all;
 }
 
-// Where the group or one of its fields was read: the file and line, or the override's key.
 // The recipe named so (hyphens as underscores, as get_mixed_precision_config); `at` says where.
 Precision recipe(std::string name, const std::string& at) {
   std::replace(name.begin(), name.end(), '-', '_');
@@ -75,6 +74,7 @@ Precision recipe(std::string name, const std::string& at) {
       fmt::format("{}: Unknown mixed-precision recipe '{}'. Available recipes: {}.", at, name, fmt::join(names, ", ")));
 }
 
+// Where the group or one of its fields was read: the file and line, or the override's key.
 std::string where(const Config& c, const std::string& key) {
   const auto at = c.file_locations.find(key);
   return at == c.file_locations.end() ? "override " + key : at->second + ": " + key;

@@ -53,13 +53,19 @@ std::optional<Int> yaml11_int(std::string_view s) {
   return static_cast<Int>(negative ? -v : v);
 }
 
+// The decimal text of a plain scalar YAML 1.1 reads as an integer written otherwise (010: 8).
+std::optional<std::string> yaml11_decimal(const std::string& text) {
+  const std::optional<Int> v = yaml11_int(text);
+  if (!v || std::to_string(*v) == text) return std::nullopt;
+  return std::to_string(*v);
+}
+
 // Rewrites the plain (unquoted) scalars that YAML 1.1 reads as integers in decimal, in place
 // (their marks stay), so that a field reads what Megatron-Bridge reads from the file.
 void read_yaml11_integers(YAML::Node node) {
   if (node.IsScalar()) {
     if (node.Tag() != "?") return;  // quoted: a string
-    if (const std::optional<Int> v = yaml11_int(node.Scalar()); v && std::to_string(*v) != node.Scalar())
-      node = std::to_string(*v);
+    if (const std::optional<std::string> decimal = yaml11_decimal(node.Scalar())) node = *decimal;
     return;
   }
   if (node.IsMap())
@@ -306,8 +312,7 @@ namespace {
 // A value as the emitter writes it, quoted where read_yaml11_integers would read the plain text
 // as another integer (a string '010'), so that a dump reads back the same.
 void emit_value(YAML::Emitter& out, const YAML::Node& n) {
-  const std::optional<Int> v = n.IsScalar() ? yaml11_int(n.Scalar()) : std::nullopt;
-  if (v && std::to_string(*v) != n.Scalar()) out << YAML::DoubleQuoted << n.Scalar();
+  if (n.IsScalar() && yaml11_decimal(n.Scalar())) out << YAML::DoubleQuoted << n.Scalar();
   else out << n;
 }
 

@@ -14,6 +14,9 @@ namespace epx {
 // every field it has, defaults included, replaces the model's. Warns where that changes a value
 // an override or flag set. Throws ConfigError for an unknown recipe name or FP8 with FP4.
 void apply_mixed_precision(Config& c, std::vector<Finding>& out);
+// The keys apply_mixed_precision replaces (a fix setting one must drop the group first).
+inline const std::vector<std::string> kMixedPrecisionKeys = {
+    "model.bf16", "model.fp16", "model.fp8", "model.fp8_recipe", "model.fp8_param", "ddp.grad_reduce_in_fp32"};
 
 // The group as the user gave it ("mixed_precision=NAME", or its fields), none when unset: what
 // set the model's precision, for a refusal to name.
