@@ -73,7 +73,7 @@ void BM_MoELayerForwardBackward(benchmark::State& state) {
   s.ffn = state.range(4);
   s.shared_ffn = s.ffn;
   s.dtype = dtype_arg(state.range(5));
-  s.aux_loss_coeff = 1e-3;
+  at(s.aux_loss_coeff, AuxLoss::aux_loss) = 1e-3;
   MoELayer layer(s, make_local_dispatcher(s.num_experts));
   layer.init_weights(1);
   const Tensor x = filled({s.seq_length, 1, s.hidden}, s.dtype, 3), dy = filled(x.shape(), s.dtype, 4);

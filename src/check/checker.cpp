@@ -115,7 +115,6 @@ void check_real_ranges(const Config& cfg) {
   const Range ranges[] = {{"model.layernorm_epsilon", true, false},
                           {"model.rotary_base", true, false},
                           {"model.init_method_std", false, false},
-                          {"model.moe_aux_loss_coeff", false, false},
                           {"model.moe_z_loss_coeff", false, false},
                           {"model.moe_router_topk_scaling_factor", true, false},
                           {"model.moe_router_bias_update_rate", false, false},
@@ -136,6 +135,13 @@ void check_real_ranges(const Config& cfg) {
     throw ConfigError(fmt::format("{}={} is out of range: it must be {}{}", cfg.cite(key), text,
                                   positive ? "above 0" : "at least 0", below_one ? " and below 1" : ""));
   }
+  for (double coeff : cfg.model.moe_aux_loss_coeff.values)
+    if (!(coeff >= 0))
+      throw ConfigError(fmt::format("{}={} is out of range: every coefficient must be at least 0",
+                                    cfg.cite("model.moe_aux_loss_coeff"), field_text(cfg, "model.moe_aux_loss_coeff")));
+  if (const double ema = cfg.model.moe_router_quantile_balancing_ema; !(ema >= 0 && ema <= 1))
+    throw ConfigError(fmt::format("{}={} is out of range: an EMA weight is between 0 and 1",
+                                  cfg.cite("model.moe_router_quantile_balancing_ema"), ema));
   // A negative capacity factor is Megatron-Core's dropless (finalize makes it None); 0 drops every token.
   if (cfg.model.moe_expert_capacity_factor == 0.0)
     throw ConfigError(fmt::format("{}=0.0 is out of range: it drops every token; set a factor above 0, or null "

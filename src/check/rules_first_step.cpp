@@ -69,8 +69,55 @@ void add_first_step_rules(RuleTable& add) {
   add("moe.sinkhorn_aux_loss", E, {"model.moe_router_load_balancing_type", "model.moe_aux_loss_coeff"},
       "Megatron-Core moe/router.py", "Sinkhorn routing takes no aux loss", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.num_moe_experts && m.moe_router_load_balancing_type == "sinkhorn" && m.moe_aux_loss_coeff != 0,
+        return fail_if(m.num_moe_experts && m.moe_router_load_balancing_type.is("sinkhorn") && !m.moe_aux_loss_coeff.is(0.0),
                        "Sinkhorn routing does not support aux loss.", "model.moe_aux_loss_coeff=0.0");
+      });
+  add("moe.quantile_balancing_router", E,
+      {"model.moe_router_load_balancing_type", "model.moe_router_fusion", "model.moe_router_num_groups",
+       "model.moe_router_group_topk"},
+      "Megatron-Core moe/router.py", "quantile balancing routes without the fused router and without groups",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing")) return pass();
+        if (m.moe_router_fusion)
+          return fail("Quantile balancing routing does not support moe_router_fusion.", "model.moe_router_fusion=false");
+        return fail_if(m.moe_router_num_groups || m.moe_router_group_topk,
+                       "Quantile balancing routing does not support group-limited routing.",
+                       "model.moe_router_num_groups=null model.moe_router_group_topk=null");
+      });
+  add("moe.quantile_balancing_assignments", E,
+      {"model.moe_router_load_balancing_type", "train.micro_batch_size", "model.seq_length", "model.moe_router_topk",
+       "model.num_moe_experts"},
+      "Megatron-Core moe/moe_utils.py",
+      "quantile balancing gives each expert an equal share of a micro-batch's routed assignments (tokens x top-k)",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing") || !c.cfg.train.micro_batch_size)
+          return pass();
+        // The logits of a micro-batch gathered over TP x CP: all its tokens, each TP rank's own
+        // under sequence parallelism, else every TP rank's copy.
+        const Int m_tokens = *c.cfg.train.micro_batch_size * m.seq_length *
+                             (m.sequence_parallel ? 1 : m.tensor_model_parallel_size);
+        return fail_if((m_tokens * m.moe_router_topk) % *m.num_moe_experts != 0,
+                       fmt::format("Quantile balancing requires the number of routed assignments ({} tokens * top-{}) "
+                                   "to be divisible by {} experts.",
+                                   m_tokens, m.moe_router_topk, *m.num_moe_experts));
+      });
+  add("moe.quantile_balancing_ignores", W,
+      {"model.moe_router_load_balancing_type", "model.moe_aux_loss_coeff", "model.moe_router_enable_expert_bias"},
+      "Megatron-Core moe/router.py", "quantile balancing replaces the aux loss and the expert bias",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing")) return pass();
+        const auto& coeffs = m.moe_aux_loss_coeff.values;
+        if (std::any_of(coeffs.begin(), coeffs.end(), [](double v) { return v != 0; }))
+          return fail("moe_aux_loss_coeff is ignored under quantile_balancing: the router looks a coefficient up by "
+                      "aux-loss type, and none is selected (its assert that aux losses are off never sees it)",
+                      "model.moe_aux_loss_coeff=0.0");
+        return fail_if(m.moe_router_enable_expert_bias,
+                       "moe_router_enable_expert_bias is ignored under quantile_balancing: the bias is still updated, "
+                       "but the router selects experts by the logits minus its own qb_beta",
+                       "model.moe_router_enable_expert_bias=false");
       });
   add("moe.shared_expert_bias", E, {"model.moe_shared_expert_intermediate_size", "model.add_bias_linear"},
       "Megatron-Core moe/shared_experts.py", "shared experts have no bias", [](const CheckContext& c) {

@@ -1,4 +1,5 @@
 // The model's rules: MoE routing and experts, precision, FP8 and recompute.
+#include "epx/base/edit_distance.hpp"
 #include "epx/check/group_limited_routing.hpp"
 #include "rule_helpers.hpp"
 
@@ -84,7 +85,7 @@ void add_model_rules(RuleTable& add) {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         return fail_if(m.num_moe_experts && m.moe_router_topk == 1 && m.moe_router_score_function == "softmax" &&
-                           !m.moe_router_pre_softmax && m.moe_router_load_balancing_type != "sinkhorn",
+                           !m.moe_router_pre_softmax && !m.moe_router_load_balancing_type.is("sinkhorn"),
                        "Please use --moe-router-pre-softmax when topk is 1.", "model.moe_router_pre_softmax=true");
       });
   add("moe.group_limited_routing", E,
@@ -151,16 +152,77 @@ void add_model_rules(RuleTable& add) {
   add("moe.capacity_settings", E,
       {"model.moe_expert_capacity_factor", "model.moe_pad_expert_input_to_capacity",
        "model.moe_router_load_balancing_type"},
-      kMcore, "padding to capacity needs a capacity factor; a capacity factor needs aux-loss balancing (not sinkhorn)",
+      kMcore,
+      "padding to capacity needs a capacity factor; a capacity factor needs aux-loss balancing (not sinkhorn or "
+      "quantile_balancing)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.moe_expert_capacity_factor && m.moe_router_load_balancing_type == "sinkhorn")
+        const auto& types = m.moe_router_load_balancing_type;
+        const bool drops = std::any_of(types.values.begin(), types.values.end(), [](const std::string& t) {
+          return t != "aux_loss" && t != "seq_aux_loss" && t != "global_aux_loss" && t != "none";
+        });
+        if (m.moe_expert_capacity_factor && drops)
           return fail("moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss or none "
                       "load balancing",
-                      "model.moe_router_load_balancing_type=aux_loss");
+                      types.is_list ? "model.moe_expert_capacity_factor=null model.moe_pad_expert_input_to_capacity=false"
+                                    : "model.moe_router_load_balancing_type=aux_loss");
         return fail_if(m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor,
                        "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity",
                        "model.moe_expert_capacity_factor=1.0");
+      });
+  add("moe.aux_loss_coeff_list", E, {"model.moe_router_load_balancing_type", "model.moe_aux_loss_coeff"}, kMcore,
+      "a list of load-balancing types has one aux-loss coefficient each; one type has one coefficient",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const auto& types = m.moe_router_load_balancing_type;
+        const auto& coeffs = m.moe_aux_loss_coeff;
+        if (types.is_list && !(coeffs.is_list && coeffs.values.size() == types.values.size())) {
+          std::vector<std::string> fixed;
+          for (std::size_t i = 0; i < types.values.size(); ++i)
+            fixed.push_back(fmt::format("{}", i < coeffs.values.size() ? coeffs.values[i] : coeffs.values.back()));
+          return fail("moe_aux_loss_coeff must be a list of the same length as moe_router_load_balancing_type",
+                      fmt::format("model.moe_aux_loss_coeff=[{}]", fmt::join(fixed, ",")));
+        }
+        // One type beside a list: the router compares the list with 0 (a TypeError) where the
+        // type is an aux loss.
+        const bool aux = types.is("aux_loss") || types.is("seq_aux_loss") || types.is("global_aux_loss");
+        return fail_if(!types.is_list && coeffs.is_list && aux,
+                       fmt::format("moe_aux_loss_coeff is a list ({} values) but moe_router_load_balancing_type is one "
+                                   "type ({}): Megatron's router compares the list with 0 and stops with a TypeError",
+                                   coeffs.values.size(), types.values.front()),
+                       fmt::format("model.moe_aux_loss_coeff={}", coeffs.values.front()));
+      });
+  add("moe.load_balancing_type_unknown", W, {"model.moe_router_load_balancing_type"}, kMcore,
+      "a load-balancing type Megatron's router knows", [](const CheckContext& c) {
+        static const std::vector<std::string> kKnown = {"aux_loss", "seq_aux_loss", "global_aux_loss",
+                                                        "sinkhorn", "quantile_balancing", "none"};
+        const auto& types = c.cfg.model.moe_router_load_balancing_type;
+        for (const std::string& t : types.values) {
+          if (contains(kKnown, t)) continue;
+          std::string nearest = "none";
+          for (const std::string& k : kKnown)
+            if (edit_distance(t, k) <= 2) nearest = k;
+          return fail(fmt::format("moe_router_load_balancing_type '{}' is not one of {}: Megatron's router takes it "
+                                  "and balances nothing for it (as none){}",
+                                  t, fmt::join(kKnown, ", "),
+                                  t == "noaux_tc" ? "; DeepSeek's aux-loss-free balancing is "
+                                                    "moe_router_enable_expert_bias with a sigmoid router"
+                                                  : ""),
+                      types.is_list ? "" : fmt::format("model.moe_router_load_balancing_type={}", nearest));
+        }
+        return pass();
+      });
+  add("moe.load_balancing_list_ignores", W, {"model.moe_router_load_balancing_type"}, kMcore,
+      "sinkhorn and quantile_balancing take effect only as the one type, not inside a list", [](const CheckContext& c) {
+        const auto& types = c.cfg.model.moe_router_load_balancing_type;
+        for (const char* t : {"sinkhorn", "quantile_balancing"})
+          if (types.is_list && types.contains(t))
+            return fail(fmt::format("moe_router_load_balancing_type lists {}, but Megatron's router tests the type with "
+                                    "== (a list never equals it): the tokens are routed by plain top-k and the {} "
+                                    "entry does nothing",
+                                    t, t),
+                        types.values.size() == 1 ? fmt::format("model.moe_router_load_balancing_type={}", t) : "");
+        return pass();
       });
   add("moe.bias_needs_etp1", E, {"model.add_bias_linear", "model.expert_tensor_parallel_size", "model.num_moe_experts"},
       kMcore, "biased expert linears need ETP = 1", [](const CheckContext& c) {

@@ -92,7 +92,8 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   MoELayer layer(spec,
                  dist ? make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, dist->groups, dist->stream)
                       : make_local_dispatcher(spec.num_experts),
-                 {.rank = static_cast<std::uint64_t>(rank)});
+                 {.rank = static_cast<std::uint64_t>(rank),
+                  .global_aux_group = dist ? &dist->groups.router_counts() : nullptr});
   const Shape x_shape{spec.seq_length, spec.micro_batch, spec.hidden};
 
   if (args.init_seed) {  // rank 0 writes the whole layer's files; every rank then reads them
@@ -147,7 +148,8 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   // Everything in the file layout of the whole layer: slices gathered, losses and counts summed
   // over the ranks, each gradient from the ranks that own it.
   TensorMap result;
-  double aux = routing.aux_loss, z = routing.z_loss;
+  double aux = 0, z = routing.z_loss;  // every aux loss that is on, summed
+  for (double v : routing.aux_losses) aux += v;
   std::int64_t dropped = routing.dropped;
   if (dist) {
     Communicator& all = dist->groups.world();

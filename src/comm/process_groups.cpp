@@ -24,6 +24,8 @@ ProcessGroups::ProcessGroups(Communicator& world, const ParallelLayout& layout)
   }
   Communicator& tp_ep = get(GroupKind::tp_ep);
   dispatch_counts_ = tp_ep.split(0, tp_ep.rank(), tp_ep.name() + " counts");
+  Communicator& tp_cp_dp = get(GroupKind::tp_cp_dp);
+  router_counts_ = tp_cp_dp.split(0, tp_cp_dp.rank(), tp_cp_dp.name() + " router counts");
 }
 
 }  // namespace epx

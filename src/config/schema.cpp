@@ -166,6 +166,33 @@ struct Codec<StringList> {
   }
 };
 
+// One value, or a YAML list of them (Megatron's Union[T, List[T]]).
+template <class T>
+struct Codec<OneOrList<T>> {
+  static std::string type_name() { return Codec<T>::type_name() + ", or a list of them"; }
+  static OneOrList<T> decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>& choices) {
+    if (!n.IsSequence()) {
+      if constexpr (std::is_same_v<T, std::string>)
+        if (n.IsScalar() && n.Scalar().find(',') != std::string::npos)  // Megatron would compare the whole text
+          throw ConfigError(fmt::format("{} is one name, got '{}'; write several as a list: [{}]", key,
+                                        shorten(n.Scalar()), shorten(n.Scalar())));
+      return OneOrList<T>(Codec<T>::decode(n, key, choices));
+    }
+    std::vector<T> values;
+    for (const auto& item : n) values.push_back(Codec<T>::decode(item, key, choices));
+    if (values.empty())
+      throw ConfigError(fmt::format("{} is an empty list; give one value or a list of at least one", key));
+    return OneOrList<T>(std::move(values));
+  }
+  static YAML::Node encode(const OneOrList<T>& v) {
+    if (!v.is_list) return Codec<T>::encode(v.values.front());
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (const T& x : v.values) n.push_back(Codec<T>::encode(x));
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
 // "([0]*3+[1]*58)" or "[1,1,0]" as Megatron-LM writes moe_layer_freq. Expanded, it is at most
 // as long as the longest list a config may hold (a few bytes must not ask for gigabytes).
 constexpr Int kMaxPatternLayers = 20000;
@@ -441,9 +468,11 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, moe_layer_freq),
       EPX_FIELD(kModel, moe_shared_expert_intermediate_size),
       EPX_FIELD(kModel, moe_shared_expert_overlap),
-      EPX_FIELD(kModel, moe_router_load_balancing_type,
-                {"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"}),
+      // Any name, as Megatron takes it (one it does not know balances nothing:
+      // moe.load_balancing_type_unknown); Bridge's DeepSeek-V4 bridge writes noaux_tc.
+      EPX_FIELD(kModel, moe_router_load_balancing_type),
       EPX_FIELD(kModel, moe_aux_loss_coeff),
+      EPX_FIELD(kModel, moe_router_quantile_balancing_ema),
       EPX_FIELD(kModel, moe_z_loss_coeff),
       EPX_FIELD(kModel, moe_router_pre_softmax),
       EPX_FIELD(kModel, moe_router_score_function, {"softmax", "sigmoid", "sqrtsoftplus"}),

@@ -98,9 +98,9 @@ bool GPTModel::has_full_recompute() const {
 void GPTModel::record_router(int i, Context& ctx) {
   const auto u = static_cast<std::size_t>(i);
   const TransformerLayer::Context& c = *ctx.layers[u];
-  ctx.aux_loss += c.aux_loss;
+  for (AuxLoss k : kAuxLosses) at(ctx.aux_losses, k) += at(c.aux_losses, k);
   ctx.z_loss += c.z_loss;
-  ctx.router_draw[u] = c.router_draw;
+  ctx.router_replay[u] = c.router_replay;
 }
 
 Tensor GPTModel::layer_output(int i, Context& ctx) {
@@ -114,7 +114,7 @@ Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute)
   ctx.layers[u] = std::make_unique<TransformerLayer::Context>();
   if (!recompute) params_needed(layer_grad_group(i));
   trace::Scope scope(trace::Track::compute, recompute ? "recompute layer" : "layer forward", global_layer(i));
-  Tensor y = layers[u]->forward(x, *ctx.layers[u], recompute ? std::optional(ctx.router_draw[u]) : std::nullopt);
+  Tensor y = layers[u]->forward(x, *ctx.layers[u], recompute ? &ctx.router_replay[u] : nullptr);
   if (!recompute) record_router(i, ctx);  // a recompute neither counts its losses nor draws anew
   return y;
 }
@@ -130,8 +130,9 @@ void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) 
   ctx.layers.clear();
   ctx.layers.resize(L);
   ctx.checkpoint_input.assign(L, Tensor());
-  ctx.router_draw.assign(L, 0);
-  ctx.aux_loss = ctx.z_loss = 0;
+  ctx.router_replay.assign(L, RouterReplay{});
+  ctx.aux_losses = {};
+  ctx.z_loss = 0;
 }
 
 Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {

@@ -67,8 +67,8 @@ Tensor TransformerLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd)
   return y;
 }
 
-Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
-  forward_attn(x, ctx, replay_draw);
+Tensor TransformerLayer::forward(const Tensor& x, Context& ctx, const RouterReplay* replay) {
+  forward_attn(x, ctx, replay);
   launch_moe_dispatch(ctx);
   forward_mlp(ctx);
   launch_moe_combine(ctx);
@@ -96,7 +96,7 @@ void TransformerLayer::backward_wgrad(Context& ctx) {
 
 // ----------------------------------------------------------------------------- forward nodes
 
-void TransformerLayer::forward_attn(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw) {
+void TransformerLayer::forward_attn(const Tensor& x, Context& ctx, const RouterReplay* replay) {
   const std::int64_t S = spec_.seq_length, T = x.dim(0), H = spec_.hidden;
   ctx.x = x;
   const Tensor n1 = norm(x, input_layernorm, ctx.rstd1);
@@ -106,7 +106,7 @@ void TransformerLayer::forward_attn(const Tensor& x, Context& ctx, std::optional
   Tensor n2 = norm(ctx.h, pre_mlp_layernorm, ctx.rstd2);
   if (moe) {
     ctx.moe = std::make_unique<MoELayer::Context>();
-    moe->forward_route(*ctx.moe, n2.reshape({S, T / S, H}), true, replay_draw);
+    moe->forward_route(*ctx.moe, n2.reshape({S, T / S, H}), true, replay);
   } else {
     ctx.mlp_io = std::move(n2);
   }
@@ -130,9 +130,9 @@ Tensor TransformerLayer::forward_output(Context& ctx) {
   if (moe) {
     MoELayer::Context& c = *ctx.moe;
     m = moe->forward_output(c).reshape(ctx.h.shape());
-    ctx.aux_loss = c.routing.aux_loss;
+    ctx.aux_losses = c.routing.aux_losses;
     ctx.z_loss = c.routing.z_loss;
-    ctx.router_draw = c.routing.draw;
+    ctx.router_replay = std::move(c.routing.replay);
   } else {
     m = std::move(ctx.mlp_io);
   }

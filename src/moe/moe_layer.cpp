@@ -32,6 +32,7 @@ MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatc
       spec_(spec),
       options_(options),
       dispatcher_(std::move(dispatcher)) {
+  router.global_aux_group = options.global_aux_group;
   if (spec.shared_ffn > 0)
     shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false,
                            options.shared_recompute);
@@ -57,7 +58,7 @@ void MoELayer::zero_grad() {
 // ------------------------------------------------------------------------------- forward
 
 void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
-                             std::optional<std::uint64_t> replay_draw) {
+                             const RouterReplay* replay) {
   if (x.dtype() != spec_.dtype)
     throw InputError(fmt::format("MoE layer input is {}, the layer computes in {} (model.bf16)",
                                  dtype_name(x.dtype()), dtype_name(spec_.dtype)));
@@ -71,7 +72,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
   if (shared_experts && !spec_.shared_expert_overlap) forward_shared(ctx);
   {
     Scope s(Track::compute, trace::kRouter);
-    ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay_draw);
+    ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay);
   }
   Scope s(Track::compute, trace::kPermute);  // with a dispatcher's counts exchange (a wait), if it has one
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, {ctx.routing.routing_map, ctx.routing.probs});

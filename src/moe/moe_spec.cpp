@@ -4,6 +4,24 @@
 
 namespace epx {
 
+const char* aux_loss_type(AuxLoss k) {
+  switch (k) {
+    case AuxLoss::aux_loss: return "aux_loss";
+    case AuxLoss::seq_aux_loss: return "seq_aux_loss";
+    case AuxLoss::global_aux_loss: return "global_aux_loss";
+  }
+  return "";
+}
+
+const char* aux_loss_log_name(AuxLoss k) {
+  switch (k) {
+    case AuxLoss::aux_loss: return "load_balancing_loss";
+    case AuxLoss::seq_aux_loss: return "seq_load_balancing_loss";
+    case AuxLoss::global_aux_loss: return "global_load_balancing_loss";
+  }
+  return "";
+}
+
 std::int64_t MoESpec::capacity(std::int64_t num_tokens) const {
   if (!capacity_factor) return num_tokens;
   const double cap = std::ceil(static_cast<double>(num_tokens) * topk /

@@ -5,6 +5,10 @@
 #include <numeric>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "epx/base/error.hpp"
+#include "epx/comm/comm.hpp"
 #include "epx/kernels/kernels.hpp"
 #include "epx/tensor/random.hpp"
 
@@ -43,35 +47,39 @@ Router::Router(const MoESpec& spec)
     : weight("mlp.router.weight", {spec.num_experts, spec.hidden}, DType::F32),
       expert_bias({spec.num_experts}, DType::F32),
       local_tokens_per_expert({spec.num_experts}, DType::F32),
+      qb_beta({spec.num_experts}, DType::F32),
+      qb_beta_accum({spec.num_experts}, DType::F32),
+      global_tokens_per_expert({spec.num_experts}, DType::F32),
       spec_(spec) {}
 
 Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
-                        double aux_loss_scale, std::uint64_t rank, std::optional<std::uint64_t> replay_draw) {
+                        double aux_loss_scale, std::uint64_t rank, const RouterReplay* replay) {
   if (seq_length < 1 || x.dim(0) % seq_length != 0)
     throw std::invalid_argument("router: the token count must be a multiple of seq_length");
   Routing r;
   r.num_tokens = x.dim(0);
   r.input = x.to(DType::F32);  // a copy: wgrad must not see later changes to x
-  const Tensor logits = gating(r, rank, replay_draw);
+  const Tensor logits = gating(r, rank, replay);
   r.aux_grad = Tensor({r.num_tokens, spec_.num_experts}, DType::F32);
   if (training) apply_z_loss(r, logits.data<float>(), aux_loss_scale);
+  if (spec_.quantile_balancing) quantile_select(r, logits.data<float>(), /*update=*/training && !replay);
   score_and_select(r, logits.data<float>());
   if (spec_.capacity_factor) apply_capacity(r);
-  count_tokens(r, /*for_bias=*/training && spec_.expert_bias && !replay_draw);
-  if (training) apply_aux_loss(r, logits.data<float>(), seq_length, aux_loss_scale);
+  count_tokens(r, /*for_bias=*/training && spec_.expert_bias && !replay);
+  if (training) apply_aux_losses(r, logits.data<float>(), seq_length, aux_loss_scale, replay);
   return r;
 }
 
 // The gating GEMM; under force load balancing, Megatron's RandomSTE: random logits from a
 // per-rank stream, identity backward.
-Tensor Router::gating(Routing& r, std::uint64_t rank, std::optional<std::uint64_t> replay_draw) {
+Tensor Router::gating(Routing& r, std::uint64_t rank, const RouterReplay* replay) {
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   Tensor logits_t({t_count, e}, DType::F32);
   gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(logits_t));
   if (spec_.force_load_balancing) {
     float* logits = logits_t.data<float>();
-    r.draw = replay_draw ? *replay_draw : calls_++;
-    const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), r.draw);
+    r.replay.draw = replay ? replay->draw : calls_++;
+    const CounterRng rng(spec_.seed + 0x9e37ull * (rank + 1), r.replay.draw);
     for (std::int64_t i = 0; i < t_count * e; ++i) logits[i] = static_cast<float>(rng.normal(static_cast<std::uint64_t>(i)));
   }
   return logits_t;
@@ -96,9 +104,43 @@ void Router::apply_z_loss(Routing& r, const float* logits, double scale) const {
   r.z_loss = spec_.z_loss_coeff * z / static_cast<double>(t_count);
 }
 
+// Quantile balancing (Megatron's qb_dual_update): the top-k of logits - qb_beta. A training
+// forward also estimates, per expert, the bias that would give it exactly c = T * k / E of the
+// micro-batch's assignments: with a_t the (k+1)-th largest shifted logit of token t, the
+// (c+1)-th largest of logits[t, e] - a_t over the tokens.
+void Router::quantile_select(Routing& r, const float* logits, bool update) {
+  const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
+  const int k = spec_.topk;
+  const float* beta = qb_beta.data<float>();
+  r.topk.assign(static_cast<std::size_t>(t_count * k), 0);
+  std::vector<float> shifted(static_cast<std::size_t>(e)), alpha(static_cast<std::size_t>(t_count));
+  std::vector<std::int32_t> top(static_cast<std::size_t>(k + 1));
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    for (std::int64_t j = 0; j < e; ++j) shifted[static_cast<std::size_t>(j)] = logits[t * e + j] - beta[j];
+    topk_rows(shifted.data(), 1, e, k + 1, top.data());
+    std::copy_n(top.begin(), k, r.topk.begin() + t * k);
+    alpha[static_cast<std::size_t>(t)] = shifted[static_cast<std::size_t>(top[static_cast<std::size_t>(k)])];
+  }
+  if (!update || t_count == 0) return;
+  if ((t_count * k) % e != 0)
+    throw InputError(fmt::format("Quantile balancing requires the number of routed assignments ({} tokens * top-{}) "
+                                 "to be divisible by {} experts.",
+                                 t_count, k, e));
+  const auto c = static_cast<std::size_t>(t_count * k / e);
+  std::vector<float> column(static_cast<std::size_t>(t_count));
+  float* accum = qb_beta_accum.data<float>();
+  for (std::int64_t j = 0; j < e; ++j) {
+    for (std::int64_t t = 0; t < t_count; ++t)
+      column[static_cast<std::size_t>(t)] = logits[t * e + j] - alpha[static_cast<std::size_t>(t)];
+    std::nth_element(column.begin(), column.begin() + static_cast<std::ptrdiff_t>(c), column.end(), std::greater<>());
+    accum[j] += column[c];
+  }
+  ++qb_beta_count;
+}
+
 // Scores (softmax before or after the top-k, or sigmoid plus the expert bias for selection only),
-// the top-k (group-limited when configured), the routed probabilities scaled by
-// moe_router_topk_scaling_factor, and the routing map.
+// the top-k (group-limited when configured; quantile balancing has chosen it already), the routed
+// probabilities scaled by moe_router_topk_scaling_factor, and the routing map.
 void Router::score_and_select(Routing& r, const float* logits) const {
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   const int k = spec_.topk;
@@ -106,7 +148,8 @@ void Router::score_and_select(Routing& r, const float* logits) const {
   float* scores = r.scores.data<float>();
   r.probs = Tensor({t_count, e}, DType::F32);
   float* probs = r.probs.data<float>();
-  r.topk.assign(static_cast<std::size_t>(t_count * k), 0);
+  const bool chosen = spec_.quantile_balancing;
+  if (!chosen) r.topk.assign(static_cast<std::size_t>(t_count * k), 0);
   r.routing_map.assign(static_cast<std::size_t>(t_count * e), 0);
   const bool sigmoid_scores = spec_.score_function == "sigmoid";
   std::vector<float> select_on(static_cast<std::size_t>(e));
@@ -118,17 +161,17 @@ void Router::score_and_select(Routing& r, const float* logits) const {
       sigmoid(lg, sc, e);
       for (std::int64_t j = 0; j < e; ++j)
         select_on[static_cast<std::size_t>(j)] = sc[j] + (spec_.expert_bias ? expert_bias.data<float>()[j] : 0.f);
-      select_topk(select_on.data(), e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!chosen) select_topk(select_on.data(), e, k, spec_.num_groups, spec_.group_topk, sel);
       double z = 0;
       for (int i = 0; i < k; ++i) z += sc[sel[i]];
       for (int i = 0; i < k; ++i)
         probs[t * e + sel[i]] = k > 1 ? static_cast<float>(sc[sel[i]] / (z + 1e-20)) : sc[sel[i]];
     } else if (spec_.pre_softmax) {
       softmax_rows(lg, sc, 1, e);
-      select_topk(sc, e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!chosen) select_topk(sc, e, k, spec_.num_groups, spec_.group_topk, sel);
       for (int i = 0; i < k; ++i) probs[t * e + sel[i]] = sc[sel[i]];
     } else {
-      select_topk(lg, e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!chosen) select_topk(lg, e, k, spec_.num_groups, spec_.group_topk, sel);
       std::vector<float> chosen(static_cast<std::size_t>(k)), p(static_cast<std::size_t>(k));
       for (int i = 0; i < k; ++i) chosen[static_cast<std::size_t>(i)] = lg[sel[i]];
       softmax_rows(chosen.data(), p.data(), 1, k);
@@ -188,13 +231,19 @@ void Router::count_tokens(Routing& r, bool for_bias) {
       local_tokens_per_expert.data<float>()[j] += static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
 }
 
-// Load-balancing loss (Megatron's switch_load_balancing_loss_func, per sequence for
-// seq_aux_loss) on the full score distribution and its own unbiased top-k; its gradient goes into
-// r.aux_grad.
-void Router::apply_aux_loss(Routing& r, const float* logits, std::int64_t seq_length, double scale) const {
+// The aux losses (Megatron's switch_load_balancing_loss_func) on the full score distribution and
+// its own unbiased top-k: coeff * E / (k * N^2) * sum_e count_e * sum_t p[t, e], with
+//   aux_loss         this micro-batch's counts, N its tokens;
+//   seq_aux_loss     the same per sequence b of Megatron's [S, B] order (token t = s * B + b), / B;
+//   global_aux_loss  the counts summed over global_aux_group, averaged over the global batch's
+//                    micro-batches so far; N the micro-batch's tokens over the group.
+// Their gradients, through the score function, go into r.aux_grad.
+void Router::apply_aux_losses(Routing& r, const float* logits, std::int64_t seq_length, double scale,
+                              const RouterReplay* replay) {
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   const int k = spec_.topk;
-  if (spec_.load_balancing == "none" || spec_.aux_loss_coeff <= 0 || t_count == 0) return;
+  const auto& coeffs = spec_.aux_loss_coeff;
+  if (t_count == 0 || std::none_of(coeffs.begin(), coeffs.end(), [](double c) { return c > 0; })) return;
   const float* scores = r.scores.data<float>();
   float* aux_grad = r.aux_grad.data<float>();
   const bool sigmoid_scores = spec_.score_function == "sigmoid";
@@ -211,26 +260,67 @@ void Router::apply_aux_loss(Routing& r, const float* logits, std::int64_t seq_le
   }
   std::vector<std::int32_t> top(static_cast<std::size_t>(t_count * k));
   topk_rows(p_aux.data(), t_count, e, k, top.data());
-  // seq_aux_loss: statistics per sequence b of Megatron's [S, B] order (token t = s * B + b).
-  const bool per_seq = spec_.load_balancing == "seq_aux_loss";
-  const std::int64_t b_count = per_seq ? t_count / seq_length : 1;
-  const std::int64_t s_count = per_seq ? seq_length : t_count;
-  std::vector<double> count(static_cast<std::size_t>(b_count * e), 0), mass(static_cast<std::size_t>(b_count * e), 0);
-  for (std::int64_t t = 0; t < t_count; ++t) {
-    const std::int64_t b = per_seq ? t % b_count : 0;
-    for (int i = 0; i < k; ++i) count[static_cast<std::size_t>(b * e + top[static_cast<std::size_t>(t * k + i)])] += 1;
-    for (std::int64_t j = 0; j < e; ++j) mass[static_cast<std::size_t>(b * e + j)] += p_aux[static_cast<std::size_t>(t * e + j)];
+  // d loss / d p_aux[t, j] = weight[b(t), j], summed over the losses that are on.
+  std::vector<double> weight_local(static_cast<std::size_t>(e), 0), weight_seq;
+  const std::int64_t b_count = t_count / seq_length;
+  // Each loss: its counts per group of tokens (`groups` of them, token t in group t % groups), its
+  // scale c; the loss is c * sum count * mass, its gradient c * count.
+  auto add_loss = [&](AuxLoss kind, std::int64_t groups, const std::vector<double>& count, double c,
+                      std::vector<double>& weight) {
+    std::vector<double> mass(static_cast<std::size_t>(groups * e), 0);
+    for (std::int64_t t = 0; t < t_count; ++t)
+      for (std::int64_t j = 0; j < e; ++j)
+        mass[static_cast<std::size_t>((t % groups) * e + j)] += p_aux[static_cast<std::size_t>(t * e + j)];
+    double loss = 0;
+    for (std::size_t i = 0; i < count.size(); ++i) loss += c * count[i] * mass[i];
+    at(r.aux_losses, kind) = loss;
+    weight.resize(count.size(), 0);
+    for (std::size_t i = 0; i < count.size(); ++i) weight[i] += c * count[i];
+  };
+  auto top_counts = [&](std::int64_t groups) {
+    std::vector<double> count(static_cast<std::size_t>(groups * e), 0);
+    for (std::int64_t t = 0; t < t_count; ++t)
+      for (int i = 0; i < k; ++i) count[static_cast<std::size_t>((t % groups) * e + top[static_cast<std::size_t>(t * k + i)])] += 1;
+    return count;
+  };
+  const double ek = static_cast<double>(e) / static_cast<double>(k);
+  const auto t_d = static_cast<double>(t_count);
+  if (const double coeff = at(coeffs, AuxLoss::aux_loss); coeff > 0)
+    add_loss(AuxLoss::aux_loss, 1, top_counts(1), ek * coeff / (t_d * t_d), weight_local);
+  if (const double coeff = at(coeffs, AuxLoss::seq_aux_loss); coeff > 0) {
+    const auto s = static_cast<double>(seq_length);
+    add_loss(AuxLoss::seq_aux_loss, b_count, top_counts(b_count), ek * coeff / (s * s * static_cast<double>(b_count)),
+             weight_seq);
   }
-  const double c = static_cast<double>(e) * spec_.aux_loss_coeff /
-                   (static_cast<double>(k) * static_cast<double>(s_count) * static_cast<double>(s_count) *
-                    static_cast<double>(b_count));
-  for (std::size_t i = 0; i < count.size(); ++i) r.aux_loss += c * count[i] * mass[i];
-  // d aux / d p_aux[t, j] = c * count[b(t), j], then back through the score function.
+  if (const double coeff = at(coeffs, AuxLoss::global_aux_loss); coeff > 0) {
+    std::vector<float>& mean = r.replay.global_tokens_per_expert;
+    const int ranks = global_aux_group ? global_aux_group->size() : 1;
+    if (replay) {
+      mean = replay->global_tokens_per_expert;
+    } else {
+      std::vector<double> local = top_counts(1);
+      std::vector<float> counts(local.begin(), local.end());
+      if (global_aux_group) global_aux_group->allreduce(counts.data(), static_cast<std::int64_t>(counts.size()), DType::F32);
+      float* total = global_tokens_per_expert.data<float>();
+      ++global_aux_steps;
+      mean.resize(static_cast<std::size_t>(e));
+      for (std::int64_t j = 0; j < e; ++j) {
+        total[j] += counts[static_cast<std::size_t>(j)];
+        mean[static_cast<std::size_t>(j)] = total[j] / static_cast<float>(global_aux_steps);
+      }
+    }
+    const double n = t_d * ranks;
+    add_loss(AuxLoss::global_aux_loss, 1, std::vector<double>(mean.begin(), mean.end()), ek * coeff / (n * n),
+             weight_local);
+  }
+  // Back through the score function.
   std::vector<float> dp(static_cast<std::size_t>(e)), dl(static_cast<std::size_t>(e));
   for (std::int64_t t = 0; t < t_count; ++t) {
-    const std::int64_t b = per_seq ? t % b_count : 0;
-    for (std::int64_t j = 0; j < e; ++j)
-      dp[static_cast<std::size_t>(j)] = static_cast<float>(scale * c * count[static_cast<std::size_t>(b * e + j)]);
+    for (std::int64_t j = 0; j < e; ++j) {
+      double w = weight_local.empty() ? 0 : weight_local[static_cast<std::size_t>(j)];
+      if (!weight_seq.empty()) w += weight_seq[static_cast<std::size_t>((t % b_count) * e + j)];
+      dp[static_cast<std::size_t>(j)] = static_cast<float>(scale * w);
+    }
     if (sigmoid_scores) {
       double z = 0, dot = 0;
       for (std::int64_t j = 0; j < e; ++j) {
@@ -314,6 +404,34 @@ void Router::update_expert_bias() {
     bias[j] += static_cast<float>(spec_.bias_update_rate * ((d > 0) - (d < 0)));
     count[j] = 0.f;
   }
+}
+
+std::vector<float> Router::qb_local_mean() const {
+  const float* accum = qb_beta_accum.data<float>();
+  const float count = static_cast<float>(std::max<std::int64_t>(qb_beta_count, 1));
+  std::vector<float> mean(static_cast<std::size_t>(spec_.num_experts));
+  for (std::size_t j = 0; j < mean.size(); ++j) mean[j] = accum[j] / count;
+  return mean;
+}
+
+void Router::update_qb_beta(const float* dp_mean) {
+  float* beta = qb_beta.data<float>();
+  const std::int64_t e = spec_.num_experts;
+  const auto ema = static_cast<float>(spec_.quantile_balancing_ema);
+  float centre = 0;
+  for (std::int64_t j = 0; j < e; ++j) {
+    beta[j] = ema * beta[j] + (1 - ema) * dp_mean[j];
+    centre += beta[j];
+  }
+  centre /= static_cast<float>(e);
+  for (std::int64_t j = 0; j < e; ++j) beta[j] -= centre;
+  qb_beta_accum.zero();
+  qb_beta_count = 0;
+}
+
+void Router::reset_global_aux_loss() {
+  global_tokens_per_expert.zero();
+  global_aux_steps = 0;
 }
 
 Routing random_topk_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed) {

@@ -15,7 +15,9 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
   const double moe_layers = std::max(1, model.spec().num_moe_layers());
   std::vector<MicroBatchLosses> out(static_cast<std::size_t>(num_micro_batches));
   const auto record = [&](int j, const GPTModel::Context& ctx) {
-    out[static_cast<std::size_t>(j)] = {ctx.loss, ctx.aux_loss / moe_layers};
+    MicroBatchLosses& l = out[static_cast<std::size_t>(j)];
+    l.lm_loss = ctx.loss;
+    for (AuxLoss k : kAuxLosses) at(l.aux_losses, k) = at(ctx.aux_losses, k) / moe_layers;
   };
 
   if (!options.ep_overlap) {  // forward_backward_no_pipelining

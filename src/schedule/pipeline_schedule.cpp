@@ -149,7 +149,8 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
       else
         transfers.send_activation(f->x, v, j);
       f->x = Tensor();
-      l.aux_loss += f->ctx.aux_loss / moe_layers;  // this chunk's MoE layers' share of the mean
+      for (AuxLoss k : kAuxLosses)  // this chunk's MoE layers' share of the mean
+        at(l.aux_losses, k) += at(f->ctx.aux_losses, k) / moe_layers;
     }
     if (b) {
       const auto [v, j] = *step.backward;

@@ -11,6 +11,7 @@
 #include "epx/check/group_limited_routing.hpp"
 #include "epx/check/pipeline_split.hpp"
 #include "epx/config/mixed_precision.hpp"
+#include "epx/config/schema.hpp"
 #include "epx/config/scheduler_steps.hpp"
 #include "epx/schedule/pipeline.hpp"
 
@@ -120,12 +121,31 @@ MoESpec moe_spec_from_config(const Config& c) {
   }
   s.expert_bias = m.moe_router_enable_expert_bias;
   s.bias_update_rate = m.moe_router_bias_update_rate;
-  s.load_balancing = m.moe_router_load_balancing_type;
-  if (s.load_balancing != "aux_loss" && s.load_balancing != "seq_aux_loss" && s.load_balancing != "none")
-    bad(c, "model.moe_router_load_balancing_type", s.load_balancing,
-        "epx supports aux_loss, seq_aux_loss and none (global_aux_loss and sinkhorn are not "
-        "implemented)");
-  s.aux_loss_coeff = m.moe_aux_loss_coeff;
+  // As Megatron's router reads them: a coefficient per aux loss, and sinkhorn or quantile
+  // balancing only as the one type (inside a list they do nothing: moe.load_balancing_list_ignores).
+  const auto& types = m.moe_router_load_balancing_type;
+  const std::string types_text = field_text(c, "model.moe_router_load_balancing_type");
+  if (types.is("sinkhorn"))
+    bad(c, "model.moe_router_load_balancing_type", types_text,
+        "epx has no Sinkhorn routing; it runs aux_loss, seq_aux_loss, global_aux_loss (any of them as a list), "
+        "quantile_balancing and none");
+  if (types.is_list != m.moe_aux_loss_coeff.is_list || types.values.size() != m.moe_aux_loss_coeff.values.size())
+    if (types.is_list || std::any_of(kAuxLosses.begin(), kAuxLosses.end(), [&](AuxLoss k) { return types.is(aux_loss_type(k)); }))
+      bad(c, "model.moe_aux_loss_coeff", field_text(c, "model.moe_aux_loss_coeff"),
+          fmt::format("[moe.aux_loss_coeff_list] give one coefficient per load-balancing type ({})", types_text));
+  for (AuxLoss k : kAuxLosses) at(s.aux_loss_coeff, k) = aux_loss_coeff(m, aux_loss_type(k));
+  s.quantile_balancing = types.is("quantile_balancing");
+  s.quantile_balancing_ema = m.moe_router_quantile_balancing_ema;
+  if (s.quantile_balancing) {
+    if (s.group_topk > 0)
+      bad(c, "model.moe_router_group_topk", std::to_string(s.group_topk),
+          "[moe.quantile_balancing_router] Quantile balancing routing does not support group-limited routing.");
+    if (s.topk >= s.num_experts)
+      bad(c, "model.moe_router_topk", std::to_string(s.topk),
+          fmt::format("quantile balancing compares each token's top-k with its (k+1)-th expert, so topk must be below "
+                      "num_moe_experts ({})",
+                      s.num_experts));
+  }
   s.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
   s.force_load_balancing = m.moe_router_force_load_balancing;
 
@@ -146,6 +166,11 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.seed = static_cast<std::uint64_t>(c.rng.seed);
   s.seq_length = m.seq_length;
   s.micro_batch = c.train.micro_batch_size.value_or(1);
+  if (s.quantile_balancing && (s.tokens() * s.topk) % s.num_experts != 0)
+    bad(c, "train.micro_batch_size", std::to_string(s.micro_batch),
+        fmt::format("[moe.quantile_balancing_assignments] Quantile balancing requires the number of routed assignments "
+                    "({} tokens * top-{}) to be divisible by {} experts.",
+                    s.tokens(), s.topk, s.num_experts));
   return s;
 }
 

@@ -108,10 +108,19 @@ class Trainer {
   IterationLog train_step(int it);
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
-  // The coefficient of the load-balancing loss Megatron logs (aux_loss or seq_aux_loss); 0: none.
-  double load_balancing_coeff() const {
+  // The coefficient of an aux loss Megatron logs; 0: not logged.
+  double load_balancing_coeff(AuxLoss k) const {
     const auto& moe = job_.model.moe;
-    return moe && moe->load_balancing != "none" && job_.model.num_moe_layers() > 0 ? moe->aux_loss_coeff : 0;
+    return moe && job_.model.num_moe_layers() > 0 ? at(moe->aux_loss_coeff, k) : 0;
+  }
+  void update_quantile_balancing();
+  // Each aux loss that is on, as Megatron's log line names it: " load_balancing_loss: 1.0E+00 |".
+  std::string load_balancing_text(const IterationLog& log) const {
+    std::string out;
+    for (AuxLoss k : kAuxLosses)
+      if (load_balancing_coeff(k) > 0)
+        out += fmt::format(" {}: {:.6E} |", aux_loss_log_name(k), python_nan(at(log.load_balancing_losses, k)));
+    return out;
   }
   // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
   struct SteadyState {
@@ -149,7 +158,8 @@ std::vector<std::unique_ptr<GPTModel>> Trainer::build_chunks() {
     out.push_back(std::make_unique<GPTModel>(
         job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
         MoELayerOptions{.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
-                        .rank = static_cast<std::uint64_t>(world_.rank())},
+                        .rank = static_cast<std::uint64_t>(world_.rank()),
+                        .global_aux_group = &groups_.router_counts()},
         ModelChunk{pl.layers[static_cast<std::size_t>(stage_)][static_cast<std::size_t>(v)], pl.first_virtual(stage_, v),
                    pl.last_virtual(stage_, v)}));
   return out;
@@ -206,6 +216,26 @@ void Trainer::log_start(const TrainResult& r) const {
        << std::flush;
 }
 
+// Megatron's _update_router_qb_beta: each router's estimates averaged over its micro-batches, then
+// over DP x CP (all of this stage's routers in one all-reduce), into the EMA.
+void Trainer::update_quantile_balancing() {
+  const std::vector<MoELayer*> layers = moe_layers();
+  if (layers.empty() || !job_.model.moe->quantile_balancing) return;
+  const auto e = static_cast<std::size_t>(job_.model.moe->num_experts);
+  std::vector<float> means;
+  for (MoELayer* l : layers) {
+    const std::vector<float> m = l->router.qb_local_mean();
+    means.insert(means.end(), m.begin(), m.end());
+  }
+  Communicator& dp_group = groups_.get(GroupKind::dp_cp);
+  if (dp_group.size() > 1) {
+    stream_.run([&] { dp_group.allreduce(means.data(), static_cast<std::int64_t>(means.size()), DType::F32); },
+                "quantile balancing");
+    for (float& v : means) v /= static_cast<float>(dp_group.size());
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->router.update_qb_beta(means.data() + i * e);
+}
+
 // Megatron's finalize_model_grads, then the expert-bias update and clipping: gradients summed over
 // DP (experts over EDP) and scaled by 1 / DP. Returns the gradient norm before clipping (over
 // every stage's weights).
@@ -219,6 +249,8 @@ double Trainer::finalize_gradients() {
       if (dp_group.size() > 1) stream_.run([&] { dp_group.allreduce(counts.raw(), counts.numel(), DType::F32); }, "expert-bias counts");
       l->router.update_expert_bias();
     }
+  update_quantile_balancing();
+  for (MoELayer* l : moe_layers()) l->router.reset_global_aux_loss();
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
   float expert_sq = static_cast<float>(grad_sum_of_squares(experts_));
@@ -255,7 +287,7 @@ IterationLog Trainer::train_step(int it) {
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
   for (auto& c : chunks_) c->zero_grad();
   reducer_.start(static_cast<int>(micro_batches));
-  double sums[2] = {0, 0};  // lm loss, load-balancing loss (summed over micro-batches)
+  double sums[1 + kAuxLosses.size()] = {};  // lm loss, each aux loss (summed over micro-batches)
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);
   };
@@ -270,7 +302,7 @@ IterationLog Trainer::train_step(int it) {
   }
   for (const MicroBatchLosses& l : losses) {
     sums[0] += l.lm_loss;
-    sums[1] += l.aux_loss;
+    for (std::size_t k = 0; k < kAuxLosses.size(); ++k) sums[k + 1] += l.aux_losses[k];
   }
   double grad_norm = 0;
   {
@@ -282,8 +314,9 @@ IterationLog Trainer::train_step(int it) {
     adam_.step(job_.lr.at(it - 1));
     if (job_.grad_reduce.distributed) reducer_.gather_params(job_.grad_reduce.overlap_param_gather);
   }
-  float reduced[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
-  world_.allreduce(reduced, 2, DType::F32);
+  float reduced[1 + kAuxLosses.size()];
+  for (std::size_t i = 0; i < std::size(reduced); ++i) reduced[i] = static_cast<float>(sums[i]);
+  world_.allreduce(reduced, std::size(reduced), DType::F32);
   const double step_s = seconds(Clock::now() - t0);
 
   IterationLog log;
@@ -296,10 +329,14 @@ IterationLog Trainer::train_step(int it) {
   // own layers' share of the load-balancing loss.
   const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);
   log.lm_loss = reduced[0] / (static_cast<double>(micro_batches) * replicas);
-  // As Megatron's MoE metrics tracker logs it: the aux loss without its coefficient, the mean
-  // over the MoE layers (the schedule's losses already are) and the micro-batches.
-  if (const double coeff = load_balancing_coeff(); coeff > 0)
-    log.load_balancing_loss = reduced[1] / (static_cast<double>(micro_batches) * replicas) / coeff;
+  // As Megatron's MoE metrics tracker logs them: each aux loss without its coefficient, the mean
+  // over the MoE layers (the schedule's losses already are) and the micro-batches; summed over
+  // TP x DP x CP for the global aux loss (whose tokens are all of them), else averaged over DP.
+  for (AuxLoss k : kAuxLosses)
+    if (const double coeff = load_balancing_coeff(k); coeff > 0)
+      at(log.load_balancing_losses, k) = reduced[1 + static_cast<std::size_t>(k)] /
+                                         (static_cast<double>(micro_batches) * (k == AuxLoss::global_aux_loss ? 1 : replicas)) /
+                                         coeff;
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
   log.mem_allocated = mem.allocated_bytes;
@@ -319,11 +356,7 @@ void Trainer::training_log(const IterationLog& log) const {
                         "number of nan iterations: {:3d} |\n",
                         timestamp(), it, iters, log.consumed_samples, log.step_s * 1e3, log.tflops_per_rank, log.lr,
                         job_.global_batch, python_nan(log.lm_loss),
-                        load_balancing_coeff() > 0 ? fmt::format(" {}: {:.6E} |", job_.model.moe->load_balancing == "seq_aux_loss"
-                                                                                       ? "seq_load_balancing_loss"
-                                                                                       : "load_balancing_loss",
-                                                                   python_nan(log.load_balancing_loss))
-                                                   : "",
+                        load_balancing_text(log),
                         python_nan(log.grad_norm), std::isfinite(log.lm_loss) ? 0 : 1)
          << std::flush;
   if (options_.log && rank == 0)
@@ -493,11 +526,14 @@ double PipelineStats::bubble(int stage) const {
 
 nlohmann::json TrainResult::to_json() const {
   nlohmann::json its = nlohmann::json::array();
-  for (const IterationLog& i : iterations)
+  for (const IterationLog& i : iterations) {
     its.push_back({{"iteration", i.iteration}, {"consumed_samples", i.consumed_samples}, {"step_time_s", i.step_s},
                    {"tflops_per_rank", i.tflops_per_rank}, {"learning_rate", i.lr}, {"lm_loss", i.lm_loss},
-                   {"load_balancing_loss", i.load_balancing_loss}, {"grad_norm", i.grad_norm},
-                   {"mem_allocated_bytes", i.mem_allocated}, {"mem_max_allocated_bytes", i.mem_max_allocated}});
+                   {"grad_norm", i.grad_norm}, {"mem_allocated_bytes", i.mem_allocated},
+                   {"mem_max_allocated_bytes", i.mem_max_allocated}});
+    for (AuxLoss k : kAuxLosses)  // the aux losses that are on, by the log's names (one that is on is not 0)
+      if (at(i.load_balancing_losses, k) != 0) its.back()[aux_loss_log_name(k)] = at(i.load_balancing_losses, k);
+  }
   nlohmann::json summary{{"steady_state_iterations", {steady_first, steady_last}},
                          {"mean_step_time_s", mean_step_s},
                          {"tflops_per_rank", tflops_per_rank},

@@ -57,7 +57,7 @@ Result run(const Case& c, const MoESpec& spec, std::unique_ptr<TokenDispatcher> 
     MoELayer::Context ctx;
     r.y = layer.forward(x.chunk(rank, world), ctx);
     r.dx = layer.backward(ctx, dy.chunk(rank, world));
-    r.aux = ctx.routing.aux_loss;
+    r.aux = at(ctx.routing.aux_losses, AuxLoss::aux_loss);
   }
   layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
   r.grads = layer.grad_tensors();
@@ -87,7 +87,7 @@ void run_case(const Case& c) {
   spec.dtype = c.dtype;
   spec.seq_length = c.seq;
   spec.micro_batch = 2;
-  spec.aux_loss_coeff = 1e-2;
+  at(spec.aux_loss_coeff, AuxLoss::aux_loss) = 1e-2;
   if (c.mode != Case::dropless) spec.capacity_factor = 1.0;
   spec.pad_to_capacity = c.mode == Case::pad;
   spec.init_std = 0.2;

@@ -44,7 +44,7 @@ MoESpec spec_for(const Case& c) {
   s.dtype = c.dtype;
   s.seq_length = 16;  // divisible by 1, 2 and 4 ranks
   s.micro_batch = 2;
-  s.aux_loss_coeff = c.aux;
+  at(s.aux_loss_coeff, AuxLoss::aux_loss) = c.aux;
   s.z_loss_coeff = c.aux;
   if (c.mode != Case::dropless) s.capacity_factor = 1.0;
   s.pad_to_capacity = c.mode == Case::pad;
@@ -101,7 +101,7 @@ void run_case(const Case& c) {
     if (r == rank) {
       ref_y = y;
       ref_dx = dx;
-      ref_aux = ctx.routing.aux_loss;
+      ref_aux = at(ctx.routing.aux_losses, AuxLoss::aux_loss);
     }
   }
   const TensorMap ref_grads = g.layer.grad_tensors();
@@ -119,7 +119,7 @@ void run_case(const Case& c) {
 
   expect_close(ref_y, y, tol, "output");
   expect_close(ref_dx, dx, tol, "input gradient");
-  EXPECT_NEAR(ctx.routing.aux_loss, ref_aux, 1e-6 + 1e-5 * std::fabs(ref_aux));
+  EXPECT_NEAR(at(ctx.routing.aux_losses, AuxLoss::aux_loss), ref_aux, 1e-6 + 1e-5 * std::fabs(ref_aux));
   // Each gradient this rank owns, compared on its shard (the rest of an ETP-split tensor is 0;
   // random weights are nonzero exactly on the shard).
   const TensorMap weights = layer.weight_tensors(), grads = layer.grad_tensors();
@@ -210,6 +210,44 @@ TEST(DistributedLayer, BitwiseEqualToOneGlobalRun) {
     if (name == "grad.mlp.router.weight") expect_close(want, grad, 1e-6, name);
     else expect_same(want, grad, name);
   }
+}
+
+// Megatron's global aux loss over DP ranks, one micro-batch each: its counts are every rank's
+// tokens, N all of them, so the ranks' losses sum to the plain aux loss of one run over all the
+// tokens, and each token's gradient is that run's (the router's gradient summed over ranks).
+TEST(DistributedLayer, GlobalAuxLossIsTheAuxLossOfEveryRanksTokens) {
+  const int world = mpi().size(), rank = mpi().rank();
+  MoESpec spec = spec_for({.ep = 0, .topk = 2});
+  at(spec.aux_loss_coeff, AuxLoss::aux_loss) = 0.1;  // large, so the aux gradient is visible
+  Global g = make_global(spec, {}, 11);
+  const Tensor dy = Tensor(g.dy.shape(), spec.dtype);  // the aux loss's gradient alone
+  g.layer.zero_grad();
+  MoELayer::Context ref_ctx;
+  g.layer.forward(g.x, ref_ctx);
+  const Tensor ref_dx = g.layer.backward(ref_ctx, dy).chunk(rank, world);
+  const double ref_aux = at(ref_ctx.routing.aux_losses, AuxLoss::aux_loss);
+  const Tensor ref_grad = g.layer.grad_tensors().at("grad.mlp.router.weight");
+
+  spec.aux_loss_coeff = {0, 0, 0.1};
+  ProcessGroups groups(mpi().world(), ParallelLayout::make(world, 1, 1, 1, world, 1));
+  CommStream stream;
+  MoELayer layer(spec, make_alltoall_dispatcher(spec.num_experts, groups, stream),
+                 {.global_aux_group = &groups.router_counts()});
+  layer.load_weights(g.layer.weight_tensors(), "global");
+  layer.zero_grad();
+  MoELayer::Context ctx;
+  layer.forward(g.x.chunk(rank, world), ctx);
+  const Tensor dx = layer.backward(ctx, dy.chunk(rank, world));
+  layer.reduce_gradients(groups.get(GroupKind::tp_cp_dp), groups.get(GroupKind::edp));
+  auto aux = static_cast<float>(at(ctx.routing.aux_losses, AuxLoss::global_aux_loss));
+  mpi().world().allreduce(&aux, 1, DType::F32);
+  EXPECT_NEAR(aux, ref_aux, 1e-5 * ref_aux);
+  double norm = 0;
+  for (std::int64_t i = 0; i < ref_dx.numel(); ++i) norm += std::fabs(ref_dx.get(i));
+  EXPECT_GT(norm, 0.0) << "no aux gradient to compare";
+  expect_close(ref_dx, dx, 1e-5, "input gradient");
+  expect_close(ref_grad, layer.grad_tensors().at("grad.mlp.router.weight"), 1e-5, "router gradient");
+  EXPECT_EQ(layer.router.global_aux_steps, 1);
 }
 
 }  // namespace

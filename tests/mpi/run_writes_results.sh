@@ -21,6 +21,14 @@ expect "$dir/r.json" '"expert_model_parallel_size": 2'
 expect "$dir/r.json" '"lm_loss"'
 expect "$dir/t.json" '"name":"dispatch"'
 expect "$dir/t.json" '"pid":1'
+# Two aux losses as a list, each logged by Megatron's name. The global one sums the counts over
+# both ranks: about 1 as well.
+log=$("$mpirun" --oversubscribe -np 2 "$epx" run qwen3_30b_a3b_proxy --max_steps 2 model.num_layers=1 \
+  model.seq_length=64 'model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]' \
+  'model.moe_aux_loss_coeff=[1e-3,1e-3]' --results "$dir/lb.json" 2>&1) || { echo "$log"; exit 1; }
+echo "$log" > "$dir/lb.log"
+expect "$dir/lb.log" ' load_balancing_loss: ([0-9]\.[0-9]+E\+00|[5-9]\.[0-9]+E-01) \| global_load_balancing_loss: ([0-9]\.[0-9]+E\+00|[5-9]\.[0-9]+E-01) \|'
+expect "$dir/lb.json" '"global_load_balancing_loss"'
 # Another run's trace (1 rank, 2 iterations) is refused, not read as this run's.
 "$mpirun" --oversubscribe -np 1 "$epx" run qwen3_30b_a3b_proxy -ep 1 --max_steps 2 model.num_layers=1 \
   model.seq_length=64 --trace "$dir/other.json" >/dev/null 2>&1

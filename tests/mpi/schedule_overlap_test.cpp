@@ -54,7 +54,7 @@ StepResult one_step(const std::vector<std::string>& overrides, const ScheduleOpt
   };
   for (const MicroBatchLosses& l : forward_backward(model, micro_batches, batch, schedule)) {
     out.losses.push_back(l.lm_loss);
-    out.losses.push_back(l.aux_loss);
+    out.losses.insert(out.losses.end(), l.aux_losses.begin(), l.aux_losses.end());
   }
   for (const Param* p : model.params()) {
     const float* g = p->grad.data<float>();

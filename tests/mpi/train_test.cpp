@@ -110,6 +110,37 @@ TEST(Training, EpOverlapAcrossPipelineStagesGivesTheSameLossesBitwise) {
   }
 }
 
+// Every aux loss at once (the global one's counts summed over DP on the compute thread), and
+// quantile balancing (its bias averaged over DP once per iteration): the EP-overlap schedule,
+// recompute and the interleaved pipeline take each router's micro-batches in the same order, and
+// a recompute counts nothing again, so the losses are bitwise the plain schedule's.
+TEST(Training, LoadBalancingIsTheSameUnderEveryScheduleBitwise) {
+  using Overrides = std::vector<std::string>;
+  const auto with = [](Overrides a, const Overrides& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const Overrides overlap{"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"};
+  const Overrides full{"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"};
+  const Overrides none{"model.bf16=true", "model.moe_router_load_balancing_type=none"};
+  for (const Overrides& balancing :
+       {Overrides{"model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss,global_aux_loss]",
+                  "model.moe_aux_loss_coeff=[1e-2,1e-2,1e-1]"},
+        Overrides{"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_aux_loss_coeff=0.0",
+                  "model.moe_router_quantile_balancing_ema=0.5"}}) {
+    const Overrides o = with({"model.bf16=true"}, balancing);
+    const std::vector<double> plain = losses(mpi().world(), o);
+    EXPECT_NE(plain, losses(mpi().world(), none)) << balancing[0] << " changes nothing";
+    EXPECT_EQ(plain, losses(mpi().world(), with(o, overlap))) << balancing[0];
+    EXPECT_EQ(plain, losses(mpi().world(), with(o, full))) << balancing[0];
+    if (mpi().size() == 4) {  // PP 2 x EP 2, interleaved: each stage's DP group balances its own routers
+      const Overrides pp = with(o, {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.pipeline_model_parallel_size=2",
+                                    "model.expert_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"});
+      EXPECT_EQ(losses(mpi().world(), pp), losses(mpi().world(), with(pp, overlap))) << balancing[0];
+    }
+  }
+}
+
 TEST(Training, SameSeedSameLossesBitwise) {
   const std::vector<std::string> o{"model.bf16=true"};
   EXPECT_EQ(losses(mpi().world(), o), losses(mpi().world(), o));

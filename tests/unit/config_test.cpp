@@ -119,7 +119,23 @@ TEST(ConfigOverrides, TypesAndNulls) {
   apply_override(c, "model.moe_expert_capacity_factor=null");
   EXPECT_FALSE(c.model.moe_expert_capacity_factor.has_value());
   apply_override(c, "model.moe_router_load_balancing_type=none");  // a value, not null
-  EXPECT_EQ(c.model.moe_router_load_balancing_type, "none");
+  EXPECT_TRUE(c.model.moe_router_load_balancing_type.is("none"));
+  // Megatron's Union[str, List[str]]: a list is kept as one, and a list of one is no string.
+  apply_override(c, "model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]");
+  apply_override(c, "model.moe_aux_loss_coeff=[1e-3, 1e-4]");
+  EXPECT_EQ(c.model.moe_router_load_balancing_type.values, (StringList{"aux_loss", "global_aux_loss"}));
+  EXPECT_DOUBLE_EQ(aux_loss_coeff(c.model, "global_aux_loss"), 1e-4);
+  EXPECT_DOUBLE_EQ(aux_loss_coeff(c.model, "seq_aux_loss"), 0.0);
+  apply_override(c, "model.moe_router_load_balancing_type=[sinkhorn]");
+  EXPECT_TRUE(c.model.moe_router_load_balancing_type.is_list);
+  EXPECT_FALSE(c.model.moe_router_load_balancing_type.is("sinkhorn"));
+  EXPECT_NE(error_of([&] { apply_override(c, "model.moe_router_load_balancing_type=aux_loss,seq_aux_loss"); })
+                .find("is one name, got 'aux_loss,seq_aux_loss'; write several as a list: [aux_loss,seq_aux_loss]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(c, "model.moe_aux_loss_coeff=[]"); }).find("moe_aux_loss_coeff is an empty list"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(c, "model.moe_aux_loss_coeff=[0.1,x]"); }).find("expects a finite number"),
+            std::string::npos);
   apply_override(c, "model.moe_layer_freq=([0]*1+[1]*3)");
   EXPECT_EQ(c.model.moe_layer_freq.pattern, (std::vector<Int>{0, 1, 1, 1}));
 }

@@ -28,7 +28,7 @@ MoESpec small_spec() {
   s.shared_ffn = 8;
   s.seq_length = 8;
   s.micro_batch = 2;
-  s.aux_loss_coeff = 0.1;  // large, so the injected gradients are visible in the check
+  at(s.aux_loss_coeff, AuxLoss::aux_loss) = 0.1;  // large, so the injected gradients are visible in the check
   s.z_loss_coeff = 0.01;
   s.init_std = 0.3;
   return s;
@@ -59,6 +59,7 @@ void check_layer_gradients(const Case& c, bool losses_only) {
   const double atol = losses_only ? 2e-5 : 1e-3;
 
   MoELayer::Context ctx;
+  layer.router.reset_global_aux_loss();  // each forward is a global batch of one micro-batch
   layer.forward(x, ctx);
   const auto base_map = ctx.routing.routing_map;
   const bool expert0_idle = ctx.routing.tokens_per_expert[0] == 0;
@@ -76,9 +77,12 @@ void check_layer_gradients(const Case& c, bool losses_only) {
   bool routing_changed = false;
   auto loss = [&] {
     MoELayer::Context c;
+    layer.router.reset_global_aux_loss();
     const Tensor y = layer.forward(x, c);
     routing_changed |= c.routing.routing_map != base_map;
-    return dot(y, g) + c.routing.aux_loss + c.routing.z_loss;
+    double aux = 0;
+    for (double v : c.routing.aux_losses) aux += v;
+    return dot(y, g) + aux + c.routing.z_loss;
   };
   // Finite differences are only meaningful where the discrete routing does not change: if a
   // step flips a near-tied top-k choice, retry with a smaller one.
@@ -122,7 +126,23 @@ INSTANTIATE_TEST_SUITE_P(
                s.num_groups = 3;
                s.group_topk = 2;
              }},
-        Case{"seq_aux_loss", [](MoESpec& s) { s.load_balancing = "seq_aux_loss"; }},
+        Case{"seq_aux_loss", [](MoESpec& s) { s.aux_loss_coeff = {0, 0.1, 0}; }},
+        Case{"aux_and_seq_aux_loss", [](MoESpec& s) { s.aux_loss_coeff = {0.05, 0.1, 0}; }},
+        Case{"global_aux_loss_sigmoid",
+             [](MoESpec& s) {
+               s.aux_loss_coeff = {0, 0, 0.1};
+               s.score_function = "sigmoid";
+             }},
+        // Selection by the logits minus a bias; the probabilities and their gradient as top-k's.
+        Case{"quantile_balancing",
+             [](MoESpec& s) {
+               s.quantile_balancing = true;
+               s.aux_loss_coeff = {};
+               s.topk = 3;  // 16 tokens x top-3 split evenly over 6 experts
+             },
+             [](MoELayer& l) {
+               for (std::int64_t j = 0; j < 6; ++j) l.router.qb_beta.set(j, 0.1f * static_cast<float>(j % 4) - 0.15f);
+             }},
         Case{"top1_no_shared", [](MoESpec& s) { s.topk = 1; s.shared_ffn = 0; }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
@@ -258,6 +278,142 @@ TEST(Router, ExpertBiasMovesTowardsBalance) {
     }
     EXPECT_EQ(layer.router.local_tokens_per_expert.get(e), 0.f);
   }
+}
+
+// Megatron's logits, the aux losses' scores (softmax over all experts) and their own top-k, naively.
+struct NaiveScores {
+  std::vector<std::vector<double>> logits, p;
+  std::vector<std::vector<int>> top;
+};
+NaiveScores naive_scores(const Router& router, const Tensor& x, int k) {
+  const std::int64_t t_count = x.dim(0), h = x.dim(1), e = router.weight.master.dim(0);
+  NaiveScores s;
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    std::vector<double> l(static_cast<std::size_t>(e)), p(l.size());
+    double z = 0, m = -1e300;
+    for (std::int64_t j = 0; j < e; ++j) {
+      for (std::int64_t i = 0; i < h; ++i) l[static_cast<std::size_t>(j)] += x.get(t * h + i) * router.weight.master.get(j * h + i);
+      m = std::max(m, l[static_cast<std::size_t>(j)]);
+    }
+    for (std::int64_t j = 0; j < e; ++j) z += p[static_cast<std::size_t>(j)] = std::exp(l[static_cast<std::size_t>(j)] - m);
+    for (double& v : p) v /= z;
+    std::vector<int> order(static_cast<std::size_t>(e));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[static_cast<std::size_t>(a)] > p[static_cast<std::size_t>(b)]; });
+    order.resize(static_cast<std::size_t>(k));
+    s.logits.push_back(l);
+    s.p.push_back(p);
+    s.top.push_back(order);
+  }
+  return s;
+}
+
+// Megatron's global_aux_loss: micro-batch j weighs each expert by the mean of the global batch's
+// counts so far (micro-batches 1..j), N the micro-batch's tokens; one micro-batch after a restart
+// is the plain aux loss. A recompute reuses the counts and counts nothing again.
+TEST(Router, GlobalAuxLossAveragesTheCountsOfTheGlobalBatchSoFar) {
+  MoESpec spec = small_spec();
+  spec.aux_loss_coeff = {0, 0, 0.1};
+  spec.seq_length = 32;
+  spec.micro_batch = 1;
+  MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
+  layer.init_weights(5);
+  const std::int64_t e = spec.num_experts;
+  const int k = spec.topk;
+  std::vector<double> counts(static_cast<std::size_t>(e), 0);
+  for (int j = 1; j <= 3; ++j) {
+    const Tensor x = randn({32, spec.hidden}, 20 + static_cast<std::uint64_t>(j));
+    const NaiveScores s = naive_scores(layer.router, x, k);
+    for (const auto& top : s.top)
+      for (int i : top) counts[static_cast<std::size_t>(i)] += 1;
+    double want = 0;
+    for (std::int64_t t = 0; t < 32; ++t)
+      for (std::int64_t i = 0; i < e; ++i)
+        want += s.p[static_cast<std::size_t>(t)][static_cast<std::size_t>(i)] * counts[static_cast<std::size_t>(i)] / j;
+    want *= 0.1 * static_cast<double>(e) / (k * 32.0 * 32.0);
+    const Routing r = layer.router.forward(x, 32, true);
+    EXPECT_NEAR(at(r.aux_losses, AuxLoss::global_aux_loss), want, 1e-6 * want) << "micro-batch " << j;
+    EXPECT_EQ(at(r.aux_losses, AuxLoss::aux_loss), 0.0);
+    const Routing again = layer.router.forward(x, 32, true, 1.0, 0, &r.replay);
+    EXPECT_EQ(at(again.aux_losses, AuxLoss::global_aux_loss), at(r.aux_losses, AuxLoss::global_aux_loss));
+    EXPECT_EQ(std::memcmp(again.aux_grad.raw(), r.aux_grad.raw(), r.aux_grad.nbytes()), 0);
+    EXPECT_EQ(layer.router.global_aux_steps, j);
+  }
+  layer.router.reset_global_aux_loss();
+  MoESpec plain = spec;
+  plain.aux_loss_coeff = {0.1, 0, 0};
+  Router aux(plain);
+  aux.weight.master.copy_from(layer.router.weight.master);
+  const Tensor x = randn({32, spec.hidden}, 30);
+  const Routing g = layer.router.forward(x, 32, true), a = aux.forward(x, 32, true);
+  EXPECT_EQ(at(g.aux_losses, AuxLoss::global_aux_loss), at(a.aux_losses, AuxLoss::aux_loss));
+  EXPECT_EQ(std::memcmp(g.aux_grad.raw(), a.aux_grad.raw(), a.aux_grad.nbytes()), 0);
+}
+
+// Megatron's quantile balancing: the top-k of logits - qb_beta; each training forward estimates,
+// per expert, the (c+1)-th largest of logits[:, e] - a_t (a_t: token t's (k+1)-th shifted logit,
+// c = T * k / E); once per global batch the mean estimate enters the EMA, recentred.
+TEST(Router, QuantileBalancingSelectsByShiftedLogitsAndEstimatesTheBias) {
+  MoESpec spec = small_spec();
+  spec.aux_loss_coeff = {};
+  spec.quantile_balancing = true;
+  spec.quantile_balancing_ema = 0.25;
+  const std::int64_t e = spec.num_experts, tokens = 30;  // 30 x top-2 = 60 assignments, 10 per expert
+  const int k = spec.topk;
+  MoELayer layer(spec, make_local_dispatcher(e));
+  layer.init_weights(6);
+  const std::vector<float> beta0 = {0.2f, -0.1f, 0.f, 0.05f, -0.3f, 0.15f};
+  for (std::int64_t j = 0; j < e; ++j) layer.router.qb_beta.set(j, beta0[static_cast<std::size_t>(j)]);
+  std::vector<double> estimate_sum(static_cast<std::size_t>(e), 0);
+  for (int mb = 0; mb < 2; ++mb) {
+    const Tensor x = randn({tokens, spec.hidden}, 40 + static_cast<std::uint64_t>(mb));
+    const NaiveScores s = naive_scores(layer.router, x, k);
+    const Routing r = layer.router.forward(x, tokens, true);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      std::vector<double> shifted = s.logits[static_cast<std::size_t>(t)];
+      for (std::int64_t j = 0; j < e; ++j) shifted[static_cast<std::size_t>(j)] -= beta0[static_cast<std::size_t>(j)];
+      std::vector<int> order(static_cast<std::size_t>(e));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return shifted[static_cast<std::size_t>(a)] > shifted[static_cast<std::size_t>(b)]; });
+      // The probabilities: a softmax over the selected logits (softmax after top-k).
+      double z = 0;
+      for (int i = 0; i < k; ++i) z += std::exp(s.logits[static_cast<std::size_t>(t)][static_cast<std::size_t>(order[static_cast<std::size_t>(i)])]);
+      for (int i = 0; i < k; ++i) {
+        const int j = order[static_cast<std::size_t>(i)];
+        EXPECT_EQ(r.routing_map[static_cast<std::size_t>(t * e + j)], 1) << "token " << t;
+        EXPECT_NEAR(r.probs.get(t * e + j), std::exp(s.logits[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)]) / z, 1e-5);
+      }
+    }
+    for (std::int64_t j = 0; j < e; ++j) {  // the estimate, by sorting
+      std::vector<double> column;
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> shifted = s.logits[static_cast<std::size_t>(t)];
+        for (std::int64_t i = 0; i < e; ++i) shifted[static_cast<std::size_t>(i)] -= beta0[static_cast<std::size_t>(i)];
+        std::sort(shifted.begin(), shifted.end(), std::greater<>());
+        column.push_back(s.logits[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)] - shifted[static_cast<std::size_t>(k)]);
+      }
+      std::sort(column.begin(), column.end(), std::greater<>());
+      estimate_sum[static_cast<std::size_t>(j)] += column[static_cast<std::size_t>(tokens * k / e)];
+    }
+    // Evaluation forwards and recomputes estimate nothing.
+    layer.router.forward(x, tokens, false);
+    layer.router.forward(x, tokens, true, 1.0, 0, &r.replay);
+  }
+  EXPECT_EQ(layer.router.qb_beta_count, 2);
+  const std::vector<float> mean = layer.router.qb_local_mean();
+  std::vector<double> want(static_cast<std::size_t>(e));
+  double centre = 0;
+  for (std::int64_t j = 0; j < e; ++j) {
+    EXPECT_NEAR(mean[static_cast<std::size_t>(j)], estimate_sum[static_cast<std::size_t>(j)] / 2, 1e-5);
+    want[static_cast<std::size_t>(j)] = 0.25 * beta0[static_cast<std::size_t>(j)] + 0.75 * mean[static_cast<std::size_t>(j)];
+    centre += want[static_cast<std::size_t>(j)] / static_cast<double>(e);
+  }
+  layer.router.update_qb_beta(mean.data());
+  for (std::int64_t j = 0; j < e; ++j) EXPECT_NEAR(layer.router.qb_beta.get(j), want[static_cast<std::size_t>(j)] - centre, 1e-6);
+  EXPECT_EQ(layer.router.qb_beta_count, 0);
+  EXPECT_EQ(layer.router.qb_beta_accum.get(0), 0.f);
+  // A micro-batch whose assignments do not split evenly over the experts is refused, as Megatron.
+  EXPECT_THROW(layer.router.forward(randn({7, spec.hidden}, 50), 7, true), InputError);
 }
 
 // Output, input gradient and weight gradients of one forward + backward.

@@ -21,12 +21,16 @@ class ProcessGroups {
   // compute thread while the comm stream may be exchanging tokens over the group itself
   // (src/dispatch/counts_exchange.hpp).
   Communicator& dispatch_counts() { return *dispatch_counts_; }
+  // A duplicate of the TP x CP x DP group for the global aux loss's counts, summed on the
+  // compute thread in the router's forward (Megatron's tp_dp_cp group).
+  Communicator& router_counts() { return *router_counts_; }
 
  private:
   Communicator& world_;
   ParallelLayout layout_;
   std::map<GroupKind, std::unique_ptr<Communicator>> groups_;
   std::unique_ptr<Communicator> dispatch_counts_;
+  std::unique_ptr<Communicator> router_counts_;
 };
 
 }  // namespace epx

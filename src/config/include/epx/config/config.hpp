@@ -33,6 +33,20 @@ using OptDouble = std::optional<double>;
 using OptString = std::optional<std::string>;
 using StringList = std::vector<std::string>;
 
+// Megatron's Union[T, List[T]] fields (moe_router_load_balancing_type, moe_aux_loss_coeff): one
+// value or a list. Megatron tells the two apart (a list never equals "sinkhorn"), so epx keeps which.
+template <class T>
+struct OneOrList {
+  std::vector<T> values;
+  bool is_list = false;
+  OneOrList(T v) : values{std::move(v)} {}  // NOLINT: one value converts, as in Python
+  explicit OneOrList(std::vector<T> v) : values(std::move(v)), is_list(true) {}
+  bool operator==(const OneOrList&) const = default;
+  // Megatron's `field == v`: only one value can equal it.
+  bool is(const T& v) const { return !is_list && values.size() == 1 && values.front() == v; }
+  bool contains(const T& v) const { return std::find(values.begin(), values.end(), v) != values.end(); }
+};
+
 // Megatron's moe_layer_freq: an int N (every N-th layer is MoE) or an explicit 0/1 pattern
 // per layer. YAML accepts an int, a list, or Megatron-LM's string form "([0]*3+[1]*58)".
 struct MoeLayerFreq {
@@ -102,8 +116,9 @@ struct ModelConfig {
   MoeLayerFreq moe_layer_freq;
   OptInt moe_shared_expert_intermediate_size;
   bool moe_shared_expert_overlap = false;
-  std::string moe_router_load_balancing_type = "aux_loss";
-  double moe_aux_loss_coeff = 0.0;
+  OneOrList<std::string> moe_router_load_balancing_type{"aux_loss"};
+  OneOrList<double> moe_aux_loss_coeff{0.0};  // one per load-balancing type when that is a list
+  double moe_router_quantile_balancing_ema = 0.0;
   OptDouble moe_z_loss_coeff;
   bool moe_router_pre_softmax = false;
   std::string moe_router_score_function = "softmax";
@@ -167,6 +182,17 @@ struct ModelConfig {
   StringList cuda_graph_modules;
   bool use_te_rng_tracker = false;  // Transformer Engine's RNG tracker, which CUDA graphs need
 };
+
+// Megatron's Router.get_aux_loss_coeff: the coefficient of one aux loss (aux_loss, seq_aux_loss,
+// global_aux_loss), 0 where the type is not selected. The check refuses the shapes Megatron does
+// not take (a list of types beside one coefficient, or the reverse).
+inline double aux_loss_coeff(const ModelConfig& m, const std::string& type) {
+  const auto& types = m.moe_router_load_balancing_type.values;
+  const auto& coeffs = m.moe_aux_loss_coeff.values;
+  const auto at = std::find(types.begin(), types.end(), type);
+  const auto i = static_cast<std::size_t>(at - types.begin());
+  return at != types.end() && i < coeffs.size() ? coeffs[i] : 0.0;
+}
 
 // Bridge's CommOverlapConfig: None means "not set by the user, use the computed default".
 struct CommOverlapConfig {

@@ -34,9 +34,10 @@ class GPTModel {
     Tensor tokens, targets;
     std::vector<std::unique_ptr<TransformerLayer::Context>> layers;  // null while checkpointed
     std::vector<Tensor> checkpoint_input;  // per layer: the input of a checkpoint starting there
-    std::vector<std::uint64_t> router_draw;
+    std::vector<RouterReplay> router_replay;  // per layer
     Tensor final_in, final_rstd, final_out, logits, lse;
-    double loss = 0, aux_loss = 0, z_loss = 0;  // aux and z summed over the MoE layers
+    double loss = 0, z_loss = 0;  // z and each aux loss summed over the MoE layers
+    AuxLossValues aux_losses{};
   };
 
   // The whole model (pre and post process): tokens, targets [S * B] (I64, Megatron's [S, B]

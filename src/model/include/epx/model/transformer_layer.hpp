@@ -32,12 +32,13 @@ class TransformerLayer {
     GroupedMlp::Saved mlp;
     Tensor mlp_io;     // a dense layer's MLP input, then its output, between nodes
     Tensor dy, dn2;    // the output gradient and a dense MLP's input gradient, between nodes
-    double aux_loss = 0, z_loss = 0;  // of the MoE router, for the log
-    std::uint64_t router_draw = 0;     // replayed by a full-recompute forward
+    AuxLossValues aux_losses{};  // of the MoE router, for the log
+    double z_loss = 0;
+    RouterReplay router_replay;  // replayed by a full-recompute forward
   };
 
-  // x [S * B, H] in the compute dtype. `replay_draw`: this is a recompute of an earlier forward.
-  Tensor forward(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
+  // x [S * B, H] in the compute dtype. `replay`: this is a recompute of an earlier forward.
+  Tensor forward(const Tensor& x, Context& ctx, const RouterReplay* replay = nullptr);
   Tensor backward_dgrad(Context& ctx, const Tensor& dy);
   void backward_wgrad(Context& ctx);
 
@@ -51,7 +52,7 @@ class TransformerLayer {
   //   backward: launch moe_combine -> mlp -> launch moe_dispatch -> attn,
   //             and the weight gradients of mlp (the experts') and of attn (attention, shared
   //             expert, router) as separate nodes when delayed (delay_wgrad_compute).
-  void forward_attn(const Tensor& x, Context& ctx, std::optional<std::uint64_t> replay_draw = std::nullopt);
+  void forward_attn(const Tensor& x, Context& ctx, const RouterReplay* replay = nullptr);
   void launch_moe_dispatch(Context& ctx);
   void forward_mlp(Context& ctx);
   void launch_moe_combine(Context& ctx);

@@ -26,6 +26,7 @@ class ProcessGroups;
 struct MoELayerOptions {
   double aux_loss_scale = 1.0;  // gradient scale of the aux and z losses (1 / micro-batches)
   std::uint64_t rank = 0;       // picks the random stream under force load balancing
+  Communicator* global_aux_group = nullptr;  // the global aux loss's counts sum over it (Router)
   GroupedMlp::Recompute experts_recompute = GroupedMlp::Recompute::none;  // "moe_act"
   GroupedMlp::Recompute shared_recompute = GroupedMlp::Recompute::none;   // "shared_experts"
 };
@@ -56,7 +57,7 @@ class MoELayer {
   // postprocess). A phase named launch_* only starts its exchange on the comm stream and returns;
   // the phase after it waits, so a schedule can compute something else in between.
   // Forward:
-  //   forward_route     (shared expert), router, permute; `replay_draw`: a recompute (Router::forward)
+  //   forward_route     (shared expert), router, permute; `replay`: a recompute (Router::forward)
   //   launch_dispatch   the token dispatch
   //   forward_experts   (shared expert), regroup, the experts, prepare the combine
   //   launch_combine    the token combine
@@ -67,7 +68,7 @@ class MoELayer {
   //   launch_dispatch_backward  the dispatch's backward exchange
   //   backward_route            permute^T, router + shared expert dgrad; returns dx
   void forward_route(Context& ctx, const Tensor& x, bool training,
-                     std::optional<std::uint64_t> replay_draw = std::nullopt);
+                     const RouterReplay* replay = nullptr);
   void launch_dispatch(Context& ctx);
   void forward_experts(Context& ctx);
   void launch_combine(Context& ctx);

@@ -2,6 +2,7 @@
 // the router, experts and layer need. Built from the config by train/job_spec.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -9,6 +10,17 @@
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
+
+// Megatron's load-balancing losses, in the order its training log names them.
+enum class AuxLoss { aux_loss, seq_aux_loss, global_aux_loss };
+inline constexpr std::array<AuxLoss, 3> kAuxLosses = {AuxLoss::aux_loss, AuxLoss::seq_aux_loss, AuxLoss::global_aux_loss};
+using AuxLossValues = std::array<double, kAuxLosses.size()>;  // one per AuxLoss
+inline double& at(AuxLossValues& v, AuxLoss k) { return v[static_cast<std::size_t>(k)]; }
+inline double at(const AuxLossValues& v, AuxLoss k) { return v[static_cast<std::size_t>(k)]; }
+// moe_router_load_balancing_type's name of one ("aux_loss") and the training log's
+// ("load_balancing_loss").
+const char* aux_loss_type(AuxLoss k);
+const char* aux_loss_log_name(AuxLoss k);
 
 struct MoESpec {
   std::int64_t hidden = 0;
@@ -32,8 +44,12 @@ struct MoESpec {
   int group_topk = 0;   // groups kept per token
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
-  std::string load_balancing = "aux_loss";  // aux_loss | seq_aux_loss | none
-  double aux_loss_coeff = 0.0;
+  // Load balancing: each aux loss's coefficient, as Megatron's get_aux_loss_coeff gives it (0: off;
+  // a list of types turns on several), or quantile balancing (a per-expert bias on the logits,
+  // updated once per global batch, with moe_router_quantile_balancing_ema).
+  AuxLossValues aux_loss_coeff{};
+  bool quantile_balancing = false;
+  double quantile_balancing_ema = 0.0;
   double z_loss_coeff = 0.0;
   bool force_load_balancing = false;
 

@@ -34,7 +34,7 @@ struct ScheduleOptions {
 
 struct MicroBatchLosses {
   double lm_loss = 0;
-  double aux_loss = 0;  // the load-balancing loss, averaged over the MoE layers
+  AuxLossValues aux_losses{};  // each load-balancing loss, averaged over the MoE layers
 };
 
 // Runs forward and backward of `num_micro_batches` micro-batches, gradients accumulated into every

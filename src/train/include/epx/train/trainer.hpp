@@ -18,6 +18,7 @@
 
 #include "epx/comm/comm.hpp"
 #include "epx/config/config.hpp"
+#include "epx/moe/moe_spec.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/mock_data.hpp"
 
@@ -35,7 +36,8 @@ struct TrainOptions {
 struct IterationLog {
   int iteration = 0;
   std::int64_t consumed_samples = 0;
-  double step_s = 0, tflops_per_rank = 0, lr = 0, lm_loss = 0, load_balancing_loss = 0, grad_norm = 0;
+  double step_s = 0, tflops_per_rank = 0, lr = 0, lm_loss = 0, grad_norm = 0;
+  AuxLossValues load_balancing_losses{};  // each aux loss without its coefficient (0 where off)
   std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
 };
 
