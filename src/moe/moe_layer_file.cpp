@@ -94,6 +94,7 @@ void MoELayer::init_weights(std::uint64_t seed) {
     });
   }
   router.expert_bias.zero();
+  router.qb_beta.zero();
   for (Param* p : params()) p->refresh();
 }
 
@@ -111,6 +112,7 @@ TensorMap MoELayer::weight_tensors() const {
   TensorMap out;
   for (const Entry& e : entries()) out.emplace(e.name, e.to_file(e.param->master));
   if (spec_.expert_bias) out.emplace("mlp.router.expert_bias", router.expert_bias.clone());
+  if (spec_.quantile_balancing) out.emplace("mlp.router.qb_beta", router.qb_beta.clone());
   return out;
 }
 
@@ -126,6 +128,7 @@ void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
   std::set<std::string> known;  // the whole layer's, whatever this rank holds
   for (const auto& [name, shape] : file_shapes(spec_)) known.insert(name);
   if (spec_.expert_bias) known.insert("mlp.router.expert_bias");
+  if (spec_.quantile_balancing) known.insert("mlp.router.qb_beta");
   for (const auto& [name, t] : tensors)
     if (!known.count(name))
       throw InputError(fmt::format("{}: tensor '{}' is not a weight of this layer ({} of them, e.g. '{}'); the file "
@@ -142,6 +145,8 @@ void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
   if (spec_.expert_bias)
     router.expert_bias.copy_from(
         expect_tensor(tensors, "mlp.router.expert_bias", {spec_.num_experts}, file).to(DType::F32));
+  if (spec_.quantile_balancing)  // a buffer Megatron keeps in the state dict, as the expert bias
+    router.qb_beta.copy_from(expect_tensor(tensors, "mlp.router.qb_beta", {spec_.num_experts}, file).to(DType::F32));
   for (Param* p : params()) p->refresh();
 }
 

@@ -505,6 +505,20 @@ TEST(MoELayer, RejectsInputOfTheWrongShapeOrDtype) {
   }
 }
 
+TEST(MoELayer, QuantileBalancingBiasTravelsWithTheWeights) {
+  MoESpec spec = small_spec();
+  spec.quantile_balancing = true;
+  MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
+  layer.init_weights(3);
+  layer.router.qb_beta.set(2, 0.5f);
+  MoELayer other(spec, make_local_dispatcher(spec.num_experts));
+  other.load_weights(layer.weight_tensors(), "w.safetensors");
+  EXPECT_EQ(other.router.qb_beta.get(2), 0.5f);
+  TensorMap w = layer.weight_tensors();
+  w.erase("mlp.router.qb_beta");
+  EXPECT_THROW(other.load_weights(w, "w.safetensors"), InputError);
+}
+
 }  // namespace
 }  // namespace epx
 
