@@ -113,7 +113,6 @@ void check_real_ranges(const Config& cfg) {
     bool below_one;   // and < 1
   };
   const Range ranges[] = {{"model.layernorm_epsilon", true, false},
-                          {"model.rotary_base", true, false},
                           {"model.init_method_std", false, false},
                           {"model.moe_z_loss_coeff", false, false},
                           {"model.moe_router_topk_scaling_factor", true, false},
@@ -135,6 +134,10 @@ void check_real_ranges(const Config& cfg) {
     throw ConfigError(fmt::format("{}={} is out of range: it must be {}{}", cfg.cite(key), text,
                                   positive ? "above 0" : "at least 0", below_one ? " and below 1" : ""));
   }
+  for (double base : cfg.model.rotary_base.values)
+    if (!(base > 0))
+      throw ConfigError(fmt::format("{}={} is out of range: every base must be above 0", cfg.cite("model.rotary_base"),
+                                    field_text(cfg, "model.rotary_base")));
   for (double coeff : cfg.model.moe_aux_loss_coeff.values)
     if (!(coeff >= 0))
       throw ConfigError(fmt::format("{}={} is out of range: every coefficient must be at least 0",

@@ -16,7 +16,8 @@ void add_cuda_graph_rules(RuleTable& add) {
           // Bridge's legacy scope becomes the modules list; "full" and "full_iteration" are dropped.
           bool modules = false;
           for (const StringList* list : {&m.cuda_graph_modules, &m.cuda_graph_scope})
-            for (const std::string& name : *list) modules = modules || (name != "full" && name != "full_iteration");
+            for (const std::string& name : *list)
+              modules = modules || (name != "full" && name != "full_iteration" && name != "full_iteration_inference");
           const std::string scope = m.cuda_graph_impl == "local" ? "[full_iteration]" : "[]";  // the legacy switch kept
           return fail_if(modules, "cuda_graph_modules must be empty when cuda_graph_impl=\"full_iteration\".",
                          (m.cuda_graph_modules.empty() ? "" : "model.cuda_graph_modules=[] ") + std::string("model.cuda_graph_scope=") + scope);
@@ -51,6 +52,15 @@ void add_cuda_graph_rules(RuleTable& add) {
                        "moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in "
                        "the preprocess step.",
                        local ? set("[attn]") : set("[moe_router]"));
+      });
+  add("cuda_graph.full_alone", E, {"model.cuda_graph_modules", "model.cuda_graph_scope"},
+      "Megatron-Core transformer/cuda_graph_config.py", "the \"full\" module stands alone", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        for (const auto& [key, list] : {std::pair{"model.cuda_graph_modules", &m.cuda_graph_modules},
+                                        std::pair{"model.cuda_graph_scope", &m.cuda_graph_scope}})
+          if (contains(*list, "full") && list->size() > 1)
+            return fail("full scope cannot be used with other scopes.", fmt::format("{}=[full]", key));
+        return pass();
       });
   add("cuda_graph.te_rng_tracker", E, {"model.cuda_graph_impl", "model.use_te_rng_tracker", "rng.te_rng_tracker"},
       "Megatron-Bridge models/gpt_provider.py", "CUDA graphs need Transformer Engine's RNG tracker",

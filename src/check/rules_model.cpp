@@ -21,6 +21,15 @@ void add_model_rules(RuleTable& add) {
                        "moe_ffn_hidden_size.",
                        "model.moe_ffn_hidden_size=null");
       });
+  add("moe.field_is_none", E, {"model.num_moe_experts", "model.moe_router_topk", "model.moe_token_dispatcher_type"},
+      kMcore, "an MoE model sets its top-k and token dispatcher (a dense model's dump may leave them None)",
+      [](const CheckContext& c) {
+        if (!c.cfg.model.num_moe_experts || c.user.none_moe_fields.empty()) return pass();
+        const std::string& key = c.user.none_moe_fields.front();
+        return fail(fmt::format("{} is None in a model with {} experts: Megatron's MoE layer needs it", key,
+                                *c.cfg.model.num_moe_experts),
+                    key == "model.moe_router_topk" ? "model.moe_router_topk=2" : "model.moe_token_dispatcher_type=alltoall");
+      });
   add("moe.router_dtype", W, {"model.num_moe_experts", "model.moe_router_dtype"}, kMcore,
       "32 or more experts route in FP32", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
@@ -30,13 +39,20 @@ void add_model_rules(RuleTable& add) {
                        "model.moe_router_dtype=fp32");
       });
   add("moe.router_dtype_torch", W, {"model.moe_router_dtype"}, "Megatron-Core moe/router.py",
-      "moe_router_dtype names fp32 or fp64, not a torch dtype", [](const CheckContext& c) {
+      "moe_router_dtype names fp32 or fp64 (not a torch dtype), the two the router upcasts to", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (!m.num_moe_experts || !m.moe_router_dtype || !m.moe_router_dtype->starts_with("torch.")) return pass();
-        const std::string name = *m.moe_router_dtype == "torch.float64" ? "fp64" : "fp32";
+        const OptString& dtype = m.moe_router_dtype;
+        if (!m.num_moe_experts || !dtype || *dtype == "fp32" || *dtype == "fp64") return pass();
+        if (!dtype->starts_with("torch.")) {
+          return fail(fmt::format("moe_router_dtype is {}: the router upcasts only for 'fp32' and 'fp64', so it routes "
+                                  "in the activations' dtype, as null does{}",
+                                  *dtype, *m.num_moe_experts >= 32 ? ", and the large-expert-count warning is silenced" : ""),
+                      *m.num_moe_experts >= 32 ? "model.moe_router_dtype=fp32" : "model.moe_router_dtype=null");
+        }
+        const std::string name = *dtype == "torch.float64" ? "fp64" : "fp32";
         return fail(fmt::format("moe_router_dtype is {} (a torch dtype): the router compares it with '{}', so it "
                                 "routes in the activations' dtype, and the large-expert-count warning is silenced",
-                                *m.moe_router_dtype, name),
+                                *dtype, name),
                     "model.moe_router_dtype=" + name);
       });
   add("model.rope_even_head_dim", E,
@@ -343,6 +359,26 @@ void add_model_rules(RuleTable& add) {
         return fail_if(m.recompute_granularity == "selective" && m.recompute_num_layers.has_value(),
                        "When using recompute_granularity: selective recompute_num_layers must be None.",
                        "model.recompute_num_layers=null");
+      });
+  add("recompute.module_names", E, {"model.recompute_granularity", "model.recompute_modules"}, kMcore,
+      "selective recompute names modules Megatron-Core recomputes", [](const CheckContext& c) {
+        // Megatron-Core's allowed_modules (gdn_*: gated delta net attention, gdp_*: its
+        // projections, mhc: DeepSeek-V4's hyper-connections; epx models neither).
+        static const std::vector<std::string> kAllowed = {"core_attn", "moe_act",      "layernorm",   "mla_up_proj",
+                                                          "mlp",       "moe",          "shared_experts", "gdn_norm_out",
+                                                          "gdp_in_proj", "gdp_qkv",    "mhc"};
+        const auto& m = c.cfg.model;
+        if (m.recompute_granularity != "selective" || !m.recompute_modules) return pass();
+        std::vector<std::string> invalid, valid;
+        for (const std::string& name : *m.recompute_modules)
+          (contains(kAllowed, name) ? valid : invalid).push_back("'" + name + "'");
+        if (invalid.empty()) return pass();
+        for (std::string& v : valid) v = v.substr(1, v.size() - 2);
+        std::vector<std::string> allowed;
+        for (const std::string& a : kAllowed) allowed.push_back("'" + a + "'");
+        return fail(fmt::format("Invalid choices for recompute_modules: {{{}}}. Allowed modules are: {{{}}}",
+                                fmt::join(invalid, ", "), fmt::join(allowed, ", ")),
+                    fmt::format("model.recompute_modules=[{}]", fmt::join(valid, ",")));
       });
   add("recompute.module_needs_its_feature", E,
       {"model.recompute_granularity", "model.recompute_modules", "model.moe_grouped_gemm",

@@ -1,4 +1,6 @@
 // The optimizer's state dtypes and epx's own gradient reduction.
+#include "epx/base/edit_distance.hpp"
+#include "epx/base/to_lower.hpp"
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
@@ -50,6 +52,21 @@ void add_optimizer_rules(RuleTable& add) {
                        "with share_embeddings_and_output_weights the embedding's gradient also holds the LM head's, "
                        "which is not a set of token rows",
                        "ddp.reduce_embedding_rows=false");
+      });
+  add("optimizer.known_optimizer", W, {"optimizer.optimizer"}, "Megatron-Core optimizer/__init__.py",
+      "an optimizer Megatron builds and epx plans: adam, sgd, lion, muon, adaptive_muon (or dist_ of one)",
+      [](const CheckContext& c) {
+        static const std::vector<std::string> kKnown = {"adam", "sgd", "lion", "muon", "adaptive_muon"};
+        const std::string& name = c.cfg.optimizer.optimizer;
+        const std::string bare = name.starts_with("dist_") ? name.substr(5) : name;
+        if (contains(kKnown, bare)) return pass();
+        std::string nearest;
+        for (const std::string& k : kKnown)
+          if (edit_distance(to_lower(bare), k) <= 2) nearest = k;
+        return fail(fmt::format("optimizer '{}' is not one of {}: Megatron builds any other name only from the "
+                                "emerging-optimizers package's registry, and epx plans its state as Adam's",
+                                name, fmt::join(kKnown, ", ")),
+                    nearest.empty() ? "" : "optimizer.optimizer=" + nearest);
       });
 }
 

@@ -194,7 +194,9 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
       cfg.file_locations.erase(f->key());
       return;
     }
-    f->set(cfg, parse_value(f->key(), value));
+    const YAML::Node node = parse_value(f->key(), value);
+    std::erase(cfg.none_moe_fields, f->key());
+    if (!(cfg.is_bridge_dump() && take_none_moe_field(cfg, f->key(), node))) f->set(cfg, node);
     cfg.explicit_keys[f->key()] = origin;
     cfg.file_locations.erase(f->key());
     return;

@@ -130,13 +130,15 @@ struct Codec<StringList> {
   static StringList decode(const YAML::Node& n, const std::string& key,
                            const std::vector<std::string>& choices) {
     StringList out;
+    // A Bridge dump writes an enum member (cuda_graph_modules' CudaGraphModule) as
+    // {_target_: the enum, _call_: true, _args_: [value], _name_: member}: the member's name.
+    const auto member = [](const YAML::Node& item) {
+      return item.IsMap() && item["_target_"].IsDefined() && item["_name_"].IsDefined();
+    };
     if (n.IsSequence()) {
-      for (const auto& item : n) {
-        // A Bridge dump writes an enum member (cuda_graph_modules' CudaGraphModule) as
-        // {_target_: the enum, _call_: true, _args_: [value], _name_: member}: the member's name.
-        const bool member = item.IsMap() && item["_target_"].IsDefined() && item["_name_"].IsDefined();
-        out.push_back(scalar(member ? item["_name_"] : item, key, "a list of strings"));
-      }
+      for (const auto& item : n) out.push_back(scalar(member(item) ? item["_name_"] : item, key, "a list of strings"));
+    } else if (member(n)) {  // one member, not in a list (Megatron's field takes a single module)
+      out.push_back(scalar(n["_name_"], key, "a list of strings"));
     } else if (is_null(n)) {
       // None: the list is empty (a dump after Megatron-Core's post-init has cuda_graph_scope: null).
     } else if (n.IsScalar()) {
@@ -415,11 +417,10 @@ FieldInfo torch_name_field(FieldInfo f) {
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
 const std::vector<std::string> kAdamStateDtypes = {"fp32", "fp16", "bf16", "fp8"};
-const std::vector<std::string> kRecomputeModules = {
-    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
-// "full_iteration" is the legacy scope Megatron-Core migrates to cuda_graph_impl=full_iteration.
-const std::vector<std::string> kCudaGraphScopes = {"full", "full_iteration", "attn", "mlp", "moe", "moe_router",
-                                                    "moe_preprocess", "mamba"};
+// "full_iteration" is the legacy scope Megatron-Core migrates to cuda_graph_impl=full_iteration,
+// "full_iteration_inference" the one it migrates to inference_cuda_graph_scope (no training graph).
+const std::vector<std::string> kCudaGraphScopes = {"full", "full_iteration", "full_iteration_inference", "attn", "mlp",
+                                                    "moe", "moe_router", "moe_preprocess", "mamba"};
 
 std::vector<FieldInfo> build_schema() {
   return {
@@ -481,7 +482,9 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, moe_router_bias_update_rate),
       EPX_FIELD(kModel, moe_router_num_groups),
       EPX_FIELD(kModel, moe_router_group_topk),
-      torch_name_field(EPX_FIELD(kModel, moe_router_dtype, {"fp32", "fp64", "torch.float32", "torch.float64"})),
+      // Any name, as Megatron takes it (Bridge's DeepSeek-V3 GB300 recipes write bf16); only fp32
+      // and fp64 upcast the router (moe.router_dtype_torch).
+      torch_name_field(EPX_FIELD(kModel, moe_router_dtype)),
       EPX_FIELD(kModel, moe_router_force_load_balancing),
       EPX_FIELD(kModel, moe_grouped_gemm),
       EPX_FIELD(kModel, moe_token_dispatcher_type, {"allgather", "alltoall", "flex"}),
@@ -516,7 +519,8 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, recompute_granularity, {"full", "selective"}),
       EPX_FIELD(kModel, recompute_method, {"uniform", "block"}),
       EPX_FIELD(kModel, recompute_num_layers),
-      EPX_FIELD(kModel, recompute_modules, kRecomputeModules),
+      // Megatron checks the names only for selective recompute: recompute.module_names.
+      EPX_FIELD(kModel, recompute_modules),
       EPX_FIELD(kModel, mtp_num_layers),
       EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"}),
       EPX_FIELD(kModel, use_te_rng_tracker),
@@ -546,7 +550,9 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kDdp, grad_reduce_in_fp32),
       EPX_FIELD(kDdp, reduce_embedding_rows),
 
-      EPX_FIELD(kOptimizer, optimizer, {"adam", "sgd"}),
+      // Megatron builds adam and sgd itself, any other name from its emerging-optimizers registry
+      // (muon, adaptive_muon, lion, ...; the deprecated dist_muon): optimizer.known_optimizer.
+      EPX_FIELD(kOptimizer, optimizer),
       EPX_FIELD(kOptimizer, lr),
       EPX_FIELD(kOptimizer, min_lr),
       EPX_FIELD(kOptimizer, weight_decay),
@@ -705,9 +711,17 @@ std::string yaml_text(const YAML::Node& node) {
   return out.c_str();
 }
 
+bool take_none_moe_field(Config& cfg, const std::string& key, const YAML::Node& value) {
+  if ((key != "model.moe_router_topk" && key != "model.moe_token_dispatcher_type") || !is_null(value)) return false;
+  if (std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), key) == cfg.none_moe_fields.end())
+    cfg.none_moe_fields.push_back(key);
+  return true;
+}
+
 std::string field_text(const Config& cfg, std::string_view key) {
   const FieldInfo* f = find_field(key);
   if (!f) throw std::logic_error("no config field named " + std::string(key));
+  if (std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), key) != cfg.none_moe_fields.end()) return "null";
   return yaml_text(f->get(cfg));
 }
 

@@ -129,6 +129,10 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
     if (!f)
       throw ConfigError(fmt::format("{}: unknown key '{}'{}", location(c.source, kv.first), key,
                                     did_you_mean(suggest_keys(key))));
+    if (bridge_dump && take_none_moe_field(c, key, kv.second)) {
+      c.file_locations[key] = location(c.source, kv.second);
+      continue;
+    }
     try {
       f->set(c, kv.second);
     } catch (const ConfigError& e) {

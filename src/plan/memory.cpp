@@ -109,7 +109,8 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
                      (st.layers + mtp) * lay.duplicated + moe_layers * lay.router;
   if (st.first) out.embedding_params = V * h / tp;
   out.dense_params += out.embedding_params;
-  if (st.last && (!st.first || !m.share_embeddings_and_output_weights)) out.dense_params += V * h / tp;
+  const double output_params = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
+  out.dense_params += output_params;
   out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
 
   // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the main grad, and the
@@ -126,8 +127,17 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // Megatron's mixed-precision optimizers step on `main_grad.float()`: a copy of the shard's
   // BF16 grads, alive at the step (distrib_optimizer.py, optimizer.py).
   if (!fp32_grads && weight_bytes < 4) out.step_grads = 4 * out.optimizer_params;
-  out.optimizer = 12 * out.optimizer_params;
+  // The FP32 master and the optimizer's state: Adam's m and v; one momentum for SGD and Lion; for
+  // Muon the matrices' momentum, with Adam for what Megatron excludes from Muon (the embedding and
+  // the output layer; the norms are not counted). "dist_muon" is Muon, layer-wise distributed.
   const OptimizerConfig& o = c.optimizer;
+  const std::string name = o.optimizer.starts_with("dist_") ? o.optimizer.substr(5) : o.optimizer;
+  out.optimizer = 12 * out.optimizer_params;
+  if (name == "sgd" || name == "lion") out.optimizer = 8 * out.optimizer_params;
+  if (name == "muon" || name == "adaptive_muon") {
+    const double adam_params = (out.embedding_params + output_params) / (c.ddp.use_distributed_optimizer ? l.dp * l.cp : 1);
+    out.optimizer = 12 * adam_params + 8 * (out.optimizer_params - adam_params);
+  }
   if (o.use_precision_aware_optimizer) {
     // TE's FusedAdam keeps Adam's m and v in their dtypes. Megatron's distributed optimizer
     // hands it the grads in place and the masters as TE's (an FP32 master of a BF16 weight as its

@@ -77,6 +77,8 @@ MoESpec moe_spec_from_config(const Config& c) {
     bad(c, "model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
         "an MoE layer needs experts; set model.num_moe_experts to 1 or more");
   s.num_experts = *m.num_moe_experts;
+  for (const std::string& key : c.none_moe_fields)
+    bad(c, key, "None", "[moe.field_is_none] an MoE layer needs it; set it");
   s.hidden = m.hidden_size;
   s.topk = static_cast<int>(m.moe_router_topk);
   if (s.topk < 1 || s.topk > s.num_experts)
@@ -221,7 +223,10 @@ ModelSpec model_spec_from_config(const Config& c) {
     bad(c, "model.kv_channels", m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
         fmt::format("[model.rope_even_head_dim] rotary embeddings need an even head dimension; set model.kv_channels={}",
                     a.head_dim + 1));
-  a.rope_base = m.rotary_base;
+  if (m.rotary_base.values.size() != 1)
+    bad(c, "model.rotary_base", field_text(c, "model.rotary_base"),
+        "epx applies one RoPE base to every layer (the local and global layers' pair is not modelled); give one base");
+  a.rope_base = m.rotary_base.values.front();
   a.qk_norm = m.qk_layernorm;
   a.eps = s.eps;
   a.dtype = s.dtype;

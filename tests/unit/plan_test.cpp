@@ -82,6 +82,22 @@ TEST(Plan, TheOptimizerStepCanSetThePeak) {
   EXPECT_EQ(make_plan(resolved("qwen3_30b_a3b", fp32)).memory.step_grads, 0);
 }
 
+// The optimizer's state beside each FP32 master: Adam's m and v (12 bytes a parameter), one
+// momentum for SGD and Lion (8); Muon's momentum for the matrices and Adam for the embedding and
+// output layer, which Megatron keeps from Muon.
+TEST(Plan, OptimizerStateFollowsTheOptimizer) {
+  const auto memory = [](const std::string& name) {
+    return make_plan(resolved("qwen3_30b_a3b", {"optimizer.optimizer=" + name})).memory;
+  };
+  const MemoryPlan adam = memory("adam"), sgd = memory("sgd"), lion = memory("lion"), muon = memory("dist_muon");
+  EXPECT_DOUBLE_EQ(adam.optimizer, 12 * adam.optimizer_params);
+  EXPECT_DOUBLE_EQ(sgd.optimizer, 8 * sgd.optimizer_params);
+  EXPECT_DOUBLE_EQ(lion.optimizer, sgd.optimizer);
+  EXPECT_GT(muon.optimizer, sgd.optimizer);  // the first stage's embedding under Adam
+  EXPECT_LT(muon.optimizer, adam.optimizer);
+  EXPECT_DOUBLE_EQ(muon.optimizer, memory("muon").optimizer);
+}
+
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
 // 15% in step time; peak memory within 5% of the measured max allocated (Megatron's BF16 main
 // grads: 4 bytes a parameter instead put it 10% high).

@@ -103,6 +103,40 @@ TEST(JobSpec, TheNanCheckFollowsTheRerunStateMachine) {
             "");
 }
 
+// Load balancing as Megatron's router reads it: a coefficient per aux loss, quantile balancing
+// only as the one type; what epx does not run is refused with its rule.
+TEST(JobSpec, LoadBalancingAsTheRouterReadsIt) {
+  const MoESpec both = moe_spec_from_config(resolved(
+      {"model.moe_router_load_balancing_type=[seq_aux_loss,global_aux_loss]", "model.moe_aux_loss_coeff=[1e-4,1e-3]"}));
+  EXPECT_EQ(both.aux_loss_coeff, (AuxLossValues{0, 1e-4, 1e-3}));
+  EXPECT_FALSE(both.quantile_balancing);
+  const MoESpec qb = moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=quantile_balancing",
+                                                    "model.moe_router_quantile_balancing_ema=0.9"}));
+  EXPECT_TRUE(qb.quantile_balancing);
+  EXPECT_EQ(qb.aux_loss_coeff, AuxLossValues{});  // the coefficient is looked up by aux-loss type
+  EXPECT_DOUBLE_EQ(qb.quantile_balancing_ema, 0.9);
+  EXPECT_FALSE(moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=[quantile_balancing]",
+                                              "model.moe_aux_loss_coeff=[0.0]"}))
+                   .quantile_balancing);  // inside a list it does nothing
+  EXPECT_EQ(moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=noaux_tc"})).aux_loss_coeff, AuxLossValues{});
+  EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss]"})); })
+                .find("[moe.aux_loss_coeff_list]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=quantile_balancing", "model.seq_length=255"}));
+            }).find("[moe.quantile_balancing_assignments] Quantile balancing requires the number of routed assignments "
+                    "(255 tokens * top-4) to be divisible by 16 experts."),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              moe_spec_from_config(resolved({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_aux_loss_coeff=0"}));
+            }).find("epx has no Sinkhorn routing"),
+            std::string::npos);
+  // Gemma's pair of RoPE bases loads and is checked; the runtime applies one.
+  EXPECT_NE(error_of([] { JobSpec::from_config(resolved({"model.rotary_base=[10000,1000000]"}), 2); })
+                .find("epx applies one RoPE base"),
+            std::string::npos);
+}
+
 TEST(JobSpec, TheRouterRunsInFp32) {
   EXPECT_EQ(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp32"})); }), "");
   EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp64"})); })

@@ -99,7 +99,7 @@ struct ModelConfig {
   Int make_vocab_size_divisible_by = 128;
   bool share_embeddings_and_output_weights = true;
   std::string position_embedding_type = "learned_absolute";
-  double rotary_base = 10000;
+  OneOrList<double> rotary_base{10000};  // Gemma's and MiMo's providers: (local, global) layers' bases
   double init_method_std = 0.02;
   // Multi-latent attention (DeepSeek-V3).
   bool multi_latent_attention = false;
@@ -322,6 +322,10 @@ struct Config {
   // fields of modelled sections (section -> name -> node). Dumped back unchanged.
   OwnedYaml extra_sections;
   OwnedYaml extra_fields;
+  // MoE-only fields a Bridge dump of a dense model leaves None (Gemma4's moe_router_topk,
+  // Qwen3-VL's moe_token_dispatcher_type): read as their defaults; with experts the check refuses
+  // them (moe.field_is_none).
+  StringList none_moe_fields;
 
   // Keys ("model.num_moe_experts") set by the recipe file, an override or a flag, as opposed
   // to left at Megatron's default. Some pitfalls depend on what the user asked for.

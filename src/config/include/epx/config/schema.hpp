@@ -63,6 +63,11 @@ std::string shorten(std::string_view text, std::size_t max = 80);
 // A node's value as YAML flow text, for messages and findings ("null", "true", "[a, b]").
 std::string yaml_text(const YAML::Node& node);
 
+// A None that Bridge's dense providers leave in an MoE-only field (Gemma4's moe_router_topk,
+// Qwen3-VL's moe_token_dispatcher_type): in a Bridge dump it is recorded in
+// Config::none_moe_fields and the field keeps its default. Returns whether `value` was one.
+bool take_none_moe_field(Config& cfg, const std::string& key, const YAML::Node& value);
+
 // The current value of `key` in `cfg` as YAML flow text. Throws std::logic_error for an unknown
 // key (a programming error: rule tables must name real fields).
 std::string field_text(const Config& cfg, std::string_view key);
