@@ -416,6 +416,32 @@ TEST(Router, QuantileBalancingSelectsByShiftedLogitsAndEstimatesTheBias) {
   EXPECT_THROW(layer.router.forward(randn({7, spec.hidden}, 50), 7, true), InputError);
 }
 
+// What quantile balancing is for: on skewed logits (half the experts favoured), a few global
+// batches of bias updates bring every expert near T * k / E assignments.
+TEST(Router, QuantileBalancingEvensTheLoad) {
+  MoESpec spec = small_spec();
+  spec.aux_loss_coeff = {};
+  spec.quantile_balancing = true;
+  const std::int64_t e = spec.num_experts, tokens = 240;
+  Router router(spec);
+  for (std::int64_t j = 0; j < e; ++j)
+    for (std::int64_t h = 0; h < spec.hidden; ++h)
+      router.weight.master.set(j * spec.hidden + h, (j < e / 2 ? 0.3f : -0.3f) + 0.05f * static_cast<float>((j * 7 + h) % 5));
+  Tensor x = randn({tokens, spec.hidden}, 60);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, std::fabs(x.get(i)));
+  const double fair = static_cast<double>(tokens * spec.topk) / static_cast<double>(e);
+  const auto max_load = [&](const Routing& r) {
+    return static_cast<double>(*std::max_element(r.tokens_per_expert.begin(), r.tokens_per_expert.end()));
+  };
+  EXPECT_GE(max_load(router.forward(x, tokens, false)), 1.8 * fair);
+  for (int step = 0; step < 5; ++step) {
+    router.forward(x, tokens, true);
+    const std::vector<float> mean = router.qb_local_mean();
+    router.update_qb_beta(mean.data());
+  }
+  EXPECT_LE(max_load(router.forward(x, tokens, false)), 1.15 * fair);
+}
+
 // Output, input gradient and weight gradients of one forward + backward.
 struct LayerRun {
   Tensor y, dx;
