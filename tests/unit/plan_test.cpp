@@ -98,6 +98,20 @@ TEST(Plan, OptimizerStateFollowsTheOptimizer) {
   EXPECT_DOUBLE_EQ(muon.optimizer, memory("muon").optimizer);
 }
 
+// Bridge pads a preset vocabulary only where its setup says so (should_pad_vocab, cleared for a
+// preset vocab_size): Qwen3's 151936 rows over TP 2 are not padded to 152064.
+TEST(Plan, TheEmbeddingHasThePresetVocabulary) {
+  const auto embedding = [](const std::vector<std::string>& more) {
+    Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+    for (const std::string& o : {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "target.gpu=h100"})
+      apply_override(c, o);
+    for (const std::string& o : more) apply_override(c, o);
+    return make_plan(run_check(c).resolved).memory.embedding_params;
+  };
+  EXPECT_DOUBLE_EQ(embedding({}), 151936.0 * 2048 / 2);
+  EXPECT_DOUBLE_EQ(embedding({"+model.should_pad_vocab=true"}), 152064.0 * 2048 / 2);
+}
+
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
 // 15% in step time; peak memory within 5% of the measured max allocated (Megatron's BF16 main
 // grads: 4 bytes a parameter instead put it 10% high).
