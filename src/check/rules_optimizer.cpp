@@ -8,20 +8,28 @@ namespace epx::rule_helpers {
 void add_optimizer_rules(RuleTable& add) {
   add("optimizer.precision_aware_dtypes", E,
       {"optimizer.use_precision_aware_optimizer", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
-       "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.optimizer"},
-      kMcoreOptimizer, "lower-precision optimizer state needs the precision-aware (TE FusedAdam) optimizer",
+       "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.optimizer", "ddp.use_distributed_optimizer"},
+      kMcoreOptimizer,
+      "lower-precision optimizer state needs the precision-aware (TE FusedAdam) optimizer, which needs Adam and the "
+      "distributed optimizer",
       [](const CheckContext& c) {
         const OptimizerConfig& o = c.cfg.optimizer;
-        if (o.use_precision_aware_optimizer)
-          return fail_if(o.optimizer != "adam", "--use-precision-aware-optimizer only supported with adam",
-                         "optimizer.use_precision_aware_optimizer=false");
+        if (o.use_precision_aware_optimizer) {
+          if (o.optimizer != "adam")
+            return fail("--use-precision-aware-optimizer only supported with adam", "optimizer.use_precision_aware_optimizer=false");
+          return fail_if(!c.cfg.ddp.use_distributed_optimizer,
+                         "--use-precision-aware-optimizer only supported with distributed optimizer",
+                         "ddp.use_distributed_optimizer=true");
+        }
         for (const auto& [name, dtype] : {std::pair{"main_grads_dtype", &o.main_grads_dtype},
                                           std::pair{"main_params_dtype", &o.main_params_dtype},
                                           std::pair{"exp_avg_dtype", &o.exp_avg_dtype},
                                           std::pair{"exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
           if (*dtype != "fp32")
             return fail(fmt::format("{} can only be fp32 when not using precision-aware optimizer", name),
-                        "optimizer.use_precision_aware_optimizer=true");
+                        c.cfg.ddp.use_distributed_optimizer
+                            ? "optimizer.use_precision_aware_optimizer=true"
+                            : "optimizer.use_precision_aware_optimizer=true ddp.use_distributed_optimizer=true");
         return pass();
       });
   // torch's Adam takes eps >= 0, but at 0 its step m / (sqrt(v) + eps) is 0 / 0 for every weight

@@ -203,8 +203,7 @@ Config ConfigArgs::load() const {
   Config cfg = load_config_file(resolve_recipe(config_file ? *config_file : positional.front()));
   if (compute_dtype) {
     // The harness builds the recipe at this precision (the flat perf recipes' _perf_precision:
-    // gradients reduced in BF16), before the overrides. Not coupled: run_script.py's
-    // use_precision_aware_optimizer for bf16 with Adam (epx run has no precision-aware optimizer).
+    // gradients reduced in BF16), before the overrides.
     static const std::map<std::string, std::string> kRecipeOf = {
         {"bf16", "bf16_mixed"},
         {"fp8_cs", "bf16_with_fp8_current_scaling_mixed"},
@@ -219,6 +218,11 @@ Config ConfigArgs::load() const {
   }
   const OptString recipe_backend = cfg.model.moe_flex_dispatcher_backend;
   for (size_t i = first_override; i < positional.size(); ++i) apply_override(cfg, positional[i]);
+  // run_script.py's BF16 Adam takes the precision-aware optimizer (TE's FusedAdam), after the overrides.
+  if (compute_dtype == "bf16" && cfg.optimizer.optimizer == "adam") {
+    cfg.optimizer.use_precision_aware_optimizer = true;
+    cfg.explicit_keys["optimizer.use_precision_aware_optimizer"] = Config::Origin::flag;
+  }
   HarnessFlags f = flags;
   if (moe_a2a_overlap) f.moe_a2a_overlap = parse_bool_flag(*moe_a2a_overlap);  // "" too: not a bool
   apply_harness_flags(cfg, f);

@@ -436,9 +436,18 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
     bad(c, "model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
-  if (c.optimizer.use_precision_aware_optimizer)
-    bad(c, "optimizer.use_precision_aware_optimizer", "true",
-        "epx's Adam keeps FP32 masters and FP32 m and v (no TE FusedAdam); set it to false");
+  // TE's FusedAdam with every state in FP32 is epx's Adam (the BF16 weight and its 16 remainder
+  // bits are the FP32 master); lower-precision state is not.
+  const OptimizerConfig& o = c.optimizer;
+  if (o.use_precision_aware_optimizer)
+    for (const auto& [key, dtype] : {std::pair{"optimizer.main_params_dtype", &o.main_params_dtype},
+                                     std::pair{"optimizer.main_grads_dtype", &o.main_grads_dtype},
+                                     std::pair{"optimizer.exp_avg_dtype", &o.exp_avg_dtype},
+                                     std::pair{"optimizer.exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
+      if (*dtype != "fp32")
+        bad(c, key, *dtype,
+            "epx's Adam keeps FP32 masters and FP32 m and v (TE's FusedAdam in FP32); set it to fp32, or "
+            "optimizer.use_precision_aware_optimizer=false");
   j.lr = lr_schedule_from_config(c);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;

@@ -188,6 +188,15 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   r = run("check qwen3_30b_a3b -c nvfp4");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r, "mixed_precision.fp4_not_modelled")) << r.out;
+  // BF16 with Adam takes the precision-aware optimizer after the overrides, as run_script.py: it
+  // needs the distributed optimizer, and an override cannot switch it off.
+  r = run("config show qwen3_30b_a3b -c bf16 optimizer.use_precision_aware_optimizer=false");
+  EXPECT_TRUE(has(r, "  use_precision_aware_optimizer: true\n")) << r.out;
+  EXPECT_FALSE(has(run("config show qwen3_30b_a3b -c bf16 optimizer.optimizer=sgd"), "use_precision_aware_optimizer: true"));
+  r = run("check qwen3_30b_a3b_proxy -c bf16");
+  EXPECT_TRUE(has(r, "--use-precision-aware-optimizer only supported with distributed optimizer | fix: "
+                     "ddp.use_distributed_optimizer=true\n"))
+      << r.out;
 }
 
 TEST(Cli, FixesClearTheirFindingAndNotesSayWhatIsNotModelled) {

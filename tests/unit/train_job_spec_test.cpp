@@ -137,6 +137,16 @@ TEST(JobSpec, LoadBalancingAsTheRouterReadsIt) {
             std::string::npos);
 }
 
+// TE's FusedAdam with FP32 state is epx's Adam (what -c bf16 sets); lower-precision state is refused.
+TEST(JobSpec, ThePrecisionAwareOptimizerInFp32IsEpxsAdam) {
+  const std::vector<std::string> aware = {"optimizer.use_precision_aware_optimizer=true", "ddp.use_distributed_optimizer=true"};
+  EXPECT_EQ(error_of([&] { JobSpec::from_config(resolved(aware), 2); }), "");
+  std::vector<std::string> bf16_state = aware;
+  bf16_state.push_back("optimizer.exp_avg_dtype=bf16");
+  EXPECT_NE(error_of([&] { JobSpec::from_config(resolved(bf16_state), 2); }).find("optimizer.exp_avg_dtype=bf16: epx's Adam"),
+            std::string::npos);
+}
+
 TEST(JobSpec, TheRouterRunsInFp32) {
   EXPECT_EQ(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp32"})); }), "");
   EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.moe_router_dtype=fp64"})); })
