@@ -62,6 +62,30 @@ void add_cuda_graph_rules(RuleTable& add) {
             return fail("full scope cannot be used with other scopes.", fmt::format("{}=[full]", key));
         return pass();
       });
+  // Megatron-Core migrates two deprecated module names (full_iteration to cuda_graph_impl,
+  // full_iteration_inference to the inference scope) only where nothing new-style contradicts them.
+  add("cuda_graph.deprecated_modules", E, {"model.cuda_graph_modules", "model.cuda_graph_scope", "model.cuda_graph_impl"},
+      "Megatron-Core transformer/cuda_graph_config.py",
+      "a deprecated module name (full_iteration, full_iteration_inference) alone and with an implementation it migrates to",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        std::vector<std::string> deprecated, rest;
+        for (const std::string& name : m.cuda_graph_modules)
+          (name == "full_iteration" || name == "full_iteration_inference" ? deprecated : rest).push_back(name);
+        if (deprecated.empty()) return pass();
+        const std::string keep = fmt::format("model.cuda_graph_modules=[{}]", fmt::join(rest, ","));
+        if (std::any_of(deprecated.begin(), deprecated.end(), [&](const std::string& d) { return d != deprecated.front(); }))
+          return fail(fmt::format("cuda_graph_modules cannot contain multiple deprecated values at the same time: ['{}'].",
+                                  fmt::join(deprecated, "', '")),
+                      keep);
+        const std::string& impl = m.cuda_graph_impl;
+        const bool fits = deprecated.front() == "full_iteration" ? impl == "none" || impl == "local" || impl == "full_iteration"
+                                                                 : impl == "none" || impl == "local";
+        return fail_if(!fits,
+                       fmt::format("cuda_graph_modules='{}' cannot be combined with cuda_graph_impl='{}'.",
+                                   deprecated.front(), impl),
+                       keep);
+      });
   add("cuda_graph.te_rng_tracker", E, {"model.cuda_graph_impl", "model.use_te_rng_tracker", "rng.te_rng_tracker"},
       "Megatron-Bridge models/gpt_provider.py", "CUDA graphs need Transformer Engine's RNG tracker",
       [](const CheckContext& c) {

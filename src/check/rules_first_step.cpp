@@ -75,12 +75,19 @@ void add_first_step_rules(RuleTable& add) {
   add("moe.quantile_balancing_router", E,
       {"model.moe_router_load_balancing_type", "model.moe_router_fusion", "model.moe_router_num_groups",
        "model.moe_router_group_topk"},
-      "Megatron-Core moe/router.py", "quantile balancing routes without the fused router and without groups",
+      "Megatron-Core moe/router.py",
+      "quantile balancing routes without the fused router, without groups, and compares a token's top-k with its (k+1)-th "
+      "expert",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing")) return pass();
         if (m.moe_router_fusion)
           return fail("Quantile balancing routing does not support moe_router_fusion.", "model.moe_router_fusion=false");
+        if (m.moe_router_topk >= *m.num_moe_experts)  // torch's topk(k + 1) raises
+          return fail(fmt::format("quantile balancing takes each token's top-(k+1) scores: moe_router_topk ({}) must be "
+                                  "below num_moe_experts ({})",
+                                  m.moe_router_topk, *m.num_moe_experts),
+                      fmt::format("model.moe_router_topk={}", std::max<Int>(1, *m.num_moe_experts - 1)));
         return fail_if(m.moe_router_num_groups || m.moe_router_group_topk,
                        "Quantile balancing routing does not support group-limited routing.",
                        "model.moe_router_num_groups=null model.moe_router_group_topk=null");
@@ -92,11 +99,10 @@ void add_first_step_rules(RuleTable& add) {
       "quantile balancing gives each expert an equal share of a micro-batch's routed assignments (tokens x top-k)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing") || !c.cfg.train.micro_batch_size)
-          return pass();
+        if (!m.num_moe_experts || !m.moe_router_load_balancing_type.is("quantile_balancing")) return pass();
         // The logits of a micro-batch gathered over TP x CP: all its tokens, each TP rank's own
         // under sequence parallelism, else every TP rank's copy.
-        const Int m_tokens = *c.cfg.train.micro_batch_size * m.seq_length *
+        const Int m_tokens = c.cfg.train.micro_batch_size.value_or(1) * m.seq_length *
                              (m.sequence_parallel ? 1 : m.tensor_model_parallel_size);
         return fail_if((m_tokens * m.moe_router_topk) % *m.num_moe_experts != 0,
                        fmt::format("Quantile balancing requires the number of routed assignments ({} tokens * top-{}) "

@@ -188,6 +188,7 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
       throw ConfigError(fmt::format("override '{}': {} already holds a value, and Hydra's + only adds a key (Bridge "
                                     "refuses it: 'Could not append to config'); write {}={} (or ++{}={})",
                                     shorten(text), f->key(), f->key(), shorten(value), f->key(), shorten(value)));
+    std::erase(cfg.none_moe_fields, f->key());
     if (deleting) {
       f->reset(cfg);
       cfg.explicit_keys.erase(f->key());
@@ -195,7 +196,6 @@ void apply_override(Config& cfg, const std::string& text, Config::Origin origin)
       return;
     }
     const YAML::Node node = parse_value(f->key(), value);
-    std::erase(cfg.none_moe_fields, f->key());
     if (!(cfg.is_bridge_dump() && take_none_moe_field(cfg, f->key(), node))) f->set(cfg, node);
     cfg.explicit_keys[f->key()] = origin;
     cfg.file_locations.erase(f->key());

@@ -173,13 +173,7 @@ template <class T>
 struct Codec<OneOrList<T>> {
   static std::string type_name() { return Codec<T>::type_name() + ", or a list of them"; }
   static OneOrList<T> decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>& choices) {
-    if (!n.IsSequence()) {
-      if constexpr (std::is_same_v<T, std::string>)
-        if (n.IsScalar() && n.Scalar().find(',') != std::string::npos)  // Megatron would compare the whole text
-          throw ConfigError(fmt::format("{} is one name, got '{}'; write several as a list: [{}]", key,
-                                        shorten(n.Scalar()), shorten(n.Scalar())));
-      return OneOrList<T>(Codec<T>::decode(n, key, choices));
-    }
+    if (!n.IsSequence()) return OneOrList<T>(Codec<T>::decode(n, key, choices));
     std::vector<T> values;
     for (const auto& item : n) values.push_back(Codec<T>::decode(item, key, choices));
     if (values.empty())
@@ -715,6 +709,7 @@ bool take_none_moe_field(Config& cfg, const std::string& key, const YAML::Node& 
   if ((key != "model.moe_router_topk" && key != "model.moe_token_dispatcher_type") || !is_null(value)) return false;
   if (std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), key) == cfg.none_moe_fields.end())
     cfg.none_moe_fields.push_back(key);
+  find_field(key)->reset(cfg);  // the default stands in for None
   return true;
 }
 

@@ -130,6 +130,7 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
       throw ConfigError(fmt::format("{}: unknown key '{}'{}", location(c.source, kv.first), key,
                                     did_you_mean(suggest_keys(key))));
     if (bridge_dump && take_none_moe_field(c, key, kv.second)) {
+      c.explicit_keys[key] = Config::Origin::file;
       c.file_locations[key] = location(c.source, kv.second);
       continue;
     }
@@ -336,7 +337,8 @@ std::string dump_yaml(const Config& cfg) {
     for (const auto& f : schema())
       if (f.section == sec) {
         out << YAML::Key << f.name << YAML::Value;
-        emit_value(out, f.get(cfg));
+        const bool none = std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), f.key()) != cfg.none_moe_fields.end();
+        emit_value(out, none ? YAML::Node(YAML::NodeType::Null) : f.get(cfg));
       }
     for (const auto& kv : cfg.extra_fields.child_map(sec)) {
       out << YAML::Key << kv.first << YAML::Value;

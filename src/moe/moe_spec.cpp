@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace epx {
 
 const char* aux_loss_type(AuxLoss k) {
@@ -11,6 +13,13 @@ const char* aux_loss_type(AuxLoss k) {
     case AuxLoss::global_aux_loss: return "global_aux_loss";
   }
   return "";
+}
+
+std::string quantile_balancing_uneven(std::int64_t tokens, int topk, std::int64_t experts) {
+  if ((tokens * topk) % experts == 0) return "";
+  return fmt::format("Quantile balancing requires the number of routed assignments ({} tokens * top-{}) to be divisible "
+                     "by {} experts.",
+                     tokens, topk, experts);
 }
 
 const char* aux_loss_log_name(AuxLoss k) {

@@ -122,10 +122,7 @@ void Router::quantile_select(Routing& r, const float* logits, bool update) {
     alpha[static_cast<std::size_t>(t)] = shifted[static_cast<std::size_t>(top[static_cast<std::size_t>(k)])];
   }
   if (!update || t_count == 0) return;
-  if ((t_count * k) % e != 0)
-    throw InputError(fmt::format("Quantile balancing requires the number of routed assignments ({} tokens * top-{}) "
-                                 "to be divisible by {} experts.",
-                                 t_count, k, e));
+  if (const std::string uneven = quantile_balancing_uneven(t_count, k, e); !uneven.empty()) throw InputError(uneven);
   const auto c = static_cast<std::size_t>(t_count * k / e);
   std::vector<float> column(static_cast<std::size_t>(t_count));
   float* accum = qb_beta_accum.data<float>();
@@ -148,8 +145,8 @@ void Router::score_and_select(Routing& r, const float* logits) const {
   float* scores = r.scores.data<float>();
   r.probs = Tensor({t_count, e}, DType::F32);
   float* probs = r.probs.data<float>();
-  const bool chosen = spec_.quantile_balancing;
-  if (!chosen) r.topk.assign(static_cast<std::size_t>(t_count * k), 0);
+  const bool preselected = spec_.quantile_balancing;
+  if (!preselected) r.topk.assign(static_cast<std::size_t>(t_count * k), 0);
   r.routing_map.assign(static_cast<std::size_t>(t_count * e), 0);
   const bool sigmoid_scores = spec_.score_function == "sigmoid";
   std::vector<float> select_on(static_cast<std::size_t>(e));
@@ -161,17 +158,17 @@ void Router::score_and_select(Routing& r, const float* logits) const {
       sigmoid(lg, sc, e);
       for (std::int64_t j = 0; j < e; ++j)
         select_on[static_cast<std::size_t>(j)] = sc[j] + (spec_.expert_bias ? expert_bias.data<float>()[j] : 0.f);
-      if (!chosen) select_topk(select_on.data(), e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!preselected) select_topk(select_on.data(), e, k, spec_.num_groups, spec_.group_topk, sel);
       double z = 0;
       for (int i = 0; i < k; ++i) z += sc[sel[i]];
       for (int i = 0; i < k; ++i)
         probs[t * e + sel[i]] = k > 1 ? static_cast<float>(sc[sel[i]] / (z + 1e-20)) : sc[sel[i]];
     } else if (spec_.pre_softmax) {
       softmax_rows(lg, sc, 1, e);
-      if (!chosen) select_topk(sc, e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!preselected) select_topk(sc, e, k, spec_.num_groups, spec_.group_topk, sel);
       for (int i = 0; i < k; ++i) probs[t * e + sel[i]] = sc[sel[i]];
     } else {
-      if (!chosen) select_topk(lg, e, k, spec_.num_groups, spec_.group_topk, sel);
+      if (!preselected) select_topk(lg, e, k, spec_.num_groups, spec_.group_topk, sel);
       std::vector<float> chosen(static_cast<std::size_t>(k)), p(static_cast<std::size_t>(k));
       for (int i = 0; i < k; ++i) chosen[static_cast<std::size_t>(i)] = lg[sel[i]];
       softmax_rows(chosen.data(), p.data(), 1, k);

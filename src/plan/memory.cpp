@@ -126,8 +126,15 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // ddp.grad_reduce_in_fp32 (param_and_grad_buffer.py); epx's runtime always in FP32.
   const double weight_bytes = element_bytes(m);
   const double all_params = out.dense_params + out.expert_params;
-  out.optimizer_params = c.ddp.use_distributed_optimizer ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp
-                                                         : all_params;
+  // Megatron builds any optimizer but adam and sgd on its emerging-optimizer path, which shards
+  // the state only layer-wise (a dist_ name, or use_layer_wise_distributed_optimizer in a dump).
+  const OptimizerConfig& o = c.optimizer;
+  const std::string name = o.optimizer.starts_with("dist_") ? o.optimizer.substr(5) : o.optimizer;
+  const YAML::Node layer_wise = c.extra_fields.child_map("optimizer")["use_layer_wise_distributed_optimizer"];
+  const bool sharded = name == "adam" || name == "sgd"
+                           ? c.ddp.use_distributed_optimizer
+                           : o.optimizer.starts_with("dist_") || (layer_wise.IsScalar() && to_lower(layer_wise.Scalar()) == "true");
+  out.optimizer_params = sharded ? out.dense_params / (l.dp * l.cp) + out.expert_params / l.edp : all_params;
   out.weights = weight_bytes * all_params;
   const bool fp32_grads = c.ddp.grad_reduce_in_fp32 || !target_gpu(c).cuda();
   out.gradients = (fp32_grads ? 4 : weight_bytes) * all_params;
@@ -136,13 +143,11 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   if (!fp32_grads && weight_bytes < 4) out.step_grads = 4 * out.optimizer_params;
   // The FP32 master and the optimizer's state: Adam's m and v; one momentum for SGD and Lion; for
   // Muon the matrices' momentum, with Adam for what Megatron excludes from Muon (the embedding and
-  // the output layer; the norms are not counted). "dist_muon" is Muon, layer-wise distributed.
-  const OptimizerConfig& o = c.optimizer;
-  const std::string name = o.optimizer.starts_with("dist_") ? o.optimizer.substr(5) : o.optimizer;
+  // the output layer; the norms are not counted).
   out.optimizer = 12 * out.optimizer_params;
   if (name == "sgd" || name == "lion") out.optimizer = 8 * out.optimizer_params;
   if (name == "muon" || name == "adaptive_muon") {
-    const double adam_params = (out.embedding_params + output_params) / (c.ddp.use_distributed_optimizer ? l.dp * l.cp : 1);
+    const double adam_params = (out.embedding_params + output_params) / (sharded ? l.dp * l.cp : 1);
     out.optimizer = 12 * adam_params + 8 * (out.optimizer_params - adam_params);
   }
   if (o.use_precision_aware_optimizer) {

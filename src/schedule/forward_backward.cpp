@@ -18,6 +18,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
     MicroBatchLosses& l = out[static_cast<std::size_t>(j)];
     l.lm_loss = ctx.loss;
     for (AuxLoss k : kAuxLosses) at(l.aux_losses, k) = at(ctx.aux_losses, k) / moe_layers;
+    l.z_loss = ctx.z_loss / moe_layers;
   };
 
   if (!options.ep_overlap) {  // forward_backward_no_pipelining

@@ -151,6 +151,7 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
       f->x = Tensor();
       for (AuxLoss k : kAuxLosses)  // this chunk's MoE layers' share of the mean
         at(l.aux_losses, k) += at(f->ctx.aux_losses, k) / moe_layers;
+      l.z_loss += f->ctx.z_loss / moe_layers;
     }
     if (b) {
       const auto [v, j] = *step.backward;

@@ -131,10 +131,9 @@ MoESpec moe_spec_from_config(const Config& c) {
     bad(c, "model.moe_router_load_balancing_type", types_text,
         "epx has no Sinkhorn routing; it runs aux_loss, seq_aux_loss, global_aux_loss (any of them as a list), "
         "quantile_balancing and none");
-  if (types.is_list != m.moe_aux_loss_coeff.is_list || types.values.size() != m.moe_aux_loss_coeff.values.size())
-    if (types.is_list || std::any_of(kAuxLosses.begin(), kAuxLosses.end(), [&](AuxLoss k) { return types.is(aux_loss_type(k)); }))
-      bad(c, "model.moe_aux_loss_coeff", field_text(c, "model.moe_aux_loss_coeff"),
-          fmt::format("[moe.aux_loss_coeff_list] give one coefficient per load-balancing type ({})", types_text));
+  if (!aux_loss_coeffs_fit(m))
+    bad(c, "model.moe_aux_loss_coeff", field_text(c, "model.moe_aux_loss_coeff"),
+        fmt::format("[moe.aux_loss_coeff_list] give one coefficient per load-balancing type ({})", types_text));
   for (AuxLoss k : kAuxLosses) at(s.aux_loss_coeff, k) = aux_loss_coeff(m, aux_loss_type(k));
   s.quantile_balancing = types.is("quantile_balancing");
   s.quantile_balancing_ema = m.moe_router_quantile_balancing_ema;
@@ -144,9 +143,13 @@ MoESpec moe_spec_from_config(const Config& c) {
           "[moe.quantile_balancing_router] Quantile balancing routing does not support group-limited routing.");
     if (s.topk >= s.num_experts)
       bad(c, "model.moe_router_topk", std::to_string(s.topk),
-          fmt::format("quantile balancing compares each token's top-k with its (k+1)-th expert, so topk must be below "
-                      "num_moe_experts ({})",
+          fmt::format("[moe.quantile_balancing_router] quantile balancing compares each token's top-k with its (k+1)-th "
+                      "expert, so topk must be below num_moe_experts ({})",
                       s.num_experts));
+    if (m.moe_expert_capacity_factor)
+      bad(c, "model.moe_expert_capacity_factor", fmt::format("{}", *m.moe_expert_capacity_factor),
+          "[moe.capacity_settings] moe_expert_capacity_factor only works with aux_loss, seq_aux_loss, global_aux_loss "
+          "or none load balancing");
   }
   s.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
   s.force_load_balancing = m.moe_router_force_load_balancing;
@@ -168,11 +171,12 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.seed = static_cast<std::uint64_t>(c.rng.seed);
   s.seq_length = m.seq_length;
   s.micro_batch = c.train.micro_batch_size.value_or(1);
-  if (s.quantile_balancing && (s.tokens() * s.topk) % s.num_experts != 0)
-    bad(c, "train.micro_batch_size", std::to_string(s.micro_batch),
-        fmt::format("[moe.quantile_balancing_assignments] Quantile balancing requires the number of routed assignments "
-                    "({} tokens * top-{}) to be divisible by {} experts.",
-                    s.tokens(), s.topk, s.num_experts));
+  if (const std::string uneven = quantile_balancing_uneven(s.tokens(), s.topk, s.num_experts);
+      s.quantile_balancing && !uneven.empty())
+    bad(c, "model.seq_length", std::to_string(s.seq_length),
+        fmt::format("[moe.quantile_balancing_assignments] {} Set seq_length x micro_batch_size ({}) x top-{} to a multiple "
+                    "of {}",
+                    uneven, s.micro_batch, s.topk, s.num_experts));
   return s;
 }
 
@@ -347,18 +351,20 @@ ScheduleOptions schedule_options_from_config(const Config& c) {
 
 LrSchedule lr_schedule_from_config(const Config& c) {
   LrSchedule s;
+  if (c.optimizer.optimizer != "adam")
+    bad(c, "optimizer.optimizer", c.optimizer.optimizer, "epx's runtime implements adam; set optimizer.optimizer=adam");
   if (!c.optimizer.lr || *c.optimizer.lr < 0)
-    throw ConfigError(fmt::format("optimizer.lr={}: training needs a learning rate; set optimizer.lr (e.g. 3e-4)",
-                                  c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None"));
+    bad(c, "optimizer.lr", c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None",
+        "training needs a learning rate; set optimizer.lr (e.g. 3e-4)");
   s.max_lr = *c.optimizer.lr;
   s.min_lr = c.optimizer.min_lr.value_or(0.0);
   if (s.min_lr > s.max_lr)
-    throw ConfigError(fmt::format("optimizer.min_lr={}: above optimizer.lr={}; set it lower", s.min_lr, s.max_lr));
+    bad(c, "optimizer.min_lr", fmt::format("{}", s.min_lr), fmt::format("above optimizer.lr={}; set it lower", s.max_lr));
   s.warmup_init = c.scheduler.lr_warmup_init;
   s.samples_per_step = c.train.global_batch_size.value_or(1);
   s.style = c.scheduler.lr_decay_style;
   if (s.style != "constant" && s.style != "linear" && s.style != "cosine")
-    throw ConfigError(fmt::format("scheduler.lr_decay_style={}: epx implements constant, linear and cosine", s.style));
+    bad(c, "scheduler.lr_decay_style", s.style, "epx implements constant, linear and cosine; set one of them");
   // Bridge's steps, capped (check rule scheduler.warmup_capped warns of the cap).
   const std::optional<SchedulerSteps> steps = scheduler_steps(c);
   if (!steps || steps->decay < 1)

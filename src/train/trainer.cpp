@@ -108,18 +108,11 @@ class Trainer {
   IterationLog train_step(int it);
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
-  // The coefficient of an aux loss Megatron logs; 0: not logged.
-  double load_balancing_coeff(AuxLoss k) const {
-    const auto& moe = job_.model.moe;
-    return moe && job_.model.num_moe_layers() > 0 ? at(moe->aux_loss_coeff, k) : 0;
-  }
   void update_quantile_balancing();
-  // Each aux loss that is on, as Megatron's log line names it: " load_balancing_loss: 1.0E+00 |".
-  std::string load_balancing_text(const IterationLog& log) const {
+  // The MoE losses Megatron's log line shows after the LM loss: " load_balancing_loss: 1.0E+00 |".
+  static std::string moe_losses_text(const IterationLog& log) {
     std::string out;
-    for (AuxLoss k : kAuxLosses)
-      if (load_balancing_coeff(k) > 0)
-        out += fmt::format(" {}: {:.6E} |", aux_loss_log_name(k), python_nan(at(log.load_balancing_losses, k)));
+    for (const auto& [name, value] : log.moe_losses) out += fmt::format(" {}: {:.6E} |", name, python_nan(value));
     return out;
   }
   // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
@@ -287,7 +280,7 @@ IterationLog Trainer::train_step(int it) {
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
   for (auto& c : chunks_) c->zero_grad();
   reducer_.start(static_cast<int>(micro_batches));
-  double sums[1 + kAuxLosses.size()] = {};  // lm loss, each aux loss (summed over micro-batches)
+  double sums[2 + kAuxLosses.size()] = {};  // lm loss, each aux loss, z-loss (summed over micro-batches)
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);
   };
@@ -303,6 +296,7 @@ IterationLog Trainer::train_step(int it) {
   for (const MicroBatchLosses& l : losses) {
     sums[0] += l.lm_loss;
     for (std::size_t k = 0; k < kAuxLosses.size(); ++k) sums[k + 1] += l.aux_losses[k];
+    sums[1 + kAuxLosses.size()] += l.z_loss;
   }
   double grad_norm = 0;
   {
@@ -314,7 +308,7 @@ IterationLog Trainer::train_step(int it) {
     adam_.step(job_.lr.at(it - 1));
     if (job_.grad_reduce.distributed) reducer_.gather_params(job_.grad_reduce.overlap_param_gather);
   }
-  float reduced[1 + kAuxLosses.size()];
+  float reduced[std::size(sums)];
   for (std::size_t i = 0; i < std::size(reduced); ++i) reduced[i] = static_cast<float>(sums[i]);
   world_.allreduce(reduced, std::size(reduced), DType::F32);
   const double step_s = seconds(Clock::now() - t0);
@@ -329,14 +323,24 @@ IterationLog Trainer::train_step(int it) {
   // own layers' share of the load-balancing loss.
   const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);
   log.lm_loss = reduced[0] / (static_cast<double>(micro_batches) * replicas);
-  // As Megatron's MoE metrics tracker logs them: each aux loss without its coefficient, the mean
-  // over the MoE layers (the schedule's losses already are) and the micro-batches; summed over
-  // TP x DP x CP for the global aux loss (whose tokens are all of them), else averaged over DP.
-  for (AuxLoss k : kAuxLosses)
-    if (const double coeff = load_balancing_coeff(k); coeff > 0)
-      at(log.load_balancing_losses, k) = reduced[1 + static_cast<std::size_t>(k)] /
-                                         (static_cast<double>(micro_batches) * (k == AuxLoss::global_aux_loss ? 1 : replicas)) /
-                                         coeff;
+  // As Megatron's MoE metrics tracker logs them: each loss without its coefficient, the mean over
+  // the MoE layers (the schedule's losses already are) and the micro-batches; summed over TP x DP
+  // x CP for the global aux loss (whose tokens are all of them), else averaged over DP. The names
+  // are training.py's: a load-balancing type holding the loss's type ("aux_loss" is in the string
+  // "seq_aux_loss", not in the list ["seq_aux_loss"]), shown at 0 where nothing was recorded; the
+  // z-loss wherever moe_z_loss_coeff is set (0 / 0 at a coefficient of 0, as Megatron's).
+  if (job_.model.num_moe_layers() > 0) {
+    const MoESpec& moe = *job_.model.moe;
+    for (AuxLoss k : kAuxLosses) {
+      if (!tracks_loss(cfg_.model.moe_router_load_balancing_type, aux_loss_type(k))) continue;
+      const double coeff = at(moe.aux_loss_coeff, k);
+      const double scale = static_cast<double>(micro_batches) * (k == AuxLoss::global_aux_loss ? 1 : replicas);
+      log.moe_losses.emplace_back(aux_loss_log_name(k), coeff > 0 ? reduced[1 + static_cast<std::size_t>(k)] / scale / coeff : 0);
+    }
+    if (cfg_.model.moe_z_loss_coeff)
+      log.moe_losses.emplace_back("z_loss", reduced[1 + kAuxLosses.size()] / (static_cast<double>(micro_batches) * replicas) /
+                                                *cfg_.model.moe_z_loss_coeff);
+  }
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
   log.mem_allocated = mem.allocated_bytes;
@@ -356,7 +360,7 @@ void Trainer::training_log(const IterationLog& log) const {
                         "number of nan iterations: {:3d} |\n",
                         timestamp(), it, iters, log.consumed_samples, log.step_s * 1e3, log.tflops_per_rank, log.lr,
                         job_.global_batch, python_nan(log.lm_loss),
-                        load_balancing_text(log),
+                        moe_losses_text(log),
                         python_nan(log.grad_norm), std::isfinite(log.lm_loss) ? 0 : 1)
          << std::flush;
   if (options_.log && rank == 0)
@@ -531,8 +535,7 @@ nlohmann::json TrainResult::to_json() const {
                    {"tflops_per_rank", i.tflops_per_rank}, {"learning_rate", i.lr}, {"lm_loss", i.lm_loss},
                    {"grad_norm", i.grad_norm}, {"mem_allocated_bytes", i.mem_allocated},
                    {"mem_max_allocated_bytes", i.mem_max_allocated}});
-    for (AuxLoss k : kAuxLosses)  // the aux losses that are on, by the log's names (one that is on is not 0)
-      if (at(i.load_balancing_losses, k) != 0) its.back()[aux_loss_log_name(k)] = at(i.load_balancing_losses, k);
+    for (const auto& [name, value] : i.moe_losses) its.back()[name] = value;
   }
   nlohmann::json summary{{"steady_state_iterations", {steady_first, steady_last}},
                          {"mean_step_time_s", mean_step_s},

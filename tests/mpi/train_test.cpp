@@ -141,6 +141,26 @@ TEST(Training, LoadBalancingIsTheSameUnderEveryScheduleBitwise) {
   }
 }
 
+// With one micro-batch an iteration on one rank, the global aux loss is the aux loss: its counts
+// restart every global batch.
+TEST(Training, GlobalAuxLossRestartsEveryGlobalBatch) {
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  const std::vector<std::string> one{"train.global_batch_size=1", "model.moe_aux_loss_coeff=1e-1"};
+  std::vector<std::string> global = one, aux = one;
+  global.push_back("model.moe_router_load_balancing_type=global_aux_loss");
+  aux.push_back("model.moe_router_load_balancing_type=aux_loss");
+  EXPECT_EQ(losses(*self, global), losses(*self, aux));
+}
+
+// Quantile balancing's bias is the mean of every micro-batch's estimate, averaged over DP: the
+// distributed run follows the single-rank loss curve of the same global batch.
+TEST(Training, QuantileBalancingGivesTheSingleRankLossCurve) {
+  const std::vector<std::string> o{"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_aux_loss_coeff=0",
+                                   "train.train_iters=6"};
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  expect_losses_near(losses(mpi().world(), o), losses(*self, o), 2e-4, "quantile balancing");
+}
+
 TEST(Training, SameSeedSameLossesBitwise) {
   const std::vector<std::string> o{"model.bf16=true"};
   EXPECT_EQ(losses(mpi().world(), o), losses(mpi().world(), o));

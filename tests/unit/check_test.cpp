@@ -194,6 +194,10 @@ const std::vector<Case>& cases() {
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=bf16"}, {"model.moe_router_dtype=null"}},
       {"cuda_graph.full_alone", {"model.cuda_graph_modules=[full,attn]"}, {"model.cuda_graph_modules=[full]"}},
+      {"cuda_graph.deprecated_modules", {"model.cuda_graph_modules=[full_iteration,full_iteration_inference]"},
+       {"model.cuda_graph_modules=[full_iteration]"}},
+      {"cuda_graph.deprecated_modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[full_iteration_inference,attn]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_modules=[attn]"}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
       {"moe.aux_loss_coeff_list", {"model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]"},
        {"model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]", "model.moe_aux_loss_coeff=[1e-3,1e-4]"}},
@@ -206,6 +210,9 @@ const std::vector<Case>& cases() {
        {"model.moe_router_load_balancing_type=aux_loss"}},  // the fix is the nearest name
       {"moe.load_balancing_type_unknown", {"model.moe_router_load_balancing_type=noaux_tc"},
        {"model.moe_router_load_balancing_type=none"}},
+      {"moe.load_balancing_type_unknown",  // Bridge's tests' comma string: one name to Megatron; the fix is a list
+       {"model.moe_router_load_balancing_type=aux_loss,seq_aux_loss"},
+       {"model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss]", "model.moe_aux_loss_coeff=[1e-3,1e-3]"}},
       {"moe.load_balancing_list_ignores", {"model.moe_router_load_balancing_type=[sinkhorn]", "model.moe_aux_loss_coeff=[0.0]"},
        {"model.moe_router_load_balancing_type=[aux_loss]", "model.moe_aux_loss_coeff=[0.0]"}},
       {"moe.load_balancing_list_ignores",
@@ -216,6 +223,9 @@ const std::vector<Case>& cases() {
       {"moe.quantile_balancing_router",
        {"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_router_num_groups=4", "model.moe_router_group_topk=2"},
        {"model.moe_router_load_balancing_type=aux_loss", "model.moe_router_num_groups=4", "model.moe_router_group_topk=2"}},
+      {"moe.quantile_balancing_router",  // torch's topk(k + 1) over 16 experts
+       {"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_router_topk=16"},
+       {"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_router_topk=15", "model.seq_length=512"}},
       {"moe.quantile_balancing_assignments",  // 255 tokens x top-4 over 16 experts
        {"model.moe_router_load_balancing_type=quantile_balancing", "model.seq_length=255"},
        {"model.moe_router_load_balancing_type=quantile_balancing", "model.seq_length=252"}},

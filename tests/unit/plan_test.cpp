@@ -84,18 +84,22 @@ TEST(Plan, TheOptimizerStepCanSetThePeak) {
 
 // The optimizer's state beside each FP32 master: Adam's m and v (12 bytes a parameter), one
 // momentum for SGD and Lion (8); Muon's momentum for the matrices and Adam for the embedding and
-// output layer, which Megatron keeps from Muon.
+// output layer, which Megatron keeps from Muon. Megatron's emerging optimizers (all but adam and
+// sgd) shard their state only layer-wise (dist_muon), not by the distributed optimizer.
 TEST(Plan, OptimizerStateFollowsTheOptimizer) {
   const auto memory = [](const std::string& name) {
     return make_plan(resolved("qwen3_30b_a3b", {"optimizer.optimizer=" + name})).memory;
   };
-  const MemoryPlan adam = memory("adam"), sgd = memory("sgd"), lion = memory("lion"), muon = memory("dist_muon");
+  const MemoryPlan adam = memory("adam"), sgd = memory("sgd"), muon = memory("dist_muon"), lion = memory("lion");
   EXPECT_DOUBLE_EQ(adam.optimizer, 12 * adam.optimizer_params);
   EXPECT_DOUBLE_EQ(sgd.optimizer, 8 * sgd.optimizer_params);
-  EXPECT_DOUBLE_EQ(lion.optimizer, sgd.optimizer);
+  EXPECT_DOUBLE_EQ(sgd.optimizer_params, adam.optimizer_params);  // both sharded by the distributed optimizer
   EXPECT_GT(muon.optimizer, sgd.optimizer);  // the first stage's embedding under Adam
   EXPECT_LT(muon.optimizer, adam.optimizer);
-  EXPECT_DOUBLE_EQ(muon.optimizer, memory("muon").optimizer);
+  EXPECT_DOUBLE_EQ(muon.optimizer_params, adam.optimizer_params);
+  EXPECT_DOUBLE_EQ(lion.optimizer_params, lion.dense_params + lion.expert_params);  // not sharded
+  EXPECT_DOUBLE_EQ(lion.optimizer, 8 * lion.optimizer_params);
+  EXPECT_GT(memory("muon").optimizer, muon.optimizer);
 }
 
 // Bridge pads a preset vocabulary only where its setup says so (should_pad_vocab, cleared for a

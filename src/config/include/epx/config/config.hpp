@@ -183,6 +183,22 @@ struct ModelConfig {
   bool use_te_rng_tracker = false;  // Transformer Engine's RNG tracker, which CUDA graphs need
 };
 
+// Whether Megatron's training log tracks the loss of `type` (training.py's `type in
+// moe_router_load_balancing_type`: a substring of one name, an element of a list).
+inline bool tracks_loss(const OneOrList<std::string>& types, const std::string& type) {
+  return types.is_list ? types.contains(type) : types.values.front().find(type) != std::string::npos;
+}
+
+// Whether the aux-loss coefficients fit the load-balancing types as Megatron takes them: a list of
+// types, a list of coefficients as long (TransformerConfig's assert); one aux-loss type beside a
+// list stops the router (it compares the list with 0).
+inline bool aux_loss_coeffs_fit(const ModelConfig& m) {
+  const auto& types = m.moe_router_load_balancing_type;
+  const auto& coeffs = m.moe_aux_loss_coeff;
+  if (types.is_list) return coeffs.is_list && coeffs.values.size() == types.values.size();
+  return !coeffs.is_list || !(types.is("aux_loss") || types.is("seq_aux_loss") || types.is("global_aux_loss"));
+}
+
 // Megatron's Router.get_aux_loss_coeff: the coefficient of one aux loss (aux_loss, seq_aux_loss,
 // global_aux_loss), 0 where the type is not selected. The check refuses the shapes Megatron does
 // not take (a list of types beside one coefficient, or the reverse).

@@ -65,7 +65,8 @@ std::string yaml_text(const YAML::Node& node);
 
 // A None that Bridge's dense providers leave in an MoE-only field (Gemma4's moe_router_topk,
 // Qwen3-VL's moe_token_dispatcher_type): in a Bridge dump it is recorded in
-// Config::none_moe_fields and the field keeps its default. Returns whether `value` was one.
+// Config::none_moe_fields, the field is set to its default, and a dump writes None back. Returns
+// whether `value` was one.
 bool take_none_moe_field(Config& cfg, const std::string& key, const YAML::Node& value);
 
 // The current value of `key` in `cfg` as YAML flow text. Throws std::logic_error for an unknown

@@ -21,6 +21,9 @@ inline double at(const AuxLossValues& v, AuxLoss k) { return v[static_cast<std::
 // ("load_balancing_loss").
 const char* aux_loss_type(AuxLoss k);
 const char* aux_loss_log_name(AuxLoss k);
+// Megatron's refusal of quantile balancing where a micro-batch's assignments do not split evenly
+// over the experts; empty where they do.
+std::string quantile_balancing_uneven(std::int64_t tokens, int topk, std::int64_t experts);
 
 struct MoESpec {
   std::int64_t hidden = 0;

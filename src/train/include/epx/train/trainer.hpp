@@ -37,7 +37,9 @@ struct IterationLog {
   int iteration = 0;
   std::int64_t consumed_samples = 0;
   double step_s = 0, tflops_per_rank = 0, lr = 0, lm_loss = 0, grad_norm = 0;
-  AuxLossValues load_balancing_losses{};  // each aux loss without its coefficient (0 where off)
+  // The MoE losses Megatron's training log tracks, by its names ("load_balancing_loss", ...,
+  // "z_loss"), each without its coefficient.
+  std::vector<std::pair<std::string, double>> moe_losses;
   std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
 };
 
