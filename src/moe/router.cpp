@@ -65,7 +65,7 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
   if (spec_.quantile_balancing) quantile_select(r, logits.data<float>(), /*update=*/training && !replay);
   score_and_select(r, logits.data<float>());
   if (spec_.capacity_factor) apply_capacity(r);
-  count_tokens(r, /*for_bias=*/training && spec_.expert_bias && !replay);
+  count_tokens(r, /*counted=*/training && !replay);
   if (training) apply_aux_losses(r, logits.data<float>(), seq_length, aux_loss_scale, replay);
   return r;
 }
@@ -217,15 +217,19 @@ void Router::apply_capacity(Routing& r) const {
 
 // Tokens per expert after capacity; a training forward (not a recompute) also counts them for
 // the aux-loss-free expert-bias update.
-void Router::count_tokens(Routing& r, bool for_bias) {
+void Router::count_tokens(Routing& r, bool counted) {
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   r.tokens_per_expert.assign(static_cast<std::size_t>(e), 0);
   for (std::int64_t t = 0; t < t_count; ++t)
     for (std::int64_t j = 0; j < e; ++j)
       r.tokens_per_expert[static_cast<std::size_t>(j)] += r.routing_map[static_cast<std::size_t>(t * e + j)];
-  if (for_bias)
-    for (std::int64_t j = 0; j < e; ++j)
-      local_tokens_per_expert.data<float>()[j] += static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
+  if (!counted) return;
+  routed_tokens.resize(static_cast<std::size_t>(e), 0);
+  for (std::int64_t j = 0; j < e; ++j) {
+    const auto n = static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
+    routed_tokens[static_cast<std::size_t>(j)] += n;
+    if (spec_.expert_bias) local_tokens_per_expert.data<float>()[j] += n;
+  }
 }
 
 // The aux losses (Megatron's switch_load_balancing_loss_func) on the full score distribution and

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 #include <ctime>
 #include <fstream>
 #include <iostream>
@@ -109,6 +110,7 @@ class Trainer {
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
   void update_quantile_balancing();
+  double expert_load_sum();
   // The MoE losses Megatron's log line shows after the LM loss: " load_balancing_loss: 1.0E+00 |".
   static std::string moe_losses_text(const IterationLog& log) {
     std::string out;
@@ -209,6 +211,30 @@ void Trainer::log_start(const TrainResult& r) const {
        << std::flush;
 }
 
+// The expert load of this iteration: each MoE layer's tokens per expert over every micro-batch,
+// summed over DP x CP, as the busiest expert's against the mean; summed over this stage's layers.
+double Trainer::expert_load_sum() {
+  const std::vector<MoELayer*> layers = moe_layers();
+  if (layers.empty()) return 0;
+  const auto e = static_cast<std::size_t>(job_.model.moe->num_experts);
+  std::vector<float> counts(layers.size() * e, 0.f);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    std::vector<float>& routed = layers[i]->router.routed_tokens;
+    std::copy(routed.begin(), routed.end(), counts.begin() + static_cast<std::ptrdiff_t>(i * e));
+    routed.assign(e, 0.f);
+  }
+  Communicator& dp_group = groups_.get(GroupKind::dp_cp);
+  if (dp_group.size() > 1)
+    stream_.run([&] { dp_group.allreduce(counts.data(), static_cast<std::int64_t>(counts.size()), DType::F32); }, "expert load");
+  double sum = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const auto first = counts.begin() + static_cast<std::ptrdiff_t>(i * e), last = first + static_cast<std::ptrdiff_t>(e);
+    const double mean = std::accumulate(first, last, 0.0) / static_cast<double>(e);
+    if (mean > 0) sum += *std::max_element(first, last) / mean;
+  }
+  return sum;
+}
+
 // Megatron's _update_router_qb_beta: each router's estimates averaged over its micro-batches, then
 // over DP x CP (all of this stage's routers in one all-reduce), into the EMA.
 void Trainer::update_quantile_balancing() {
@@ -280,7 +306,8 @@ IterationLog Trainer::train_step(int it) {
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
   for (auto& c : chunks_) c->zero_grad();
   reducer_.start(static_cast<int>(micro_batches));
-  double sums[2 + kAuxLosses.size()] = {};  // lm loss, each aux loss, z-loss (summed over micro-batches)
+  // lm loss, each aux loss, z-loss (summed over micro-batches), this stage's expert load (summed over its layers)
+  double sums[3 + kAuxLosses.size()] = {};
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);
   };
@@ -302,6 +329,7 @@ IterationLog Trainer::train_step(int it) {
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norm = finalize_gradients();
+    sums[std::size(sums) - 1] = expert_load_sum();
     // Every weight the last step gathered is in place before Adam writes this step's (the
     // forward needed each group, so this only waits where one was not).
     reducer_.finish_param_gathers();
@@ -340,6 +368,7 @@ IterationLog Trainer::train_step(int it) {
     if (cfg_.model.moe_z_loss_coeff)
       log.moe_losses.emplace_back("z_loss", reduced[1 + kAuxLosses.size()] / (static_cast<double>(micro_batches) * replicas) /
                                                 *cfg_.model.moe_z_loss_coeff);
+    log.expert_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_layers());
   }
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
@@ -400,10 +429,14 @@ PipelineStats Trainer::pipeline_stats(const PipelineTiming& timing, int iteratio
 }
 
 void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, const SteadyState& steady) {
-  double total = 0;
+  double total = 0, load = 0;
   for (const IterationLog& l : result.iterations)
-    if (l.iteration >= result.steady_first && l.iteration <= result.steady_last) total += l.step_s;
+    if (l.iteration >= result.steady_first && l.iteration <= result.steady_last) {
+      total += l.step_s;
+      load += l.expert_load;
+    }
   result.mean_step_s = total / (result.steady_last - result.steady_first + 1);
+  result.expert_load = load / (result.steady_last - result.steady_first + 1);
   result.tflops_per_rank = flops_per_iteration_ / result.mean_step_s / world_.size() / 1e12;
   result.peak_memory_bytes = max_over(world_, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
@@ -423,7 +456,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       "  steady-state step time: {:.3f} s (mean of iterations {}..{})\n"
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
       "  peak memory: {:.4f} GB = {:.4f} GiB (mem-max-allocated, max over ranks)\n"
-      "  final lm loss: {:.6f} (iteration {}){}\n"
+      "  final lm loss: {:.6f} (iteration {}){}\n{}"
       "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
@@ -431,6 +464,10 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       python_nan(result.final_loss), job_.iterations,
       std::isfinite(result.final_loss) ? ""
                                        : "; the training diverged (rerun_state_machine.check_for_nan_in_loss is off)",
+      result.expert_load > 0 ? fmt::format("  expert load: the busiest expert routes {:.3f}x the mean tokens (mean over the "
+                                           "MoE layers and iterations {}..{})\n",
+                                           result.expert_load, result.steady_first, result.steady_last)
+                             : "",
       result.comm_in_flight_s, result.comm_thread_cpu_s,
       result.traced ? fmt::format("; {:.3f} s of communication exposed (with the compute thread's wait on token counts)",
                                   result.traced->exposed_comm_s)
@@ -536,6 +573,7 @@ nlohmann::json TrainResult::to_json() const {
                    {"grad_norm", i.grad_norm}, {"mem_allocated_bytes", i.mem_allocated},
                    {"mem_max_allocated_bytes", i.mem_max_allocated}});
     for (const auto& [name, value] : i.moe_losses) its.back()[name] = value;
+    if (i.expert_load > 0) its.back()["expert_load_max_over_mean"] = i.expert_load;
   }
   nlohmann::json summary{{"steady_state_iterations", {steady_first, steady_last}},
                          {"mean_step_time_s", mean_step_s},
@@ -543,6 +581,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"model_flops_per_iteration", flops_per_iteration},
                          {"peak_memory_bytes", peak_memory_bytes},
                          {"final_lm_loss", final_loss},
+                         {"expert_load_max_over_mean", expert_load},
                          {"comm_in_flight_s", comm_in_flight_s},
                          {"comm_thread_cpu_s", comm_thread_cpu_s},
                          {"layout", layout},

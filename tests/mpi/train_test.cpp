@@ -161,6 +161,18 @@ TEST(Training, QuantileBalancingGivesTheSingleRankLossCurve) {
   expect_losses_near(losses(mpi().world(), o), losses(*self, o), 2e-4, "quantile balancing");
 }
 
+// The expert load counts every rank's tokens: the first iteration (the same weights, the same
+// global batch) is the single-rank run's; uniform random routing is near balance.
+TEST(Training, ExpertLoadCountsEveryRanksTokens) {
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  const TrainResult distributed = train_with(mpi().world(), {}), single = train_with(*self, {});
+  EXPECT_NEAR(distributed.iterations[0].expert_load, single.iterations[0].expert_load, 1e-4);
+  EXPECT_GT(single.iterations[0].expert_load, 1.05);
+  const TrainResult forced = train_with(mpi().world(), {"model.moe_router_force_load_balancing=true", "train.train_iters=1"});
+  EXPECT_LT(forced.iterations[0].expert_load, single.iterations[0].expert_load);
+  EXPECT_GE(forced.iterations[0].expert_load, 1.0);
+}
+
 TEST(Training, SameSeedSameLossesBitwise) {
   const std::vector<std::string> o{"model.bf16=true"};
   EXPECT_EQ(losses(mpi().world(), o), losses(mpi().world(), o));

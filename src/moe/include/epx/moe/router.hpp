@@ -55,6 +55,7 @@ class Router {
   Param weight;        // mlp.router.weight [E, H]
   Tensor expert_bias;  // mlp.router.expert_bias [E] F32 (a buffer, not trained by gradients)
   Tensor local_tokens_per_expert;  // [E] F32, counted per training forward for the bias update
+  std::vector<float> routed_tokens;  // [E] tokens per expert of the training forwards, for the load metric
   // Quantile balancing: mlp.router.qb_beta [E] F32, subtracted from the logits to select; the
   // training forwards' estimates since the last update, and how many.
   Tensor qb_beta, qb_beta_accum;
@@ -93,7 +94,7 @@ class Router {
   void quantile_select(Routing& r, const float* logits, bool update);
   void score_and_select(Routing& r, const float* logits) const;
   void apply_capacity(Routing& r) const;
-  void count_tokens(Routing& r, bool for_bias);
+  void count_tokens(Routing& r, bool counted);
   void apply_aux_losses(Routing& r, const float* logits, std::int64_t seq_length, double scale,
                         const RouterReplay* replay);
 
