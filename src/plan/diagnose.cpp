@@ -333,6 +333,14 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
   if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
+  // The planner times balanced routing; the busiest expert's rank waits on its excess.
+  if (run.expert_load >= 1.3)
+    d.notes.push_back(fmt::format(
+        "the busiest expert routed {:.2f}x the mean tokens (the mean over the MoE layers, iterations {}..{}): its GEMMs and "
+        "the exchanges to its rank take that much longer than the planner's balanced routing, and the other ranks wait; "
+        "a load-balancing loss (moe_aux_loss_coeff), the expert bias or moe_router_force_load_balancing (benchmarks) "
+        "even it",
+        run.expert_load, run.steady_first, run.steady_last));
   // A log names its own world and batch: a config that says otherwise is not the run's.
   if (config && run.ranks > 0 && config->target.num_gpus && *config->target.num_gpus != run.ranks)
     d.notes.push_back(fmt::format("the run had {} ranks (its arguments dump), the config plans {}: the planner's figures "

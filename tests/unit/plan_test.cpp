@@ -550,6 +550,21 @@ TEST(Diagnose, OnEpxsRuntimeTheGpuOnlyFixesAreANote) {
   EXPECT_NE(notes.find("FP8"), std::string::npos) << notes;
 }
 
+// A run whose busiest expert routes far above the mean is told so, with what evens it.
+TEST(Diagnose, AnUnevenExpertLoadIsANote) {
+  RunEvidence run;
+  run.mean_step_s = 1;
+  run.steady_first = 3, run.steady_last = 5;
+  const auto notes = [&](double load) {
+    run.expert_load = load;
+    std::string all;
+    for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) all += n + "\n";
+    return all;
+  };
+  EXPECT_NE(notes(2.29).find("the busiest expert routed 2.29x the mean tokens"), std::string::npos) << notes(2.29);
+  EXPECT_EQ(notes(1.1).find("busiest expert"), std::string::npos);
+}
+
 TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
   RunEvidence run;
   run.mean_step_s = 1;
