@@ -366,7 +366,7 @@ std::string format_report(const CheckReport& r) {
   if (!r.ignored_note.empty()) out += r.ignored_note + "\n";
   for (const Finding& f : r.findings) {
     std::vector<std::string> values;
-    for (const auto& [k, v] : f.values) values.push_back(k + "=" + v);
+    for (const auto& [k, v] : f.values) values.push_back(k + "=" + shorten(v, 120));  // a long list's start (--json has it all)
     out += fmt::format("{:<7} {} {}{}", to_string(f.severity), f.rule_id,
                        values.empty() ? "" : fmt::format("[{}] ", fmt::join(values, " ")), f.message);
     if (!f.fix.empty()) out += fmt::format(" | fix: {}", f.fix);

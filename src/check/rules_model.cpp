@@ -25,10 +25,13 @@ void add_model_rules(RuleTable& add) {
       kMcore, "an MoE model sets its top-k and token dispatcher (a dense model's dump may leave them None)",
       [](const CheckContext& c) {
         if (!c.cfg.model.num_moe_experts || c.user.none_moe_fields.empty()) return pass();
-        const std::string& key = c.user.none_moe_fields.front();
-        return fail(fmt::format("{} is None in a model with {} experts: Megatron's MoE layer needs it", key,
-                                *c.cfg.model.num_moe_experts),
-                    key == "model.moe_router_topk" ? "model.moe_router_topk=2" : "model.moe_token_dispatcher_type=alltoall");
+        std::vector<std::string> fixes;
+        for (const std::string& key : c.user.none_moe_fields)
+          fixes.push_back(key == "model.moe_router_topk" ? "model.moe_router_topk=2" : "model.moe_token_dispatcher_type=alltoall");
+        return fail(fmt::format("{} {} None in a model with {} experts: Megatron's MoE layer needs {}",
+                                fmt::join(c.user.none_moe_fields, " and "), fixes.size() > 1 ? "are" : "is",
+                                *c.cfg.model.num_moe_experts, fixes.size() > 1 ? "them" : "it"),
+                    fmt::format("{}", fmt::join(fixes, " ")));
       });
   add("moe.router_dtype", W, {"model.num_moe_experts", "model.moe_router_dtype"}, kMcore,
       "32 or more experts route in FP32", [](const CheckContext& c) {

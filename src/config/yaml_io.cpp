@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <fstream>
 #include <charconv>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <ranges>
@@ -9,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/to_lower.hpp"
 #include "epx/config/config.hpp"
 #include "epx/config/schema.hpp"
 
@@ -316,9 +318,29 @@ namespace {
 
 // A value as the emitter writes it, quoted where read_yaml11_integers would read the plain text
 // as another integer (a string '010'), so that a dump reads back the same.
-void emit_value(YAML::Emitter& out, const YAML::Node& n) {
-  if (n.IsScalar() && yaml11_decimal(n.Scalar())) out << YAML::DoubleQuoted << n.Scalar();
-  else out << n;
+// Whether PyYAML (YAML 1.1, as OmegaConf reads Bridge's files) reads `text` as something other
+// than a string: a bool, a null or a number.
+bool reads_as_non_string(const std::string& text) {
+  static const std::vector<std::string> kWords = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~", ""};
+  const std::string lower = to_lower(text);
+  if (std::find(kWords.begin(), kWords.end(), lower) != kWords.end() || yaml11_decimal(text)) return true;
+  char* end = nullptr;
+  std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size();
+}
+
+// `as_string`: the value of a string field, quoted where YAML would read it as another type.
+void emit_value(YAML::Emitter& out, const YAML::Node& n, bool as_string = false) {
+  if (n.IsScalar() && (yaml11_decimal(n.Scalar()) || (as_string && reads_as_non_string(n.Scalar())))) {
+    out << YAML::DoubleQuoted << n.Scalar();
+  } else if (n.IsSequence() && as_string) {
+    if (n.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
+    out << YAML::BeginSeq;
+    for (const YAML::Node& item : n) emit_value(out, item, true);
+    out << YAML::EndSeq;
+  } else {
+    out << n;
+  }
 }
 
 }  // namespace
@@ -338,7 +360,8 @@ std::string dump_yaml(const Config& cfg) {
       if (f.section == sec) {
         out << YAML::Key << f.name << YAML::Value;
         const bool none = std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), f.key()) != cfg.none_moe_fields.end();
-        emit_value(out, none ? YAML::Node(YAML::NodeType::Null) : f.get(cfg));
+        emit_value(out, none ? YAML::Node(YAML::NodeType::Null) : f.get(cfg),
+                   f.type.starts_with("a string") || f.type.starts_with("a list of strings"));
       }
     for (const auto& kv : cfg.extra_fields.child_map(sec)) {
       out << YAML::Key << kv.first << YAML::Value;

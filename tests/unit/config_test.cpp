@@ -305,6 +305,18 @@ TEST(ConfigYaml, AnMoeOnlyNoneRoundTrips) {
   EXPECT_EQ(none.none_moe_fields, (StringList{"model.moe_router_topk", "model.moe_token_dispatcher_type"}));
 }
 
+// A string that YAML 1.1 would read as a bool or a number is quoted in a dump, so Bridge reads a
+// string back.
+TEST(ConfigYaml, StringsThatLookLikeOtherTypesAreQuoted) {
+  Config c;
+  apply_override(c, "model.moe_router_load_balancing_type=[true,'42',aux_loss]");
+  apply_override(c, "model.moe_router_dtype=off");
+  const std::string text = dump_yaml(c);
+  EXPECT_NE(text.find("moe_router_load_balancing_type: [\"true\", \"42\", aux_loss]"), std::string::npos) << text;
+  EXPECT_NE(text.find("moe_router_dtype: \"off\""), std::string::npos) << text;
+  EXPECT_EQ(load_config_text(text, "again.yaml").model.moe_router_load_balancing_type, c.model.moe_router_load_balancing_type);
+}
+
 TEST(ConfigYaml, BridgeDumpKeepsWhatItDoesNotModel) {
   const Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
   EXPECT_EQ(c.model.num_moe_experts, 128);
