@@ -216,7 +216,7 @@ void Router::apply_capacity(Routing& r) const {
 }
 
 // Tokens per expert after capacity; a training forward (not a recompute) also counts them for
-// the aux-loss-free expert-bias update.
+// the trainer's expert-load figure and the aux-loss-free expert-bias update.
 void Router::count_tokens(Routing& r, bool counted) {
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   r.tokens_per_expert.assign(static_cast<std::size_t>(e), 0);
