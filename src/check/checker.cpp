@@ -237,8 +237,7 @@ std::string fix_for_flags(const Config& user, const Config& resolved, const OptS
       {"comm_overlap.overlap_moe_expert_parallel_comm", "--moe_a2a_overlap true"},
       {"comm_overlap.delay_wgrad_compute", "--moe_a2a_overlap true"},
       {"model.moe_shared_expert_overlap", "--moe_a2a_overlap true"},
-      {"model.moe_token_dispatcher_type", "--moe_flex_dispatcher_backend"},
-      {"optimizer.use_precision_aware_optimizer", "-c bf16"}};
+      {"model.moe_token_dispatcher_type", "--moe_flex_dispatcher_backend"}};
   std::vector<std::string> out, drop;
   for (std::size_t at = 0; at < fix.size();) {
     const std::size_t end = std::min(fix.find(' ', at), fix.size());

@@ -74,7 +74,7 @@ void add_first_step_rules(RuleTable& add) {
       });
   add("moe.quantile_balancing_router", E,
       {"model.moe_router_load_balancing_type", "model.moe_router_fusion", "model.moe_router_num_groups",
-       "model.moe_router_group_topk"},
+       "model.moe_router_group_topk", "model.moe_router_topk", "model.num_moe_experts"},
       "Megatron-Core moe/router.py",
       "quantile balancing routes without the fused router, without groups, and compares a token's top-k with its (k+1)-th "
       "expert",

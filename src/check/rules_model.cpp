@@ -217,14 +217,19 @@ void add_model_rules(RuleTable& add) {
           if (contains(kKnown, t)) continue;
           // Bridge's tests write several types as one string: Megatron reads one unknown name.
           if (!types.is_list && t.find(',') != std::string::npos) {
-            const std::string coeff = fmt::format("{}", c.cfg.model.moe_aux_loss_coeff.values.front());
             std::vector<std::string> names;
             for (std::size_t start = 0; start <= t.size();) {
               const std::size_t end = std::min(t.find(',', start), t.size());
-              names.push_back(t.substr(start, end - start));
+              std::string name = t.substr(start, end - start);
+              name.erase(0, name.find_first_not_of(" \t"));
+              name.erase(name.find_last_not_of(" \t") + 1);
+              if (!name.empty()) names.push_back(name);
               start = end + 1;
             }
-            std::vector<std::string> coeffs(names.size(), coeff);
+            const auto& given = c.cfg.model.moe_aux_loss_coeff.values;  // kept where it has one per name
+            std::vector<std::string> coeffs;
+            for (std::size_t i = 0; i < names.size(); ++i)
+              coeffs.push_back(fmt::format("{}", given.size() == names.size() ? given[i] : given.front()));
             return fail(fmt::format("moe_router_load_balancing_type '{}' is one name to Megatron's router, which "
                                     "balances nothing for it; several types are a list, with a coefficient each",
                                     t),

@@ -27,7 +27,8 @@ void add_optimizer_rules(RuleTable& add) {
                                           std::pair{"exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
           if (*dtype != "fp32")
             return fail(fmt::format("{} can only be fp32 when not using precision-aware optimizer", name),
-                        c.cfg.ddp.use_distributed_optimizer
+                        o.optimizer != "adam" ? fmt::format("optimizer.{}=fp32", name)
+                        : c.cfg.ddp.use_distributed_optimizer
                             ? "optimizer.use_precision_aware_optimizer=true"
                             : "optimizer.use_precision_aware_optimizer=true ddp.use_distributed_optimizer=true");
         return pass();
@@ -67,7 +68,8 @@ void add_optimizer_rules(RuleTable& add) {
         static const std::vector<std::string> kKnown = {"adam", "sgd", "lion", "muon", "adaptive_muon"};
         const std::string& name = c.cfg.optimizer.optimizer;
         const std::string bare = name.starts_with("dist_") ? name.substr(5) : name;
-        if (contains(kKnown, bare)) return pass();
+        // dist_ names go to the emerging-optimizer path, which has no adam or sgd of its own.
+        if (contains(kKnown, bare) && !(bare != name && (bare == "adam" || bare == "sgd"))) return pass();
         std::string nearest;
         for (const std::string& k : kKnown)
           if (edit_distance(to_lower(bare), k) <= 2) nearest = k;

@@ -321,7 +321,8 @@ namespace {
 // Whether PyYAML (YAML 1.1, as OmegaConf reads Bridge's files) reads `text` as something other
 // than a string: a bool, a null or a number.
 bool reads_as_non_string(const std::string& text) {
-  static const std::vector<std::string> kWords = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~", ""};
+  static const std::vector<std::string> kWords = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~", "",
+                                                  ".inf", "+.inf", "-.inf", ".nan"};
   const std::string lower = to_lower(text);
   if (std::find(kWords.begin(), kWords.end(), lower) != kWords.end() || yaml11_decimal(text)) return true;
   char* end = nullptr;

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "epx/check/pipeline_split.hpp"
+#include "epx/config/schema.hpp"
 #include "epx/plan/pipeline_balance.hpp"
 #include "epx/plan/plan.hpp"
 
@@ -333,14 +334,20 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
   if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
-  // The planner times balanced routing; the busiest expert's rank waits on its excess.
-  if (run.expert_load >= 1.3)
+  // The planner times balanced routing; over EP ranks, the rank holding the busiest experts
+  // computes and receives more, and the others wait for it.
+  const bool ep_ranks = run.config && run.config->model.expert_model_parallel_size * effective_etp(run.config->model) > 1;
+  if (run.expert_load >= 1.3 && ep_ranks) {
+    const ModelConfig& m = run.config->model;
+    const double coeff = aux_loss_coeff(m, "aux_loss") + aux_loss_coeff(m, "seq_aux_loss") + aux_loss_coeff(m, "global_aux_loss");
     d.notes.push_back(fmt::format(
-        "the busiest expert routed {:.2f}x the mean tokens (the mean over the MoE layers, iterations {}..{}): its GEMMs and "
-        "the exchanges to its rank take that much longer than the planner's balanced routing, and the other ranks wait; "
-        "a load-balancing loss (moe_aux_loss_coeff), the expert bias or moe_router_force_load_balancing (benchmarks) "
-        "even it",
-        run.expert_load, run.steady_first, run.steady_last));
+        "the busiest expert routed {:.2f}x the mean tokens (the mean over the MoE layers, iterations {}..{}), where the "
+        "planner times balanced routing: the EP rank holding the busiest experts computes and receives more, and the "
+        "others wait for it; {}, the expert bias or moe_router_force_load_balancing (benchmarks) even it",
+        run.expert_load, run.steady_first, run.steady_last,
+        coeff > 0 ? fmt::format("a larger aux-loss coefficient (moe_aux_loss_coeff {})", field_text(*run.config, "model.moe_aux_loss_coeff"))
+                  : "a load-balancing loss (moe_aux_loss_coeff)"));
+  }
   // A log names its own world and batch: a config that says otherwise is not the run's.
   if (config && run.ranks > 0 && config->target.num_gpus && *config->target.num_gpus != run.ranks)
     d.notes.push_back(fmt::format("the run had {} ranks (its arguments dump), the config plans {}: the planner's figures "

@@ -94,12 +94,13 @@ namespace {
 MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
-  // The embedding's rows: Bridge's setup pads the vocabulary only where it took it from the
-  // tokenizer (should_pad_vocab, which it clears for a preset vocab_size, as epx's configs have);
-  // its FLOPs formula pads it either way (flops.cpp).
-  const YAML::Node pad = c.extra_fields.child_map("model")["should_pad_vocab"];
+  // The embedding's rows: Bridge's setup pads the vocabulary only where it takes it from the
+  // tokenizer (tokenizer.use_tokenizer_vocab_size, as from-scratch recipes set it), and keeps a
+  // preset vocab_size as it is, as epx's configs have; its FLOPs formula pads it either way
+  // (flops.cpp).
+  const YAML::Node from_tokenizer = c.extra_sections.child_map("tokenizer")["use_tokenizer_vocab_size"];
   const Int padded_vocab = padded_vocab_size(m);  // refuses a config without a vocabulary
-  const bool padded = pad.IsScalar() && to_lower(pad.Scalar()) == "true";
+  const bool padded = from_tokenizer.IsScalar() && to_lower(from_tokenizer.Scalar()) == "true";
   const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded ? padded_vocab : *m.vocab_size);
   const double tp = l.tp, pp = l.pp, vpp = lp.split.chunks;
   const PipelineStage st = pipeline_stage(m, lp.split, stage);

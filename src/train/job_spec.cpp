@@ -351,8 +351,6 @@ ScheduleOptions schedule_options_from_config(const Config& c) {
 
 LrSchedule lr_schedule_from_config(const Config& c) {
   LrSchedule s;
-  if (c.optimizer.optimizer != "adam")
-    bad(c, "optimizer.optimizer", c.optimizer.optimizer, "epx's runtime implements adam; set optimizer.optimizer=adam");
   if (!c.optimizer.lr || *c.optimizer.lr < 0)
     bad(c, "optimizer.lr", c.optimizer.lr ? fmt::format("{}", *c.optimizer.lr) : "None",
         "training needs a learning rate; set optimizer.lr (e.g. 3e-4)");
@@ -442,6 +440,8 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
     bad(c, "model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "
         "checkpointed layers; use selective recompute or set comm_overlap.overlap_moe_expert_parallel_comm=false");
+  if (c.optimizer.optimizer != "adam")
+    bad(c, "optimizer.optimizer", c.optimizer.optimizer, "epx's runtime implements adam; set optimizer.optimizer=adam");
   // TE's FusedAdam with every state in FP32 is epx's Adam (the BF16 weight and its 16 remainder
   // bits are the FP32 master); lower-precision state is not.
   const OptimizerConfig& o = c.optimizer;
@@ -452,8 +452,12 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
                                      std::pair{"optimizer.exp_avg_sq_dtype", &o.exp_avg_sq_dtype}})
       if (*dtype != "fp32")
         bad(c, key, *dtype,
-            "epx's Adam keeps FP32 masters and FP32 m and v (TE's FusedAdam in FP32); set it to fp32, or "
-            "optimizer.use_precision_aware_optimizer=false");
+            c.set_on_command_line("optimizer.use_precision_aware_optimizer") &&
+                    c.explicit_keys.at("optimizer.use_precision_aware_optimizer") == Config::Origin::flag
+                ? "epx's Adam keeps FP32 masters and FP32 m and v (TE's FusedAdam in FP32, which -c bf16 turns on with "
+                  "Adam, as run_script.py); set it to fp32"
+                : "epx's Adam keeps FP32 masters and FP32 m and v (TE's FusedAdam in FP32); set it to fp32, or "
+                  "optimizer.use_precision_aware_optimizer=false");
   j.lr = lr_schedule_from_config(c);
   j.grad_reduce = grad_reduce_options_from_config(c, j.layout.dp);
   return j;

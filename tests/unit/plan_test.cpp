@@ -102,8 +102,8 @@ TEST(Plan, OptimizerStateFollowsTheOptimizer) {
   EXPECT_GT(memory("muon").optimizer, muon.optimizer);
 }
 
-// Bridge pads a preset vocabulary only where its setup says so (should_pad_vocab, cleared for a
-// preset vocab_size): Qwen3's 151936 rows over TP 2 are not padded to 152064.
+// Bridge pads the vocabulary only where its setup takes it from the tokenizer: Qwen3's preset
+// 151936 rows over TP 2 are not padded to 152064.
 TEST(Plan, TheEmbeddingHasThePresetVocabulary) {
   const auto embedding = [](const std::vector<std::string>& more) {
     Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
@@ -113,7 +113,7 @@ TEST(Plan, TheEmbeddingHasThePresetVocabulary) {
     return make_plan(run_check(c).resolved).memory.embedding_params;
   };
   EXPECT_DOUBLE_EQ(embedding({}), 151936.0 * 2048 / 2);
-  EXPECT_DOUBLE_EQ(embedding({"+model.should_pad_vocab=true"}), 152064.0 * 2048 / 2);
+  EXPECT_DOUBLE_EQ(embedding({"+tokenizer.use_tokenizer_vocab_size=true"}), 152064.0 * 2048 / 2);
 }
 
 // The seeds' Qwen3-30B-A3B runs on 16 x H100 (GBS 1024, MBS 1, seq 4096, EP 16), each within
@@ -555,6 +555,7 @@ TEST(Diagnose, AnUnevenExpertLoadIsANote) {
   RunEvidence run;
   run.mean_step_s = 1;
   run.steady_first = 3, run.steady_last = 5;
+  run.config = resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu"});  // EP 2, aux loss 1e-3
   const auto notes = [&](double load) {
     run.expert_load = load;
     std::string all;
@@ -562,7 +563,10 @@ TEST(Diagnose, AnUnevenExpertLoadIsANote) {
     return all;
   };
   EXPECT_NE(notes(2.29).find("the busiest expert routed 2.29x the mean tokens"), std::string::npos) << notes(2.29);
+  EXPECT_NE(notes(2.29).find("a larger aux-loss coefficient (moe_aux_loss_coeff 0.001)"), std::string::npos) << notes(2.29);
   EXPECT_EQ(notes(1.1).find("busiest expert"), std::string::npos);
+  run.config = resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu", "target.num_gpus=1", "model.expert_model_parallel_size=1"});
+  EXPECT_EQ(notes(2.29).find("busiest expert"), std::string::npos);  // one EP rank: nobody waits
 }
 
 TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
