@@ -20,4 +20,12 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+std::string nearest_name(const std::vector<std::string>& names, std::string_view word) {
+  std::string best;
+  std::size_t best_distance = 3;
+  for (const std::string& n : names)
+    if (const std::size_t d = edit_distance(n, word); d < best_distance) best = n, best_distance = d;
+  return best;
+}
+
 }  // namespace epx

@@ -236,20 +236,15 @@ void add_model_rules(RuleTable& add) {
                         fmt::format("model.moe_router_load_balancing_type=[{}] model.moe_aux_loss_coeff=[{}]",
                                     fmt::join(names, ","), fmt::join(coeffs, ",")));
           }
-          std::string nearest = "none";
-          std::size_t best = 3;  // within two edits
-          for (const std::string& k : kKnown)
-            if (const std::size_t d = edit_distance(t, k); d < best) {
-              best = d;
-              nearest = k;
-            }
+          const std::string nearest = nearest_name(kKnown, t);
           return fail(fmt::format("moe_router_load_balancing_type '{}' is not one of {}: Megatron's router takes it "
                                   "and balances nothing for it (as none){}",
                                   t, fmt::join(kKnown, ", "),
                                   t == "noaux_tc" ? "; DeepSeek's aux-loss-free balancing is "
                                                     "moe_router_enable_expert_bias with a sigmoid router"
                                                   : ""),
-                      types.is_list ? "" : fmt::format("model.moe_router_load_balancing_type={}", nearest));
+                      types.is_list ? "" : fmt::format("model.moe_router_load_balancing_type={}",
+                                                       nearest.empty() ? "none" : nearest));
         }
         return pass();
       });

@@ -70,9 +70,7 @@ void add_optimizer_rules(RuleTable& add) {
         const std::string bare = name.starts_with("dist_") ? name.substr(5) : name;
         // dist_ names go to the emerging-optimizer path, which has no adam or sgd of its own.
         if (contains(kKnown, bare) && !(bare != name && (bare == "adam" || bare == "sgd"))) return pass();
-        std::string nearest;
-        for (const std::string& k : kKnown)
-          if (edit_distance(to_lower(bare), k) <= 2) nearest = k;
+        const std::string nearest = nearest_name(kKnown, to_lower(bare));
         return fail(fmt::format("optimizer '{}' is not one of {}: Megatron builds any other name only from the "
                                 "emerging-optimizers package's registry, and epx plans its state as Adam's",
                                 name, fmt::join(kKnown, ", ")),

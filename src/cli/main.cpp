@@ -38,15 +38,6 @@ int run_check_command(const ConfigArgs& args, bool json, bool list_rules) {
   return report.ok() ? kExitOk : kExitCheckFailed;
 }
 
-// The name in `names` nearest `word`, within two edits; "" when none is.
-std::string nearest_name(const std::vector<std::string>& names, const std::string& word) {
-  std::string best;
-  std::size_t best_distance = 3;
-  for (const std::string& n : names)
-    if (const std::size_t d = edit_distance(n, word); d < best_distance) best = n, best_distance = d;
-  return best;
-}
-
 // CLI11 answers a misspelt or missing command with "A subcommand is required": name it instead,
 // with the commands there are and the nearest. Walks the leading words down the command tree;
 // "" when the words reach a command that takes arguments.
