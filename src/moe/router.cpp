@@ -46,7 +46,7 @@ void select_topk(const float* scores, std::int64_t e, int k, int groups, int gro
 Router::Router(const MoESpec& spec)
     : weight("mlp.router.weight", {spec.num_experts, spec.hidden}, DType::F32),
       expert_bias({spec.num_experts}, DType::F32),
-      local_tokens_per_expert({spec.num_experts}, DType::F32),
+      routed_tokens(static_cast<std::size_t>(spec.num_experts), 0.f),
       qb_beta({spec.num_experts}, DType::F32),
       qb_beta_accum({spec.num_experts}, DType::F32),
       global_tokens_per_expert({spec.num_experts}, DType::F32),
@@ -224,12 +224,7 @@ void Router::count_tokens(Routing& r, bool counted) {
     for (std::int64_t j = 0; j < e; ++j)
       r.tokens_per_expert[static_cast<std::size_t>(j)] += r.routing_map[static_cast<std::size_t>(t * e + j)];
   if (!counted) return;
-  routed_tokens.resize(static_cast<std::size_t>(e), 0);
-  for (std::int64_t j = 0; j < e; ++j) {
-    const auto n = static_cast<float>(r.tokens_per_expert[static_cast<std::size_t>(j)]);
-    routed_tokens[static_cast<std::size_t>(j)] += n;
-    if (spec_.expert_bias) local_tokens_per_expert.data<float>()[j] += n;
-  }
+  for (std::size_t j = 0; j < routed_tokens.size(); ++j) routed_tokens[j] += static_cast<float>(r.tokens_per_expert[j]);
 }
 
 // The aux losses (Megatron's switch_load_balancing_loss_func) on the full score distribution and
@@ -393,9 +388,8 @@ void Router::backward_wgrad(Routing& r) {
   gemm(mat(r.dlogits), Trans::T, mat(r.input), Trans::N, mat_mut(weight.grad), /*accumulate=*/true);
 }
 
-void Router::update_expert_bias() {
+void Router::update_expert_bias(const float* count) {
   float* bias = expert_bias.data<float>();
-  float* count = local_tokens_per_expert.data<float>();
   const std::int64_t e = spec_.num_experts;
   double mean = 0;
   for (std::int64_t j = 0; j < e; ++j) mean += count[j];
@@ -403,7 +397,6 @@ void Router::update_expert_bias() {
   for (std::int64_t j = 0; j < e; ++j) {
     const double d = mean - count[j];
     bias[j] += static_cast<float>(spec_.bias_update_rate * ((d > 0) - (d < 0)));
-    count[j] = 0.f;
   }
 }
 
@@ -433,6 +426,17 @@ void Router::update_qb_beta(const float* dp_mean) {
 void Router::reset_global_aux_loss() {
   global_tokens_per_expert.zero();
   global_aux_steps = 0;
+}
+
+double busiest_over_mean(const std::vector<float>& counts, std::size_t group) {
+  double total = 0, busiest = 0;
+  for (std::size_t g = 0; g + group <= counts.size(); g += group) {
+    const double n = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(g),
+                                     counts.begin() + static_cast<std::ptrdiff_t>(g + group), 0.0);
+    total += n;
+    busiest = std::max(busiest, n);
+  }
+  return total > 0 ? busiest / (total / static_cast<double>(counts.size() / group)) : 0;
 }
 
 Routing random_topk_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed) {

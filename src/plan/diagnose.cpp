@@ -335,16 +335,20 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
   if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
   // The planner times balanced routing; over EP ranks, the rank holding the busiest experts
-  // computes and receives more, and the others wait for it.
+  // computes and receives more, and the others wait for it. The EP ranks' load says how long
+  // (results before it was measured have only the experts').
   const bool ep_ranks = run.config && run.config->model.expert_model_parallel_size * effective_etp(run.config->model) > 1;
-  if (run.expert_load >= 1.3 && ep_ranks) {
+  const bool uneven = run.ep_rank_load > 0 ? run.ep_rank_load >= 1.2 : run.expert_load >= 1.3;
+  if (uneven && ep_ranks) {
     const ModelConfig& m = run.config->model;
     const double coeff = aux_loss_coeff(m, "aux_loss") + aux_loss_coeff(m, "seq_aux_loss") + aux_loss_coeff(m, "global_aux_loss");
     d.notes.push_back(fmt::format(
-        "the busiest expert routed {:.2f}x the mean tokens (the mean over the MoE layers, iterations {}..{}), where the "
+        "the busiest expert routed {:.2f}x the mean tokens{} (the mean over the MoE layers, iterations {}..{}), where the "
         "planner times balanced routing: the EP rank holding the busiest experts computes and receives more, and the "
         "others wait for it; {}, the expert bias or moe_router_force_load_balancing (benchmarks) even it",
-        run.expert_load, run.steady_first, run.steady_last,
+        run.expert_load,
+        run.ep_rank_load > 0 ? fmt::format(", the busiest EP rank's local experts {:.2f}x the mean rank's", run.ep_rank_load) : "",
+        run.steady_first, run.steady_last,
         coeff > 0 ? fmt::format("a larger aux-loss coefficient (moe_aux_loss_coeff {})", field_text(*run.config, "model.moe_aux_loss_coeff"))
                   : "a load-balancing loss (moe_aux_loss_coeff)"));
   }

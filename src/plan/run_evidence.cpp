@@ -160,6 +160,8 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.final_loss = number(s, "summary", "final_lm_loss", path);
   if (s.contains("expert_load_max_over_mean"))  // results before it was measured lack it
     run.expert_load = amount(s, "summary", "expert_load_max_over_mean", path);
+  if (s.contains("ep_rank_load_max_over_mean"))
+    run.ep_rank_load = amount(s, "summary", "ep_rank_load_max_over_mean", path);
   run.layout = text_or(s, "layout");
   run.dispatcher = text_or(s, "dispatcher");
   run.schedule = text_or(s, "schedule");

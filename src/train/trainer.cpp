@@ -109,8 +109,10 @@ class Trainer {
   IterationLog train_step(int it);
   double finalize_gradients();
   void training_log(const IterationLog& log) const;
-  void update_quantile_balancing();
-  double expert_load_sum();
+  struct ExpertLoad {
+    double expert = 0, ep_rank = 0;  // busiest / mean, summed over this stage's MoE layers
+  };
+  ExpertLoad update_routers();
   // The MoE losses Megatron's log line shows after the LM loss: " load_balancing_loss: 1.0E+00 |".
   static std::string moe_losses_text(const IterationLog& log) {
     std::string out;
@@ -212,65 +214,59 @@ void Trainer::log_start(const TrainResult& r) const {
        << std::flush;
 }
 
-// The expert load of this iteration: each MoE layer's tokens per expert over every micro-batch,
-// summed over DP x CP, as the busiest expert's against the mean; summed over this stage's layers.
-double Trainer::expert_load_sum() {
+// Once per global batch, every router's state that is summed over DP x CP, in one all-reduce
+// (Megatron stacks its routers' tokens per expert for the expert bias): each MoE layer's routed
+// tokens and, with quantile balancing, the mean of its bias estimates. Then the expert-bias
+// update (_update_router_expert_bias), quantile balancing's EMA of the DP mean
+// (_update_router_qb_beta) and the global aux loss's restart. Returns the iteration's expert
+// load, summed over this stage's MoE layers: the busiest expert's tokens against the mean, and
+// the busiest EP rank's (its local experts' tokens) against the mean.
+Trainer::ExpertLoad Trainer::update_routers() {
   const std::vector<MoELayer*> layers = moe_layers();
-  if (layers.empty()) return 0;
-  const auto e = static_cast<std::size_t>(job_.model.moe->num_experts);
-  std::vector<float> counts(layers.size() * e, 0.f);
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    std::vector<float>& routed = layers[i]->router.routed_tokens;
-    std::copy(routed.begin(), routed.end(), counts.begin() + static_cast<std::ptrdiff_t>(i * e));
+  if (layers.empty()) return {};
+  const MoESpec& spec = *job_.model.moe;
+  const auto e = static_cast<std::size_t>(spec.num_experts);
+  std::vector<float> counts, qb_means;
+  for (MoELayer* l : layers) {
+    std::vector<float>& routed = l->router.routed_tokens;
+    counts.insert(counts.end(), routed.begin(), routed.end());
     routed.assign(e, 0.f);
+    if (spec.quantile_balancing) {
+      const std::vector<float> m = l->router.qb_local_mean();
+      qb_means.insert(qb_means.end(), m.begin(), m.end());
+    }
   }
+  const std::size_t n_counts = counts.size();
+  counts.insert(counts.end(), qb_means.begin(), qb_means.end());
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   if (dp_group.size() > 1)
-    stream_.run([&] { dp_group.allreduce(counts.data(), static_cast<std::int64_t>(counts.size()), DType::F32); }, "expert load");
-  double sum = 0;
+    stream_.run([&] { dp_group.allreduce(counts.data(), static_cast<std::int64_t>(counts.size()), DType::F32); },
+                "router counts");
+  const auto per_rank = e / static_cast<std::size_t>(job_.layout.ep);
+  ExpertLoad load;
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    const auto first = counts.begin() + static_cast<std::ptrdiff_t>(i * e), last = first + static_cast<std::ptrdiff_t>(e);
-    const double mean = std::accumulate(first, last, 0.0) / static_cast<double>(e);
-    if (mean > 0) sum += *std::max_element(first, last) / mean;
+    const float* c = counts.data() + i * e;
+    if (spec.expert_bias) layers[i]->router.update_expert_bias(c);
+    if (spec.quantile_balancing) {
+      float* m = counts.data() + n_counts + i * e;
+      for (std::size_t j = 0; j < e; ++j) m[j] /= static_cast<float>(dp_group.size());
+      layers[i]->router.update_qb_beta(m);
+    }
+    layers[i]->router.reset_global_aux_loss();
+    const std::vector<float> layer_counts(c, c + e);
+    load.expert += busiest_over_mean(layer_counts, 1);
+    load.ep_rank += busiest_over_mean(layer_counts, per_rank);
   }
-  return sum;
+  return load;
 }
 
-// Megatron's _update_router_qb_beta: each router's estimates averaged over its micro-batches, then
-// over DP x CP (all of this stage's routers in one all-reduce), into the EMA.
-void Trainer::update_quantile_balancing() {
-  const std::vector<MoELayer*> layers = moe_layers();
-  if (layers.empty() || !job_.model.moe->quantile_balancing) return;
-  const auto e = static_cast<std::size_t>(job_.model.moe->num_experts);
-  std::vector<float> means;
-  for (MoELayer* l : layers) {
-    const std::vector<float> m = l->router.qb_local_mean();
-    means.insert(means.end(), m.begin(), m.end());
-  }
-  Communicator& dp_group = groups_.get(GroupKind::dp_cp);
-  if (dp_group.size() > 1) {
-    stream_.run([&] { dp_group.allreduce(means.data(), static_cast<std::int64_t>(means.size()), DType::F32); },
-                "quantile balancing");
-    for (float& v : means) v /= static_cast<float>(dp_group.size());
-  }
-  for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->router.update_qb_beta(means.data() + i * e);
-}
-
-// Megatron's finalize_model_grads, then the expert-bias update and clipping: gradients summed over
-// DP (experts over EDP) and scaled by 1 / DP. Returns the gradient norm before clipping (over
+// Megatron's finalize_model_grads and clipping: gradients summed over DP (experts over EDP) and
+// scaled by 1 / DP. Returns the gradient norm before clipping (over
 // every stage's weights).
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
   reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
-  for (MoELayer* l : moe_layers())
-    if (l->spec().expert_bias) {
-      Tensor& counts = l->router.local_tokens_per_expert;
-      if (dp_group.size() > 1) stream_.run([&] { dp_group.allreduce(counts.raw(), counts.numel(), DType::F32); }, "expert-bias counts");
-      l->router.update_expert_bias();
-    }
-  update_quantile_balancing();
-  for (MoELayer* l : moe_layers()) l->router.reset_global_aux_loss();
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
   float expert_sq = static_cast<float>(grad_sum_of_squares(experts_));
@@ -307,8 +303,9 @@ IterationLog Trainer::train_step(int it) {
   const std::int64_t gbs = job_.global_batch, mbs = job_.model.micro_batch, micro_batches = job_.micro_batches;
   for (auto& c : chunks_) c->zero_grad();
   reducer_.start(static_cast<int>(micro_batches));
-  // lm loss, each aux loss, z-loss (summed over micro-batches), this stage's expert load (summed over its layers)
-  double sums[3 + kAuxLosses.size()] = {};
+  // lm loss, each aux loss, z-loss (summed over micro-batches), this stage's expert and EP-rank
+  // loads (summed over its layers)
+  double sums[4 + kAuxLosses.size()] = {};
   const auto micro_batch = [&](int j, Tensor& tokens, Tensor& targets) {
     data_.micro_batch((it - 1) * gbs + dp_rank_ * micro_batches * mbs + j * mbs, mbs, tokens, targets);
   };
@@ -330,7 +327,9 @@ IterationLog Trainer::train_step(int it) {
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norm = finalize_gradients();
-    sums[std::size(sums) - 1] = expert_load_sum();
+    const ExpertLoad load = update_routers();
+    sums[std::size(sums) - 2] = load.expert;
+    sums[std::size(sums) - 1] = load.ep_rank;
     // Every weight the last step gathered is in place before Adam writes this step's (the
     // forward needed each group, so this only waits where one was not).
     reducer_.finish_param_gathers();
@@ -370,7 +369,8 @@ IterationLog Trainer::train_step(int it) {
     if (cfg_.model.moe_z_loss_coeff)
       log.moe_losses.emplace_back("z_loss", reduced[1 + kAuxLosses.size()] / (static_cast<double>(micro_batches) * replicas) /
                                                 *cfg_.model.moe_z_loss_coeff);
-    log.expert_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_layers());
+    log.expert_load = reduced[std::size(reduced) - 2] / (replicas * job_.model.num_moe_layers());
+    log.ep_rank_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_layers());
   }
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();
@@ -431,19 +431,22 @@ PipelineStats Trainer::pipeline_stats(const PipelineTiming& timing, int iteratio
 }
 
 void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, const SteadyState& steady) {
-  double total = 0, load = 0;
+  double total = 0, load = 0, ep_rank_load = 0;
   for (const IterationLog& l : result.iterations)
     if (l.iteration >= result.steady_first && l.iteration <= result.steady_last) {
       total += l.step_s;
       load += l.expert_load;
+      ep_rank_load += l.ep_rank_load;
     }
-  result.mean_step_s = total / (result.steady_last - result.steady_first + 1);
-  result.expert_load = load / (result.steady_last - result.steady_first + 1);
+  const int n = result.steady_last - result.steady_first + 1;
+  result.mean_step_s = total / n;
+  result.expert_load = load / n;
+  result.ep_rank_load = ep_rank_load / n;
   result.tflops_per_rank = flops_per_iteration_ / result.mean_step_s / world_.size() / 1e12;
   result.peak_memory_bytes = max_over(world_, memory_stats().max_allocated_bytes);
   result.final_loss = result.iterations.back().lm_loss;
   if (job_.pipeline.stages > 1)
-    result.pipeline = pipeline_stats(steady.pipeline, result.steady_last - result.steady_first + 1);
+    result.pipeline = pipeline_stats(steady.pipeline, n);
   result.comm_in_flight_s = steady.stream.busy_s + steady.grad_stream.busy_s;
   result.comm_thread_cpu_s = steady.stream.cpu_s + steady.grad_stream.cpu_s;
   if (options_.trace_path) {
@@ -466,10 +469,13 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       python_nan(result.final_loss), job_.iterations,
       std::isfinite(result.final_loss) ? ""
                                        : "; the training diverged (rerun_state_machine.check_for_nan_in_loss is off)",
-      result.expert_load > 0 ? fmt::format("  expert load: the busiest expert routes {:.3f}x the mean tokens (mean over the "
-                                           "MoE layers and iterations {}..{})\n",
-                                           result.expert_load, result.steady_first, result.steady_last)
-                             : "",
+      result.expert_load > 0
+          ? fmt::format("  expert load: the busiest expert routes {:.3f}x the mean tokens{} (mean over the MoE layers and "
+                        "iterations {}..{})\n",
+                        result.expert_load,
+                        job_.layout.ep > 1 ? fmt::format(", the busiest EP rank's experts {:.3f}x", result.ep_rank_load) : "",
+                        result.steady_first, result.steady_last)
+          : "",
       result.comm_in_flight_s, result.comm_thread_cpu_s,
       result.traced ? fmt::format("; {:.3f} s of communication exposed (with the compute thread's wait on token counts)",
                                   result.traced->exposed_comm_s)
@@ -576,7 +582,10 @@ nlohmann::json TrainResult::to_json() const {
                    {"mem_max_allocated_bytes", i.mem_max_allocated}});
     for (const auto& [name, value] : i.moe_losses)
       if (value >= 0) its.back()[name] = value;
-    if (i.expert_load > 0) its.back()["expert_load_max_over_mean"] = i.expert_load;
+    if (i.expert_load > 0) {
+      its.back()["expert_load_max_over_mean"] = i.expert_load;
+      its.back()["ep_rank_load_max_over_mean"] = i.ep_rank_load;
+    }
   }
   nlohmann::json summary{{"steady_state_iterations", {steady_first, steady_last}},
                          {"mean_step_time_s", mean_step_s},
@@ -585,6 +594,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"peak_memory_bytes", peak_memory_bytes},
                          {"final_lm_loss", final_loss},
                          {"expert_load_max_over_mean", expert_load},
+                         {"ep_rank_load_max_over_mean", ep_rank_load},
                          {"comm_in_flight_s", comm_in_flight_s},
                          {"comm_thread_cpu_s", comm_thread_cpu_s},
                          {"layout", layout},

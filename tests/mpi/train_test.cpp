@@ -168,6 +168,12 @@ TEST(Training, ExpertLoadCountsEveryRanksTokens) {
   const TrainResult distributed = train_with(mpi().world(), {}), single = train_with(*self, {});
   EXPECT_NEAR(distributed.iterations[0].expert_load, single.iterations[0].expert_load, 1e-4);
   EXPECT_GT(single.iterations[0].expert_load, 1.05);
+  // An EP rank's local experts even out part of it; EP 1 holds them all.
+  EXPECT_EQ(single.iterations[0].ep_rank_load, 1.0);
+  if (mpi().size() > 1) {
+    EXPECT_GT(distributed.iterations[0].ep_rank_load, 1.0);
+    EXPECT_LE(distributed.iterations[0].ep_rank_load, distributed.iterations[0].expert_load);
+  }
   const TrainResult forced = train_with(mpi().world(), {"model.moe_router_force_load_balancing=true", "train.train_iters=1"});
   EXPECT_LT(forced.iterations[0].expert_load, single.iterations[0].expert_load);
 }

@@ -266,7 +266,8 @@ TEST(Router, ExpertBiasMovesTowardsBalance) {
   MoELayer::Context ctx;
   layer.forward(randn({64, 16}, 4), ctx);
   const auto counts = ctx.routing.tokens_per_expert;
-  layer.router.update_expert_bias();
+  for (int e = 0; e < 6; ++e) EXPECT_EQ(layer.router.routed_tokens[static_cast<std::size_t>(e)], counts[static_cast<std::size_t>(e)]);
+  layer.router.update_expert_bias(layer.router.routed_tokens.data());
   const double mean = 64.0 * 2 / 6;
   for (int e = 0; e < 6; ++e) {
     const float b = layer.router.expert_bias.get(e);
@@ -276,8 +277,17 @@ TEST(Router, ExpertBiasMovesTowardsBalance) {
     if (static_cast<double>(counts[static_cast<std::size_t>(e)]) < mean) {
       EXPECT_FLOAT_EQ(b, 1e-3f);
     }
-    EXPECT_EQ(layer.router.local_tokens_per_expert.get(e), 0.f);
   }
+}
+
+// The expert load over experts and over EP ranks' groups of local experts, against sums by hand.
+TEST(Router, BusiestOverMeanPerExpertAndPerEpRank) {
+  const std::vector<float> counts{6, 0, 1, 1, 2, 2};  // mean 2 per expert
+  EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 1), 3.0);
+  EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 2), 6.0 / 4.0);  // ranks of {6,0}, {1,1}, {2,2}
+  EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 3), 7.0 / 6.0);  // {6,0,1}, {1,2,2}
+  EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 6), 1.0);
+  EXPECT_DOUBLE_EQ(busiest_over_mean(std::vector<float>(4, 0.f), 2), 0.0);
 }
 
 // Megatron's logits, the aux losses' scores (softmax over all experts) and their own top-k, naively.

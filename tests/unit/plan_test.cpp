@@ -107,7 +107,7 @@ TEST(Plan, OptimizerStateFollowsTheOptimizer) {
 TEST(Plan, TheEmbeddingHasThePresetVocabulary) {
   const auto embedding = [](const std::vector<std::string>& more) {
     Config c = load_config_file(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
-    for (const std::string& o : {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "target.gpu=h100"})
+    for (const char* o : {"model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "target.gpu=h100"})
       apply_override(c, o);
     for (const std::string& o : more) apply_override(c, o);
     return make_plan(run_check(c).resolved).memory.embedding_params;
@@ -565,6 +565,12 @@ TEST(Diagnose, AnUnevenExpertLoadIsANote) {
   EXPECT_NE(notes(2.29).find("the busiest expert routed 2.29x the mean tokens"), std::string::npos) << notes(2.29);
   EXPECT_NE(notes(2.29).find("a larger aux-loss coefficient (moe_aux_loss_coeff 0.001)"), std::string::npos) << notes(2.29);
   EXPECT_EQ(notes(1.1).find("busiest expert"), std::string::npos);
+  // Where the EP ranks' load is measured, it decides: many local experts even out a busy one.
+  run.ep_rank_load = 1.1;
+  EXPECT_EQ(notes(2.29).find("busiest expert"), std::string::npos);
+  run.ep_rank_load = 1.25;
+  EXPECT_NE(notes(1.5).find("1.50x the mean tokens, the busiest EP rank's local experts 1.25x the mean rank's"), std::string::npos)
+      << notes(1.5);
   run.config = resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu", "target.num_gpus=1", "model.expert_model_parallel_size=1"});
   EXPECT_EQ(notes(2.29).find("busiest expert"), std::string::npos);  // one EP rank: nobody waits
 }

@@ -44,6 +44,10 @@ struct Routing {
   Tensor dlogits;                        // [T, E] F32, set by backward_dgrad for wgrad
 };
 
+// The load of the busiest of `counts`' consecutive groups of `group` experts (an EP rank's local
+// experts; 1: each expert) against the mean group's: 1 is balanced, 0 where nothing was routed.
+double busiest_over_mean(const std::vector<float>& counts, std::size_t group);
+
 // Top-k distinct experts per token, uniformly at random, probability 1/k each (what force load
 // balancing gives): routing for the dispatch benchmarks, without a router.
 Routing random_topk_routing(std::int64_t tokens, std::int64_t experts, int k, std::uint64_t seed);
@@ -54,8 +58,9 @@ class Router {
 
   Param weight;        // mlp.router.weight [E, H]
   Tensor expert_bias;  // mlp.router.expert_bias [E] F32 (a buffer, not trained by gradients)
-  Tensor local_tokens_per_expert;  // [E] F32, counted per training forward for the bias update
-  std::vector<float> routed_tokens;  // [E] tokens per expert of the training forwards, for the load metric
+  // [E] tokens per expert of the training forwards since the trainer last took them (once per
+  // global batch): the expert-bias update's counts and the expert-load figure.
+  std::vector<float> routed_tokens;
   // Quantile balancing: mlp.router.qb_beta [E] F32, subtracted from the logits to select; the
   // training forwards' estimates since the last update, and how many.
   Tensor qb_beta, qb_beta_accum;
@@ -77,8 +82,9 @@ class Router {
   Tensor backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) const;
   // weight.grad += dlogits^T x.
   void backward_wgrad(Routing& r);
-  // Aux-loss-free balancing, once per global batch: bias += rate * sign(mean - count).
-  void update_expert_bias();
+  // Aux-loss-free balancing, once per global batch: bias += rate * sign(mean - count), with
+  // `counts` [E] the routed tokens summed over DP x CP.
+  void update_expert_bias(const float* counts);
   // Quantile balancing, once per global batch (Megatron's _update_router_qb_beta): the mean of
   // this rank's estimates, which the caller averages over DP x CP into `dp_mean`; then qb_beta =
   // ema * qb_beta + (1 - ema) * dp_mean, recentred to mean 0, and the estimates restart.

@@ -67,7 +67,8 @@ struct RunEvidence {
   int first_iteration = 1;  // the first the run's lines cover (a resumed run's: past its checkpoint)
   int steady_first = 0, steady_last = 0;
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
-  double expert_load = 0;  // epx results: the busiest expert's tokens against the mean; 0: not measured
+  double expert_load = 0;   // epx results: the busiest expert's tokens against the mean; 0: not measured
+  double ep_rank_load = 0;  // the busiest EP rank's (its local experts') against the mean; 0: not measured
   // Megatron logs its throughput only with --log-throughput (off by default), Bridge on a line of
   // its own: without it on every line of the steady state the rate is unknown here, not 0.
   bool throughput_logged = true;

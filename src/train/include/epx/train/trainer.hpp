@@ -41,8 +41,10 @@ struct IterationLog {
   // "z_loss"), each without its coefficient.
   std::vector<std::pair<std::string, double>> moe_losses;
   // The busiest expert's tokens against the mean, over the iteration's micro-batches and DP, the
-  // mean over the MoE layers (1: balanced; 0 without MoE layers).
-  double expert_load = 0;
+  // mean over the MoE layers (1: balanced; 0 without MoE layers). The same for the busiest EP
+  // rank: its local experts' tokens, summed over DP, against the mean rank's, which is what the
+  // other EP ranks wait for (1 with EP = 1).
+  double expert_load = 0, ep_rank_load = 0;
   std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
 };
 
@@ -62,7 +64,7 @@ struct TrainResult {
   double mean_step_s = 0, tflops_per_rank = 0, flops_per_iteration = 0;
   std::int64_t peak_memory_bytes = 0;    // max over ranks of mem-max-allocated
   double final_loss = 0;
-  double expert_load = 0;                // IterationLog::expert_load, the steady state's mean
+  double expert_load = 0, ep_rank_load = 0;  // IterationLog's, the steady state's mean
   double comm_in_flight_s = 0;           // this rank's two comm streams (exchanges, gradient reduction), summed, steady state
   double comm_thread_cpu_s = 0;          // the CPU time their threads used meanwhile
   std::optional<trace::Breakdown> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
