@@ -76,6 +76,12 @@ inline bool has_cuda_graph_module(const ModelConfig& m, const std::string& name)
   return contains(m.cuda_graph_modules, name) || contains(m.cuda_graph_scope, name);
 }
 
+// The graph list a fix rewrites: the one the config as written sets, Bridge's legacy
+// cuda_graph_scope or the modules (finalize moves the scope into the modules).
+inline std::string written_graph_list(const CheckContext& c) {
+  return c.user.model.cuda_graph_modules.empty() ? "model.cuda_graph_scope" : "model.cuda_graph_modules";
+}
+
 // The whole training step captured: cuda_graph_impl=full_iteration, or the legacy local
 // implementation with the full_iteration scope, which Megatron-Core migrates to it.
 inline bool full_iteration_graph(const ModelConfig& m) {

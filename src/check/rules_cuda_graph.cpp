@@ -31,9 +31,7 @@ void add_cuda_graph_rules(RuleTable& add) {
             return has_cuda_graph_module(m, "moe_router") || has_cuda_graph_module(m, "moe_preprocess");
           return has_cuda_graph_module(m, name);
         };
-        // Fixes rewrite the list the config sets: Bridge's legacy cuda_graph_scope, or the modules.
-        const std::string key = m.cuda_graph_modules.empty() ? "model.cuda_graph_scope" : "model.cuda_graph_modules";
-        const auto set = [&](const char* list) { return fmt::format("{}={}", key, list); };
+        const auto set = [&](const char* list) { return fmt::format("{}={}", written_graph_list(c), list); };
         if (has("moe") && has("moe_router"))
           return fail("cuda_graph_modules must not contain both moe and moe_router.", set("[moe_router]"));
         if (has("moe_preprocess") && !has("moe_router"))
@@ -63,7 +61,8 @@ void add_cuda_graph_rules(RuleTable& add) {
         return pass();
       });
   // Megatron-Core migrates two deprecated module names (full_iteration to cuda_graph_impl,
-  // full_iteration_inference to the inference scope) only where nothing new-style contradicts them.
+  // full_iteration_inference to the inference scope) only where nothing new-style contradicts
+  // them; finalize has migrated the first where it fits.
   add("cuda_graph.deprecated_modules", E, {"model.cuda_graph_modules", "model.cuda_graph_scope", "model.cuda_graph_impl"},
       "Megatron-Core transformer/cuda_graph_config.py",
       "a deprecated module name (full_iteration, full_iteration_inference) alone and with an implementation it migrates to",
@@ -73,7 +72,7 @@ void add_cuda_graph_rules(RuleTable& add) {
         for (const std::string& name : m.cuda_graph_modules)
           (name == "full_iteration" || name == "full_iteration_inference" ? deprecated : rest).push_back(name);
         if (deprecated.empty()) return pass();
-        const std::string keep = fmt::format("model.cuda_graph_modules=[{}]", fmt::join(rest, ","));
+        const std::string keep = fmt::format("{}=[{}]", written_graph_list(c), fmt::join(rest, ","));
         if (std::any_of(deprecated.begin(), deprecated.end(), [&](const std::string& d) { return d != deprecated.front(); }))
           return fail(fmt::format("cuda_graph_modules cannot contain multiple deprecated values at the same time: ['{}'].",
                                   fmt::join(deprecated, "', '")),

@@ -46,9 +46,12 @@ void add_delay_wgrad_rules(RuleTable& add) {
                                        : "model.overlap_moe_expert_parallel_comm=true");
       });
   // wgrad inside a CUDA-graph scope: attention, or the router when the shared expert runs there.
-  auto wgrad_in_graph = [](const ModelConfig& m) {
-    return has_cuda_graph_module(m, "attn") ||
-           (has_cuda_graph_module(m, "moe_router") && m.moe_shared_expert_intermediate_size &&
+  // Bridge asks in CommOverlapConfig.setup, before its validate clears the lists of a config
+  // without graphs: the lists as written.
+  auto wgrad_in_graph = [](const CheckContext& c) {
+    const ModelConfig& m = c.cfg.model;
+    return has_cuda_graph_module(c.user.model, "attn") ||
+           (has_cuda_graph_module(c.user.model, "moe_router") && m.moe_shared_expert_intermediate_size &&
             !m.moe_shared_expert_overlap);
   };
   add("delay_wgrad.cuda_graph_te", E,
@@ -56,7 +59,7 @@ void add_delay_wgrad_rules(RuleTable& add) {
        "target.te_version"},
       kBridgeCommOverlap, "delay_wgrad with wgrad in a CUDA-graph scope needs TE >= 2.12.0",
       [wgrad_in_graph](const CheckContext& c) {
-        if (!bridge_delay_wgrad(c) || !wgrad_in_graph(c.cfg.model)) return pass();
+        if (!bridge_delay_wgrad(c) || !wgrad_in_graph(c)) return pass();
         return te_at_least(c, "2.12.0",
                            "CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0.");
       });
@@ -66,7 +69,7 @@ void add_delay_wgrad_rules(RuleTable& add) {
       kBridgeCommOverlap, "delay_wgrad in a CUDA-graph scope needs gradient_accumulation_fusion",
       [wgrad_in_graph](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(bridge_delay_wgrad(c) && wgrad_in_graph(m) && !m.gradient_accumulation_fusion,
+        return fail_if(bridge_delay_wgrad(c) && wgrad_in_graph(c) && !m.gradient_accumulation_fusion,
                        "CUDA graph with delay_wgrad_compute requires gradient_accumulation_fusion "
                        "to be enabled. This is because default gradient accumulation does not use "
                        "static memory addresses, which breaks CUDA graph requirements.",
@@ -78,7 +81,7 @@ void add_delay_wgrad_rules(RuleTable& add) {
       kBridgeCommOverlap, "delay_wgrad with the attn CUDA-graph scope excludes attention bias",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(bridge_delay_wgrad(c) && has_cuda_graph_module(m, "attn") &&
+        return fail_if(bridge_delay_wgrad(c) && has_cuda_graph_module(c.user.model, "attn") &&
                            (m.add_bias_linear || m.add_qkv_bias),
                        "CUDA graph with delay_wgrad_compute does not support attention bias for now.",
                        m.add_bias_linear ? "model.add_bias_linear=false" : "model.add_qkv_bias=false");

@@ -141,10 +141,12 @@ void add_ep_overlap_rules(RuleTable& add) {
         if (!ep_overlap(c) || m.cuda_graph_impl != "transformer_engine" ||
             (!has_cuda_graph_module(m, "moe") && !has_cuda_graph_module(m, "mlp")))
           return pass();
-        // Keep the other scopes; the router and preprocessing are the seeds' dropless choice.
+        // Keep the other scopes; the router and preprocessing are the seeds' dropless choice. The
+        // fixes rewrite the lists as written (finalize moves the legacy scope into the modules).
         std::vector<std::string> fixes;
-        for (const auto& [name, list] : {std::pair{"cuda_graph_modules", &m.cuda_graph_modules},
-                                         std::pair{"cuda_graph_scope", &m.cuda_graph_scope}}) {
+        const ModelConfig& u = c.user.model;
+        for (const auto& [name, list] : {std::pair{"cuda_graph_modules", &u.cuda_graph_modules},
+                                         std::pair{"cuda_graph_scope", &u.cuda_graph_scope}}) {
           if (!contains(*list, "moe") && !contains(*list, "mlp")) continue;
           StringList keep;
           for (const auto& s : *list)

@@ -1,5 +1,7 @@
 // Megatron-Bridge's derived fields (runtime_config_update, CommOverlapConfig.setup) and
 // Megatron-Core's TransformerConfig post-init defaults, in Bridge's order.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -190,6 +192,32 @@ Int effective_etp(const ModelConfig& m) {
   return m.expert_model_parallel_size > 1 ? 1 : m.tensor_model_parallel_size;
 }
 
+namespace {
+
+// Bridge's validate_cuda_graph_configuration clears the graph lists where no graph is taken;
+// Megatron-Core's post-init then moves the legacy cuda_graph_scope into cuda_graph_modules and
+// the deprecated "full_iteration" module into cuda_graph_impl. Each step only where Megatron's
+// asserts pass: the check's cuda_graph rules name the rest on the config as written.
+void migrate_cuda_graph(ModelConfig& m) {
+  if (m.cuda_graph_impl == "none") {
+    m.cuda_graph_modules.clear();
+    m.cuda_graph_scope.clear();
+    return;
+  }
+  if (!m.cuda_graph_scope.empty() && (m.cuda_graph_modules.empty() || m.cuda_graph_modules == StringList{"full"})) {
+    m.cuda_graph_modules = m.cuda_graph_scope;
+    m.cuda_graph_scope.clear();
+  }
+  const bool fits = m.cuda_graph_impl == "local" || m.cuda_graph_impl == "full_iteration";
+  if (fits && m.cuda_graph_scope.empty() && !m.cuda_graph_modules.empty() &&
+      std::all_of(m.cuda_graph_modules.begin(), m.cuda_graph_modules.end(), [](const std::string& s) { return s == "full_iteration"; })) {
+    m.cuda_graph_impl = "full_iteration";
+    m.cuda_graph_modules.clear();
+  }
+}
+
+}  // namespace
+
 std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   std::vector<Finding> out;
   apply_mixed_precision(c, out);  // first in runtime_config_update
@@ -214,6 +242,7 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   m.expert_tensor_parallel_size = effective_etp(m);
   if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
   if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor < 0) m.moe_expert_capacity_factor.reset();
+  migrate_cuda_graph(m);
   fold_deprecated_sm_knobs(m, out);
   if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == "hybridep" &&
       m.cuda_graph_impl == "none")

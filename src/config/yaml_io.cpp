@@ -43,14 +43,13 @@ std::optional<Int> yaml11_int(std::string_view s) {
   } else if (digits.size() > 1 && digits.front() == '0') {
     base = 8;
   }
-  __int128 v = 0;
+  Int v = 0;
   for (const std::string_view part : std::views::split(std::string_view(digits), ':') | std::views::transform([](auto r) {
                                        return std::string_view(r.begin(), r.end());
                                      })) {
     Int p = 0;  // a base-60 digit, or the whole number
     if (part.empty() || std::from_chars(part.data(), part.data() + part.size(), p, base).ec != std::errc()) return std::nullopt;
-    v = v * 60 + p;
-    if (v > std::numeric_limits<Int>::max()) return std::nullopt;
+    if (__builtin_mul_overflow(v, Int{60}, &v) || __builtin_add_overflow(v, p, &v)) return std::nullopt;
   }
   return static_cast<Int>(negative ? -v : v);
 }
@@ -360,7 +359,10 @@ std::string dump_yaml(const Config& cfg) {
     for (const auto& f : schema())
       if (f.section == sec) {
         out << YAML::Key << f.name << YAML::Value;
-        const bool none = std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), f.key()) != cfg.none_moe_fields.end();
+        // Megatron tests the legacy cuda_graph_scope against None: an empty one is written as None,
+        // as a dump after Megatron-Core's post-init has it.
+        const bool none = std::find(cfg.none_moe_fields.begin(), cfg.none_moe_fields.end(), f.key()) != cfg.none_moe_fields.end() ||
+                          (f.key() == "model.cuda_graph_scope" && cfg.model.cuda_graph_scope.empty());
         emit_value(out, none ? YAML::Node(YAML::NodeType::Null) : f.get(cfg),
                    f.type.starts_with("a string") || f.type.starts_with("a list of strings"));
       }

@@ -193,9 +193,12 @@ const std::vector<Case>& cases() {
        std::nullopt, std::nullopt, kDump},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=bf16"}, {"model.moe_router_dtype=null"}},
-      {"cuda_graph.full_alone", {"model.cuda_graph_modules=[full,attn]"}, {"model.cuda_graph_modules=[full]"}},
-      {"cuda_graph.deprecated_modules", {"model.cuda_graph_modules=[full_iteration,full_iteration_inference]"},
-       {"model.cuda_graph_modules=[full_iteration]"}},
+      {"cuda_graph.full_alone", TE_GRAPH + Overrides{"model.cuda_graph_modules=[full,attn]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_modules=[full]"}},
+      {"cuda_graph.deprecated_modules", {"model.cuda_graph_impl=local", "model.cuda_graph_modules=[full_iteration,full_iteration_inference]"},
+       {"model.cuda_graph_impl=local", "model.cuda_graph_modules=[full_iteration]"}},
+      {"cuda_graph.deprecated_modules",  // Megatron-Core reads the legacy scope as the modules first
+       TE_GRAPH + Overrides{"model.cuda_graph_scope=[full_iteration]"}, TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]"}},
       {"cuda_graph.deprecated_modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[full_iteration_inference,attn]"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[attn]"}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
@@ -402,11 +405,14 @@ const std::vector<Case>& cases() {
        std::nullopt, std::nullopt, kDump},
       {"cuda_graph.te_rng_tracker", {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"},
        {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]", "rng.te_rng_tracker=true"}},
-      {"cuda_graph.scope_and_modules", {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},
-       {"model.cuda_graph_modules=[attn]"}},
+      {"cuda_graph.scope_and_modules", TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_modules=[attn]"}},
       {"cuda_graph.scope_and_modules",  // Megatron-Core's default modules, as a dump before its post-init has them
-       {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn,mlp]"},
-       {"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=full"}},
+       TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn,mlp]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=full"}},
+      {"cuda_graph.scope_and_modules",  // without a graph Bridge clears both lists first
+       TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[mlp]"},
+       TE_GRAPH + Overrides{"model.cuda_graph_impl=none", "model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[mlp]"}},
       {"flex.ncclep_dropless",
        {"model.moe_token_dispatcher_type=flex", "model.moe_flex_dispatcher_backend=ncclep",
         "model.moe_expert_capacity_factor=1.0"},
@@ -858,6 +864,28 @@ TEST(Finalize, CommOverlapDrivesTheModel) {
 TEST(Finalize, NegativeCapacityFactorIsDropless) {
   EXPECT_FALSE(resolved({"model.moe_expert_capacity_factor=-1"}).model.moe_expert_capacity_factor);
   EXPECT_EQ(resolved({"model.moe_expert_capacity_factor=1.5"}).model.moe_expert_capacity_factor, 1.5);
+}
+
+// Bridge clears the graph lists without a graph; Megatron-Core moves the legacy scope into the
+// modules and the deprecated full_iteration module into cuda_graph_impl, where its asserts pass.
+TEST(Finalize, CudaGraphListsAsMegatronResolvesThem) {
+  const Config none = resolved({"model.cuda_graph_impl=none", "model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[mlp]"});
+  EXPECT_TRUE(none.model.cuda_graph_scope.empty());
+  EXPECT_TRUE(none.model.cuda_graph_modules.empty());
+  const Config legacy = resolved({"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration]"});
+  EXPECT_EQ(legacy.model.cuda_graph_impl, "full_iteration");
+  EXPECT_TRUE(legacy.model.cuda_graph_scope.empty());
+  EXPECT_TRUE(legacy.model.cuda_graph_modules.empty());
+  const Config te = resolved({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn,moe_router]"});
+  EXPECT_EQ(te.model.cuda_graph_modules, (StringList{"attn", "moe_router"}));
+  EXPECT_TRUE(te.model.cuda_graph_scope.empty());
+  // Where an assert fails, nothing moves, and the rule sees the config as written.
+  const Config both = resolved({"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]",
+                                "model.cuda_graph_modules=[mlp]"});
+  EXPECT_EQ(both.model.cuda_graph_scope, StringList{"attn"});
+  const Config rest = resolved({"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration,attn]"});
+  EXPECT_EQ(rest.model.cuda_graph_impl, "local");
+  EXPECT_EQ(rest.model.cuda_graph_modules, (StringList{"full_iteration", "attn"}));
 }
 
 TEST(Finalize, FlexBackendSteps) {
