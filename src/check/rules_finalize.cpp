@@ -27,6 +27,12 @@ void add_finalize_rules(RuleTable& add) {
   add("comm_overlap.overwrites_ddp", W,
       {"ddp.overlap_grad_reduce", "ddp.overlap_param_gather", "ddp.align_param_gather", "ddp.bucket_size"},
       kBridgeCommOverlap, "with the distributed optimizer, comm_overlap's DP settings replace the ddp section's");
+  add("optimizer.distributed_sync", W, {"ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"},
+      kBridgeConfig, "the distributed optimizer asked for in one section only: on in both");
+  add("optimizer.param_gather_sync", W, {"ddp.overlap_param_gather", "optimizer.overlap_param_gather"}, kBridgeConfig,
+      "overlap_param_gather asked for in one section only: on in both");
+  add("moe.ffn_hidden_size_unset", W, {"model.moe_ffn_hidden_size", "model.ffn_hidden_size"}, kMcore,
+      "an MoE model without moe_ffn_hidden_size takes ffn_hidden_size (4 x hidden_size where that is unset too)");
   add("flex.deprecated_sm_knob", W, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},
       kMcore, "deprecated per-backend SM-count knob");
   add("flex.conflicting_sm_knobs", E, {"model.moe_deepep_num_sms", "model.moe_hybridep_num_sms"},

@@ -216,6 +216,23 @@ void migrate_cuda_graph(ModelConfig& m) {
   }
 }
 
+// Bridge's _validate_and_sync_distributed_optimizer_settings for one switch: on in either
+// section, on in both.
+void sync_ddp_and_optimizer(bool& ddp, bool& optimizer, const char* id, const char* field, const char* settings,
+                            const char* what, std::vector<Finding>& out) {
+  if (ddp != optimizer) {
+    const auto py = [](bool b) { return b ? "True" : "False"; };
+    out.push_back(note(id, Severity::warning,
+                       {{fmt::format("ddp.{}", field), ddp ? "true" : "false"},
+                        {fmt::format("optimizer.{}", field), optimizer ? "true" : "false"}},
+                       fmt::format("{} settings were not in sync: ddp.{}={}, optimizer.{}={}. Automatically enabling {} "
+                                   "for both settings.",
+                                   settings, field, py(ddp), field, py(optimizer), what),
+                       fmt::format("{}.{}=true", ddp ? "optimizer" : "ddp", field)));
+  }
+  ddp = optimizer = ddp || optimizer;
+}
+
 }  // namespace
 
 std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
@@ -230,17 +247,25 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   }
   // ConfigContainer.validate: the TE RNG tracker asked for in either place is on in both.
   c.model.use_te_rng_tracker = c.rng.te_rng_tracker = c.model.use_te_rng_tracker || c.rng.te_rng_tracker;
-  // Bridge keeps these two in step between ddp and optimizer.
-  const bool dist_opt = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
-  c.ddp.use_distributed_optimizer = c.optimizer.use_distributed_optimizer = dist_opt;
-  const bool param_gather = c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather;
-  c.ddp.overlap_param_gather = c.optimizer.overlap_param_gather = param_gather;
+  // Bridge keeps these two in step between ddp and optimizer, with a warning where they differed.
+  sync_ddp_and_optimizer(c.ddp.use_distributed_optimizer, c.optimizer.use_distributed_optimizer,
+                         "optimizer.distributed_sync", "use_distributed_optimizer", "Distributed optimizer", "distributed optimizer", out);
+  sync_ddp_and_optimizer(c.ddp.overlap_param_gather, c.optimizer.overlap_param_gather, "optimizer.param_gather_sync",
+                         "overlap_param_gather", "overlap_param_gather", "overlap_param_gather", out);
 
   // Megatron-Core TransformerConfig post-init and Bridge's model finalize.
   ModelConfig& m = c.model;
   if (m.tensor_model_parallel_size <= 1) m.sequence_parallel = false;  // Bridge, before Megatron-Core's check
   m.expert_tensor_parallel_size = effective_etp(m);
   if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
+  if (!m.ffn_hidden_size) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.num_moe_experts && !m.moe_ffn_hidden_size) {
+    m.moe_ffn_hidden_size = m.ffn_hidden_size;
+    out.push_back(note("moe.ffn_hidden_size_unset", Severity::warning,
+                       {{"model.moe_ffn_hidden_size", "null"}, {"model.ffn_hidden_size", std::to_string(*m.ffn_hidden_size)}},
+                       "moe_ffn_hidden_size is not set, using ffn_hidden_size instead.",
+                       fmt::format("model.moe_ffn_hidden_size={}", *m.ffn_hidden_size)));
+  }
   if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor < 0) m.moe_expert_capacity_factor.reset();
   migrate_cuda_graph(m);
   fold_deprecated_sm_knobs(m, out);

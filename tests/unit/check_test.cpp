@@ -202,6 +202,11 @@ const std::vector<Case>& cases() {
       {"cuda_graph.deprecated_modules", TE_GRAPH + Overrides{"model.cuda_graph_modules=[full_iteration_inference,attn]"},
        TE_GRAPH + Overrides{"model.cuda_graph_modules=[attn]"}},
       {"moe.topk_range", {"model.moe_router_topk=17"}, {}},
+      {"moe.ffn_hidden_size_unset", {"model.moe_ffn_hidden_size=null"}, {}},
+      {"optimizer.distributed_sync", {"ddp.use_distributed_optimizer=true"},
+       {"ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"}},
+      {"optimizer.param_gather_sync", {"optimizer.overlap_param_gather=true"},
+       {"ddp.overlap_param_gather=true", "optimizer.overlap_param_gather=true"}},
       {"moe.aux_loss_coeff_list", {"model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]"},
        {"model.moe_router_load_balancing_type=[aux_loss,global_aux_loss]", "model.moe_aux_loss_coeff=[1e-3,1e-4]"}},
       {"moe.aux_loss_coeff_list",  // the fix pads with the last coefficient
@@ -886,6 +891,14 @@ TEST(Finalize, CudaGraphListsAsMegatronResolvesThem) {
   const Config rest = resolved({"model.cuda_graph_impl=local", "model.cuda_graph_scope=[full_iteration,attn]"});
   EXPECT_EQ(rest.model.cuda_graph_impl, "local");
   EXPECT_EQ(rest.model.cuda_graph_modules, (StringList{"full_iteration", "attn"}));
+}
+
+// Megatron-Core's FFN defaults: 4 x hidden, and the experts' the dense width.
+TEST(Finalize, FfnWidthsAsMegatronCoreDefaultsThem) {
+  const Config c = resolved({"model.ffn_hidden_size=null", "model.moe_ffn_hidden_size=null", "model.hidden_size=96"});
+  EXPECT_EQ(c.model.ffn_hidden_size, 384);
+  EXPECT_EQ(c.model.moe_ffn_hidden_size, 384);
+  EXPECT_EQ(resolved({"model.moe_ffn_hidden_size=null", "model.ffn_hidden_size=200"}).model.moe_ffn_hidden_size, 200);
 }
 
 TEST(Finalize, FlexBackendSteps) {

@@ -227,7 +227,7 @@ TEST(Plan, RowsTheCheckerRefusesAreMarked) {
 
 TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
   const MemoryPlan dist = make_plan(resolved("qwen3_30b_a3b", {})).memory;
-  const MemoryPlan plain = make_plan(resolved("qwen3_30b_a3b", {"ddp.use_distributed_optimizer=false"})).memory;
+  const MemoryPlan plain = make_plan(resolved("qwen3_30b_a3b", {"ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"})).memory;
   EXPECT_NEAR(plain.optimizer, 12 * (plain.dense_params + plain.expert_params), 1);  // 18 bytes per parameter
   EXPECT_NEAR(dist.optimizer, 12 * dist.dense_params / 16 + 12 * dist.expert_params, 1);  // dense over DP 16, experts EDP 1
   const MemoryPlan full = make_plan(resolved("qwen3_30b_a3b", {"model.cuda_graph_impl=none", "model.recompute_granularity=full", "model.recompute_method=uniform",
@@ -775,7 +775,8 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_EQ(notes_of(ranks).find("optimizer ("), std::string::npos) << notes_of(ranks);  // 1%: not a spread
   // What is left after the backward gets smaller: BF16 instead of FP32, a reduce-scatter.
   const Diagnosis fp32 = diagnose(run, resolved("qwen3_30b_a3b", {"target.gpu=h100", "ddp.grad_reduce_in_fp32=true",
-                                                                  "ddp.use_distributed_optimizer=false"}),
+                                                                  "ddp.use_distributed_optimizer=false",
+                                                                  "optimizer.use_distributed_optimizer=false"}),
                                   find_gpu("h100"));
   std::vector<std::string> fixes;
   for (const Fix& f : fp32.fixes) fixes.push_back(fmt::format("{}", fmt::join(f.overrides, " ")));
