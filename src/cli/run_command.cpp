@@ -149,8 +149,13 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
                                   *loaded.target.num_gpus, mpi.size(), *loaded.target.num_gpus, *loaded.target.num_gpus));
   loaded.target.num_gpus = mpi.size();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";
-  require_same_job(mpi.world(), fmt::format("{}mock_data: {}\nsteady: {} {}\n", dump_yaml(loaded), args.mock_data,
-                                            args.steady_first.value_or(0), args.steady_last));
+  // The flags too, as typed: every rank takes part in writing the trace, and a rank without it
+  // would leave the others waiting.
+  require_same_job(mpi.world(), fmt::format("{}--mock-data {}\n--steady-from {}\n--steady-to {}\n--results {}\n--trace {}\n",
+                                            dump_yaml(loaded), args.mock_data,
+                                            args.steady_first ? std::to_string(*args.steady_first) : "(default)",
+                                            args.steady_last > 0 ? std::to_string(args.steady_last) : "(the last)",
+                                            args.results.value_or("(none)"), args.trace.value_or("(none)")));
   // Ranks over several nodes (the emulated cluster): the config records the ranks per node, so
   // the results say where the job ran (`epx diagnose` plans it as it was).
   const std::vector<int> nodes = node_of_each_rank(mpi.world());
