@@ -142,6 +142,13 @@ std::vector<std::string> log_notes(const RunEvidence& run) {
     notes.push_back(fmt::format("the log counts {} skipped and {} NaN iteration(s): the loss scale or the data, not the "
                                 "walls, first",
                                 run.skipped_iterations, run.nan_iterations));
+  // epx run with check_for_nan_in_loss off goes on past a NaN loss (its results write null).
+  const auto diverged = std::find_if(run.iterations.begin(), run.iterations.end(),
+                                     [](const IterationPoint& p) { return !std::isfinite(p.lm_loss); });
+  if (diverged != run.iterations.end())
+    notes.push_back(fmt::format("the LM loss is NaN or infinite from iteration {}: the training diverged (a learning rate "
+                                "too high, no gradient clipping?), so these figures time a diverged run",
+                                diverged->iteration));
   std::vector<double> steps;
   for (const IterationPoint& p : run.iterations)
     if (p.iteration >= run.steady_first && p.iteration <= run.steady_last) steps.push_back(p.step_s);

@@ -11,6 +11,8 @@
 #include <regex>
 #include <sstream>
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -73,11 +75,21 @@ double number(const nlohmann::json& j, const std::string& object, const char* ke
   return it->get<double>();
 }
 
-// A time, rate, size or count: never negative.
+// A loss: a number, or null where the run diverged (epx run writes a NaN loss as JSON's null).
+double loss(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_null() ? std::numeric_limits<double>::quiet_NaN() : number(j, object, key, path);
+}
+
+// A time, rate, size or count: never negative, and within what a run measures (larger ones
+// would overflow the sums and shares they feed).
 double amount(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
   const double v = number(j, object, key, path);
   if (v < 0)
     throw InputError(fmt::format("{}: {}.{} is {}: a time, rate, size or count is never negative", path, object, key, v));
+  if (v > 1e15)
+    throw InputError(fmt::format("{}: {}.{} is {}: beyond any run's time, rate, size or count (at most 1e15)", path, object,
+                                 key, v));
   return v;
 }
 
@@ -134,7 +146,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     p.iteration = static_cast<int>(iteration);
     p.step_s = amount(it, at, "step_time_s", path);
     p.tflops_per_gpu = amount(it, at, "tflops_per_rank", path);
-    p.lm_loss = number(it, at, "lm_loss", path);
+    p.lm_loss = loss(it, at, "lm_loss", path);
     p.mem_max_allocated_gb = amount(it, at, "mem_max_allocated_bytes", path) / kGiB;
     run.iterations.push_back(p);
   }
@@ -157,7 +169,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s is 0");
   run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", path);
   run.peak_memory_gb = amount(s, "summary", "peak_memory_bytes", path) / kGiB;
-  run.final_loss = number(s, "summary", "final_lm_loss", path);
+  run.final_loss = loss(s, "summary", "final_lm_loss", path);
   if (s.contains("expert_load_max_over_mean"))  // results before it was measured lack it
     run.expert_load = amount(s, "summary", "expert_load_max_over_mean", path);
   if (s.contains("ep_rank_load_max_over_mean"))

@@ -612,6 +612,34 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
 }
 
+// epx run writes a NaN loss as null (a diverged run with check_for_nan_in_loss off): read as NaN
+// and named; a value past any run's is refused, not summed into an overflow.
+TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_results_{}.json", getpid());
+  const auto results = [&](const std::string& loss, const std::string& step) {
+    std::ofstream(path) << fmt::format(
+        R"({{"iterations": [{{"iteration": 1, "step_time_s": 1, "tflops_per_rank": 1, "lm_loss": 8, "mem_max_allocated_bytes": 1}},
+                             {{"iteration": 2, "step_time_s": {}, "tflops_per_rank": 1, "lm_loss": {}, "mem_max_allocated_bytes": 1}}],
+            "summary": {{"steady_state_iterations": [1, 2], "mean_step_time_s": 1, "tflops_per_rank": 1,
+                         "peak_memory_bytes": 1, "final_lm_loss": {}}}}})",
+        step, loss, loss);
+    return path.string();
+  };
+  const RunEvidence run = read_run(results("null", "1"), std::nullopt);
+  EXPECT_TRUE(std::isnan(run.iterations[1].lm_loss));
+  EXPECT_TRUE(std::isnan(run.final_loss));
+  std::string notes;
+  for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) notes += n + "\n";
+  EXPECT_NE(notes.find("the LM loss is NaN or infinite from iteration 2: the training diverged"), std::string::npos) << notes;
+  try {
+    read_run(results("8", "1e300"), std::nullopt);
+    ADD_FAILURE() << "a step of 1e300 s was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("iterations[1].step_time_s is 1e+300: beyond any run's"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
 // Logs as they come from launchers and from other Megatron and Bridge versions (helper-found
 // excerpts of real logs, cut down).
 TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
