@@ -440,14 +440,19 @@ void read_trace(const std::string& path, RunEvidence& run) {
       const auto it = e.find(key);
       return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
     };
-    const auto integer = [&](const char* key) {
+    // A process or thread id: a whole number from 0 (epx writes each rank as its process).
+    const auto id = [&](const char* key) {
       const auto it = e.find(key);
-      return it != e.end() && it->is_number_integer() ? it->get<int>() : 0;
+      if (it == e.end()) return 0;
+      if (!it->is_number_integer() || it->get<std::int64_t>() < 0 || it->get<std::int64_t>() > 1000000000)
+        throw InputError(fmt::format("{}: event {} ('{}') has {} {}: not a rank or thread number", path, index, text("name"),
+                                     key, shorten(it->dump())));
+      return it->get<int>();
     };
     if (!e.is_object() || text("ph") != "X" || !e.contains("ts") || !e.contains("dur")) continue;
     TraceSpan s;
-    s.rank = integer("pid");
-    s.thread = integer("tid");
+    s.rank = id("pid");
+    s.thread = id("tid");
     s.name = text("name");
     s.track = text("cat");
     if (!e["ts"].is_number() || !e["dur"].is_number() || e["dur"].get<double>() < 0)
