@@ -148,7 +148,13 @@ int run_run_command(const RunArgs& args, MpiSession& mpi) {
                                   "-- epx run ...) or leave the world size unset",
                                   *loaded.target.num_gpus, mpi.size(), *loaded.target.num_gpus, *loaded.target.num_gpus));
   loaded.target.num_gpus = mpi.size();
-  if (!loaded.target.gpu) loaded.target.gpu = "cpu";
+  // The same for the GPU: epx run trains on this machine's CPU runtime, and its results say so
+  // (epx diagnose rates the run against that); a recipe's GPU is for epx check and plan.
+  if (loaded.set_on_command_line("target.gpu") && loaded.target.gpu && *loaded.target.gpu != "cpu")
+    throw ConfigError(fmt::format("target.gpu={}: epx run trains on this machine's CPU runtime, not on a {}; drop -g or "
+                                  "target.gpu (epx check, plan and advise take it)",
+                                  *loaded.target.gpu, *loaded.target.gpu));
+  loaded.target.gpu = "cpu";
   // The flags too, as typed: every rank takes part in writing the trace, and a rank without it
   // would leave the others waiting.
   require_same_job(mpi.world(), fmt::format("{}--mock-data {}\n--steady-from {}\n--steady-to {}\n--results {}\n--trace {}\n",
