@@ -88,7 +88,10 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
                                   "takes an equal slice of the sequence; launch a divisor of {} ranks",
                                   spec.seq_length, world, spec.seq_length));
   std::optional<Distributed> dist;
-  if (mpi) dist.emplace(*mpi, cfg);
+  if (mpi)
+    dist.emplace(*mpi, cfg);
+  else
+    check_layer_parallelism(cfg);
   MoELayer layer(spec,
                  dist ? make_dispatcher(dispatcher_options_from_config(cfg), spec.num_experts, dist->groups, dist->stream)
                       : make_local_dispatcher(spec.num_experts),

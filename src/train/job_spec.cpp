@@ -48,24 +48,33 @@ void check_shared_fields(const Config& c) {
                     group ? bf16 : "model.fp8=null"));
 }
 
-}  // namespace
-
-ParallelLayout parallel_layout_from_config(const Config& c, int world) {
-  const ModelConfig& m = c.model;
+void check_attention_parallelism(const ModelConfig& m) {
   if (m.tensor_model_parallel_size != 1 || m.context_parallel_size != 1)
     throw ConfigError(fmt::format(
         "model.tensor_model_parallel_size={}, model.context_parallel_size={}: epx splits attention "
         "by data parallelism only; set both to 1 (expert_tensor_parallel_size still splits the experts)",
         m.tensor_model_parallel_size, m.context_parallel_size));
+}
+
+}  // namespace
+
+ParallelLayout parallel_layout_from_config(const Config& c, int world) {
+  const ModelConfig& m = c.model;
+  check_attention_parallelism(m);
   return ParallelLayout::make(world, 1, 1, static_cast<int>(m.pipeline_model_parallel_size),
                               static_cast<int>(m.expert_model_parallel_size),
                               static_cast<int>(effective_etp(m)));
 }
 
-ParallelLayout layer_layout_from_config(const Config& c, int world) {
+void check_layer_parallelism(const Config& c) {
   if (c.model.pipeline_model_parallel_size != 1)
     bad(c, "model.pipeline_model_parallel_size", std::to_string(c.model.pipeline_model_parallel_size),
         "one MoE layer has no pipeline stages; set it to 1 (epx run trains with PP)");
+  check_attention_parallelism(c.model);
+}
+
+ParallelLayout layer_layout_from_config(const Config& c, int world) {
+  check_layer_parallelism(c);
   return parallel_layout_from_config(c, world);
 }
 

@@ -375,6 +375,13 @@ TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
   const Result r = run("layer --config qwen3_30b_a3b_proxy model.moe_router_topk=40 --weights a --input b --out c");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r, "model.moe_router_topk=40")) << r.out;
+  // One process takes every expert, but the layer has no TP, CP or PP on any number of ranks.
+  for (const auto& [flag, field] : {std::pair{"-tp 2", "model.tensor_model_parallel_size=2"},
+                                    std::pair{"-pp 2", "model.pipeline_model_parallel_size=2"}}) {
+    const Result p = run(fmt::format("layer --config qwen3_30b_a3b_proxy {} --weights a --input b --out c", flag));
+    EXPECT_EQ(p.code, 2) << flag << p.out;
+    EXPECT_TRUE(has(p, field)) << p.out;
+  }
 }
 
 }  // namespace

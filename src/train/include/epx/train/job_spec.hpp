@@ -22,6 +22,8 @@ namespace epx {
 ParallelLayout parallel_layout_from_config(const Config& c, int world);
 // The same for one MoE layer (`epx layer`, `epx bench layer`): PP must be 1 too.
 ParallelLayout layer_layout_from_config(const Config& c, int world);
+// Only its TP = CP = PP = 1 (one process without MPI takes every expert, whatever EP says).
+void check_layer_parallelism(const Config& c);
 // One MoE layer's shape and routing.
 MoESpec moe_spec_from_config(const Config& c);
 // The whole GPT model, its MoE layers (moe_spec_from_config) and the recompute plan.
