@@ -130,6 +130,11 @@ std::vector<std::string> log_notes(const RunEvidence& run) {
   std::vector<std::string> notes;
   if (run.cut_off)
     notes.push_back("the log's last line has no end (the run was still writing it): it is left out");
+  if (run.unread_lines > 0)
+    notes.push_back(fmt::format("{} line(s) of the log with an elapsed time per iteration do not read as Megatron's "
+                                "iteration line (cut short or run into by another rank's output?), the first at line {}: "
+                                "left out",
+                                run.unread_lines, run.first_unread_line));
   if (run.restarted_at > 0)
     notes.push_back(run.went_back
                         ? fmt::format("the log goes back to iteration {} (a requeued or resumed run appended to it): the "

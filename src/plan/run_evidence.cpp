@@ -193,11 +193,12 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
 // Megatron-LM's training_log lines, as the seeds' harness prints them (epx run prints the same).
 void read_megatron_log(const std::string& text, const std::string& path, RunEvidence& run) {
   static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
-  static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
-  static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+))");
+  // Megatron ends each field with " |": a number without it may be cut short.
+  static const std::regex elapsed(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)\s*\|)");
+  static const std::regex tflops(R"(throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+)\s*\|)");
   // Megatron prints the loss with {:.6E}: a NaN or infinity is NAN, INF or -INF (before 2020:
   // "lm loss 6.758929E+00", no colon).
-  static const std::regex loss(R"(lm loss:?\s*([+-]?(?:[nN][aA][nN]|[iI][nN][fF])|[0-9.eE+-]+))");
+  static const std::regex loss(R"(lm loss:?\s*([+-]?(?:[nN][aA][nN]|[iI][nN][fF])|[0-9.eE+-]+)\s*\|)");
   static const std::regex skipped(R"(number of skipped iterations:\s*(\d+))");
   static const std::regex nans(R"(number of nan iterations:\s*(\d+))");
   // Launchers' prefixes, dropped from every line before the rest is read, one after another
@@ -311,9 +312,14 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
         double& peak = memory_after[count((*it)[1], "the memory line's iteration", 0)];
         peak = std::max(peak, gib);
       }
-    if (!has("elapsed time per iteration") || !std::regex_search(line, m, iteration)) continue;
+    if (!has("elapsed time per iteration")) continue;
+    if (!std::regex_search(line, m, iteration) || !std::regex_search(line, m, elapsed)) {
+      if (run.unread_lines++ == 0) run.first_unread_line = line_no;
+      continue;
+    }
+    std::regex_search(line, m, iteration);
     const std::string iteration_text = m[1];
-    if (!std::regex_search(line, m, elapsed)) continue;  // not a training_log line
+    std::regex_search(line, m, elapsed);
     IterationPoint p;
     p.iteration = count(iteration_text, "the iteration", 1);  // Megatron counts from 1
     // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.
@@ -341,13 +347,15 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     serials.push_back(++iteration_lines);
   }
   if (run.iterations.empty())
-    throw InputError(fmt::format(
-        "{}: neither an `epx run --results` JSON nor a Megatron training log (no line with 'iteration N/M | ... "
-        "elapsed time per iteration (ms): T'){}",
-        path,
-        whole.find("elapsed time per") != std::string_view::npos
-            ? "; its lines look cut and wrapped (a terminal's or a web page's width?): give the log as the run wrote it"
-            : ""));
+    throw InputError(
+        run.unread_lines > 0
+            ? fmt::format("{}:{}: a line with an elapsed time per iteration that does not read as Megatron's 'iteration N/M | "
+                          "... elapsed time per iteration (ms): T |' (cut, wrapped or run into by other output?), and no "
+                          "line that does: give the log as the run wrote it",
+                          path, run.first_unread_line)
+            : fmt::format("{}: neither an `epx run --results` JSON nor a Megatron training log (no line with 'iteration "
+                          "N/M | ... elapsed time per iteration (ms): T |')",
+                          path));
   // A rate line goes to the iteration line after it (the current order) or before it (the older).
   // The kept lines' serials rise, so each is found by bisection.
   const bool rate_after_line = !step_rates.empty() && step_rates.back().second == iteration_lines;

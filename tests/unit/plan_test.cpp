@@ -732,9 +732,22 @@ TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
   EXPECT_NE(refusal("Training epoch 0, iteration 0/149 | lr: 1e-05 | reduced_train_loss: 4.4 | train_step_timing in s: 2.1\n")
                 .find("neither an `epx run --results` JSON nor a Megatron training log"),
             std::string::npos);
-  EXPECT_NE(refusal(" iteration 10/ 50 | consumed samples: 5120 |\nelapsed time per iteration (ms): 13212.7 |\n")
-                .find("its lines look cut and wrapped"),
-            std::string::npos);
+  const std::string wrapped = refusal(" iteration 10/ 50 | consumed samples: 5120 |\nelapsed time per iteration (ms): 13212.7 |\n");
+  EXPECT_NE(wrapped.find(":2: a line with an elapsed time per iteration that does not read as Megatron's"), std::string::npos)
+      << wrapped;
+  EXPECT_NE(wrapped.find("cut, wrapped or run into by other output?"), std::string::npos) << wrapped;
+  EXPECT_NE(refusal(line(-3, 1000)).find(":1: a line with an elapsed time"), std::string::npos) << refusal(line(-3, 1000));
+  // A line cut inside its step time by another rank's output is left out, and said so (it read
+  // as a 1 ms step).
+  run = read(line(10, 1000) + line(20, 1000) + " [2025-11-03 10:00:00] iteration       30/     100 | elapsed time per "
+                                               "iteration (ms): 1\n" + line(40, 1000));
+  EXPECT_EQ(run.iterations.size(), 3u);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 1.0);
+  EXPECT_EQ(run.unread_lines, 1);
+  EXPECT_EQ(run.first_unread_line, 3u);
+  std::string notes;
+  for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) notes += n + "\n";
+  EXPECT_NE(notes.find("1 line(s) of the log with an elapsed time per iteration do not read"), std::string::npos) << notes;
   std::filesystem::remove(path);
 }
 

@@ -76,6 +76,10 @@ struct RunEvidence {
   int skipped_iterations = 0, nan_iterations = 0;  // Megatron's log counts (summed over its lines)
   std::int64_t global_batch_size = 0;               // as a Megatron log's lines say it; 0: not said
   bool cut_off = false;  // a Megatron log whose last line has no end (still being written): left out
+  // Lines that name an elapsed time per iteration but do not read as Megatron's iteration line
+  // (cut short or run into by another rank's output): left out; the first one's line number.
+  int unread_lines = 0;
+  std::size_t first_unread_line = 0;
   // A Megatron log of more than one process: one whose iterations go back (a requeued run
   // appended to its log: the later lines replace the earlier ones from that iteration on,
   // went_back), or a second arguments dump before the next line (a resumed run). The first
