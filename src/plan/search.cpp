@@ -41,6 +41,9 @@ std::vector<std::string> changes(const Config& given, const std::vector<std::str
 }  // namespace
 
 SearchResult search_layouts(const Config& loaded, const OptString& flex_flag, int keep) {
+  // The config's own values first, as epx plan refuses them (-ng 0, -gb 0, -ep 0): each
+  // candidate's refusal is skipped below, which would hide them.
+  (void)resolve_config(loaded, flex_flag);
   const ModelConfig& m = loaded.model;
   const Int world = loaded.target.num_gpus.value_or(1);
   const Int per_node = gpus_per_node(loaded).value_or(world) > 0 ? gpus_per_node(loaded).value_or(world) : world;

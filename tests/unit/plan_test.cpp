@@ -1024,6 +1024,15 @@ TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
 namespace epx {
 namespace {
 
+// The config's own out-of-range values are refused as epx plan refuses them, not searched into
+// "no layout passes".
+TEST(PlanSearch, RefusesTheConfigsOwnOutOfRangeValues) {
+  for (const char* o : {"train.global_batch_size=0", "target.num_gpus=0", "model.expert_model_parallel_size=0"}) {
+    const std::string e = test::error_of([&] { search_layouts(test::load_with("qwen3_30b_a3b", {o}), std::nullopt, 5); });
+    EXPECT_NE(e.find("is out of range"), std::string::npos) << o << ": " << e;
+  }
+}
+
 TEST(PlanSearch, RanksLegalLayoutsThatFit) {
   Config c = test::load_with("qwen3_30b_a3b", {});
   const SearchResult r = search_layouts(c, std::nullopt, 5);
