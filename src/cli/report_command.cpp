@@ -131,6 +131,10 @@ int run_report_command(const ReportArgs& args) {
     // RESULTS:TRACE, unless the whole argument is a file (a name with a colon).
     const auto colon = spec.rfind(':');
     const bool traced = !std::filesystem::exists(spec) && colon != std::string::npos && colon > 0 && colon + 1 < spec.size();
+    if (!std::filesystem::exists(spec) && colon != std::string::npos && !traced)
+      throw ConfigError(fmt::format("RUN '{}': RESULTS:TRACE takes the run's results before the colon and its trace after "
+                                    "it; give both, or the results alone",
+                                    spec));
     const std::string results = traced ? spec.substr(0, colon) : spec;
     const std::optional<std::string> trace = traced ? std::optional(spec.substr(colon + 1)) : std::nullopt;
     const DiagnosedRun d = diagnose_run(results, trace, args.source);

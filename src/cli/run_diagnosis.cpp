@@ -1,6 +1,7 @@
 #include "run_diagnosis.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "epx/base/error.hpp"
 #include "epx/check/check.hpp"
@@ -41,10 +42,18 @@ DiagnosedRun diagnose_run(const std::string& run_path, const std::optional<std::
                                     run_path));
     const CheckReport report = run_check(*d.config);
     if (!report.ok()) {
+      // Where this command changed the config, those changes first.
+      std::vector<std::string> given;
+      if (gpu) given.push_back("-g " + *gpu);
+      if (num_gpus) given.push_back(fmt::format("-ng {}", *num_gpus));
+      for (const std::string& o : overrides) given.push_back("--override " + o);
+      const std::string hint = !given.empty() ? fmt::format("; with {} given here: are they the run's?", fmt::join(given, ", "))
+                               : config       ? ""
+                                              : "; name the right one with --config";
       for (const Finding& f : report.findings)
         if (f.severity == Severity::error)
-          throw ConfigError(fmt::format("{}: the run's config does not pass epx check: [{}] {}{}", run_path, f.rule_id,
-                                        f.message, config ? "" : "; name the right one with --config"));
+          throw ConfigError(
+              fmt::format("{}: the run's config does not pass epx check: [{}] {}{}", run_path, f.rule_id, f.message, hint));
     }
     d.config = report.resolved;
   }

@@ -2,7 +2,9 @@
 #include "epx/plan/run_evidence.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string_view>
 #include <filesystem>
@@ -40,7 +42,12 @@ std::string read_text(const std::string& path, const char* what) {
   if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) > kMaxRunFileBytes && !ec)
     throw too_long();
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot read the {}", path, what));
+  if (!in || std::filesystem::is_directory(path, ec)) {
+    const std::string why = !std::filesystem::exists(path, ec)        ? "no such file"
+                            : std::filesystem::is_directory(path, ec) ? "a directory"
+                                                                      : std::strerror(errno);
+    throw InputError(fmt::format("{}: cannot read the {}: {}", path, what, why));
+  }
   // Bounded, so that /dev/zero or a runaway pipe ends in a message rather than all of memory.
   std::string text;
   char chunk[1 << 16];
@@ -48,7 +55,7 @@ std::string read_text(const std::string& path, const char* what) {
     text.append(chunk, static_cast<std::size_t>(in.gcount()));
     if (text.size() > kMaxRunFileBytes) throw too_long();
   }
-  if (in.bad()) throw InputError(fmt::format("{}: cannot read the {}", path, what));
+  if (in.bad()) throw InputError(fmt::format("{}: cannot read the {}: {}", path, what, std::strerror(errno)));
   return text;
 }
 

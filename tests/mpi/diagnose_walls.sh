@@ -73,4 +73,7 @@ grep -q "pass -ng N" "$dir/noworld.txt"
 "$epx" diagnose "$dir/normal.log" --config qwen3_30b_a3b_proxy -g cpu --override '~target.num_gpus' -ng 2 \
   --override model.moe_permute_fusion=true --json >"$dir/ng.d.json"
 [[ $(field "$dir/ng.d.json" 'd["run"]["kind"]') == "Megatron log" ]]
+# A world given here that the run's config cannot take: the option is named, not --config.
+"$epx" diagnose "$dir/normal.json" -ng 64 >"$dir/ng64.txt" 2>&1 && { echo "-ng 64 was taken"; exit 1; }
+grep -q "with -ng 64 given here: are they the run's?" "$dir/ng64.txt"
 echo "diagnose_walls: passed"

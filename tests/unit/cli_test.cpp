@@ -409,7 +409,10 @@ TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {
   EXPECT_TRUE(has(have, "'nccl' is not a backend")) << have.out;
   const Result missing = run("diagnose /nonexistent/results.json");
   EXPECT_EQ(missing.code, 2) << missing.out;
-  EXPECT_TRUE(has(missing, "/nonexistent/results.json: cannot read the run file")) << missing.out;
+  EXPECT_TRUE(has(missing, "/nonexistent/results.json: cannot read the run file: no such file")) << missing.out;
+  const Result half = run("report :trace.json -o /tmp/x.html");
+  EXPECT_EQ(half.code, 2) << half.out;
+  EXPECT_TRUE(has(half, "RESULTS:TRACE takes the run's results before the colon and its trace after it")) << half.out;
   const std::string junk = ::testing::TempDir() + "epx_cli_junk.log";
   std::ofstream(junk) << "hello\nnot a training log\n";
   const Result not_a_log = run("diagnose " + junk);
