@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -55,11 +57,20 @@ TensorMap read_safetensors(const std::string& path) {
   std::string header(header_len, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
   nlohmann::json j;
+  // A tensor named twice would be read as its last entry: the header's names are told apart.
+  std::set<std::string> names;
+  std::optional<std::string> twice;
+  const auto name_once = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(header);
+    j = nlohmann::json::parse(header, name_once);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(fmt::format("{}: corrupt safetensors header (not JSON): {}", path, e.what()));
   }
+  if (twice) throw InputError(fmt::format("{}: corrupt safetensors header: tensor '{}' is named twice", path, *twice));
   if (!j.is_object()) throw InputError(fmt::format("{}: corrupt safetensors header (not a JSON object)", path));
 
   const std::uint64_t data_size = file_size - 8 - header_len;
@@ -82,9 +93,12 @@ TensorMap read_safetensors(const std::string& path) {
           throw InputError(fmt::format("{}: corrupt entry for tensor '{}': shape {} holds a dimension that is not a "
                                        "whole number", path, name, info.at("shape").dump()));
       shape = info.at("shape").get<Shape>();
-      const auto offsets = info.at("data_offsets").get<std::vector<std::uint64_t>>();
-      if (offsets.size() != 2)
-        throw InputError(fmt::format("{}: corrupt entry for tensor '{}': data_offsets must have two entries", path, name));
+      const nlohmann::json& offset_list = info.at("data_offsets");
+      if (!offset_list.is_array() || offset_list.size() != 2 ||
+          !std::all_of(offset_list.begin(), offset_list.end(), [](const nlohmann::json& o) { return o.is_number_unsigned(); }))
+        throw InputError(fmt::format("{}: corrupt entry for tensor '{}': data_offsets {} is not two byte offsets from 0",
+                                     path, name, offset_list.dump().substr(0, 100)));
+      const auto offsets = offset_list.get<std::vector<std::uint64_t>>();
       begin = offsets[0];
       end = offsets[1];
     } catch (const nlohmann::json::exception&) {  // a field missing or of another type

@@ -118,6 +118,10 @@ TEST(Safetensors, BadFilesNameTheFileAndTensor) {
   EXPECT_NE(error_of(path).find("cover 8 of its 12 data bytes"), std::string::npos) << error_of(path);
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 12);
   EXPECT_NE(error_of(path).find("truncated safetensors file?"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", 8);  // not 2^64 - 8
+  EXPECT_NE(error_of(path).find("data_offsets [-8,0] is not two byte offsets from 0"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16);
+  EXPECT_NE(error_of(path).find("tensor 'w' is named twice"), std::string::npos) << error_of(path);
   std::filesystem::remove(path);
 }
 
