@@ -38,13 +38,15 @@ std::int64_t node_tx_bytes() {
   return n;
 }
 
+// "a,b": its words, an empty one too ("2,,4" is a typo to name, not 2,4); "": none.
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
+  if (s.empty()) return out;
   std::string cur;
   for (char c : s + ",") {
     if (c != ',') {
       cur += c;
-    } else if (!cur.empty()) {
+    } else {
       out.push_back(cur);
       cur.clear();
     }
@@ -53,11 +55,15 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 // A comma-separated list of whole numbers from `least` to `most`, read before any work starts.
-std::vector<std::int64_t> int_list(const char* option, const std::string& text, std::int64_t least, std::int64_t most) {
+// `most_is`: what sets the upper bound, where another option does.
+std::vector<std::int64_t> int_list(const char* option, const std::string& text, std::int64_t least, std::int64_t most,
+                                   const std::string& most_is = "") {
   std::vector<std::int64_t> out;
   for (const std::string& word : split_list(text)) {
     const std::optional<std::int64_t> v = whole_number(word, least, most);
-    if (!v) throw ConfigError(fmt::format("{} {}: '{}' is not a whole number from {} to {}", option, text, word, least, most));
+    if (!v)
+      throw ConfigError(fmt::format("{} {}: '{}' is not a whole number from {} to {}{}", option, text, word, least, most,
+                                    most_is.empty() ? "" : " (" + most_is + ")"));
     out.push_back(*v);
   }
   if (out.empty()) throw ConfigError(fmt::format("{} '{}': an empty list; give numbers such as 2,4,8", option, text));
@@ -97,7 +103,7 @@ int run_bench_dispatch(const BenchDispatchArgs& args, MpiSession& mpi) {
   const bool root = world.rank() == 0;
   const std::int64_t local = args.experts / n;
   // Every list is read before the table starts.
-  const std::vector<std::int64_t> topks = int_list("--topk", args.topk, 1, args.experts),
+  const std::vector<std::int64_t> topks = int_list("--topk", args.topk, 1, args.experts, fmt::format("--experts {}", args.experts)),
                                   hiddens = int_list("--hidden", args.hidden, 1, 1 << 16);
   for (const std::int64_t topk : topks)
     for (const std::int64_t hidden : hiddens)
