@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "epx/base/to_lower.hpp"
+#include "epx/check/check.hpp"
 #include "epx/plan/plan.hpp"
 
 namespace epx {
@@ -160,8 +161,10 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
     // elsewhere the FP32 masters and the step's FP32 grad copy stay.
     const auto bytes = [](const std::string& dtype) { return dtype == "fp32" ? 4.0 : dtype == "fp8" ? 1.0 : 2.0; };
     const bool in_place = o.main_params_dtype != "fp32" || !m.fp8_recipe || *m.fp8_recipe == "delayed";
-    const double master =
-        in_place && o.main_params_dtype == "fp32" && o.store_param_remainders && m.bf16 ? 2 : bytes(o.main_params_dtype);
+    // OptimizerConfig's post-init turns the remainders off below TE 2.1 (an unknown TE: a recent one).
+    const std::string& te = c.target.te_version.value_or("");
+    const bool remainders = o.store_param_remainders && (te.empty() || te == "none" || version_at_least(te, "2.1.0"));
+    const double master = in_place && o.main_params_dtype == "fp32" && remainders && m.bf16 ? 2 : bytes(o.main_params_dtype);
     out.optimizer = (master + bytes(o.exp_avg_dtype) + bytes(o.exp_avg_sq_dtype)) * out.optimizer_params;
     if (in_place) out.step_grads = 0;
   }

@@ -242,6 +242,12 @@ TEST(Plan, MemoryFollowsTheDistributedOptimizerAndRecompute) {
                                                                 "optimizer.exp_avg_sq_dtype=bf16"}))
                                .memory;
   EXPECT_NEAR(aware.optimizer, dist.optimizer / 2, 1);
+  // Below TE 2.1 Megatron keeps the whole FP32 master (no remainders).
+  const MemoryPlan old_te = make_plan(resolved("qwen3_30b_a3b", {"optimizer.use_precision_aware_optimizer=true",
+                                                                 "optimizer.exp_avg_dtype=bf16", "optimizer.exp_avg_sq_dtype=bf16",
+                                                                 "target.te_version=2.0.0", "model.moe_permute_fusion=false"}))
+                                .memory;
+  EXPECT_NEAR(old_te.optimizer, dist.optimizer * 8 / 12, 1);
   EXPECT_GT(dist.step_grads, 0);
   EXPECT_EQ(aware.step_grads, 0);
   // Under a tensorwise recipe (Bridge's default, bf16_mixed included) Megatron keeps its FP32
