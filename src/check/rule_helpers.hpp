@@ -77,9 +77,12 @@ inline bool has_cuda_graph_module(const ModelConfig& m, const std::string& name)
 }
 
 // The graph list a fix rewrites: the one the config as written sets, Bridge's legacy
-// cuda_graph_scope or the modules (finalize moves the scope into the modules).
+// cuda_graph_scope or the modules (finalize moves a scope into the modules where they are empty
+// or Megatron-Core's default "full").
 inline std::string written_graph_list(const CheckContext& c) {
-  return c.user.model.cuda_graph_modules.empty() ? "model.cuda_graph_scope" : "model.cuda_graph_modules";
+  const ModelConfig& u = c.user.model;
+  const bool scope = !u.cuda_graph_scope.empty() && (u.cuda_graph_modules.empty() || u.cuda_graph_modules == StringList{"full"});
+  return scope || u.cuda_graph_modules.empty() ? "model.cuda_graph_scope" : "model.cuda_graph_modules";
 }
 
 // The whole training step captured: cuda_graph_impl=full_iteration, or the legacy local

@@ -54,10 +54,9 @@ void add_cuda_graph_rules(RuleTable& add) {
   add("cuda_graph.full_alone", E, {"model.cuda_graph_modules", "model.cuda_graph_scope"},
       "Megatron-Core transformer/cuda_graph_config.py", "the \"full\" module stands alone", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        for (const auto& [key, list] : {std::pair{"model.cuda_graph_modules", &m.cuda_graph_modules},
-                                        std::pair{"model.cuda_graph_scope", &m.cuda_graph_scope}})
+        for (const StringList* list : {&m.cuda_graph_modules, &m.cuda_graph_scope})
           if (contains(*list, "full") && list->size() > 1)
-            return fail("full scope cannot be used with other scopes.", fmt::format("{}=[full]", key));
+            return fail("full scope cannot be used with other scopes.", fmt::format("{}=[full]", written_graph_list(c)));
         return pass();
       });
   // Megatron-Core migrates two deprecated module names (full_iteration to cuda_graph_impl,
@@ -125,8 +124,7 @@ void add_cuda_graph_rules(RuleTable& add) {
         return fail_if(m.num_moe_experts && full_iteration_graph(m) && !m.moe_expert_capacity_factor,
                        "full-iteration CUDA graphs need static shapes; with dropless MoE start with "
                        "TE-scoped graphs (attn, moe_router, moe_preprocess)",
-                       "model.cuda_graph_impl=transformer_engine "
-                       "model.cuda_graph_scope=attn,moe_router,moe_preprocess");
+                       "model.cuda_graph_impl=transformer_engine " + written_graph_list(c) + "=[attn,moe_router,moe_preprocess]");
       });
 }
 

@@ -19,7 +19,7 @@ void add_optimizer_rules(RuleTable& add) {
             return fail("--use-precision-aware-optimizer only supported with adam", "optimizer.use_precision_aware_optimizer=false");
           return fail_if(!c.cfg.ddp.use_distributed_optimizer,
                          "--use-precision-aware-optimizer only supported with distributed optimizer",
-                         "ddp.use_distributed_optimizer=true");
+                         "ddp.use_distributed_optimizer=true optimizer.use_distributed_optimizer=true");
         }
         for (const auto& [name, dtype] : {std::pair{"main_grads_dtype", &o.main_grads_dtype},
                                           std::pair{"main_params_dtype", &o.main_params_dtype},
@@ -30,7 +30,8 @@ void add_optimizer_rules(RuleTable& add) {
                         o.optimizer != "adam" ? fmt::format("optimizer.{}=fp32", name)
                         : c.cfg.ddp.use_distributed_optimizer
                             ? "optimizer.use_precision_aware_optimizer=true"
-                            : "optimizer.use_precision_aware_optimizer=true ddp.use_distributed_optimizer=true");
+                            : "optimizer.use_precision_aware_optimizer=true ddp.use_distributed_optimizer=true "
+                              "optimizer.use_distributed_optimizer=true");
         return pass();
       });
   // torch's Adam takes eps >= 0, but at 0 its step m / (sqrt(v) + eps) is 0 / 0 for every weight

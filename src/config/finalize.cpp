@@ -258,8 +258,8 @@ std::vector<Finding> finalize(Config& c, const FinalizeOptions& options) {
   if (m.tensor_model_parallel_size <= 1) m.sequence_parallel = false;  // Bridge, before Megatron-Core's check
   m.expert_tensor_parallel_size = effective_etp(m);
   if (!m.recompute_modules) m.recompute_modules = StringList{"core_attn"};
-  if (!m.ffn_hidden_size) m.ffn_hidden_size = 4 * m.hidden_size;
-  if (m.num_moe_experts && !m.moe_ffn_hidden_size) {
+  if (!m.ffn_hidden_size && m.hidden_size > 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  if (m.num_moe_experts && !m.moe_ffn_hidden_size && m.ffn_hidden_size) {
     m.moe_ffn_hidden_size = m.ffn_hidden_size;
     out.push_back(note("moe.ffn_hidden_size_unset", Severity::warning,
                        {{"model.moe_ffn_hidden_size", "null"}, {"model.ffn_hidden_size", std::to_string(*m.ffn_hidden_size)}},

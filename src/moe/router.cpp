@@ -429,6 +429,8 @@ void Router::reset_global_aux_loss() {
 }
 
 double busiest_over_mean(const std::vector<float>& counts, std::size_t group) {
+  if (group == 0 || counts.size() % group != 0)
+    throw std::invalid_argument(fmt::format("busiest_over_mean: groups of {} over {} experts", group, counts.size()));
   double total = 0, busiest = 0;
   for (std::size_t g = 0; g + group <= counts.size(); g += group) {
     const double n = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(g),

@@ -148,12 +148,10 @@ std::vector<std::string> log_notes(const RunEvidence& run) {
                                 "walls, first",
                                 run.skipped_iterations, run.nan_iterations));
   // epx run with check_for_nan_in_loss off goes on past a NaN loss (its results write null).
-  const auto diverged = std::find_if(run.iterations.begin(), run.iterations.end(),
-                                     [](const IterationPoint& p) { return !std::isfinite(p.lm_loss); });
-  if (diverged != run.iterations.end())
+  if (run.diverged_at > 0)
     notes.push_back(fmt::format("the LM loss is NaN or infinite from iteration {}: the training diverged (a learning rate "
                                 "too high, no gradient clipping?), so these figures time a diverged run",
-                                diverged->iteration));
+                                run.diverged_at));
   std::vector<double> steps;
   for (const IterationPoint& p : run.iterations)
     if (p.iteration >= run.steady_first && p.iteration <= run.steady_last) steps.push_back(p.step_s);
@@ -398,7 +396,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
       add("memory", "selective recompute first (core_attn, moe_act, layernorm)",
           selective_recompute_overrides(*m));
     if (!config->ddp.use_distributed_optimizer)
-      add("memory", "shard the optimizer state over DP (the distributed optimizer)", {"ddp.use_distributed_optimizer=true"});
+      add("memory", "shard the optimizer state over DP (the distributed optimizer)",
+          {"ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"});
     if (m->recompute_granularity != std::optional<std::string>("full")) {
       add("memory", "full recompute, only if it still does not fit", full_recompute_overrides(*config));
     }
@@ -448,7 +447,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
         add("communication",
             "the distributed optimizer: a reduce-scatter instead of the all-reduce after the backward, the parameters' "
             "all-gather under the next forward",
-            {"ddp.use_distributed_optimizer=true", "ddp.overlap_param_gather=true"});
+            {"ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true", "ddp.overlap_param_gather=true",
+             "optimizer.overlap_param_gather=true"});
     };
     // The pipeline: an even split of the measured compute, then a smaller bubble.
     const auto pipeline_fixes = [&] {

@@ -154,6 +154,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     p.step_s = amount(it, at, "step_time_s", path);
     p.tflops_per_gpu = amount(it, at, "tflops_per_rank", path);
     p.lm_loss = loss(it, at, "lm_loss", path);
+    if (!std::isfinite(p.lm_loss) && run.diverged_at == 0) run.diverged_at = p.iteration;
     p.mem_max_allocated_gb = amount(it, at, "mem_max_allocated_bytes", path) / kGiB;
     run.iterations.push_back(p);
   }
@@ -320,13 +321,12 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
         peak = std::max(peak, gib);
       }
     if (!has("elapsed time per iteration")) continue;
-    if (!std::regex_search(line, m, iteration) || !std::regex_search(line, m, elapsed)) {
+    std::smatch iteration_match;
+    if (!std::regex_search(line, iteration_match, iteration) || !std::regex_search(line, m, elapsed)) {
       if (run.unread_lines++ == 0) run.first_unread_line = line_no;
       continue;
     }
-    std::regex_search(line, m, iteration);
-    const std::string iteration_text = m[1];
-    std::regex_search(line, m, elapsed);
+    const std::string iteration_text = iteration_match[1];
     IterationPoint p;
     p.iteration = count(iteration_text, "the iteration", 1);  // Megatron counts from 1
     // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.

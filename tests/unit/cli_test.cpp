@@ -195,7 +195,7 @@ TEST(Cli, HarnessFlagsCoupleWhatTheHarnessCouples) {
   EXPECT_TRUE(has(run("config show qwen3_30b_a3b -c bf16 optimizer.optimizer=sgd"), "  use_precision_aware_optimizer: false\n"));
   r = run("check qwen3_30b_a3b_proxy -c bf16");
   EXPECT_TRUE(has(r, "--use-precision-aware-optimizer only supported with distributed optimizer | fix: "
-                     "ddp.use_distributed_optimizer=true\n"))
+                     "ddp.use_distributed_optimizer=true optimizer.use_distributed_optimizer=true\n"))
       << r.out;
 }
 
@@ -377,6 +377,7 @@ TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
   EXPECT_TRUE(has(r, "model.moe_router_topk=40")) << r.out;
   // One process takes every expert, but the layer has no TP, CP or PP on any number of ranks.
   for (const auto& [flag, field] : {std::pair{"-tp 2", "model.tensor_model_parallel_size=2"},
+                                    std::pair{"-cp 2", "model.context_parallel_size=2"},
                                     std::pair{"-pp 2", "model.pipeline_model_parallel_size=2"}}) {
     const Result p = run(fmt::format("layer --config qwen3_30b_a3b_proxy {} --weights a --input b --out c", flag));
     EXPECT_EQ(p.code, 2) << flag << p.out;

@@ -288,6 +288,8 @@ TEST(Router, BusiestOverMeanPerExpertAndPerEpRank) {
   EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 3), 7.0 / 6.0);  // {6,0,1}, {1,2,2}
   EXPECT_DOUBLE_EQ(busiest_over_mean(counts, 6), 1.0);
   EXPECT_DOUBLE_EQ(busiest_over_mean(std::vector<float>(4, 0.f), 2), 0.0);
+  EXPECT_THROW(busiest_over_mean(counts, 4), std::invalid_argument);  // EP ranks hold equal shares
+  EXPECT_THROW(busiest_over_mean(counts, 0), std::invalid_argument);
 }
 
 // Megatron's logits, the aux losses' scores (softmax over all experts) and their own top-k, naively.

@@ -754,6 +754,10 @@ TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
   std::string notes;
   for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) notes += n + "\n";
   EXPECT_NE(notes.find("1 line(s) of the log with an elapsed time per iteration do not read"), std::string::npos) << notes;
+  // A line without a loss (Megatron prints only losses >= 0: skipped iterations) is no divergence.
+  run = read(line(10, 1000).replace(line(10, 1000).find("lm loss"), 14, "") + line(20, 1000) + line(30, 1000));
+  EXPECT_TRUE(std::isnan(run.iterations.front().lm_loss));
+  EXPECT_EQ(run.diverged_at, 0);
   std::filesystem::remove(path);
 }
 
@@ -828,7 +832,8 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   std::vector<std::string> fixes;
   for (const Fix& f : fp32.fixes) fixes.push_back(fmt::format("{}", fmt::join(f.overrides, " ")));
   EXPECT_NE(std::find(fixes.begin(), fixes.end(), "ddp.grad_reduce_in_fp32=false"), fixes.end()) << fmt::format("{}", fmt::join(fixes, "\n"));
-  EXPECT_NE(std::find(fixes.begin(), fixes.end(), "ddp.use_distributed_optimizer=true ddp.overlap_param_gather=true"),
+  EXPECT_NE(std::find(fixes.begin(), fixes.end(), "ddp.use_distributed_optimizer=true optimizer.use_distributed_optimizer=true ddp.overlap_param_gather=true "
+                                             "optimizer.overlap_param_gather=true"),
             fixes.end());
   // Prefixed by the launcher (torchrun --tee, srun -l), the same lines read the same; a log whose
   // batch is not the config's says so.

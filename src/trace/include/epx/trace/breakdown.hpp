@@ -18,7 +18,7 @@ struct Span {
 // Seconds over the window, each an interval union. Each stretch of communication is charged to
 // one kind, in this order: the token exchanges (dispatch, combine, their backward, and the
 // compute thread's wait on the token counts), the DP / EDP gradient reduction, the rest (grad
-// norm, expert-bias counts, ...), then the compute thread's waits on the other pipeline stages
+// norm, router counts, ...), then the compute thread's waits on the other pipeline stages
 // (bubble and p2p, all exposed: nothing computes meanwhile).
 struct Breakdown {
   double window_s = 0, compute_s = 0, wait_s = 0, idle_s = 0;

@@ -4,8 +4,8 @@
 // split over EP (and ETP) and replicated over EDP. Per iteration: global_batch_size /
 // (micro_batch_size x DP) micro-batches of forward and backward (gradient accumulation; with PP
 // through the 1F1B or interleaved schedule), gradients summed over DP (experts over EDP) and
-// scaled by 1 / DP, the expert-bias update, gradient clipping (the norm over every stage), then
-// Adam at the scheduled learning rate.
+// scaled by 1 / DP, gradient clipping (the norm over every stage), the routers' once-per-batch
+// updates (expert bias, quantile balancing), then Adam at the scheduled learning rate.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +42,9 @@ struct IterationLog {
   std::vector<std::pair<std::string, double>> moe_losses;
   // The busiest expert's tokens against the mean, over the iteration's micro-batches and DP, the
   // mean over the MoE layers (1: balanced; 0 without MoE layers). The same for the busiest EP
-  // rank: its local experts' tokens, summed over DP, against the mean rank's, which is what the
-  // other EP ranks wait for (1 with EP = 1).
+  // rank: its local experts' tokens against the mean rank's (1 with EP = 1). Summed over the
+  // iteration and over DP (with EDP > 1, over the EP groups), it is a lower bound on what the
+  // other EP ranks wait for in one micro-batch's exchange.
   double expert_load = 0, ep_rank_load = 0;
   std::int64_t mem_allocated = 0, mem_max_allocated = 0;  // this rank's bytes
 };
