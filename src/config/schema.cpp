@@ -463,6 +463,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, moe_layer_freq),
       EPX_FIELD(kModel, moe_shared_expert_intermediate_size),
       EPX_FIELD(kModel, moe_shared_expert_overlap),
+      EPX_FIELD(kModel, moe_shared_expert_gate),
       // Any name, as Megatron takes it (one it does not know balances nothing:
       // moe.load_balancing_type_unknown); Bridge's DeepSeek-V4 bridge writes noaux_tc.
       EPX_FIELD(kModel, moe_router_load_balancing_type),

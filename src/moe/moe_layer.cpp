@@ -36,6 +36,9 @@ MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatc
   if (spec.shared_ffn > 0)
     shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false,
                            options.shared_recompute);
+  // Megatron keeps the gate in the parameters' dtype; epx computes it from the FP32 master, as the router.
+  if (spec.shared_ffn > 0 && spec.shared_expert_gate)
+    shared_gate.emplace("mlp.shared_experts.gate_weight", Shape{1, spec.hidden}, DType::F32);
 }
 
 void MoELayer::reduce_gradients(Communicator& dense, Communicator& expert_dp) {
@@ -48,6 +51,7 @@ std::vector<Param*> MoELayer::params() {
     out.push_back(&shared_experts->fc1);
     out.push_back(&shared_experts->fc2);
   }
+  if (shared_gate) out.push_back(&*shared_gate);
   return out;
 }
 
@@ -81,6 +85,21 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
 void MoELayer::forward_shared(Context& ctx) {
   Scope s(Track::compute, trace::kSharedExpert);
   ctx.shared_output = shared_experts->forward(ctx.x, {ctx.x.dim(0)}, {}, ctx.shared);
+  if (!shared_gate) return;
+  // SharedExpertMLP's gate: output * sigmoid(x . w), one score per token.
+  const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
+  const float* w = shared_gate->master.data<float>();
+  ctx.shared_gate.assign(static_cast<std::size_t>(t_count), 0.f);
+  ctx.shared_ungated = ctx.shared_output;
+  Tensor gated(ctx.shared_output.shape(), spec_.dtype);
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    double logit = 0;
+    for (std::int64_t j = 0; j < h; ++j) logit += static_cast<double>(ctx.x.get(t * h + j)) * w[j];
+    const auto g = static_cast<float>(1 / (1 + std::exp(-logit)));
+    ctx.shared_gate[static_cast<std::size_t>(t)] = g;
+    for (std::int64_t j = 0; j < h; ++j) gated.set(t * h + j, ctx.shared_ungated.get(t * h + j) * g);
+  }
+  ctx.shared_output = std::move(gated);
 }
 
 void MoELayer::launch_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
@@ -156,8 +175,33 @@ void MoELayer::launch_combine_backward(Context& ctx, const Tensor& dy) {
 
 void MoELayer::backward_shared(Context& ctx) {
   Scope s(Track::compute, trace::kSharedExpert);
-  ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, ctx.dy, nullptr);
+  if (!shared_gate) {
+    ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, ctx.dy, nullptr);
+    ctx.dy = Tensor();
+    return;
+  }
+  // Through the gate: d(output) = dy * g; d(x . w) = g (1 - g) sum_h dy * output; and x's
+  // gradient gains d(x . w) * w, summed with the expert's in FP32 and rounded once.
+  const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
+  Tensor d_ungated(ctx.dy.shape(), spec_.dtype);
+  ctx.shared_gate_dlogit.assign(static_cast<std::size_t>(t_count), 0.f);
+  for (std::int64_t t = 0; t < t_count; ++t) {
+    const float g = ctx.shared_gate[static_cast<std::size_t>(t)];
+    double dg = 0;
+    for (std::int64_t j = 0; j < h; ++j) {
+      const float dy = ctx.dy.get(t * h + j);
+      dg += static_cast<double>(dy) * ctx.shared_ungated.get(t * h + j);
+      d_ungated.set(t * h + j, dy * g);
+    }
+    ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] = static_cast<float>(dg * g * (1 - g));
+  }
   ctx.dy = Tensor();
+  ctx.shared_ungated = Tensor();
+  ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, d_ungated, nullptr);
+  const float* w = shared_gate->master.data<float>();
+  for (std::int64_t t = 0; t < t_count; ++t)
+    for (std::int64_t j = 0; j < h; ++j)
+      ctx.dx_shared.set(t * h + j, ctx.dx_shared.get(t * h + j) + ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * w[j]);
 }
 
 void MoELayer::backward_experts(Context& ctx) {
@@ -208,6 +252,13 @@ void MoELayer::backward_expert_wgrad(Context& ctx) {
 void MoELayer::backward_dense_wgrad(Context& ctx) {
   if (shared_experts) {
     Scope s(Track::compute, trace::kSharedExpert);
+    if (shared_gate) {  // w's gradient: sum over tokens of d(x . w) * x
+      const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
+      float* dw = shared_gate->grad.data<float>();
+      for (std::int64_t t = 0; t < t_count; ++t)
+        for (std::int64_t j = 0; j < h; ++j) dw[j] += ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * ctx.x.get(t * h + j);
+      ctx.shared_gate_dlogit.clear();
+    }
     shared_experts->backward_wgrad(ctx.shared);
   }
   Scope s(Track::compute, trace::kRouter);

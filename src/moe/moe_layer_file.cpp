@@ -63,6 +63,7 @@ std::vector<MoELayer::Entry> MoELayer::entries() const {
   if (shared_experts)
     for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2})
       out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
+  if (shared_gate) out.push_back({shared_gate->name, &*shared_gate, -1});
   return out;
 }
 
@@ -75,6 +76,7 @@ std::map<std::string, Shape> MoELayer::file_shapes(const MoESpec& spec) {
   if (spec.shared_ffn > 0) {
     out["mlp.shared_experts.linear_fc1.weight"] = {2 * spec.shared_ffn, spec.hidden};
     out["mlp.shared_experts.linear_fc2.weight"] = {spec.hidden, spec.shared_ffn};
+    if (spec.shared_expert_gate) out["mlp.shared_experts.gate_weight"] = {1, spec.hidden};
   }
   return out;
 }

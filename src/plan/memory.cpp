@@ -53,7 +53,8 @@ LayerParams layer_params(const ModelConfig& m) {
     const double e = static_cast<double>(*m.num_moe_experts);
     p.router = e * h;
     p.experts = e * gated * h * static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0)));
-    p.shared = gated * h * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
+    p.shared = gated * h * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0)) +
+               (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size ? h : 0);  // the gate's [1, H]
   }
   return p;
 }

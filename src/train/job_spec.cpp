@@ -100,6 +100,7 @@ MoESpec moe_spec_from_config(const Config& c) {
   s.ffn = *ffn;
   s.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
   s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
+  s.shared_expert_gate = m.moe_shared_expert_gate && s.shared_ffn > 0;  // Megatron gates only a shared expert
   s.experts_wgrad_under_dispatch_backward = m.overlap_dispatch_backward_with_experts_wgrad;
   if (s.shared_ffn < 0)
     bad(c, "model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn), "must be positive or None");

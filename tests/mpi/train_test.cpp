@@ -161,6 +161,24 @@ TEST(Training, QuantileBalancingGivesTheSingleRankLossCurve) {
   expect_losses_near(losses(mpi().world(), o), losses(*self, o), 2e-4, "quantile balancing");
 }
 
+// The shared expert's gate (Qwen3-Next): its weight is a dense one, reduced over DP like the
+// router's, and the gate runs where the shared expert does: the distributed run follows the
+// single-rank curve, and overlapping the shared expert or the EP exchanges changes no bit.
+TEST(Training, SharedExpertGateUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.moe_shared_expert_gate=true", "model.bf16=true"};
+  const std::vector<double> plain = losses(mpi().world(), o);
+  std::vector<std::string> ungated = o;
+  ungated[0] = "model.moe_shared_expert_gate=false";
+  EXPECT_NE(plain, losses(mpi().world(), ungated));
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  expect_losses_near(plain, losses(*self, o), 2e-3, "shared expert gate (BF16)");
+  std::vector<std::string> shared_overlap = o, ep_overlap = o;
+  shared_overlap.push_back("model.moe_shared_expert_overlap=true");
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, losses(mpi().world(), shared_overlap));
+  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
+}
+
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
 // the other router counts): the distributed run follows the single-rank loss curve, and the
 // bias changes it.

@@ -144,6 +144,8 @@ INSTANTIATE_TEST_SUITE_P(
                for (std::int64_t j = 0; j < 6; ++j) l.router.qb_beta.set(j, 0.1f * static_cast<float>(j % 4) - 0.15f);
              }},
         Case{"top1_no_shared", [](MoESpec& s) { s.topk = 1; s.shared_ffn = 0; }},
+        // Qwen3-Next's sigmoid gate on the shared expert, its own weight checked too.
+        Case{"shared_expert_gate", [](MoESpec& s) { s.shared_expert_gate = true; }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
         Case{"expert_with_zero_tokens",
@@ -597,22 +599,46 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
           w.at("mlp.experts.linear_fc2.weight" + std::to_string(e)), s.ffn, t,
           std::exp(logits[static_cast<std::size_t>(e)]) / z, out);
     }
+    double gate = 1;  // Megatron's shared-expert gate: sigmoid(x . w)
+    if (s.shared_expert_gate) {
+      double logit = 0;
+      for (std::int64_t i = 0; i < h; ++i) logit += static_cast<double>(w.at("mlp.shared_experts.gate_weight").get(i)) * x.get(t * h + i);
+      gate = 1 / (1 + std::exp(-logit));
+    }
     if (s.shared_ffn)
       mlp(w.at("mlp.shared_experts.linear_fc1.weight"), w.at("mlp.shared_experts.linear_fc2.weight"),
-          s.shared_ffn, t, 1.0, out);
+          s.shared_ffn, t, gate, out);
   }
   return out;
 }
 
 TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
-  const MoESpec spec = small_spec();
+  for (const bool gate : {false, true}) {
+    MoESpec spec = small_spec();
+    spec.shared_expert_gate = gate;
+    MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
+    layer.init_weights(11);
+    const Tensor x = randn({8, 2, 16}, 12);
+    MoELayer::Context ctx;
+    const Tensor y = layer.forward(x, ctx);
+    const auto want = naive_forward(layer.weight_tensors(), x, spec);
+    for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i << " gate " << gate;
+  }
+}
+
+// The gate's weight is in the layer's file, under Megatron's name, and read back.
+TEST(MoELayer, SharedExpertGateTravelsWithTheWeights) {
+  MoESpec spec = small_spec();
+  spec.shared_expert_gate = true;
   MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
-  layer.init_weights(11);
-  const Tensor x = randn({8, 2, 16}, 12);
-  MoELayer::Context ctx;
-  const Tensor y = layer.forward(x, ctx);
-  const auto want = naive_forward(layer.weight_tensors(), x, spec);
-  for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i;
+  layer.init_weights(3);
+  const TensorMap w = layer.weight_tensors();
+  ASSERT_EQ(w.at("mlp.shared_experts.gate_weight").shape(), (Shape{1, spec.hidden}));
+  EXPECT_EQ(MoELayer::file_shapes(spec).count("mlp.shared_experts.gate_weight"), 1u);
+  MoELayer other(spec, make_local_dispatcher(spec.num_experts));
+  other.load_weights(w, "w.safetensors");
+  EXPECT_EQ(other.shared_gate->master.get(5), layer.shared_gate->master.get(5));
+  EXPECT_NE(layer.shared_gate->master.get(5), 0.f);
 }
 
 }  // namespace

@@ -116,6 +116,7 @@ struct ModelConfig {
   MoeLayerFreq moe_layer_freq;
   OptInt moe_shared_expert_intermediate_size;
   bool moe_shared_expert_overlap = false;
+  bool moe_shared_expert_gate = false;  // Qwen3-Next / Qwen3.5: the shared output times sigmoid(x . w)
   OneOrList<std::string> moe_router_load_balancing_type{"aux_loss"};
   OneOrList<double> moe_aux_loss_coeff{0.0};  // one per load-balancing type when that is a list
   double moe_router_quantile_balancing_ema = 0.0;

@@ -42,6 +42,10 @@ class MoELayer {
     DispatchState dispatch;
     GroupedMlp::Saved experts, shared;
     Tensor shared_output;  // until the combine adds it
+    // With the shared-expert gate: each token's sigmoid(x . w), the output before it (until the
+    // dgrad), and d(loss)/d(x . w) (until the wgrad).
+    std::vector<float> shared_gate, shared_gate_dlogit;
+    Tensor shared_ungated;
     Tensor dprobs;         // [T, E] F32, during backward_route
     Tensor dy;             // the output gradient, until the shared expert's dgrad
     Tensor dx_shared;      // the shared expert's input gradient, until backward_route
@@ -118,6 +122,7 @@ class MoELayer {
   Router router;
   GroupedMlp experts;
   std::optional<GroupedMlp> shared_experts;
+  std::optional<Param> shared_gate;  // mlp.shared_experts.gate_weight [1, H] (moe_shared_expert_gate)
 
  private:
   void forward_shared(Context& ctx);

@@ -34,6 +34,9 @@ struct MoESpec {
   // moe_shared_expert_overlap: the shared expert's forward runs while the dispatch is in flight,
   // its dgrad while the combine-backward is (otherwise both run with the router, Megatron's order).
   bool shared_expert_overlap = false;
+  // moe_shared_expert_gate: the shared expert's output times sigmoid(x . w) per token, w
+  // (mlp.shared_experts.gate_weight [1, H]) a weight of its own.
+  bool shared_expert_gate = false;
   // overlap_dispatch_backward_with_experts_wgrad: the routed experts' wgrad runs while the
   // dispatch's backward exchange is in flight (Megatron's delayed-wgrad stream), not after it.
   bool experts_wgrad_under_dispatch_backward = false;
