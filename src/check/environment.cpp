@@ -143,7 +143,7 @@ void add_hardware_file(const std::string& path) {
 namespace {
 
 const GpuInfo& unnamed_gpu() {
-  static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 8, 8, {}};
+  static const GpuInfo gpu{"", "a CUDA GPU (not named)", -1, 0, 8, 8, {}};
   return gpu;
 }
 
