@@ -186,7 +186,8 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   std::cout << fmt::format(
       "epx layer: {} | tokens {} (S {} x B {}) hidden {} | experts {} top-{} ffn {}{} | {} on {}\n",
       cfg.source, spec.tokens(), spec.seq_length, spec.micro_batch, spec.hidden, spec.num_experts,
-      spec.topk, spec.ffn, spec.shared_ffn ? fmt::format(" shared {}", spec.shared_ffn) : "",
+      spec.topk, spec.ffn,
+      spec.shared_ffn ? fmt::format(" shared {}{}", spec.shared_ffn, spec.shared_expert_gate ? " (gated)" : "") : "",
       dtype_name(spec.dtype), gemm_isa());
   if (dist)
     std::cout << fmt::format("ranks: {} | dispatcher {} | {} local experts per rank\n",

@@ -88,18 +88,21 @@ void MoELayer::forward_shared(Context& ctx) {
   if (!shared_gate) return;
   // SharedExpertMLP's gate: output * sigmoid(x . w), one score per token.
   const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
-  const float* w = shared_gate->master.data<float>();
+  const Tensor x = ctx.x.to(DType::F32);
+  Tensor out = ctx.shared_output.to(DType::F32);
+  const float *xs = x.data<float>(), *w = shared_gate->master.data<float>();
+  float* o = out.data<float>();
   ctx.shared_gate.assign(static_cast<std::size_t>(t_count), 0.f);
   ctx.shared_ungated = ctx.shared_output;
-  Tensor gated(ctx.shared_output.shape(), spec_.dtype);
+#pragma omp parallel for schedule(static) if (t_count * h >= (1 << 16))
   for (std::int64_t t = 0; t < t_count; ++t) {
-    double logit = 0;
-    for (std::int64_t j = 0; j < h; ++j) logit += static_cast<double>(ctx.x.get(t * h + j)) * w[j];
-    const auto g = static_cast<float>(1 / (1 + std::exp(-logit)));
+    float logit = 0;
+    for (std::int64_t j = 0; j < h; ++j) logit += xs[t * h + j] * w[j];
+    const float g = 1 / (1 + std::exp(-logit));
     ctx.shared_gate[static_cast<std::size_t>(t)] = g;
-    for (std::int64_t j = 0; j < h; ++j) gated.set(t * h + j, ctx.shared_ungated.get(t * h + j) * g);
+    for (std::int64_t j = 0; j < h; ++j) o[t * h + j] *= g;
   }
-  ctx.shared_output = std::move(gated);
+  ctx.shared_output = out.to(spec_.dtype);
 }
 
 void MoELayer::launch_dispatch(Context& ctx) { dispatcher_->token_dispatch(ctx.dispatch); }
@@ -180,28 +183,27 @@ void MoELayer::backward_shared(Context& ctx) {
     ctx.dy = Tensor();
     return;
   }
-  // Through the gate: d(output) = dy * g; d(x . w) = g (1 - g) sum_h dy * output; and x's
-  // gradient gains d(x . w) * w, summed with the expert's in FP32 and rounded once.
+  // Through the gate: d(output) = dy * g and d(x . w) = g (1 - g) sum_h dy * output; x's
+  // gradient through w is added in backward_route.
   const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
-  Tensor d_ungated(ctx.dy.shape(), spec_.dtype);
+  const Tensor dy = ctx.dy.to(DType::F32), ungated = ctx.shared_ungated.to(DType::F32);
+  const float *d = dy.data<float>(), *u = ungated.data<float>();
+  Tensor d_ungated = Tensor::uninitialized(dy.shape(), DType::F32);
+  float* du = d_ungated.data<float>();
   ctx.shared_gate_dlogit.assign(static_cast<std::size_t>(t_count), 0.f);
+#pragma omp parallel for schedule(static) if (t_count * h >= (1 << 16))
   for (std::int64_t t = 0; t < t_count; ++t) {
     const float g = ctx.shared_gate[static_cast<std::size_t>(t)];
-    double dg = 0;
+    float dg = 0;
     for (std::int64_t j = 0; j < h; ++j) {
-      const float dy = ctx.dy.get(t * h + j);
-      dg += static_cast<double>(dy) * ctx.shared_ungated.get(t * h + j);
-      d_ungated.set(t * h + j, dy * g);
+      dg += d[t * h + j] * u[t * h + j];
+      du[t * h + j] = d[t * h + j] * g;
     }
-    ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] = static_cast<float>(dg * g * (1 - g));
+    ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] = dg * g * (1 - g);
   }
   ctx.dy = Tensor();
   ctx.shared_ungated = Tensor();
-  ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, d_ungated, nullptr);
-  const float* w = shared_gate->master.data<float>();
-  for (std::int64_t t = 0; t < t_count; ++t)
-    for (std::int64_t j = 0; j < h; ++j)
-      ctx.dx_shared.set(t * h + j, ctx.dx_shared.get(t * h + j) + ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * w[j]);
+  ctx.dx_shared = shared_experts->backward_dgrad(ctx.shared, d_ungated.to(spec_.dtype), nullptr);
 }
 
 void MoELayer::backward_experts(Context& ctx) {
@@ -237,6 +239,14 @@ Tensor MoELayer::backward_route(Context& ctx) {
     Scope s(Track::compute, trace::kRouter);
     dx_router = router.backward_dgrad(ctx.routing, ctx.dprobs, DType::F32);
   }
+  if (shared_gate) {  // x's gradient through the shared expert's gate: d(x . w) * w, in FP32 with the router's
+    Scope s(Track::compute, trace::kSharedExpert);
+    const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
+    const float* w = shared_gate->master.data<float>();
+    float* dxr = dx_router.data<float>();
+    for (std::int64_t t = 0; t < t_count; ++t)
+      for (std::int64_t j = 0; j < h; ++j) dxr[t * h + j] += ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * w[j];
+  }
   // dx = dispatch path + router path (+ shared expert), summed in FP32, rounded once.
   add_f32(dx, dx_router, shared_experts ? &ctx.dx_shared : nullptr, dx);
   ctx.dx_shared = Tensor();
@@ -254,9 +264,11 @@ void MoELayer::backward_dense_wgrad(Context& ctx) {
     Scope s(Track::compute, trace::kSharedExpert);
     if (shared_gate) {  // w's gradient: sum over tokens of d(x . w) * x
       const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
+      const Tensor x = ctx.x.to(DType::F32);
+      const float* xs = x.data<float>();
       float* dw = shared_gate->grad.data<float>();
       for (std::int64_t t = 0; t < t_count; ++t)
-        for (std::int64_t j = 0; j < h; ++j) dw[j] += ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * ctx.x.get(t * h + j);
+        for (std::int64_t j = 0; j < h; ++j) dw[j] += ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * xs[t * h + j];
       ctx.shared_gate_dlogit.clear();
     }
     shared_experts->backward_wgrad(ctx.shared);

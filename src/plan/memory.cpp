@@ -52,9 +52,10 @@ LayerParams layer_params(const ModelConfig& m) {
   if (m.num_moe_experts) {
     const double e = static_cast<double>(*m.num_moe_experts);
     p.router = e * h;
+    // The shared expert's gate [1, H], replicated over TP as the router is.
+    if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size.value_or(0) > 0) p.router += h;
     p.experts = e * gated * h * static_cast<double>(m.moe_ffn_hidden_size.value_or(m.ffn_hidden_size.value_or(0)));
-    p.shared = gated * h * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0)) +
-               (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size ? h : 0);  // the gate's [1, H]
+    p.shared = gated * h * static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0));
   }
   return p;
 }

@@ -28,6 +28,7 @@ struct Case {
   int ep = 1, etp = 1;  // 0: the world size
   int topk = 2;
   bool shared = false;
+  bool gate = false;  // the shared expert's gate (moe_shared_expert_gate)
   enum Mode { dropless, drop, pad } mode = dropless;
   bool skewed = false;  // every token picks the last expert (and ties to expert 0)
   DType dtype = DType::F32;
@@ -41,6 +42,7 @@ MoESpec spec_for(const Case& c) {
   s.topk = c.topk;
   s.ffn = 16;
   s.shared_ffn = c.shared ? 24 : 0;
+  s.shared_expert_gate = c.gate;
   s.dtype = c.dtype;
   s.seq_length = 16;  // divisible by 1, 2 and 4 ranks
   s.micro_batch = 2;
@@ -136,6 +138,8 @@ void run_case(const Case& c) {
 
 TEST(DistributedLayer, EpAllRanksTop1) { run_case({.ep = 0, .topk = 1}); }
 TEST(DistributedLayer, EpAllRanksTop2SharedExpertAuxLoss) { run_case({.ep = 0, .topk = 2, .shared = true, .aux = 1e-2}); }
+// The gate's weight is dense: its gradient summed over every rank (not EDP) is the single rank's.
+TEST(DistributedLayer, Ep2SharedExpertGate) { run_case({.ep = 2, .topk = 2, .shared = true, .gate = true}); }
 TEST(DistributedLayer, EpAllRanksTop4) { run_case({.ep = 0, .topk = 4}); }
 TEST(DistributedLayer, EpAllRanksCapacityDrop) { run_case({.ep = 0, .topk = 2, .mode = Case::drop}); }
 TEST(DistributedLayer, EpAllRanksDropAndPad) { run_case({.ep = 0, .topk = 2, .mode = Case::pad}); }

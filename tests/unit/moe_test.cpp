@@ -6,6 +6,7 @@
 #include <functional>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "epx/base/error.hpp"
 #include "epx/moe/moe_layer.hpp"
@@ -106,6 +107,13 @@ void check_layer_gradients(const Case& c, bool losses_only) {
     expect_directional_derivative(loss, p, grad, seed, what.c_str(), eps, 5e-3, atol, changed);
   };
   check(x, dx, 3, "input", [] {});
+  // Every weight of the layer's file is a parameter (trained, reduced over DP and checked here);
+  // the experts' files number each expert's tensor, the buffers are not trained.
+  std::set<std::string> weights, params;
+  for (const auto& [name, t] : layer.weight_tensors())
+    if (name != "mlp.router.expert_bias" && name != "mlp.router.qb_beta") weights.insert(name.substr(0, name.find_last_not_of("0123456789") + 1));
+  for (Param* p : layer.params()) params.insert(p->name);
+  EXPECT_EQ(weights, params);
   std::uint64_t seed = 10;
   for (Param* p : layer.params()) check(p->master, p->grad, seed++, p->name, [p] { p->refresh(); });
 }
