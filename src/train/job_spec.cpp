@@ -386,10 +386,10 @@ LrSchedule lr_schedule_from_config(const Config& c) {
 GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
   GradReduceOptions o;
   o.overlap = c.ddp.overlap_grad_reduce;
-  o.distributed = c.ddp.use_distributed_optimizer || c.optimizer.use_distributed_optimizer;
+  o.distributed = c.ddp.use_distributed_optimizer;  // finalize keeps ddp and optimizer in step
   // Megatron's overlap_param_gather needs the distributed optimizer; Bridge's comm_overlap
   // defaults it on with DP > 1 whatever the optimizer, so without one it has nothing to gather.
-  o.overlap_param_gather = o.distributed && (c.ddp.overlap_param_gather || c.optimizer.overlap_param_gather);
+  o.overlap_param_gather = o.distributed && c.ddp.overlap_param_gather;
   o.reduce_dtype = c.model.bf16 && !c.ddp.grad_reduce_in_fp32 ? DType::BF16 : DType::F32;
   if (c.ddp.bucket_size && *c.ddp.bucket_size < 1)
     bad(c, "ddp.bucket_size", opt(c.ddp.bucket_size), "set a positive number of elements per gradient bucket, or null");
