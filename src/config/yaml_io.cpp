@@ -124,6 +124,7 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
       // force_insert: no search of the fields kept so far, so a long section stays linear.
       if (!c.extra_fields.node[sec].IsMap()) c.extra_fields.node[sec] = YAML::Node(YAML::NodeType::Map);
       c.extra_fields.node[sec].force_insert(name, kv.second);
+      c.file_locations[key] = location(c.source, kv.second);  // a refusal of it names the line
       continue;
     }
     const FieldInfo* f = find_field(key);

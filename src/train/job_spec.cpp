@@ -1,6 +1,8 @@
 #include "epx/train/job_spec.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <tuple>
 #include <string>
 
 #include <fmt/format.h>
@@ -25,8 +27,54 @@ namespace {
 
 std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 
+// Fields of a Bridge dump that epx keeps without modelling them but that change what the model
+// computes (Bridge's MoE providers set them: GPT-OSS, MiniMax, Gemma4, Qwen3-Next, Qwen3.5, GLM,
+// Nemotron). Set off Megatron-Core's default, epx's runtime would train another model than the
+// config's, so it refuses them. `fits`: the value epx computes anyway.
+void refuse_unmodelled_math(const Config& c) {
+  const YAML::Node fields = c.extra_fields.child_map("model");
+  const auto text = [](const YAML::Node& n) {
+    if (n.IsMap() && n["_target_"].IsDefined() && n["_target_"].IsScalar()) return n["_target_"].Scalar();
+    return n.IsScalar() ? n.Scalar() : YAML::Dump(n);
+  };
+  const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
+  const auto number_is = [&](double want) {
+    return [=](const YAML::Node& n) {
+      double v = 0;
+      return n.IsScalar() && YAML::convert<double>::decode(n, v) && v == want;
+    };
+  };
+  const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
+  const auto is_silu = [&](const YAML::Node& n) {
+    const std::string t = text(n);
+    return t == "silu" || t.ends_with(".silu");
+  };
+  const auto is_vanilla = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && n.Scalar() == "vanilla"); };
+  const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
+      {"activation_func", is_silu, "epx's experts and MLPs compute SwiGLU (silu)"},
+      {"activation_func_clamp_value", none, "epx clamps no activation input"},
+      {"glu_linear_offset", number_is(0), "epx adds no offset to the GLU's linear half"},
+      {"attention_output_gate", is_false, "epx's attention has no output gate"},
+      {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
+      {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
+      {"softmax_scale", none, "epx scales attention logits by 1/sqrt(head dim)"},
+      {"rotary_percent", number_is(1), "epx rotates every channel of a head"},
+      {"layernorm_zero_centered_gamma", is_false, "epx's norms multiply by their weight, not weight + 1"},
+      {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
+      {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
+  };
+  for (const auto& [field, fits, why] : table) {
+    const YAML::Node n = fields[field];
+    if (!n.IsDefined() || fits(n)) continue;
+    throw ConfigError(fmt::format("{}={}: {}; epx's runtime would train another model than this config's. epx check "
+                                  "and epx plan take the config; epx run and epx layer do not model this field yet",
+                                  c.cite(fmt::format("model.{}", field)), text(n), why));
+  }
+}
+
 // The fields both the MoE layer and the model read: width, sequence, micro-batch, precision.
 void check_shared_fields(const Config& c) {
+  refuse_unmodelled_math(c);
   const ModelConfig& m = c.model;
   if (m.hidden_size < 1) bad(c, "model.hidden_size", std::to_string(m.hidden_size), "must be positive");
   if (m.seq_length < 1) bad(c, "model.seq_length", std::to_string(m.seq_length), "must be positive");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "epx/check/check.hpp"
+#include "epx/config/schema.hpp"
 #include "epx/train/job_spec.hpp"
 #include "test_support.hpp"
 
@@ -24,6 +25,36 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// A Bridge dump's unmodelled fields that change the model (GPT-OSS's activation, Qwen3-Next's
+// output gate, partial RoPE, ...) are refused by the runtime, naming the line; their defaults pass.
+TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
+  const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+  const auto with = [&](const std::string& fields) {
+    std::string text = dump;
+    text.insert(text.find("  gated_linear_unit: true"), fields);
+    Config c = load_config_text(text, "dump.yaml");
+    c.target.gpu = "cpu";
+    return resolve_config(c, std::nullopt);
+  };
+  const std::string gelu = error_of([&] {
+    moe_spec_from_config(with("  activation_func:\n    _target_: torch.nn.functional.gelu\n    _call_: false\n"));
+  });
+  EXPECT_NE(gelu.find("dump.yaml:39:5: model.activation_func=torch.nn.functional.gelu: epx's experts and MLPs compute "
+                      "SwiGLU"),
+            std::string::npos)
+      << gelu;
+  EXPECT_NE(error_of([&] { model_spec_from_config(with("  attention_output_gate: true\n")); }).find("model.attention_output_gate=true"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model_spec_from_config(with("  rotary_percent: 0.5\n")); }).find("model.rotary_percent=0.5"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] {
+              moe_spec_from_config(with("  activation_func:\n    _target_: torch.nn.functional.silu\n    _call_: false\n"
+                                        "  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
+                                        "  attention_output_gate: false\n"));
+            }),
+            "");
 }
 
 TEST(JobSpec, DispatcherOptionsFromTheConfigAndHybridEpVariables) {
