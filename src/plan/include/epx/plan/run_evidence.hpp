@@ -79,11 +79,11 @@ struct RunEvidence {
   // Lines that name an elapsed time per iteration but do not read as Megatron's iteration line
   // (cut short or run into by another rank's output): left out; the first one's line number.
   int unread_lines = 0;
+  std::size_t first_unread_line = 0;
   // epx results: the first iteration whose loss is NaN or infinite (written as null), 0 if none. A
   // Megatron log never prints such a loss (training_log shows only losses >= 0): its NaN
   // iterations are counted instead.
   int diverged_at = 0;
-  std::size_t first_unread_line = 0;
   // A Megatron log of more than one process: one whose iterations go back (a requeued run
   // appended to its log: the later lines replace the earlier ones from that iteration on,
   // went_back), or a second arguments dump before the next line (a resumed run). The first
