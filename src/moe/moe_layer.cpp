@@ -262,10 +262,9 @@ void MoELayer::backward_expert_wgrad(Context& ctx) {
 void MoELayer::backward_dense_wgrad(Context& ctx) {
   if (shared_experts) {
     Scope s(Track::compute, trace::kSharedExpert);
-    if (shared_gate) {  // w's gradient: sum over tokens of d(x . w) * x
+    if (shared_gate) {  // w's gradient: sum over tokens of d(x . w) * x (the router's FP32 copy of x)
       const std::int64_t t_count = ctx.x.dim(0), h = spec_.hidden;
-      const Tensor x = ctx.x.to(DType::F32);
-      const float* xs = x.data<float>();
+      const float* xs = ctx.routing.input.data<float>();
       float* dw = shared_gate->grad.data<float>();
       for (std::int64_t t = 0; t < t_count; ++t)
         for (std::int64_t j = 0; j < h; ++j) dw[j] += ctx.shared_gate_dlogit[static_cast<std::size_t>(t)] * xs[t * h + j];

@@ -428,13 +428,13 @@ void Router::reset_global_aux_loss() {
   global_aux_steps = 0;
 }
 
-double busiest_over_mean(const std::vector<float>& counts, std::size_t group) {
+double busiest_over_mean(std::span<const float> counts, std::size_t group) {
   if (group == 0 || counts.size() % group != 0)
     throw std::invalid_argument(fmt::format("busiest_over_mean: groups of {} over {} experts", group, counts.size()));
   double total = 0, busiest = 0;
   for (std::size_t g = 0; g + group <= counts.size(); g += group) {
-    const double n = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(g),
-                                     counts.begin() + static_cast<std::ptrdiff_t>(g + group), 0.0);
+    const std::span<const float> part = counts.subspan(g, group);
+    const double n = std::accumulate(part.begin(), part.end(), 0.0);
     total += n;
     busiest = std::max(busiest, n);
   }

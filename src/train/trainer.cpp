@@ -253,9 +253,8 @@ Trainer::ExpertLoad Trainer::update_routers() {
       layers[i]->router.update_qb_beta(m);
     }
     layers[i]->router.reset_global_aux_loss();
-    const std::vector<float> layer_counts(c, c + e);
-    load.expert += busiest_over_mean(layer_counts, 1);
-    load.ep_rank += busiest_over_mean(layer_counts, per_rank);
+    load.expert += busiest_over_mean({c, e}, 1);
+    load.ep_rank += busiest_over_mean({c, e}, per_rank);
   }
   return load;
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "epx/moe/moe_spec.hpp"
@@ -46,7 +47,7 @@ struct Routing {
 
 // The load of the busiest of `counts`' consecutive groups of `group` experts (an EP rank's local
 // experts; 1: each expert) against the mean group's: 1 is balanced, 0 where nothing was routed.
-double busiest_over_mean(const std::vector<float>& counts, std::size_t group);
+double busiest_over_mean(std::span<const float> counts, std::size_t group);
 
 // Top-k distinct experts per token, uniformly at random, probability 1/k each (what force load
 // balancing gives): routing for the dispatch benchmarks, without a router.
