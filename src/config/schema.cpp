@@ -407,6 +407,27 @@ FieldInfo torch_name_field(FieldInfo f) {
   return f;
 }
 
+// An activation function, named as Bridge's activation map names it (src/megatron/bridge/utils/
+// activation_map.py), by a module path whose last part is such a name ("torch.nn.functional.silu",
+// "megatron.core.activations.fast_gelu"), or as a Bridge dump writes a callable ({_target_:
+// <path>, _call_: false}). Read as the short name; Bridge's aliases read as what they alias.
+FieldInfo activation_field(FieldInfo f) {
+  f.type += " (an activation's name or module path)";
+  f.set = [set = f.set, key = f.key()](Config& c, const YAML::Node& n) {
+    const YAML::Node target = n.IsMap() ? n["_target_"] : YAML::Node();
+    if (n.IsMap() && !(target.IsDefined() && target.IsScalar()))
+      throw ConfigError(fmt::format("{} expects an activation function, got {}", key, shorten(yaml_text(n))));
+    if (!n.IsMap() && !n.IsScalar()) return set(c, n);  // the string codec names the type
+    std::string name = n.IsMap() ? target.Scalar() : n.Scalar();
+    if (const auto dot = name.rfind('.'); dot != std::string::npos) name = name.substr(dot + 1);
+    static const std::map<std::string, std::string> kAliases = {
+        {"gelu_pytorch_tanh", "fast_gelu"}, {"openai_gelu", "fast_gelu"}, {"relu2", "squared_relu"}, {"erf_gelu", "gelu"}};
+    if (const auto alias = kAliases.find(name); alias != kAliases.end()) name = alias->second;
+    set(c, YAML::Node(name));
+  };
+  return f;
+}
+
 #define EPX_FIELD(sec, member, ...) \
   make_field(sec, &std::remove_cvref_t<decltype(sec)>::type::member, #member, ##__VA_ARGS__)
 
@@ -441,6 +462,12 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, normalization, {"LayerNorm", "RMSNorm"}),
       EPX_FIELD(kModel, layernorm_epsilon),
       EPX_FIELD(kModel, gated_linear_unit),
+      activation_field(EPX_FIELD(kModel, activation_func,
+                                 {"silu", "quick_gelu", "gelu", "fast_gelu", "relu", "squared_relu", "sigmoid", "tanh"})),
+      EPX_FIELD(kModel, activation_func_clamp_value),
+      EPX_FIELD(kModel, glu_linear_offset),
+      EPX_FIELD(kModel, bias_activation_fusion),
+      EPX_FIELD(kModel, use_te_activation_func),
       EPX_FIELD(kModel, add_bias_linear),
       EPX_FIELD(kModel, add_qkv_bias),
       EPX_FIELD(kModel, seq_length),

@@ -22,7 +22,7 @@ TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique
     moe_options.shared_recompute = spec.recompute.shared_experts ? R::all : R::none;
     moe = std::make_unique<MoELayer>(*spec.moe, std::move(dispatcher), moe_options);
   } else {
-    mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, false,
+    mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, spec.activation, false,
                 spec.recompute.mlp ? GroupedMlp::Recompute::all : GroupedMlp::Recompute::none);
   }
 }

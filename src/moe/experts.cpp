@@ -21,11 +21,12 @@ std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& counts, std::
 }  // namespace
 
 GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden,
-                       std::int64_t ffn, DType dtype, bool grouped, Recompute recompute)
+                       std::int64_t ffn, DType dtype, GluActivation activation, bool grouped,
+                       Recompute recompute)
     : recompute(recompute),
       fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
       fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
-      groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), grouped_(grouped) {
+      groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), activation_(activation), grouped_(grouped) {
   fc1.expert = fc2.expert = grouped;
 }
 
@@ -73,7 +74,7 @@ void GroupedMlp::recompute_activations(Saved& s) const {
   }
   if (!s.act.defined()) {
     s.act = Tensor::uninitialized({m, ffn_}, dtype_);
-    swiglu_forward(s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
+    glu_forward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
   }
 }
 
@@ -99,7 +100,7 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
     dprobs->assign(static_cast<std::size_t>(m), 0.f);
     dp = dprobs->data();
   }
-  swiglu_backward(s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
+  glu_backward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
   grouped_gemm(p1, Trans::N, Trans::N);
   return dx;
 }

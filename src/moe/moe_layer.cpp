@@ -28,13 +28,14 @@ std::int64_t MoELayer::expert_ffn_shard(const MoESpec& spec, int etp) {
 MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatcher, const MoELayerOptions& options)
     : router(spec),
       experts("mlp.experts", dispatcher->num_local_experts(), spec.hidden,
-              expert_ffn_shard(spec, dispatcher->expert_tp_size()), spec.dtype, true, options.experts_recompute),
+              expert_ffn_shard(spec, dispatcher->expert_tp_size()), spec.dtype, spec.activation, true,
+              options.experts_recompute),
       spec_(spec),
       options_(options),
       dispatcher_(std::move(dispatcher)) {
   router.global_aux_group = options.global_aux_group;
   if (spec.shared_ffn > 0)
-    shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, false,
+    shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, spec.activation, false,
                            options.shared_recompute);
   // Megatron keeps the gate in the parameters' dtype; epx computes it from the FP32 master, as the router.
   if (spec.shared_ffn > 0 && spec.shared_expert_gate)

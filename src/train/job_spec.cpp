@@ -1,6 +1,7 @@
 #include "epx/train/job_spec.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <tuple>
 #include <string>
@@ -45,15 +46,8 @@ void refuse_unmodelled_math(const Config& c) {
     };
   };
   const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
-  const auto is_silu = [&](const YAML::Node& n) {
-    const std::string t = text(n);
-    return t == "silu" || t.ends_with(".silu");
-  };
   const auto is_vanilla = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && n.Scalar() == "vanilla"); };
   const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
-      {"activation_func", is_silu, "epx's experts and MLPs compute SwiGLU (silu)"},
-      {"activation_func_clamp_value", none, "epx clamps no activation input"},
-      {"glu_linear_offset", number_is(0), "epx adds no offset to the GLU's linear half"},
       {"attention_output_gate", is_false, "epx's attention has no output gate"},
       {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
       {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
@@ -70,6 +64,30 @@ void refuse_unmodelled_math(const Config& c) {
                                   "and epx plan take the config; epx run and epx layer do not model this field yet",
                                   c.cite(fmt::format("model.{}", field)), text(n), why));
   }
+}
+
+// The MLPs' gated activation (activation_func, its clamp and the linear half's offset), as the
+// experts, the shared expert and the dense MLPs compute it.
+GluActivation glu_activation_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (!m.gated_linear_unit)
+    bad(c, "model.gated_linear_unit", "false",
+        "epx's MLPs are gated (fc1 computes a gate and a linear half); set model.gated_linear_unit=true");
+  GluActivation a;
+  const std::optional<GluFn> fn = glu_fn_from_name(m.activation_func);
+  if (!fn) bad(c, "model.activation_func", m.activation_func, "not an activation epx computes");
+  a.fn = *fn;
+  if (const OptDouble& clamp = m.activation_func_clamp_value) {
+    if (!(*clamp > 0) || *clamp > 3e38)
+      bad(c, "model.activation_func_clamp_value", fmt::format("{}", *clamp),
+          "the clamp bounds the linear half to [-c, c], so it must be positive and finite; set a positive value or "
+          "null");
+    a.clamp = static_cast<float>(*clamp);
+  }
+  if (std::abs(m.glu_linear_offset) > 3e38)
+    bad(c, "model.glu_linear_offset", fmt::format("{}", m.glu_linear_offset), "must be a finite FP32 number");
+  a.linear_offset = static_cast<float>(m.glu_linear_offset);
+  return a;
 }
 
 // The fields both the MoE layer and the model read: width, sequence, micro-batch, precision.
@@ -137,6 +155,7 @@ MoESpec moe_spec_from_config(const Config& c) {
   for (const std::string& key : c.none_moe_fields)
     bad(c, key, "None", "[moe.field_is_none] an MoE layer needs it; set it");
   s.hidden = m.hidden_size;
+  s.activation = glu_activation_from_config(c);
   s.topk = static_cast<int>(m.moe_router_topk);
   if (s.topk < 1 || s.topk > s.num_experts)
     bad(c, "model.moe_router_topk", std::to_string(s.topk),
@@ -248,8 +267,6 @@ ModelSpec model_spec_from_config(const Config& c) {
         "set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
     bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
-  if (!m.gated_linear_unit)
-    bad(c, "model.gated_linear_unit", "false", "epx's MLPs are SwiGLU; set model.gated_linear_unit=true");
   if (m.add_bias_linear) bad(c, "model.add_bias_linear", "true", "epx's linear layers have no bias; set model.add_bias_linear=false");
   if (m.add_qkv_bias) bad(c, "model.add_qkv_bias", "true", "epx's attention has no QKV bias; set model.add_qkv_bias=false");
   if (m.multi_latent_attention)
@@ -261,6 +278,7 @@ ModelSpec model_spec_from_config(const Config& c) {
 
   s.vocab = *m.vocab_size;
   s.hidden = m.hidden_size;
+  s.activation = glu_activation_from_config(c);
   s.num_layers = static_cast<int>(m.num_layers);
   s.dtype = m.bf16 ? DType::BF16 : DType::F32;
   s.eps = static_cast<float>(m.layernorm_epsilon);

@@ -16,6 +16,7 @@ model:
   qk_layernorm: true
   normalization: RMSNorm
   gated_linear_unit: true
+  activation_func: silu
   add_bias_linear: false
   seq_length: 16
   vocab_size: 48

@@ -81,7 +81,7 @@ TEST(CheckDefaults, BridgeDumpDataParallelSizeGivesTheWorld) {
       with_dp(dp);
       ADD_FAILURE() << dp << " accepted";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("dump.yaml:52:"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("dump.yaml:55:"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("comm_overlap.data_parallel_size=" + dp + " is out of range"), std::string::npos)
           << e.what();
     }

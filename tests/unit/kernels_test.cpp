@@ -1,9 +1,11 @@
 // Kernels against naive references and finite differences.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "epx/kernels/kernels.hpp"
@@ -124,18 +126,75 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   }
 }
 
-TEST(SwiGlu, GradientsMatchFiniteDifferences) {
+// Every activation, plain, clamped (about a third of the inputs beyond the bound) and with
+// GPT-OSS's linear offset: the gradients of the input and of the probabilities.
+TEST(Glu, GradientsMatchFiniteDifferencesForEveryActivation) {
   const std::int64_t m = 5, f = 6;
-  Tensor h = randn({m, 2 * f}, 7), probs = randn({m}, 8, 0.5), g = randn({m, f}, 9);
-  auto loss = [&] {
-    Tensor out({m, f}, DType::F32);
-    swiglu_forward(h, probs.data<float>(), out);
-    return dot(out, g);
+  for (const GluFn fn : kGluFns) {
+    for (const GluActivation a : {GluActivation{fn, {}, 0.f}, GluActivation{fn, 0.9f, 1.f}}) {
+      SCOPED_TRACE(fmt::format("{} clamp {} offset {}", glu_fn_name(fn), a.clamp.value_or(0.f), a.linear_offset));
+      Tensor h = randn({m, 2 * f}, 7), probs = randn({m}, 8, 0.5), g = randn({m, f}, 9);
+      auto loss = [&] {
+        Tensor out({m, f}, DType::F32);
+        glu_forward(a, h, probs.data<float>(), out);
+        return dot(out, g);
+      };
+      Tensor dh({m, 2 * f}, DType::F32), dprobs({m}, DType::F32);
+      glu_backward(a, h, probs.data<float>(), g, dh, dprobs.data<float>());
+      expect_directional_derivative(loss, h, dh, 10, "glu dh", 1e-4);
+      expect_directional_derivative(loss, probs, dprobs, 11, "glu dprobs");
+    }
+  }
+}
+
+// The forward against the definitions, written again in double: torch's functions as Megatron-Core
+// calls them, then act(min(g, c)) * (clamp(u, -c, c) + offset) * p.
+TEST(Glu, ForwardMatchesTheDefinitionsInDouble) {
+  const auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
+  const auto act = [&](GluFn fn, double x) {
+    switch (fn) {
+      case GluFn::silu: return x * sig(x);
+      case GluFn::quick_gelu: return x * sig(1.702 * x);
+      case GluFn::gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+      case GluFn::fast_gelu: return 0.5 * x * (1 + std::tanh(0.7978845608 * x * (1 + 0.044715 * x * x)));
+      case GluFn::relu: return std::max(x, 0.0);
+      case GluFn::squared_relu: return std::max(x, 0.0) * std::max(x, 0.0);
+      case GluFn::sigmoid: return sig(x);
+      case GluFn::tanh: return std::tanh(x);
+    }
+    return 0.0;
   };
-  Tensor dh({m, 2 * f}, DType::F32), dprobs({m}, DType::F32);
-  swiglu_backward(h, probs.data<float>(), g, dh, dprobs.data<float>());
-  expect_directional_derivative(loss, h, dh, 10, "swiglu dh");
-  expect_directional_derivative(loss, probs, dprobs, 11, "swiglu dprobs");
+  const std::int64_t m = 4, f = 64;
+  const Tensor h = randn({m, 2 * f}, 21, 2.0), probs = randn({m}, 22);
+  for (const GluFn fn : kGluFns) {
+    for (const GluActivation a : {GluActivation{fn, {}, 0.f}, GluActivation{fn, 7.f, 1.f}, GluActivation{fn, 0.5f, -0.25f}}) {
+      SCOPED_TRACE(fmt::format("{} clamp {} offset {}", glu_fn_name(fn), a.clamp.value_or(0.f), a.linear_offset));
+      Tensor out({m, f}, DType::F32);
+      glu_forward(a, h, probs.data<float>(), out);
+      for (std::int64_t r = 0; r < m; ++r)
+        for (std::int64_t j = 0; j < f; ++j) {
+          double g = h.get(r * 2 * f + j), u = h.get(r * 2 * f + f + j);
+          if (a.clamp) {
+            g = std::min(g, double{*a.clamp});
+            u = std::clamp(u, -double{*a.clamp}, double{*a.clamp});
+          }
+          const double want = act(fn, g) * (u + a.linear_offset) * probs.get(r);
+          EXPECT_NEAR(out.get(r * f + j), want, 2e-6 * (1 + std::abs(want))) << "row " << r << " column " << j;
+        }
+      // BF16 computes in FP32 from the same (rounded) inputs and rounds once.
+      const Tensor hb = h.to(DType::BF16);
+      Tensor ob({m, f}, DType::BF16), of({m, f}, DType::F32);
+      glu_forward(a, hb, probs.data<float>(), ob);
+      glu_forward(a, hb.to(DType::F32), probs.data<float>(), of);
+      const Tensor rounded = of.to(DType::BF16);
+      for (std::int64_t i = 0; i < m * f; ++i) EXPECT_EQ(ob.get(i), rounded.get(i));
+    }
+  }
+}
+
+TEST(Glu, ActivationNamesRoundTrip) {
+  for (const GluFn fn : kGluFns) EXPECT_EQ(glu_fn_from_name(glu_fn_name(fn)), fn);
+  EXPECT_FALSE(glu_fn_from_name("swish"));
 }
 
 TEST(Softmax, BackwardMatchesFiniteDifferences) {

@@ -38,23 +38,52 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
     c.target.gpu = "cpu";
     return resolve_config(c, std::nullopt);
   };
-  const std::string gelu = error_of([&] {
-    moe_spec_from_config(with("  activation_func:\n    _target_: torch.nn.functional.gelu\n    _call_: false\n"));
-  });
-  EXPECT_NE(gelu.find("dump.yaml:39:5: model.activation_func=torch.nn.functional.gelu: epx's experts and MLPs compute "
-                      "SwiGLU"),
-            std::string::npos)
-      << gelu;
   EXPECT_NE(error_of([&] { model_spec_from_config(with("  attention_output_gate: true\n")); }).find("model.attention_output_gate=true"),
             std::string::npos);
   EXPECT_NE(error_of([&] { model_spec_from_config(with("  rotary_percent: 0.5\n")); }).find("model.rotary_percent=0.5"),
             std::string::npos);
   EXPECT_EQ(error_of([&] {
-              moe_spec_from_config(with("  activation_func:\n    _target_: torch.nn.functional.silu\n    _call_: false\n"
-                                        "  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
+              moe_spec_from_config(with("  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
                                         "  attention_output_gate: false\n"));
             }),
             "");
+}
+
+// The dump's activation (a callable's _target_), its clamp and offset reach the experts and the
+// dense MLPs; a dump without one computes Megatron-Core's default, GELU.
+TEST(JobSpec, ActivationFromABridgeDump) {
+  const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+  const auto with = [&](const std::string& target, const std::string& fields) {
+    std::string text = dump;
+    const std::string silu = "torch.nn.functional.silu";
+    if (target.empty()) {
+      const std::size_t at = text.find("  activation_func:");
+      text.erase(at, text.find("  add_bias_linear") - at);
+    } else {
+      text.replace(text.find(silu), silu.size(), target);
+    }
+    text.insert(text.find("  add_bias_linear"), fields);
+    Config c = load_config_text(text, "dump.yaml");
+    c.target.gpu = "cpu";
+    return resolve_config(c, std::nullopt);
+  };
+  EXPECT_EQ(moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "")).activation.fn, GluFn::silu);
+  const MoESpec gpt_oss = moe_spec_from_config(with("megatron.core.fusions.fused_bias_geglu.quick_gelu",
+                                                    "  activation_func_clamp_value: 7.0\n  glu_linear_offset: 1.0\n"));
+  EXPECT_EQ(gpt_oss.activation.fn, GluFn::quick_gelu);
+  EXPECT_EQ(gpt_oss.activation.clamp, 7.f);
+  EXPECT_EQ(gpt_oss.activation.linear_offset, 1.f);
+  const ModelSpec gemma = model_spec_from_config(with("megatron.core.activations.fast_gelu", ""));
+  EXPECT_EQ(gemma.activation.fn, GluFn::fast_gelu);
+  EXPECT_EQ(gemma.moe->activation.fn, GluFn::fast_gelu);
+  EXPECT_EQ(model_spec_from_config(with("", "")).activation.fn, GluFn::gelu);
+  const std::string clamp = error_of([&] {
+    moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "  activation_func_clamp_value: -1.0\n"));
+  });
+  EXPECT_NE(clamp.find("dump.yaml:42:32: model.activation_func_clamp_value=-1: "), std::string::npos) << clamp;
+  const std::string unknown = error_of([&] { with("torch.nn.functional.mish", ""); });
+  EXPECT_NE(unknown.find("model.activation_func must be one of silu|quick_gelu|"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("got 'mish'"), std::string::npos) << unknown;
 }
 
 TEST(JobSpec, DispatcherOptionsFromTheConfigAndHybridEpVariables) {

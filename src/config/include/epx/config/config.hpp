@@ -92,6 +92,15 @@ struct ModelConfig {
   std::string normalization = "LayerNorm";
   double layernorm_epsilon = 1e-5;
   bool gated_linear_unit = false;
+  // The MLPs' activation: Megatron-Core's default F.gelu, by the short name Bridge's activation map
+  // gives it (silu, quick_gelu, gelu, fast_gelu, relu, squared_relu, sigmoid, tanh). A dump's
+  // {_target_: torch.nn.functional.silu} reads as silu. GPT-OSS clamps its GLU's input and
+  // offsets the linear half; DeepSeek-V4 clamps SwiGLU.
+  std::string activation_func = "gelu";
+  OptDouble activation_func_clamp_value;
+  double glu_linear_offset = 0.0;
+  bool bias_activation_fusion = false;
+  bool use_te_activation_func = false;
   bool add_bias_linear = true;
   bool add_qkv_bias = false;
   Int seq_length = 1024;

@@ -1,4 +1,4 @@
-// The numerical kernels under every layer: GEMM and grouped GEMM (oneDNN), SwiGLU, softmax,
+// The numerical kernels under every layer: GEMM and grouped GEMM (oneDNN), gated linear units, softmax,
 // sigmoid and top-k, blocked causal attention, RMSNorm, cross-entropy, and the expert-major
 // permutation. Each has its backward; ops with weights expose dgrad and wgrad as separate calls
 // so that wgrad can run now or be queued (delayed wgrad). Activations are F32 or BF16; the math
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "epx/kernels/glu.hpp"
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
@@ -53,13 +54,7 @@ void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, boo
 std::string gemm_isa();
 std::string gemm_impl(DType dtype);
 
-// -------------------------------------------------------- SwiGLU (src/kernels/swiglu.cpp)
-
-// h [M, 2F] laid out [gate | up] per row: out = silu(gate) * up * prob (prob = 1 without probs).
-void swiglu_forward(const Tensor& h, const float* probs, Tensor& out);
-// dh [M, 2F] from dout [M, F]; dprobs[m] = sum_j silu(gate) * up * dout (when probs != nullptr).
-void swiglu_backward(const Tensor& h, const float* probs, const Tensor& dout, Tensor& dh,
-                     float* dprobs);
+// Gated linear units: epx/kernels/glu.hpp (src/kernels/glu.cpp).
 
 // ----------------------------------- softmax, sigmoid, top-k (src/kernels/softmax_topk.cpp)
 

@@ -1,7 +1,8 @@
-// SwiGLU FFNs over groups of rows: the routed experts (one group per local expert, variable token
+// Gated FFNs over groups of rows: the routed experts (one group per local expert, variable token
 // counts including zero; Megatron-Core's TEGroupedMLP) and, with one group and no routing
-// probabilities, the shared expert (SharedExpertMLP).
-//   fc1: [2F, H] per group, output [gate | up];  act = silu(gate) * up * prob;  fc2: [H, F].
+// probabilities, the shared expert (SharedExpertMLP) or a dense MLP.
+//   fc1: [2F, H] per group, output [gate | up];  act = glu(gate, up) * prob (SwiGLU by default,
+//   epx/kernels/glu.hpp);  fc2: [H, F].
 // Weights are stacked [G, 2F, H] and [G, H, F]; the tensor names of group g are
 // `<prefix>.linear_fc1.weight<g>` (Transformer Engine's GroupedLinear), or without the index for
 // a single dense MLP.
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "epx/kernels/glu.hpp"
 #include "epx/tensor/param.hpp"
 #include "epx/tensor/tensor.hpp"
 
@@ -25,7 +27,7 @@ class GroupedMlp {
 
   // `grouped`: name weights per group (experts) rather than one dense MLP (shared expert).
   GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden, std::int64_t ffn,
-             DType dtype, bool grouped, Recompute recompute = Recompute::none);
+             DType dtype, GluActivation activation, bool grouped, Recompute recompute = Recompute::none);
 
   // What one micro-batch's backward needs; dgrad fills dy/dh for wgrad.
   struct Saved {
@@ -57,6 +59,7 @@ class GroupedMlp {
 
   std::int64_t groups_, hidden_, ffn_;
   DType dtype_;
+  GluActivation activation_;
   bool grouped_;
 };
 

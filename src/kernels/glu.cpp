@@ -1,0 +1,227 @@
+// Gated linear units with the routing probability folded in after the activation, as Megatron-Core's
+// MLP and experts compute them (weighted_bias_swiglu, weighted_bias_quick_geglu and the unfused
+// glu()): out = act(min(gate, c)) * (clamp(up, -c, c) + offset) * p. Applying p here, before fc2,
+// makes the expert output p * Expert(x), so combine is a plain sum.
+//
+// The rows are the experts' hot elementwise work (the whole [T k, 2F] fc1 output, forward and
+// backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with the activation
+// and the clamp switched once per row, and an exp the compiler can vectorise (exp_poly.hpp), within
+// 2 ulp of libm's. GELU's erf and the tanh GELU's tanh are libm's, called per element.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "epx/base/cpu_clones.hpp"
+#include "epx/kernels/kernels.hpp"
+#include "exp_poly.hpp"
+#include "float_access.hpp"
+
+namespace epx {
+namespace {
+
+[[gnu::always_inline]] inline float sigmoid(float x) { return 1.f / (1.f + detail::exp_poly(-x)); }
+
+// act(g) and its derivative, as Megatron-Core and torch define them.
+template <GluFn F>
+[[gnu::always_inline]] inline float act(float g) {
+  if constexpr (F == GluFn::silu) return g * sigmoid(g);
+  if constexpr (F == GluFn::quick_gelu) return g * sigmoid(1.702f * g);
+  if constexpr (F == GluFn::gelu) return 0.5f * g * (1.f + std::erf(g * 0.70710678118654752f));
+  if constexpr (F == GluFn::fast_gelu) return 0.5f * g * (1.f + std::tanh(0.7978845608f * g * (1.f + 0.044715f * g * g)));
+  if constexpr (F == GluFn::relu) return g > 0.f ? g : 0.f;
+  if constexpr (F == GluFn::squared_relu) return g > 0.f ? g * g : 0.f;
+  if constexpr (F == GluFn::sigmoid) return sigmoid(g);
+  if constexpr (F == GluFn::tanh) return std::tanh(g);
+}
+template <GluFn F>
+[[gnu::always_inline]] inline float act_grad(float g) {
+  if constexpr (F == GluFn::silu) {
+    const float s = sigmoid(g);
+    return s * (1.f + g * (1.f - s));
+  }
+  if constexpr (F == GluFn::quick_gelu) {
+    const float s = sigmoid(1.702f * g);
+    return s * (1.f + 1.702f * g * (1.f - s));
+  }
+  if constexpr (F == GluFn::gelu)
+    return 0.5f * (1.f + std::erf(g * 0.70710678118654752f)) + g * 0.39894228040143268f * detail::exp_poly(-0.5f * g * g);
+  if constexpr (F == GluFn::fast_gelu) {
+    const float t = std::tanh(0.7978845608f * g * (1.f + 0.044715f * g * g));
+    return 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * 0.7978845608f * (1.f + 3.f * 0.044715f * g * g);
+  }
+  if constexpr (F == GluFn::relu) return g > 0.f ? 1.f : 0.f;
+  if constexpr (F == GluFn::squared_relu) return g > 0.f ? 2.f * g : 0.f;
+  if constexpr (F == GluFn::sigmoid) {
+    const float s = sigmoid(g);
+    return s * (1.f - s);
+  }
+  if constexpr (F == GluFn::tanh) {
+    const float t = std::tanh(g);
+    return 1.f - t * t;
+  }
+}
+
+// One row. With kClamp, the gate is clamped from above and the linear half on both sides, and
+// the gradient stops where a value was clamped (torch's clamp passes it at the bounds).
+template <GluFn F, bool kClamp, class T>
+[[gnu::always_inline]] inline void forward_row(const T* h, float p, std::int64_t f, float c, float offset, T* out) {
+  for (std::int64_t j = 0; j < f; ++j) {
+    float g = detail::ld(h, j), u = detail::ld(h, f + j);
+    if constexpr (kClamp) {
+      g = std::min(g, c);
+      u = std::min(std::max(u, -c), c);
+    }
+    detail::st(out, j, act<F>(g) * (u + offset) * p);
+  }
+}
+
+// prod[j] = act * (up + offset) * dout, for the probability's gradient (summed in order by the caller).
+template <GluFn F, bool kClamp, class T>
+[[gnu::always_inline]] inline void backward_row(const T* h, const T* dout, float p, std::int64_t f, float c,
+                                                float offset, T* dh, float* prod) {
+  for (std::int64_t j = 0; j < f; ++j) {
+    float g = detail::ld(h, j), u = detail::ld(h, f + j);
+    float keep_g = 1.f, keep_u = 1.f;
+    if constexpr (kClamp) {
+      keep_g = g <= c ? 1.f : 0.f;
+      keep_u = u >= -c && u <= c ? 1.f : 0.f;
+      g = std::min(g, c);
+      u = std::min(std::max(u, -c), c);
+    }
+    const float d = detail::ld(dout, j), a = act<F>(g), lin = u + offset;
+    prod[j] = a * lin * d;
+    if constexpr (kClamp) {
+      detail::st(dh, j, d * p * lin * act_grad<F>(g) * keep_g);
+      detail::st(dh, f + j, d * p * a * keep_u);
+    } else {
+      detail::st(dh, j, d * p * lin * act_grad<F>(g));
+      detail::st(dh, f + j, d * p * a);
+    }
+  }
+}
+
+// The activation and the clamp picked once per row; every case is inlined into the ISA's clone.
+template <class Row>
+[[gnu::always_inline]] inline void dispatch(const GluActivation& a, Row&& row) {
+  const bool clamp = a.clamp.has_value();
+  const auto with = [&]<GluFn F>() {
+    if (clamp) row.template operator()<F, true>();
+    else row.template operator()<F, false>();
+  };
+  switch (a.fn) {
+    case GluFn::silu: return with.template operator()<GluFn::silu>();
+    case GluFn::quick_gelu: return with.template operator()<GluFn::quick_gelu>();
+    case GluFn::gelu: return with.template operator()<GluFn::gelu>();
+    case GluFn::fast_gelu: return with.template operator()<GluFn::fast_gelu>();
+    case GluFn::relu: return with.template operator()<GluFn::relu>();
+    case GluFn::squared_relu: return with.template operator()<GluFn::squared_relu>();
+    case GluFn::sigmoid: return with.template operator()<GluFn::sigmoid>();
+    case GluFn::tanh: return with.template operator()<GluFn::tanh>();
+  }
+}
+
+template <class T>
+[[gnu::always_inline]] inline void forward_any(const GluActivation& a, const T* h, float p, std::int64_t f, T* out) {
+  const float c = a.clamp.value_or(0.f), off = a.linear_offset;
+  dispatch(a, [&]<GluFn F, bool kClamp>() { forward_row<F, kClamp>(h, p, f, c, off, out); });
+}
+template <class T>
+[[gnu::always_inline]] inline void backward_any(const GluActivation& a, const T* h, const T* dout, float p,
+                                                std::int64_t f, T* dh, float* prod) {
+  const float c = a.clamp.value_or(0.f), off = a.linear_offset;
+  dispatch(a, [&]<GluFn F, bool kClamp>() { backward_row<F, kClamp>(h, dout, p, f, c, off, dh, prod); });
+}
+
+EPX_CPU_CLONES void forward_row_f32(const GluActivation& a, const float* h, float p, std::int64_t f, float* out) {
+  forward_any(a, h, p, f, out);
+}
+EPX_CPU_CLONES void forward_row_bf16(const GluActivation& a, const std::uint16_t* h, float p, std::int64_t f,
+                                     std::uint16_t* out) {
+  forward_any(a, h, p, f, out);
+}
+EPX_CPU_CLONES void backward_row_f32(const GluActivation& a, const float* h, const float* dout, float p,
+                                     std::int64_t f, float* dh, float* prod) {
+  backward_any(a, h, dout, p, f, dh, prod);
+}
+EPX_CPU_CLONES void backward_row_bf16(const GluActivation& a, const std::uint16_t* h, const std::uint16_t* dout,
+                                      float p, std::int64_t f, std::uint16_t* dh, float* prod) {
+  backward_any(a, h, dout, p, f, dh, prod);
+}
+
+void forward_row_of(const GluActivation& a, const float* h, float p, std::int64_t f, float* out) {
+  forward_row_f32(a, h, p, f, out);
+}
+void forward_row_of(const GluActivation& a, const std::uint16_t* h, float p, std::int64_t f, std::uint16_t* out) {
+  forward_row_bf16(a, h, p, f, out);
+}
+void backward_row_of(const GluActivation& a, const float* h, const float* d, float p, std::int64_t f, float* dh,
+                     float* prod) {
+  backward_row_f32(a, h, d, p, f, dh, prod);
+}
+void backward_row_of(const GluActivation& a, const std::uint16_t* h, const std::uint16_t* d, float p,
+                     std::int64_t f, std::uint16_t* dh, float* prod) {
+  backward_row_bf16(a, h, d, p, f, dh, prod);
+}
+
+}  // namespace
+
+std::optional<GluFn> glu_fn_from_name(std::string_view name) {
+  for (const GluFn fn : kGluFns)
+    if (name == glu_fn_name(fn)) return fn;
+  return std::nullopt;
+}
+
+const char* glu_fn_name(GluFn fn) {
+  switch (fn) {
+    case GluFn::silu: return "silu";
+    case GluFn::quick_gelu: return "quick_gelu";
+    case GluFn::gelu: return "gelu";
+    case GluFn::fast_gelu: return "fast_gelu";
+    case GluFn::relu: return "relu";
+    case GluFn::squared_relu: return "squared_relu";
+    case GluFn::sigmoid: return "sigmoid";
+    case GluFn::tanh: return "tanh";
+  }
+  return "?";
+}
+
+void glu_forward(const GluActivation& a, const Tensor& h, const float* probs, Tensor& out) {
+  const std::int64_t m = h.dim(0), f = h.dim(1) / 2;
+  detail::expect_shape("glu_forward", "h", h, {m, 2 * f});
+  detail::expect_shape("glu_forward", "out", out, {m, f});
+  detail::with_dtype("glu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* hp = static_cast<const T*>(h.raw());
+    T* op = static_cast<T*>(out.raw());
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < m; ++r) forward_row_of(a, hp + r * 2 * f, probs ? probs[r] : 1.f, f, op + r * f);
+  }, h, out);
+}
+
+void glu_backward(const GluActivation& a, const Tensor& h, const float* probs, const Tensor& dout, Tensor& dh,
+                  float* dprobs) {
+  const std::int64_t m = h.dim(0), f = h.dim(1) / 2;
+  detail::expect_shape("glu_backward", "dout", dout, {m, f});
+  detail::expect_shape("glu_backward", "dh", dh, {m, 2 * f});
+  detail::with_dtype("glu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* hp = static_cast<const T*>(h.raw());
+    const T* dop = static_cast<const T*>(dout.raw());
+    T* dhp = static_cast<T*>(dh.raw());
+#pragma omp parallel
+    {
+      std::vector<float> prod(static_cast<std::size_t>(f));
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < m; ++r) {
+        backward_row_of(a, hp + r * 2 * f, dop + r * f, probs ? probs[r] : 1.f, f, dhp + r * 2 * f, prod.data());
+        double dp = 0;  // in order, in FP64
+        for (const float v : prod) dp += static_cast<double>(v);
+        if (dprobs) dprobs[r] = static_cast<float>(dp);
+      }
+    }
+  }, h, dout, dh);
+}
+
+}  // namespace epx
