@@ -180,6 +180,7 @@ struct RuleTable {
 // Each area's rules, appended in the table's order (rules.cpp).
 void add_layout_rules(RuleTable& add);
 void add_model_rules(RuleTable& add);
+void add_activation_rules(RuleTable& add);
 void add_ep_overlap_rules(RuleTable& add);
 void add_optimizer_rules(RuleTable& add);
 void add_delay_wgrad_rules(RuleTable& add);

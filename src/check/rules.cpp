@@ -1,8 +1,9 @@
 // The rule table, one file per area (rules_*.cpp, in this order): layout, the model (MoE, FP8,
-// recompute), Megatron-Bridge's EP-overlap asserts in its order (with Megatron-Core's extra ones
-// after), the optimizer and epx's gradient reduction, delay_wgrad, what finalize raises, flex
-// backends and HybridEP topology, what Megatron raises at build or first step, the seeds'
-// pitfalls and advice, then CUDA graphs. Messages quote Megatron where Megatron has a message.
+// recompute), the MLP activation, Megatron-Bridge's EP-overlap asserts in its order (with
+// Megatron-Core's extra ones after), the optimizer and epx's gradient reduction, delay_wgrad, what
+// finalize raises, flex backends and HybridEP topology, what Megatron raises at build or first
+// step, the seeds' pitfalls and advice, then CUDA graphs. Messages quote Megatron where Megatron
+// has a message.
 
 #include "rule_helpers.hpp"
 
@@ -14,6 +15,7 @@ std::vector<Rule> build_rules() {
   RuleTable table;
   add_layout_rules(table);
   add_model_rules(table);
+  add_activation_rules(table);
   add_ep_overlap_rules(table);
   add_optimizer_rules(table);
   add_delay_wgrad_rules(table);

@@ -179,6 +179,25 @@ TEST(Training, SharedExpertGateUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
 }
 
+// GPT-OSS's activation (quick-GELU, the GLU's input clamped, the linear half offset by 1) in the
+// dense MLP, the experts and the shared expert: the distributed run follows the single-rank curve,
+// and the overlapped schedules and the recomputed activation change no bit.
+TEST(Training, ClampedQuickGegluUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.activation_func=quick_gelu", "model.activation_func_clamp_value=0.1",
+                                   "model.glu_linear_offset=1.0"};
+  const std::vector<double> plain = losses(mpi().world(), o);
+  EXPECT_NE(plain, losses(mpi().world(), {"model.activation_func=quick_gelu", "model.glu_linear_offset=1.0"}));
+  EXPECT_NE(plain, losses(mpi().world(), {}));
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  expect_losses_near(plain, losses(*self, o), 2e-4, "clamped quick-GEGLU");
+  std::vector<std::string> ep_overlap = o, recompute = o;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true",
+                                       "model.moe_shared_expert_overlap=false"});
+  recompute.insert(recompute.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[moe_act,mlp]"});
+  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
+  EXPECT_EQ(plain, losses(mpi().world(), recompute));
+}
+
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
 // the other router counts): the distributed run follows the single-rank loss curve, and the
 // bias changes it.

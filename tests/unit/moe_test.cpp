@@ -154,6 +154,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"top1_no_shared", [](MoESpec& s) { s.topk = 1; s.shared_ffn = 0; }},
         // Qwen3-Next's sigmoid gate on the shared expert, its own weight checked too.
         Case{"shared_expert_gate", [](MoESpec& s) { s.shared_expert_gate = true; }},
+        // GPT-OSS's experts: quick-GELU with the linear half offset. The clamp is set but cuts nothing
+        // here: its kinks break finite differences over the whole input (Glu.* checks it cutting).
+        Case{"quick_geglu_offset", [](MoESpec& s) { s.activation = {GluFn::quick_gelu, 5.f, 1.f}; }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
         Case{"expert_with_zero_tokens",
@@ -585,7 +588,13 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
         g += static_cast<double>(w1.get(j * h + i)) * x.get(t * h + i);
         u += static_cast<double>(w1.get((f + j) * h + i)) * x.get(t * h + i);
       }
-      act[static_cast<std::size_t>(j)] = g / (1 + std::exp(-g)) * u * prob;
+      const GluActivation& a = s.activation;
+      if (a.clamp) {
+        g = std::min(g, double{*a.clamp});
+        u = std::clamp(u, -double{*a.clamp}, double{*a.clamp});
+      }
+      const double scale = a.fn == GluFn::quick_gelu ? 1.702 : 1.0;  // silu or quick_gelu
+      act[static_cast<std::size_t>(j)] = g / (1 + std::exp(-scale * g)) * (u + a.linear_offset) * prob;
     }
     for (std::int64_t i = 0; i < h; ++i)
       for (std::int64_t j = 0; j < f; ++j) out[static_cast<std::size_t>(t * h + i)] += w2.get(i * f + j) * act[static_cast<std::size_t>(j)];
@@ -624,6 +633,7 @@ TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
   for (const bool gate : {false, true}) {
     MoESpec spec = small_spec();
     spec.shared_expert_gate = gate;
+    if (gate) spec.activation = {GluFn::quick_gelu, 0.2f, 1.f};  // GPT-OSS's, clamping some of the inputs
     MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
     layer.init_weights(11);
     const Tensor x = randn({8, 2, 16}, 12);
@@ -631,6 +641,11 @@ TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
     const Tensor y = layer.forward(x, ctx);
     const auto want = naive_forward(layer.weight_tensors(), x, spec);
     for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i << " gate " << gate;
+    if (gate) {  // the clamp cuts some of the inputs
+      spec.activation.clamp.reset();
+      const auto unclamped = naive_forward(layer.weight_tensors(), x, spec);
+      EXPECT_NE(unclamped, want);
+    }
   }
 }
 
