@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace epx::detail {
@@ -23,6 +24,18 @@ namespace epx::detail {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
   return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+}
+
+// A tanhf the compiler can vectorise the same way: (1 - e) / (1 + e) with e = exp(-2|x|), and below
+// |x| = 1/8, where 1 - e cancels, tanh's Taylor series to x^7 (its next term is 1e-9 of x there).
+// Within 2.4e-7 of tanh, relative (a sweep of -12 to 12 by 1e-4). libm's tanhf, called per
+// element, made the tanh GELU's layer twice as slow as SwiGLU's.
+[[gnu::always_inline]] inline float tanh_poly(float x) {
+  const float a = std::fabs(x);
+  const float e = exp_poly(-2.f * a);
+  const float x2 = x * x;
+  const float series = a * (1.f + x2 * (-1.f / 3.f + x2 * (2.f / 15.f + x2 * (-17.f / 315.f))));
+  return std::copysign(a < 0.125f ? series : (1.f - e) / (1.f + e), x);
 }
 
 }  // namespace epx::detail

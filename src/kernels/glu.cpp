@@ -5,8 +5,8 @@
 //
 // The rows are the experts' hot elementwise work (the whole [T k, 2F] fc1 output, forward and
 // backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with the activation
-// and the clamp switched once per row, and an exp the compiler can vectorise (exp_poly.hpp), within
-// 2 ulp of libm's. GELU's erf and the tanh GELU's tanh are libm's, called per element.
+// and the clamp switched once per row, and an exp and a tanh the compiler can vectorise
+// (exp_poly.hpp). GELU's erf is libm's, called per element.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,11 +29,11 @@ template <GluFn F>
   if constexpr (F == GluFn::silu) return g * sigmoid(g);
   if constexpr (F == GluFn::quick_gelu) return g * sigmoid(1.702f * g);
   if constexpr (F == GluFn::gelu) return 0.5f * g * (1.f + std::erf(g * 0.70710678118654752f));
-  if constexpr (F == GluFn::fast_gelu) return 0.5f * g * (1.f + std::tanh(0.7978845608f * g * (1.f + 0.044715f * g * g)));
+  if constexpr (F == GluFn::fast_gelu) return 0.5f * g * (1.f + detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g)));
   if constexpr (F == GluFn::relu) return g > 0.f ? g : 0.f;
   if constexpr (F == GluFn::squared_relu) return g > 0.f ? g * g : 0.f;
   if constexpr (F == GluFn::sigmoid) return sigmoid(g);
-  if constexpr (F == GluFn::tanh) return std::tanh(g);
+  if constexpr (F == GluFn::tanh) return detail::tanh_poly(g);
 }
 template <GluFn F>
 [[gnu::always_inline]] inline float act_grad(float g) {
@@ -48,7 +48,7 @@ template <GluFn F>
   if constexpr (F == GluFn::gelu)
     return 0.5f * (1.f + std::erf(g * 0.70710678118654752f)) + g * 0.39894228040143268f * detail::exp_poly(-0.5f * g * g);
   if constexpr (F == GluFn::fast_gelu) {
-    const float t = std::tanh(0.7978845608f * g * (1.f + 0.044715f * g * g));
+    const float t = detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g));
     return 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * 0.7978845608f * (1.f + 3.f * 0.044715f * g * g);
   }
   if constexpr (F == GluFn::relu) return g > 0.f ? 1.f : 0.f;
@@ -58,7 +58,7 @@ template <GluFn F>
     return s * (1.f - s);
   }
   if constexpr (F == GluFn::tanh) {
-    const float t = std::tanh(g);
+    const float t = detail::tanh_poly(g);
     return 1.f - t * t;
   }
 }
@@ -102,36 +102,46 @@ template <GluFn F, bool kClamp, class T>
   }
 }
 
-// The activation and the clamp picked once per row; every case is inlined into the ISA's clone.
-template <class Row>
-[[gnu::always_inline]] inline void dispatch(const GluActivation& a, Row&& row) {
-  const bool clamp = a.clamp.has_value();
-  const auto with = [&]<GluFn F>() {
-    if (clamp) row.template operator()<F, true>();
-    else row.template operator()<F, false>();
-  };
-  switch (a.fn) {
-    case GluFn::silu: return with.template operator()<GluFn::silu>();
-    case GluFn::quick_gelu: return with.template operator()<GluFn::quick_gelu>();
-    case GluFn::gelu: return with.template operator()<GluFn::gelu>();
-    case GluFn::fast_gelu: return with.template operator()<GluFn::fast_gelu>();
-    case GluFn::relu: return with.template operator()<GluFn::relu>();
-    case GluFn::squared_relu: return with.template operator()<GluFn::squared_relu>();
-    case GluFn::sigmoid: return with.template operator()<GluFn::sigmoid>();
-    case GluFn::tanh: return with.template operator()<GluFn::tanh>();
-  }
+// The activation and the clamp picked once per row, every case inlined into the ISA's clone (no
+// lambdas: GCC compiles one that it does not inline for the baseline ISA, unvectorised).
+template <GluFn F, class T>
+[[gnu::always_inline]] inline void forward_fn(const GluActivation& a, const T* h, float p, std::int64_t f, T* out) {
+  if (a.clamp) forward_row<F, true>(h, p, f, *a.clamp, a.linear_offset, out);
+  else forward_row<F, false>(h, p, f, 0.f, a.linear_offset, out);
+}
+template <GluFn F, class T>
+[[gnu::always_inline]] inline void backward_fn(const GluActivation& a, const T* h, const T* dout, float p,
+                                               std::int64_t f, T* dh, float* prod) {
+  if (a.clamp) backward_row<F, true>(h, dout, p, f, *a.clamp, a.linear_offset, dh, prod);
+  else backward_row<F, false>(h, dout, p, f, 0.f, a.linear_offset, dh, prod);
 }
 
 template <class T>
 [[gnu::always_inline]] inline void forward_any(const GluActivation& a, const T* h, float p, std::int64_t f, T* out) {
-  const float c = a.clamp.value_or(0.f), off = a.linear_offset;
-  dispatch(a, [&]<GluFn F, bool kClamp>() { forward_row<F, kClamp>(h, p, f, c, off, out); });
+  switch (a.fn) {
+    case GluFn::silu: return forward_fn<GluFn::silu>(a, h, p, f, out);
+    case GluFn::quick_gelu: return forward_fn<GluFn::quick_gelu>(a, h, p, f, out);
+    case GluFn::gelu: return forward_fn<GluFn::gelu>(a, h, p, f, out);
+    case GluFn::fast_gelu: return forward_fn<GluFn::fast_gelu>(a, h, p, f, out);
+    case GluFn::relu: return forward_fn<GluFn::relu>(a, h, p, f, out);
+    case GluFn::squared_relu: return forward_fn<GluFn::squared_relu>(a, h, p, f, out);
+    case GluFn::sigmoid: return forward_fn<GluFn::sigmoid>(a, h, p, f, out);
+    case GluFn::tanh: return forward_fn<GluFn::tanh>(a, h, p, f, out);
+  }
 }
 template <class T>
 [[gnu::always_inline]] inline void backward_any(const GluActivation& a, const T* h, const T* dout, float p,
                                                 std::int64_t f, T* dh, float* prod) {
-  const float c = a.clamp.value_or(0.f), off = a.linear_offset;
-  dispatch(a, [&]<GluFn F, bool kClamp>() { backward_row<F, kClamp>(h, dout, p, f, c, off, dh, prod); });
+  switch (a.fn) {
+    case GluFn::silu: return backward_fn<GluFn::silu>(a, h, dout, p, f, dh, prod);
+    case GluFn::quick_gelu: return backward_fn<GluFn::quick_gelu>(a, h, dout, p, f, dh, prod);
+    case GluFn::gelu: return backward_fn<GluFn::gelu>(a, h, dout, p, f, dh, prod);
+    case GluFn::fast_gelu: return backward_fn<GluFn::fast_gelu>(a, h, dout, p, f, dh, prod);
+    case GluFn::relu: return backward_fn<GluFn::relu>(a, h, dout, p, f, dh, prod);
+    case GluFn::squared_relu: return backward_fn<GluFn::squared_relu>(a, h, dout, p, f, dh, prod);
+    case GluFn::sigmoid: return backward_fn<GluFn::sigmoid>(a, h, dout, p, f, dh, prod);
+    case GluFn::tanh: return backward_fn<GluFn::tanh>(a, h, dout, p, f, dh, prod);
+  }
 }
 
 EPX_CPU_CLONES void forward_row_f32(const GluActivation& a, const float* h, float p, std::int64_t f, float* out) {
