@@ -5,8 +5,8 @@
 //
 // The rows are the experts' hot elementwise work (the whole [T k, 2F] fc1 output, forward and
 // backward), so each row is one function compiled per ISA (EPX_CPU_CLONES) with the activation
-// and the clamp switched once per row, and an exp and a tanh the compiler can vectorise
-// (exp_poly.hpp). GELU's erf is libm's, called per element.
+// and the clamp switched once per row, and an exp, a tanh and an erfc the compiler can vectorise
+// (exp_poly.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,12 +23,18 @@ namespace {
 
 [[gnu::always_inline]] inline float sigmoid(float x) { return 1.f / (1.f + detail::exp_poly(-x)); }
 
+// 1 + erf(y), close relative to itself on both sides: erfc(-y) below 0, 2 - erfc(y) above.
+[[gnu::always_inline]] inline float one_plus_erf(float y) {
+  const float e = detail::erfc_poly(std::fabs(y));
+  return y < 0.f ? e : 2.f - e;
+}
+
 // act(g) and its derivative, as Megatron-Core and torch define them.
 template <GluFn F>
 [[gnu::always_inline]] inline float act(float g) {
   if constexpr (F == GluFn::silu) return g * sigmoid(g);
   if constexpr (F == GluFn::quick_gelu) return g * sigmoid(1.702f * g);
-  if constexpr (F == GluFn::gelu) return 0.5f * g * (1.f + std::erf(g * 0.70710678118654752f));
+  if constexpr (F == GluFn::gelu) return 0.5f * g * one_plus_erf(g * 0.70710678118654752f);
   if constexpr (F == GluFn::fast_gelu) return 0.5f * g * (1.f + detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g)));
   if constexpr (F == GluFn::relu) return g > 0.f ? g : 0.f;
   if constexpr (F == GluFn::squared_relu) return g > 0.f ? g * g : 0.f;
@@ -46,7 +52,7 @@ template <GluFn F>
     return s * (1.f + 1.702f * g * (1.f - s));
   }
   if constexpr (F == GluFn::gelu)
-    return 0.5f * (1.f + std::erf(g * 0.70710678118654752f)) + g * 0.39894228040143268f * detail::exp_poly(-0.5f * g * g);
+    return 0.5f * one_plus_erf(g * 0.70710678118654752f) + g * 0.39894228040143268f * detail::exp_poly(-0.5f * g * g);
   if constexpr (F == GluFn::fast_gelu) {
     const float t = detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g));
     return 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * 0.7978845608f * (1.f + 3.f * 0.044715f * g * g);
