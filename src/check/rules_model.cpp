@@ -64,15 +64,10 @@ void add_model_rules(RuleTable& add) {
       "rotary embeddings rotate pairs: the head dimension (kv_channels) is even", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.position_embedding_type != "rope" || m.num_attention_heads < 1) return pass();
-        // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent)
-        // (rotary_percent: an unmodelled field a Bridge dump keeps).
+        // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent).
         const Int head_dim = m.multi_latent_attention ? m.qk_pos_emb_head_dim
                                                       : m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
-        const YAML::Node percent = c.cfg.extra_fields.child_map("model")["rotary_percent"];
-        double share = 1;
-        if (m.multi_latent_attention || !percent.IsDefined() || !percent.IsScalar() ||
-            !YAML::convert<double>::decode(percent, share))
-          share = 1;
+        const double share = m.multi_latent_attention || m.rotary_percent >= 1 ? 1 : m.rotary_percent;
         const auto rotated = [&](Int dim) { return static_cast<Int>(static_cast<double>(dim) * share); };
         if (rotated(head_dim) % 2 == 0) return pass();
         Int fixed = head_dim + 1;  // the next head dimension that rotates an even number of channels

@@ -19,25 +19,27 @@
 namespace epx {
 namespace {
 
-// Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb): for i < d/2 and angle
-// a = pos * base^(-2i/d), (x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
+// Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb) over the first r channels of a
+// head (r = d unless rotary_percent < 1): for i < r/2 and angle a = pos * base^(-2i/r),
+// (x_i, x_{i+r/2}) -> (x_i cos a - x_{i+r/2} sin a, x_{i+r/2} cos a + x_i sin a); channels r..d
+// pass through.
 // The cosines and sines of every (position, i), computed once per shape (rope_table) and shared by
 // every layer, forward and backward.
 struct RopeTable {
   std::int64_t half = 0;
   std::vector<float> cos, sin;  // [S, d/2]
-  RopeTable(std::int64_t seq, std::int64_t d, double base) : half(d / 2) {
+  RopeTable(std::int64_t seq, std::int64_t r, double base) : half(r / 2) {
     cos.resize(static_cast<std::size_t>(seq * half));
     sin.resize(cos.size());
     for (std::int64_t pos = 0; pos < seq; ++pos)
       for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+        const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(r));
         cos[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::cos(a));
         sin[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::sin(a));
       }
   }
-  // `inverse` applies the transpose (the backward).
-  void rotate(const float* in, float* out, std::int64_t pos, bool inverse) const {
+  // One head of d channels. `inverse` applies the transpose (the backward).
+  void rotate(const float* in, float* out, std::int64_t d, std::int64_t pos, bool inverse) const {
     const float* c = cos.data() + pos * half;
     const float* sn = sin.data() + pos * half;
     for (std::int64_t i = 0; i < half; ++i) {
@@ -46,6 +48,7 @@ struct RopeTable {
       out[i] = x0 * c[i] - x1 * s;
       out[i + half] = x1 * c[i] + x0 * s;
     }
+    std::copy(in + 2 * half, in + d, out + 2 * half);
   }
 };
 
@@ -100,8 +103,10 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
       spec_(spec) {
   if (spec.heads % spec.groups != 0)
     throw std::invalid_argument(fmt::format("attention: {} heads do not divide into {} query groups", spec.heads, spec.groups));
-  if (spec.rope && spec.head_dim % 2 != 0)
-    throw std::invalid_argument(fmt::format("attention: rotary embeddings need an even head_dim, got {}", spec.head_dim));
+  if (spec.rope && (rope_dim() % 2 != 0 || rope_dim() < 2 || rope_dim() > spec.head_dim))
+    throw std::invalid_argument(fmt::format("attention: rotary embeddings rotate an even number of a head's {} channels "
+                                            "from 2, not {}",
+                                            spec.head_dim, rope_dim()));
   q_layernorm.master.fill(1.f);
   k_layernorm.master.fill(1.f);
 }
@@ -152,7 +157,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     rmsnorm_forward(ctx.q_raw, q_layernorm.master, spec_.eps, qn, ctx.q_rstd);
     rmsnorm_forward(ctx.k_raw, k_layernorm.master, spec_.eps, kn, ctx.k_rstd);
   }
-  const RopeTable* rope = spec_.rope ? &rope_table(S, d, spec_.rope_base) : nullptr;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_dim(), spec_.rope_base) : nullptr;
   const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
     const float* f = from.data<float>();
     float* o = to.data<float>();
@@ -161,7 +166,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t s = t / B, b = t % B;
         float* dst = o + ((b * heads + h) * S + s) * d;
-        if (rope) rope->rotate(f + (t * heads + h) * d, dst, s, false);
+        if (rope) rope->rotate(f + (t * heads + h) * d, dst, d, s, false);
         else std::copy_n(f + (t * heads + h) * d, d, dst);
       }
   };
@@ -241,7 +246,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
   const std::int64_t width = (nh + 2 * ng) * d;
-  const RopeTable* rope = spec_.rope ? &rope_table(S, d, spec_.rope_base) : nullptr;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_dim(), spec_.rope_base) : nullptr;
   const auto unplace = [&](const Tensor& from, std::int64_t heads) {
     Tensor out = Tensor::uninitialized({T * heads, d}, DType::F32);
     const float* f = from.data<float>();
@@ -251,7 +256,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
       for (std::int64_t h = 0; h < heads; ++h) {
         const std::int64_t s = t / B, b = t % B;
         const float* g = f + ((b * heads + h) * S + s) * d;
-        if (rope) rope->rotate(g, o + (t * heads + h) * d, s, true);
+        if (rope) rope->rotate(g, o + (t * heads + h) * d, d, s, true);
         else std::copy_n(g, d, o + (t * heads + h) * d);
       }
     return out;

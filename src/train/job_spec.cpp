@@ -39,12 +39,6 @@ void refuse_unmodelled_math(const Config& c) {
     return n.IsScalar() ? n.Scalar() : YAML::Dump(n);
   };
   const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
-  const auto number_is = [&](double want) {
-    return [=](const YAML::Node& n) {
-      double v = 0;
-      return n.IsScalar() && YAML::convert<double>::decode(n, v) && v == want;
-    };
-  };
   const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
   const auto is_vanilla = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && n.Scalar() == "vanilla"); };
   const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
@@ -52,7 +46,6 @@ void refuse_unmodelled_math(const Config& c) {
       {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
       {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
       {"softmax_scale", none, "epx scales attention logits by 1/sqrt(head dim)"},
-      {"rotary_percent", number_is(1), "epx rotates every channel of a head"},
       {"layernorm_zero_centered_gamma", is_false, "epx's norms multiply by their weight, not weight + 1"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
@@ -299,10 +292,21 @@ ModelSpec model_spec_from_config(const Config& c) {
   a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
   if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
   a.rope = m.position_embedding_type == "rope";
-  if (a.rope && a.head_dim % 2 != 0)
-    bad(c, "model.kv_channels", m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
-        fmt::format("[model.rope_even_head_dim] rotary embeddings need an even head dimension; set model.kv_channels={}",
-                    a.head_dim + 1));
+  // Megatron's RotaryEmbedding: int(kv_channels * rotary_percent) channels where the share is below 1.
+  a.rope_dim = m.rotary_percent < 1 ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
+                                    : a.head_dim;
+  if (a.rope && a.rope_dim < 2)
+    bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
+        fmt::format("RoPE would rotate {} of the head's {} channels; it rotates pairs, so set at least {:g}", a.rope_dim,
+                    a.head_dim, 2.0 / static_cast<double>(a.head_dim)));
+  if (a.rope && a.rope_dim % 2 != 0)
+    bad(c, m.rotary_percent < 1 ? "model.rotary_percent" : "model.kv_channels",
+        m.rotary_percent < 1 ? fmt::format("{}", m.rotary_percent)
+        : m.kv_channels      ? std::to_string(a.head_dim)
+                             : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
+        fmt::format("[model.rope_even_head_dim] rotary embeddings rotate pairs of channels, and {} of the head's {} is "
+                    "an odd count; see epx check for the fix",
+                    a.rope_dim, a.head_dim));
   if (m.rotary_base.values.size() != 1)
     bad(c, "model.rotary_base", field_text(c, "model.rotary_base"),
         "epx applies one RoPE base to every layer (the local and global layers' pair is not modelled); give one base");

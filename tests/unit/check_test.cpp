@@ -189,8 +189,7 @@ const std::vector<Case>& cases() {
        {"model.hidden_size=256", "model.kv_channels=null"}},
       {"model.rope_even_head_dim", {"model.kv_channels=33"}, {"model.kv_channels=34"}},
       {"model.rope_even_head_dim",  // Megatron rotates int(kv_channels * rotary_percent) channels
-       {"+model.rotary_percent=0.5", "model.kv_channels=130"}, {"+model.rotary_percent=0.5", "model.kv_channels=132"},
-       std::nullopt, std::nullopt, kDump},
+       {"model.rotary_percent=0.5", "model.kv_channels=130"}, {"model.rotary_percent=0.5", "model.kv_channels=132"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"model.fused_activation", {"model.bias_activation_fusion=true", "model.activation_func=relu"},
        {"model.bias_activation_fusion=true"}},

@@ -48,8 +48,10 @@ Batch batch(const ModelSpec& spec) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
+  for (const std::int64_t rope_dim : {0, 2}) {  // every channel rotated, or the first 2 of 6 (partial RoPE)
+  SCOPED_TRACE(rope_dim);
   AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .eps = 1e-6f, .rope = true,
-                  .rope_base = 100, .dtype = DType::F32};
+                  .rope_base = 100, .rope_dim = rope_dim, .dtype = DType::F32};
   SelfAttention attn("a", s);
   attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.3));
   attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.3));
@@ -70,6 +72,34 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   expect_directional_derivative(f, x, dx, 11, "dx");
   for (Param* p : attn.params())
     expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
+  }
+}
+
+// Partial RoPE rotates the first rope_dim channels of each query and key head and passes the rest:
+// with the query and key weights of the rotated channels zeroed, the attention is the one without
+// RoPE, bit for bit; with every channel's weights it differs from both that and full RoPE.
+TEST(Attention, PartialRopeRotatesOnlyTheFirstChannels) {
+  const std::int64_t d = 8, r = 4, nh = 2, ng = 1, S = 6;
+  const auto run = [&](bool rope, std::int64_t rope_dim, bool zero_rotated) {
+    AttentionSpec s{.hidden = 8, .heads = nh, .groups = ng, .head_dim = d, .qk_norm = false, .rope = rope,
+                    .rope_base = 100, .rope_dim = rope_dim, .dtype = DType::F32};
+    SelfAttention attn("a", s);
+    attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.5));
+    if (zero_rotated)  // rows of linear_qkv: the query heads' channels, then the key groups', then the values'
+      for (std::int64_t head = 0; head < nh + ng; ++head)
+        for (std::int64_t ch = 0; ch < r; ++ch)
+          for (std::int64_t i = 0; i < 8; ++i) attn.linear_qkv.master.set((head * d + ch) * 8 + i, 0.f);
+    attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.5));
+    for (Param* p : attn.params()) p->refresh();
+    SelfAttention::Context c;
+    const Tensor y = attn.forward(randn({S, 8}, 3), S, c);
+    return std::vector<float>(y.data<float>(), y.data<float>() + y.numel());
+  };
+  EXPECT_EQ(run(true, r, true), run(false, 0, true));
+  EXPECT_NE(run(true, r, false), run(false, 0, false));
+  EXPECT_NE(run(true, r, false), run(true, 0, false));
+  EXPECT_THROW(SelfAttention("a", AttentionSpec{.hidden = 8, .heads = 2, .groups = 1, .head_dim = 8, .rope_dim = 3}),
+               std::invalid_argument);
 }
 
 // A BF16 model's attention (BF16 GEMM operands in the linears and the blocked core attention,
@@ -113,9 +143,15 @@ TEST(Attention, IsCausal) {
 }
 
 // Every expert is chosen (top-k = E), so no perturbation flips the routing and the loss is
-// smooth; sparse routing's gradients are checked by the MoE layer's own tests.
+// smooth; sparse routing's gradients are checked by the MoE layer's own tests. Then again with
+// partial RoPE and the tanh GELU in the dense MLP and the experts (Gemma's, Qwen3-Next's shapes).
 TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
-  const ModelSpec spec = model_spec_from_config(tiny({"model.moe_router_topk=8"}));
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu"}}) {
+  SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : "fast_gelu, rotary_percent 0.5");
+  std::vector<std::string> overrides{"model.moe_router_topk=8"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  const ModelSpec spec = model_spec_from_config(tiny(overrides));
   GPTModel model = make_model(spec);
   const Batch b = batch(spec);
   model.zero_grad();
@@ -130,6 +166,7 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   for (Param* p : model.params())
     expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
                                   [p] { p->refresh(); });
+  }
 }
 
 // Every recompute mode gives the same loss and gradients as none, bit for bit, and holds less

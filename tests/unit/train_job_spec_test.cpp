@@ -40,8 +40,10 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
   };
   EXPECT_NE(error_of([&] { model_spec_from_config(with("  attention_output_gate: true\n")); }).find("model.attention_output_gate=true"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { model_spec_from_config(with("  rotary_percent: 0.5\n")); }).find("model.rotary_percent=0.5"),
-            std::string::npos);
+  // Partial RoPE is modelled: int(128 * 0.5) channels rotate; one channel cannot.
+  EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.5\n")).attention.rope_dim, 64);
+  const std::string one = error_of([&] { model_spec_from_config(with("  rotary_percent: 0.01\n")); });
+  EXPECT_NE(one.find("model.rotary_percent=0.01: RoPE would rotate 1 of the head's 128 channels"), std::string::npos) << one;
   EXPECT_EQ(error_of([&] {
               moe_spec_from_config(with("  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
                                         "  attention_output_gate: false\n"));

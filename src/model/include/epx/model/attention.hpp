@@ -25,6 +25,9 @@ struct AttentionSpec {
   float eps = 1e-6f;
   bool rope = true;
   double rope_base = 10000;
+  // Channels rotated per head, the first ones (Megatron's int(kv_channels * rotary_percent)): the
+  // rest pass through unrotated. 0: all of them.
+  std::int64_t rope_dim = 0;
   DType dtype = DType::F32;
 };
 
@@ -55,6 +58,7 @@ class SelfAttention {
 
   std::vector<Param*> params();
   const AttentionSpec& spec() const { return spec_; }
+  std::int64_t rope_dim() const { return spec_.rope_dim > 0 ? spec_.rope_dim : spec_.head_dim; }
 
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
 
