@@ -461,6 +461,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, qk_layernorm),
       EPX_FIELD(kModel, normalization, {"LayerNorm", "RMSNorm"}),
       EPX_FIELD(kModel, layernorm_epsilon),
+      EPX_FIELD(kModel, layernorm_zero_centered_gamma),
       EPX_FIELD(kModel, gated_linear_unit),
       activation_field(EPX_FIELD(kModel, activation_func,
                                  {"silu", "quick_gelu", "gelu", "fast_gelu", "relu", "squared_relu", "sigmoid", "tanh"})),

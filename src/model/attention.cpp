@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "epx/kernels/kernels.hpp"
+#include "epx/model/norm_gain.hpp"
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
@@ -107,8 +108,8 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
     throw std::invalid_argument(fmt::format("attention: rotary embeddings rotate an even number of a head's {} channels "
                                             "from 2, not {}",
                                             spec.head_dim, rope_dim()));
-  q_layernorm.master.fill(1.f);
-  k_layernorm.master.fill(1.f);
+  q_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
+  k_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
 }
 
 std::vector<Param*> SelfAttention::params() {
@@ -154,8 +155,8 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     kn = Tensor::uninitialized(ctx.k_raw.shape(), DType::F32);
     ctx.q_rstd = Tensor::uninitialized({T * nh}, DType::F32);
     ctx.k_rstd = Tensor::uninitialized({T * ng}, DType::F32);
-    rmsnorm_forward(ctx.q_raw, q_layernorm.master, spec_.eps, qn, ctx.q_rstd);
-    rmsnorm_forward(ctx.k_raw, k_layernorm.master, spec_.eps, kn, ctx.k_rstd);
+    rmsnorm_forward(ctx.q_raw, norm_gain(q_layernorm, spec_.zero_centered_gamma), spec_.eps, qn, ctx.q_rstd);
+    rmsnorm_forward(ctx.k_raw, norm_gain(k_layernorm, spec_.zero_centered_gamma), spec_.eps, kn, ctx.k_rstd);
   }
   const RopeTable* rope = spec_.rope ? &rope_table(S, rope_dim(), spec_.rope_base) : nullptr;
   const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
@@ -264,8 +265,8 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   Tensor dqn = unplace(dq, nh), dkn = unplace(dk, ng);
   if (spec_.qk_norm) {
     Tensor dqr = Tensor::uninitialized(dqn.shape(), DType::F32), dkr = Tensor::uninitialized(dkn.shape(), DType::F32);
-    rmsnorm_dgrad(ctx.q_raw, q_layernorm.master, ctx.q_rstd, dqn, dqr);
-    rmsnorm_dgrad(ctx.k_raw, k_layernorm.master, ctx.k_rstd, dkn, dkr);
+    rmsnorm_dgrad(ctx.q_raw, norm_gain(q_layernorm, spec_.zero_centered_gamma), ctx.q_rstd, dqn, dqr);
+    rmsnorm_dgrad(ctx.k_raw, norm_gain(k_layernorm, spec_.zero_centered_gamma), ctx.k_rstd, dkn, dkr);
     rmsnorm_wgrad(ctx.q_raw, ctx.q_rstd, dqn, q_layernorm.grad);
     rmsnorm_wgrad(ctx.k_raw, ctx.k_rstd, dkn, k_layernorm.grad);
     dqn = dqr;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "epx/kernels/kernels.hpp"
+#include "epx/model/norm_gain.hpp"
 #include "epx/tensor/random.hpp"
 #include "epx/trace/trace.hpp"
 
@@ -87,7 +88,7 @@ void GPTModel::init_weights(std::uint64_t seed) {
     p->master.copy_from(random_normal(p->master.shape(), DType::F32, seed, stream_of(p->name), spec_.init_std));
     p->refresh();
   }
-  if (final_layernorm.master.numel() > 0) final_layernorm.master.fill(1.f);
+  if (final_layernorm.master.numel() > 0) final_layernorm.master.fill(norm_init(spec_.zero_centered_gamma));
   for (auto& l : layers) l->init_weights(seed);
 }
 
@@ -181,7 +182,7 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   ctx.final_in = x;
   ctx.final_out = Tensor::uninitialized(x.shape(), x.dtype());
   ctx.final_rstd = Tensor::uninitialized({T}, DType::F32);
-  rmsnorm_forward(x, final_layernorm.master, spec_.eps, ctx.final_out, ctx.final_rstd);
+  rmsnorm_forward(x, norm_gain(final_layernorm, spec_.zero_centered_gamma), spec_.eps, ctx.final_out, ctx.final_rstd);
   ctx.logits = Tensor::uninitialized({T, V}, DType::F32);
   gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
   ctx.lse = Tensor::uninitialized({T}, DType::F32);
@@ -201,7 +202,7 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
   Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
-  rmsnorm_dgrad(ctx.final_in, final_layernorm.master, ctx.final_rstd, dn, dx);
+  rmsnorm_dgrad(ctx.final_in, norm_gain(final_layernorm, spec_.zero_centered_gamma), ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
   ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
   grads_ready(0);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "epx/kernels/kernels.hpp"
+#include "epx/model/norm_gain.hpp"
 #include "epx/tensor/random.hpp"
 
 namespace epx {
@@ -48,7 +49,7 @@ void TransformerLayer::init_weights(std::uint64_t seed) {
     p.refresh();
   };
   for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {
-    p->master.fill(1.f);
+    p->master.fill(norm_init(spec_.zero_centered_gamma));
     p->refresh();
   }
   draw(attention.linear_qkv, spec_.init_std);
@@ -63,7 +64,7 @@ void TransformerLayer::init_weights(std::uint64_t seed) {
 Tensor TransformerLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd) const {
   Tensor y = Tensor::uninitialized(x.shape(), x.dtype());
   rstd = Tensor::uninitialized({x.dim(0)}, DType::F32);
-  rmsnorm_forward(x, gamma.master, spec_.eps, y, rstd);
+  rmsnorm_forward(x, norm_gain(gamma, spec_.zero_centered_gamma), spec_.eps, y, rstd);
   return y;
 }
 
@@ -175,7 +176,7 @@ Tensor TransformerLayer::backward_attn(Context& ctx, bool with_wgrad) {
   const Tensor dn2 = moe ? moe->backward_route(*ctx.moe).reshape(dy.shape()) : std::move(ctx.dn2);
   // dh = dy + RMSNorm'(h)^T dn2.
   Tensor tmp = Tensor::uninitialized(dy.shape(), dy.dtype());
-  rmsnorm_dgrad(ctx.h, pre_mlp_layernorm.master, ctx.rstd2, dn2, tmp);
+  rmsnorm_dgrad(ctx.h, norm_gain(pre_mlp_layernorm, spec_.zero_centered_gamma), ctx.rstd2, dn2, tmp);
   rmsnorm_wgrad(ctx.h, ctx.rstd2, dn2, pre_mlp_layernorm.grad);
   Tensor dh = Tensor::uninitialized(dy.shape(), dy.dtype());
   add(dy, tmp, dh);
@@ -185,7 +186,7 @@ Tensor TransformerLayer::backward_attn(Context& ctx, bool with_wgrad) {
     ctx.attn.x = norm(ctx.x, input_layernorm, rstd);
   }
   const Tensor dn1 = attention.backward_dgrad(ctx.attn, dh);
-  rmsnorm_dgrad(ctx.x, input_layernorm.master, ctx.rstd1, dn1, tmp);
+  rmsnorm_dgrad(ctx.x, norm_gain(input_layernorm, spec_.zero_centered_gamma), ctx.rstd1, dn1, tmp);
   rmsnorm_wgrad(ctx.x, ctx.rstd1, dn1, input_layernorm.grad);
   Tensor dx = Tensor::uninitialized(dy.shape(), dy.dtype());
   add(dh, tmp, dx);

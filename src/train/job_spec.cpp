@@ -46,7 +46,6 @@ void refuse_unmodelled_math(const Config& c) {
       {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
       {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
       {"softmax_scale", none, "epx scales attention logits by 1/sqrt(head dim)"},
-      {"layernorm_zero_centered_gamma", is_false, "epx's norms multiply by their weight, not weight + 1"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
   };
@@ -275,6 +274,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   s.num_layers = static_cast<int>(m.num_layers);
   s.dtype = m.bf16 ? DType::BF16 : DType::F32;
   s.eps = static_cast<float>(m.layernorm_epsilon);
+  s.zero_centered_gamma = m.layernorm_zero_centered_gamma;
   s.init_std = m.init_method_std;
   s.seed = static_cast<std::uint64_t>(c.rng.seed);
   s.tie_embeddings = m.share_embeddings_and_output_weights;
@@ -313,6 +313,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   a.rope_base = m.rotary_base.values.front();
   a.qk_norm = m.qk_layernorm;
   a.eps = s.eps;
+  a.zero_centered_gamma = s.zero_centered_gamma;
   a.dtype = s.dtype;
 
   // moe_layer_freq: layer i is MoE when i % every == 0, or as the explicit pattern says.

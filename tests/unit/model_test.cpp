@@ -144,11 +144,13 @@ TEST(Attention, IsCausal) {
 
 // Every expert is chosen (top-k = E), so no perturbation flips the routing and the loss is
 // smooth; sparse routing's gradients are checked by the MoE layer's own tests. Then again with
-// partial RoPE and the tanh GELU in the dense MLP and the experts (Gemma's, Qwen3-Next's shapes).
+// partial RoPE, the tanh GELU in the dense MLP and the experts, and zero-centred norms (Gemma's
+// and Qwen3-Next's choices).
 TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu"}}) {
-  SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : "fast_gelu, rotary_percent 0.5");
+       {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu",
+                                                             "model.layernorm_zero_centered_gamma=true"}}) {
+  SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : "fast_gelu, rotary_percent 0.5, zero-centred norms");
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const ModelSpec spec = model_spec_from_config(tiny(overrides));
@@ -167,6 +169,50 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
     expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
                                   [p] { p->refresh(); });
   }
+}
+
+// Zero-centred norms (layernorm_zero_centered_gamma) multiply by 1 + their weight, which starts at
+// 0: at initialisation the model is the plain one, and with every norm weight w of the plain model
+// stored as w - 1 (exact for w in [0.5, 2]) the loss and every other gradient are the same, bit for bit.
+TEST(GPTModel, ZeroCentredNormsAreThePlainOnesShiftedByOne) {
+  const std::vector<std::string> o{"model.moe_router_topk=8"};
+  std::vector<std::string> zo = o;
+  zo.push_back("model.layernorm_zero_centered_gamma=true");
+  const ModelSpec plain_spec = model_spec_from_config(tiny(o)), zero_spec = model_spec_from_config(tiny(zo));
+  ASSERT_TRUE(zero_spec.zero_centered_gamma && zero_spec.attention.zero_centered_gamma);
+  GPTModel plain = make_model(plain_spec), zero = make_model(zero_spec);
+  const Batch b = batch(plain_spec);
+  const auto loss = [&](GPTModel& m) {
+    m.zero_grad();
+    GPTModel::Context c;
+    const double l = m.forward(b.tokens, b.targets, c);
+    m.backward(c, 1.f);
+    return l;
+  };
+  const std::vector<Param*> pp = plain.params(), zp = zero.params();
+  ASSERT_EQ(pp.size(), zp.size());
+  int norms = 0;
+  for (std::size_t i = 0; i < zp.size(); ++i)
+    if (zp[i]->name.find("layernorm") != std::string::npos) {
+      ++norms;
+      EXPECT_EQ(zp[i]->master.get(0), 0.f) << zp[i]->name;
+    }
+  EXPECT_EQ(norms, 2 * 2 + 2 * 2 + 1);  // per layer: input, pre-MLP, q and k; the final norm
+  EXPECT_EQ(loss(plain), loss(zero));
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    const bool norm = pp[i]->name.find("layernorm") != std::string::npos;
+    const Tensor shift = randn(pp[i]->master.shape(), 40 + i, 0.2);
+    for (std::int64_t j = 0; j < pp[i]->master.numel(); ++j) {
+      if (norm) pp[i]->master.set(j, 1.f + shift.get(j));
+      zp[i]->master.set(j, norm ? pp[i]->master.get(j) - 1.f : pp[i]->master.get(j));
+    }
+    pp[i]->refresh();
+    zp[i]->refresh();
+  }
+  EXPECT_EQ(loss(plain), loss(zero));
+  for (std::size_t i = 0; i < pp.size(); ++i)
+    for (std::int64_t j = 0; j < pp[i]->grad.numel(); ++j)
+      ASSERT_EQ(pp[i]->grad.get(j), zp[i]->grad.get(j)) << pp[i]->name << " " << j;
 }
 
 // Every recompute mode gives the same loss and gradients as none, bit for bit, and holds less

@@ -91,6 +91,7 @@ struct ModelConfig {
   bool qk_layernorm = false;
   std::string normalization = "LayerNorm";
   double layernorm_epsilon = 1e-5;
+  bool layernorm_zero_centered_gamma = false;  // every norm multiplies by 1 + its weight, which starts at 0
   bool gated_linear_unit = false;
   // The MLPs' activation: Megatron-Core's default F.gelu, by the short name Bridge's activation map
   // gives it (silu, quick_gelu, gelu, fast_gelu, relu, squared_relu, sigmoid, tanh). A dump's

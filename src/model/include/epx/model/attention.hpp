@@ -28,6 +28,7 @@ struct AttentionSpec {
   // Channels rotated per head, the first ones (Megatron's int(kv_channels * rotary_percent)): the
   // rest pass through unrotated. 0: all of them.
   std::int64_t rope_dim = 0;
+  bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   DType dtype = DType::F32;
 };
 

@@ -39,6 +39,7 @@ struct ModelSpec {
   std::optional<MoESpec> moe;  // when any layer is MoE
   bool tie_embeddings = false;
   float eps = 1e-5f;
+  bool zero_centered_gamma = false;  // every norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   double init_std = 0.02;
   std::uint64_t seed = 1234;
   std::int64_t seq_length = 0, micro_batch = 1;
