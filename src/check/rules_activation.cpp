@@ -46,13 +46,55 @@ void add_activation_rules(RuleTable& add) {
                        "False.",
                        "model.use_te_activation_func=false");
       });
-  add("model.te_activation", E, {"model.use_te_activation_func", "model.activation_func"}, kMcore,
-      "Transformer Engine's activation modules are GELU, SiLU and ReLU (gated or not)", [](const CheckContext& c) {
+  add("model.fused_activation_module", E,
+      {"model.bias_activation_fusion", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",
+       "model.moe_layer_freq", "model.moe_shared_expert_intermediate_size"},
+      "Megatron-Core transformer/moe/experts.py, transformer/mlp.py",
+      "the experts fuse SwiGLU and quick-GEGLU only, the dense and shared MLPs GELU and SwiGLU only (raised at the "
+      "first step)",
+      [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        return fail_if(m.use_te_activation_func && !one_of(m.activation_func, {"gelu", "silu", "relu"}),
-                       "TransformerEngine only support gelu, geglu, silu, swiglu, relu, reglu. If you don't want to "
-                       "use TransformerEngine activation function, set use_te_activation_func to False",
-                       "model.use_te_activation_func=false");
+        // TE's activation takes precedence; a fusion the config itself refuses is model.fused_activation's.
+        if (!m.bias_activation_fusion || m.use_te_activation_func || !one_of(m.activation_func, {"gelu", "silu", "quick_gelu"}))
+          return pass();
+        const std::string off = "model.bias_activation_fusion=false";
+        const bool experts = m.num_moe_experts.has_value();
+        const bool mlps = !experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
+        if (experts && !(m.gated_linear_unit && one_of(m.activation_func, {"silu", "quick_gelu"})))
+          return fail("Only support fusion of swiglu and quick_gelu in TEGroupedMLP.", off);
+        return fail_if(mlps && (m.activation_func == "quick_gelu" || (m.activation_func == "silu" && !m.gated_linear_unit)),
+                       "Only support fusion of gelu and swiglu", off);
+      });
+  add("model.fused_geglu_is_tanh", W,
+      {"model.bias_activation_fusion", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",
+       "model.moe_layer_freq", "model.moe_shared_expert_intermediate_size"},
+      "Megatron-Core transformer/mlp.py, fusions/fused_bias_geglu.py",
+      "a fused GEGLU in the dense and shared MLPs is the tanh approximation of GELU, not the erf one the config names",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const bool mlps = !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
+        return fail_if(m.bias_activation_fusion && !m.use_te_activation_func && m.activation_func == "gelu" &&
+                           m.gated_linear_unit && mlps,
+                       "with bias_activation_fusion the dense and shared MLPs run bias_geglu_impl, GELU's tanh "
+                       "approximation (and no clamp or offset), while the unfused MLP computes torch's erf GELU; epx "
+                       "run refuses it, computing only the latter",
+                       "model.bias_activation_fusion=false");
+      });
+  add("model.te_activation", E, {"model.use_te_activation_func", "model.activation_func", "model.gated_linear_unit"},
+      kMcore, "Transformer Engine's activation modules are GELU and SiLU (gated or not) as Megatron-Core picks them",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.use_te_activation_func) return pass();
+        const std::string off = "model.use_te_activation_func=false";
+        if (!one_of(m.activation_func, {"gelu", "silu", "relu"}))
+          return fail("TransformerEngine only support gelu, geglu, silu, swiglu, relu, reglu. If you don't want to "
+                      "use TransformerEngine activation function, set use_te_activation_func to False",
+                      off);
+        // extensions/transformer_engine.py's TEActivationOp tests silu twice: relu has no branch, so it raises at build.
+        return fail_if(m.activation_func == "relu",
+                       "Only SwiGLU, GEGLU, ReGLU, GELU, ReLU are supported by transformer engine. Please set "
+                       "use_te_activation_func=False",
+                       off);
       });
   add("model.swiglu_clamp", E,
       {"model.activation_func_clamp_value", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",

@@ -407,23 +407,44 @@ FieldInfo torch_name_field(FieldInfo f) {
   return f;
 }
 
+// An activation's short name from a name or module path, Bridge's aliases read as what they alias.
+std::string activation_name(std::string name) {
+  if (const auto dot = name.rfind('.'); dot != std::string::npos) name = name.substr(dot + 1);
+  static const std::map<std::string, std::string> kAliases = {
+      {"gelu_pytorch_tanh", "fast_gelu"}, {"openai_gelu", "fast_gelu"}, {"relu2", "squared_relu"}, {"erf_gelu", "gelu"}};
+  if (const auto alias = kAliases.find(name); alias != kAliases.end()) return alias->second;
+  return name;
+}
+
 // An activation function, named as Bridge's activation map names it (src/megatron/bridge/utils/
 // activation_map.py), by a module path whose last part is such a name ("torch.nn.functional.silu",
 // "megatron.core.activations.fast_gelu"), or as a Bridge dump writes a callable ({_target_:
-// <path>, _call_: false}). Read as the short name; Bridge's aliases read as what they alias.
+// <path>, _call_: false}). Read as the short name; Bridge's aliases read as what they alias. A
+// dumped functools.partial ({_target_, _partial_: true, its arguments}) is read only where it is
+// torch's GELU with `approximate`: "tanh" is fast_gelu's math, "none" GELU's.
 FieldInfo activation_field(FieldInfo f) {
   f.type += " (an activation's name or module path)";
   f.set = [set = f.set, key = f.key()](Config& c, const YAML::Node& n) {
-    const YAML::Node target = n.IsMap() ? n["_target_"] : YAML::Node();
-    if (n.IsMap() && !(target.IsDefined() && target.IsScalar()))
+    if (!n.IsMap()) return set(c, n.IsScalar() ? YAML::Node(activation_name(n.Scalar())) : n);  // the codec names a wrong type
+    const YAML::Node target = n["_target_"];
+    if (!target.IsDefined() || !target.IsScalar())
       throw ConfigError(fmt::format("{} expects an activation function, got {}", key, shorten(yaml_text(n))));
-    if (!n.IsMap() && !n.IsScalar()) return set(c, n);  // the string codec names the type
-    std::string name = n.IsMap() ? target.Scalar() : n.Scalar();
-    if (const auto dot = name.rfind('.'); dot != std::string::npos) name = name.substr(dot + 1);
-    static const std::map<std::string, std::string> kAliases = {
-        {"gelu_pytorch_tanh", "fast_gelu"}, {"openai_gelu", "fast_gelu"}, {"relu2", "squared_relu"}, {"erf_gelu", "gelu"}};
-    if (const auto alias = kAliases.find(name); alias != kAliases.end()) name = alias->second;
-    set(c, YAML::Node(name));
+    std::string name = activation_name(target.Scalar());
+    std::string approximate = "none";
+    for (const auto& item : n) {
+      const std::string field = item.first.Scalar();
+      const std::string value = item.second.IsScalar() ? item.second.Scalar() : yaml_text(item.second);
+      const bool fits = field == "_target_" || (field == "_call_" && to_lower(value) == "false") ||
+                        (field == "_partial_" && to_lower(value) == "true") ||
+                        (field == "_args_" && item.second.IsSequence() && item.second.size() == 0) ||
+                        (field == "approximate" && name == "gelu" && (value == "tanh" || value == "none"));
+      if (!fits)
+        throw ConfigError(fmt::format("{}: {}={} on {}: epx reads an activation by its name, with no arguments "
+                                      "but torch GELU's approximate; write the activation's name",
+                                      key, field, shorten(value), target.Scalar()));
+      if (field == "approximate") approximate = value;
+    }
+    set(c, YAML::Node(approximate == "tanh" ? std::string("fast_gelu") : name));
   };
   return f;
 }

@@ -21,7 +21,8 @@
 namespace epx {
 namespace {
 
-[[gnu::always_inline]] inline float sigmoid(float x) { return 1.f / (1.f + detail::exp_poly(-x)); }
+// 0 below -88, where exp_poly's clamp would give 6e-39 and silu(-3e38) would be -1.8.
+[[gnu::always_inline]] inline float sigmoid(float x) { return x < -88.f ? 0.f : 1.f / (1.f + detail::exp_poly(-x)); }
 
 // 1 + erf(y), close relative to itself on both sides: erfc(-y) below 0, 2 - erfc(y) above.
 [[gnu::always_inline]] inline float one_plus_erf(float y) {
@@ -36,8 +37,8 @@ template <GluFn F>
   if constexpr (F == GluFn::quick_gelu) return g * sigmoid(1.702f * g);
   if constexpr (F == GluFn::gelu) return 0.5f * g * one_plus_erf(g * 0.70710678118654752f);
   if constexpr (F == GluFn::fast_gelu) return 0.5f * g * (1.f + detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g)));
-  if constexpr (F == GluFn::relu) return g > 0.f ? g : 0.f;
-  if constexpr (F == GluFn::squared_relu) return g > 0.f ? g * g : 0.f;
+  if constexpr (F == GluFn::relu) return std::max(g, 0.f);  // NaN stays NaN, as torch's
+  if constexpr (F == GluFn::squared_relu) return std::max(g, 0.f) * std::max(g, 0.f);
   if constexpr (F == GluFn::sigmoid) return sigmoid(g);
   if constexpr (F == GluFn::tanh) return detail::tanh_poly(g);
 }
@@ -51,8 +52,11 @@ template <GluFn F>
     const float s = sigmoid(1.702f * g);
     return s * (1.f + 1.702f * g * (1.f - s));
   }
-  if constexpr (F == GluFn::gelu)
-    return 0.5f * one_plus_erf(g * 0.70710678118654752f) + g * 0.39894228040143268f * detail::exp_poly(-0.5f * g * g);
+  if constexpr (F == GluFn::gelu) {
+    // The density term is 0 where exp_poly's clamp would stop it falling (|g| above 13).
+    const float h = 0.5f * g * g;
+    return 0.5f * one_plus_erf(g * 0.70710678118654752f) + (h < 87.f ? g * 0.39894228040143268f * detail::exp_poly(-h) : 0.f);
+  }
   if constexpr (F == GluFn::fast_gelu) {
     const float t = detail::tanh_poly(0.7978845608f * g * (1.f + 0.044715f * g * g));
     return 0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * 0.7978845608f * (1.f + 3.f * 0.044715f * g * g);
@@ -72,7 +76,8 @@ template <GluFn F>
 // One row. With kClamp, the gate is clamped from above and the linear half on both sides, and
 // the gradient stops where a value was clamped (torch's clamp passes it at the bounds).
 template <GluFn F, bool kClamp, class T>
-[[gnu::always_inline]] inline void forward_row(const T* h, float p, std::int64_t f, float c, float offset, T* out) {
+[[gnu::always_inline]] inline void forward_row(const T* __restrict h, float p, std::int64_t f, float c, float offset,
+                                               T* __restrict out) {
   for (std::int64_t j = 0; j < f; ++j) {
     float g = detail::ld(h, j), u = detail::ld(h, f + j);
     if constexpr (kClamp) {
@@ -85,26 +90,23 @@ template <GluFn F, bool kClamp, class T>
 
 // prod[j] = act * (up + offset) * dout, for the probability's gradient (summed in order by the caller).
 template <GluFn F, bool kClamp, class T>
-[[gnu::always_inline]] inline void backward_row(const T* h, const T* dout, float p, std::int64_t f, float c,
-                                                float offset, T* dh, float* prod) {
+[[gnu::always_inline]] inline void backward_row(const T* __restrict h, const T* __restrict dout, float p,
+                                                std::int64_t f, float c, float offset, T* __restrict dh,
+                                                float* __restrict prod) {
   for (std::int64_t j = 0; j < f; ++j) {
     float g = detail::ld(h, j), u = detail::ld(h, f + j);
-    float keep_g = 1.f, keep_u = 1.f;
+    bool keep_g = true, keep_u = true;
     if constexpr (kClamp) {
-      keep_g = g <= c ? 1.f : 0.f;
-      keep_u = u >= -c && u <= c ? 1.f : 0.f;
+      keep_g = g <= c;
+      keep_u = u >= -c && u <= c;
       g = std::min(g, c);
       u = std::min(std::max(u, -c), c);
     }
     const float d = detail::ld(dout, j), a = act<F>(g), lin = u + offset;
     prod[j] = a * lin * d;
-    if constexpr (kClamp) {
-      detail::st(dh, j, d * p * lin * act_grad<F>(g) * keep_g);
-      detail::st(dh, f + j, d * p * a * keep_u);
-    } else {
-      detail::st(dh, j, d * p * lin * act_grad<F>(g));
-      detail::st(dh, f + j, d * p * a);
-    }
+    const float dg = d * p * lin * act_grad<F>(g), du = d * p * a;
+    detail::st(dh, j, keep_g ? dg : 0.f);  // a select, as torch's where: 0 even where dout is inf
+    detail::st(dh, f + j, keep_u ? du : 0.f);
   }
 }
 
@@ -232,9 +234,10 @@ void glu_backward(const GluActivation& a, const Tensor& h, const float* probs, c
 #pragma omp for schedule(static)
       for (std::int64_t r = 0; r < m; ++r) {
         backward_row_of(a, hp + r * 2 * f, dop + r * f, probs ? probs[r] : 1.f, f, dhp + r * 2 * f, prod.data());
+        if (!dprobs) continue;
         double dp = 0;  // in order, in FP64
         for (const float v : prod) dp += static_cast<double>(v);
-        if (dprobs) dprobs[r] = static_cast<float>(dp);
+        dprobs[r] = static_cast<float>(dp);
       }
     }
   }, h, dout, dh);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <stdexcept>
 #include <tuple>
 #include <string>
 
@@ -48,6 +50,7 @@ void refuse_unmodelled_math(const Config& c) {
       {"softmax_scale", none, "epx scales attention logits by 1/sqrt(head dim)"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
+      {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
   };
   for (const auto& [field, fits, why] : table) {
     const YAML::Node n = fields[field];
@@ -67,18 +70,30 @@ GluActivation glu_activation_from_config(const Config& c) {
         "epx's MLPs are gated (fc1 computes a gate and a linear half); set model.gated_linear_unit=true");
   GluActivation a;
   const std::optional<GluFn> fn = glu_fn_from_name(m.activation_func);
-  if (!fn) bad(c, "model.activation_func", m.activation_func, "not an activation epx computes");
+  if (!fn) throw std::logic_error("activation_func " + m.activation_func + " passed the schema but has no kernel");
   a.fn = *fn;
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
   if (const OptDouble& clamp = m.activation_func_clamp_value) {
-    if (!(*clamp > 0) || *clamp > 3e38)
+    if (!(*clamp > 0) || *clamp > kFloatMax)
       bad(c, "model.activation_func_clamp_value", fmt::format("{}", *clamp),
-          "the clamp bounds the linear half to [-c, c], so it must be positive and finite; set a positive value or "
-          "null");
+          "the clamp bounds the linear half to [-c, c], so it must be a positive FP32 number; set one, or null");
     a.clamp = static_cast<float>(*clamp);
   }
-  if (std::abs(m.glu_linear_offset) > 3e38)
-    bad(c, "model.glu_linear_offset", fmt::format("{}", m.glu_linear_offset), "must be a finite FP32 number");
+  if (std::abs(m.glu_linear_offset) > kFloatMax)
+    bad(c, "model.glu_linear_offset", fmt::format("{}", m.glu_linear_offset), "must be an FP32 number");
   a.linear_offset = static_cast<float>(m.glu_linear_offset);
+  // Megatron's other activation kernels compute other math than its unfused glu(), which epx does.
+  if (m.use_te_activation_func && (a.fn != GluFn::silu || a.clamp || a.linear_offset != 0))
+    bad(c, "model.use_te_activation_func", "true",
+        fmt::format("Transformer Engine's activation ops compute {} (and drop any clamp or offset), not Megatron's "
+                    "unfused glu() epx computes; set model.use_te_activation_func=false",
+                    a.fn == GluFn::gelu ? "GELU's tanh approximation" : "SwiGLU or GELU only"));
+  const bool mlps = !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
+  if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == GluFn::gelu && mlps)
+    bad(c, "model.bias_activation_fusion", "true",
+        "[model.fused_geglu_is_tanh] the dense and shared MLPs' fused GEGLU is GELU's tanh approximation, the "
+        "experts' and epx's GELU the erf one; set model.bias_activation_fusion=false, or "
+        "model.activation_func=fast_gelu with it false for the tanh GELU everywhere");
   return a;
 }
 

@@ -40,6 +40,9 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
   };
   EXPECT_NE(error_of([&] { model_spec_from_config(with("  attention_output_gate: true\n")); }).find("model.attention_output_gate=true"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { moe_spec_from_config(with("  moe_apply_probs_on_input: true\n")); })
+                .find("model.moe_apply_probs_on_input=true"),
+            std::string::npos);
   // Partial RoPE is modelled: int(128 * 0.5) channels rotate; one channel cannot.
   EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.5\n")).attention.rope_dim, 64);
   const std::string one = error_of([&] { model_spec_from_config(with("  rotary_percent: 0.01\n")); });
@@ -83,9 +86,35 @@ TEST(JobSpec, ActivationFromABridgeDump) {
     moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "  activation_func_clamp_value: -1.0\n"));
   });
   EXPECT_NE(clamp.find("dump.yaml:42:32: model.activation_func_clamp_value=-1: "), std::string::npos) << clamp;
+  // A dumped functools.partial of torch's GELU with approximate="tanh" (Qwen3-VL's) is fast_gelu's math.
+  const std::string partial = "torch.nn.functional.gelu\n    _partial_: true\n    _args_: []\n    approximate: tanh";
+  EXPECT_EQ(moe_spec_from_config(with(partial, "")).activation.fn, GluFn::fast_gelu);
+  const std::string other = error_of([&] { with("torch.nn.functional.silu\n    inplace: true", ""); });
+  EXPECT_NE(other.find("model.activation_func: inplace=true on torch.nn.functional.silu: epx reads an activation by its "
+                       "name"),
+            std::string::npos)
+      << other;
+  // Megatron's other kernels compute other math than its unfused glu(): refused rather than trained as epx's.
+  const std::string te = error_of([&] {
+    model_spec_from_config(with("torch.nn.functional.gelu", "  use_te_activation_func: true\n"));
+  });
+  EXPECT_NE(te.find("model.use_te_activation_func=true: Transformer Engine's activation ops compute GELU's tanh"),
+            std::string::npos)
+      << te;
+  const std::string fused = error_of([&] {
+    model_spec_from_config(with("torch.nn.functional.gelu", "  moe_shared_expert_intermediate_size: 64\n"));
+  });
+  EXPECT_NE(fused.find("model.bias_activation_fusion=true: [model.fused_geglu_is_tanh]"), std::string::npos) << fused;
   const std::string unknown = error_of([&] { with("torch.nn.functional.mish", ""); });
   EXPECT_NE(unknown.find("model.activation_func must be one of silu|quick_gelu|"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("got 'mish'"), std::string::npos) << unknown;
+}
+
+// The config's activation names are the kernel's, one for one.
+TEST(JobSpec, ActivationNamesAreTheKernels) {
+  std::vector<std::string> kernel;
+  for (const GluFn fn : kGluFns) kernel.emplace_back(glu_fn_name(fn));
+  EXPECT_EQ(find_field("model.activation_func")->choices, kernel);
 }
 
 TEST(JobSpec, DispatcherOptionsFromTheConfigAndHybridEpVariables) {

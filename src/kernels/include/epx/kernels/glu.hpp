@@ -29,7 +29,7 @@ struct GluActivation {
 // h [M, 2F] laid out [gate | up] per row: out = act(gate) * (up + offset) * prob (prob = 1
 // without probs), gate and up clamped first when the activation has a clamp.
 void glu_forward(const GluActivation& a, const Tensor& h, const float* probs, Tensor& out);
-// dh [M, 2F] from dout [M, F]; dprobs[m] = sum_j act(gate) * (up + offset) * dout (when probs != nullptr).
+// dh [M, 2F] from dout [M, F]; dprobs[m] = sum_j act(gate) * (up + offset) * dout (when dprobs != nullptr).
 void glu_backward(const GluActivation& a, const Tensor& h, const float* probs, const Tensor& dout, Tensor& dh,
                   float* dprobs);
 
