@@ -497,6 +497,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, make_vocab_size_divisible_by),
       EPX_FIELD(kModel, share_embeddings_and_output_weights),
       EPX_FIELD(kModel, rotary_percent),
+      EPX_FIELD(kModel, softmax_scale),
       EPX_FIELD(kModel, position_embedding_type,
                 {"learned_absolute", "rope", "yarn", "mrope", "none"}),
       EPX_FIELD(kModel, rotary_base),

@@ -181,7 +181,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   }
 
   // Each (sequence, key/value group) is one task; its query heads run in turn.
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = softmax_scale();
   Tensor o32 = Tensor::uninitialized({T, nh * d}, DType::F32);
   ctx.lse = Tensor::uninitialized({B, nh, S}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
@@ -212,7 +212,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   Tensor d_o = Tensor::uninitialized({T, nh * d}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
 
-  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  const float scale = softmax_scale();
   Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);

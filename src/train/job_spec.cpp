@@ -47,7 +47,6 @@ void refuse_unmodelled_math(const Config& c) {
       {"attention_output_gate", is_false, "epx's attention has no output gate"},
       {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
       {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
-      {"softmax_scale", none, "epx scales attention logits by 1/sqrt(head dim)"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
@@ -329,6 +328,11 @@ ModelSpec model_spec_from_config(const Config& c) {
   a.qk_norm = m.qk_layernorm;
   a.eps = s.eps;
   a.zero_centered_gamma = s.zero_centered_gamma;
+  if (m.softmax_scale) {
+    if (std::abs(*m.softmax_scale) > std::numeric_limits<float>::max())
+      bad(c, "model.softmax_scale", fmt::format("{}", *m.softmax_scale), "must be an FP32 number");
+    a.softmax_scale = static_cast<float>(*m.softmax_scale);
+  }
   a.dtype = s.dtype;
 
   // moe_layer_freq: layer i is MoE when i % every == 0, or as the explicit pattern says.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "epx/model/gpt_model.hpp"
@@ -48,10 +49,12 @@ Batch batch(const ModelSpec& spec) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  for (const std::int64_t rope_dim : {0, 2}) {  // every channel rotated, or the first 2 of 6 (partial RoPE)
-  SCOPED_TRACE(rope_dim);
+  // Every channel rotated; the first 2 of 6 (partial RoPE); a softmax scale of the config's.
+  for (const auto& [rope_dim, scale] : {std::pair<std::int64_t, std::optional<float>>{0, {}}, {2, {}}, {0, 0.3f}}) {
+  SCOPED_TRACE(fmt::format("rope_dim {} scale {}", rope_dim, scale.value_or(0)));
   AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .eps = 1e-6f, .rope = true,
                   .rope_base = 100, .rope_dim = rope_dim, .dtype = DType::F32};
+  s.softmax_scale = scale;
   SelfAttention attn("a", s);
   attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.3));
   attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.3));
@@ -169,6 +172,22 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
     expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
                                   [p] { p->refresh(); });
   }
+}
+
+// softmax_scale replaces 1 / sqrt(kv_channels): given as that value, nothing changes; another
+// scale changes the model.
+TEST(Attention, SoftmaxScaleFromTheConfig) {
+  const auto loss = [](const std::vector<std::string>& o) {
+    const ModelSpec spec = model_spec_from_config(tiny(o));
+    GPTModel model = make_model(spec);
+    const Batch b = batch(spec);
+    GPTModel::Context c;
+    return model.forward(b.tokens, b.targets, c);
+  };
+  const double plain = loss({});
+  EXPECT_EQ(model_spec_from_config(tiny({"model.softmax_scale=0.25"})).attention.softmax_scale, 0.25f);
+  EXPECT_EQ(loss({fmt::format("model.softmax_scale={}", 1.f / std::sqrt(8.f))}), plain);  // kv_channels 8
+  EXPECT_NE(loss({"model.softmax_scale=1.0"}), plain);
 }
 
 // Zero-centred norms (layernorm_zero_centered_gamma) multiply by 1 + their weight, which starts at

@@ -109,6 +109,7 @@ struct ModelConfig {
   Int make_vocab_size_divisible_by = 128;
   bool share_embeddings_and_output_weights = true;
   std::string position_embedding_type = "learned_absolute";
+  OptDouble softmax_scale;      // the attention logits' scale; None: 1 / sqrt(kv_channels)
   double rotary_percent = 1.0;  // RoPE rotates the first int(kv_channels * rotary_percent) channels
   OneOrList<double> rotary_base{10000};  // Gemma's and MiMo's providers: (local, global) layers' bases
   double init_method_std = 0.02;

@@ -10,7 +10,9 @@
 // Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@ struct AttentionSpec {
   // rest pass through unrotated. 0: all of them.
   std::int64_t rope_dim = 0;
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
+  std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default
   DType dtype = DType::F32;
 };
 
@@ -60,6 +63,9 @@ class SelfAttention {
   std::vector<Param*> params();
   const AttentionSpec& spec() const { return spec_; }
   std::int64_t rope_dim() const { return spec_.rope_dim > 0 ? spec_.rope_dim : spec_.head_dim; }
+  float softmax_scale() const {
+    return spec_.softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(spec_.head_dim)));
+  }
 
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
 
