@@ -1,5 +1,7 @@
-// The MLP activation's rules: what Megatron-Core's TransformerConfig raises at construction for
-// activation_func with bias_activation_fusion, use_te_activation_func and a clamped SwiGLU.
+// The MLP activation's rules: what Megatron-Core raises for activation_func with
+// bias_activation_fusion, use_te_activation_func and a clamped SwiGLU, at construction
+// (TransformerConfig) and at the first step (the MLPs' and grouped experts' fused kernels), and
+// where a fused kernel computes other math than the config names.
 #include <cmath>
 
 #include "rule_helpers.hpp"
@@ -59,10 +61,9 @@ void add_activation_rules(RuleTable& add) {
           return pass();
         const std::string off = "model.bias_activation_fusion=false";
         const bool experts = m.num_moe_experts.has_value();
-        const bool mlps = !experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
         if (experts && !(m.gated_linear_unit && one_of(m.activation_func, {"silu", "quick_gelu"})))
           return fail("Only support fusion of swiglu and quick_gelu in TEGroupedMLP.", off);
-        return fail_if(mlps && (m.activation_func == "quick_gelu" || (m.activation_func == "silu" && !m.gated_linear_unit)),
+        return fail_if(has_dense_mlps(m) && (m.activation_func == "quick_gelu" || (m.activation_func == "silu" && !m.gated_linear_unit)),
                        "Only support fusion of gelu and swiglu", off);
       });
   add("model.fused_geglu_is_tanh", W,
@@ -72,9 +73,8 @@ void add_activation_rules(RuleTable& add) {
       "a fused GEGLU in the dense and shared MLPs is the tanh approximation of GELU, not the erf one the config names",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        const bool mlps = !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
         return fail_if(m.bias_activation_fusion && !m.use_te_activation_func && m.activation_func == "gelu" &&
-                           m.gated_linear_unit && mlps,
+                           m.gated_linear_unit && has_dense_mlps(m),
                        "with bias_activation_fusion the dense and shared MLPs run bias_geglu_impl, GELU's tanh "
                        "approximation (and no clamp or offset), while the unfused MLP computes torch's erf GELU; epx "
                        "run refuses it, computing only the latter",

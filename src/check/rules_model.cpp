@@ -59,19 +59,22 @@ void add_model_rules(RuleTable& add) {
                     "model.moe_router_dtype=" + name);
       });
   add("model.rope_even_head_dim", E,
-      {"model.position_embedding_type", "model.kv_channels", "model.hidden_size", "model.num_attention_heads"},
+      {"model.position_embedding_type", "model.kv_channels", "model.hidden_size", "model.num_attention_heads",
+       "model.rotary_percent"},
       "Megatron-Core models/common/embeddings/rotary_pos_embedding.py",
-      "rotary embeddings rotate pairs: the head dimension (kv_channels) is even", [](const CheckContext& c) {
+      "rotary embeddings rotate pairs: an odd RoPE dim fits only below the head dimension", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.position_embedding_type != "rope" || m.num_attention_heads < 1) return pass();
-        // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent).
+        // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent),
+        // rounded up to pairs: an odd one fits below the head dimension, not at it.
         const Int head_dim = m.multi_latent_attention ? m.qk_pos_emb_head_dim
                                                       : m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
         const double share = m.multi_latent_attention || m.rotary_percent >= 1 ? 1 : m.rotary_percent;
         const auto rotated = [&](Int dim) { return static_cast<Int>(static_cast<double>(dim) * share); };
-        if (rotated(head_dim) % 2 == 0) return pass();
-        Int fixed = head_dim + 1;  // the next head dimension that rotates an even number of channels
-        while (rotated(fixed) % 2 != 0 && fixed < head_dim + 64) ++fixed;
+        const auto fits = [&](Int dim) { return rotated(dim) % 2 == 0 || rotated(dim) < dim; };
+        if (fits(head_dim)) return pass();
+        Int fixed = head_dim + 1;  // the next head dimension whose rotated pairs fit
+        while (!fits(fixed) && fixed < head_dim + 64) ++fixed;
         const std::string key = m.multi_latent_attention ? "qk_pos_emb_head_dim" : "kv_channels";
         const std::string of = m.multi_latent_attention || m.kv_channels
                                    ? key

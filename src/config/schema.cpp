@@ -419,9 +419,10 @@ std::string activation_name(std::string name) {
 // An activation function, named as Bridge's activation map names it (src/megatron/bridge/utils/
 // activation_map.py), by a module path whose last part is such a name ("torch.nn.functional.silu",
 // "megatron.core.activations.fast_gelu"), or as a Bridge dump writes a callable ({_target_:
-// <path>, _call_: false}). Read as the short name; Bridge's aliases read as what they alias. A
-// dumped functools.partial ({_target_, _partial_: true, its arguments}) is read only where it is
-// torch's GELU with `approximate`: "tanh" is fast_gelu's math, "none" GELU's.
+// <path>, _call_: false}, nothing else, as Bridge's instantiate requires). Read as the short name;
+// Bridge's aliases read as what they alias. A dumped functools.partial ({_target_, _partial_: true,
+// _args_: []}) is read only with no arguments but torch GELU's `approximate`: "tanh" is fast_gelu's
+// math, "none" GELU's.
 FieldInfo activation_field(FieldInfo f) {
   f.type += " (an activation's name or module path)";
   f.set = [set = f.set, key = f.key()](Config& c, const YAML::Node& n) {
@@ -429,22 +430,31 @@ FieldInfo activation_field(FieldInfo f) {
     const YAML::Node target = n["_target_"];
     if (!target.IsDefined() || !target.IsScalar())
       throw ConfigError(fmt::format("{} expects an activation function, got {}", key, shorten(yaml_text(n))));
-    std::string name = activation_name(target.Scalar());
+    const std::string path = target.Scalar(), last = path.substr(path.rfind('.') + 1);
+    const auto is = [&](const char* field, const char* value) {
+      return n[field].IsDefined() && n[field].IsScalar() && to_lower(n[field].Scalar()) == value;
+    };
+    const bool callable = is("_call_", "false"), partial = is("_partial_", "true");
     std::string approximate = "none";
     for (const auto& item : n) {
-      const std::string field = item.first.Scalar();
+      const std::string field = item.first.IsScalar() ? item.first.Scalar() : yaml_text(item.first);
       const std::string value = item.second.IsScalar() ? item.second.Scalar() : yaml_text(item.second);
-      const bool fits = field == "_target_" || (field == "_call_" && to_lower(value) == "false") ||
-                        (field == "_partial_" && to_lower(value) == "true") ||
-                        (field == "_args_" && item.second.IsSequence() && item.second.size() == 0) ||
-                        (field == "approximate" && name == "gelu" && (value == "tanh" || value == "none"));
+      const bool fits = field == "_target_" || (field == "_call_" && callable && !partial) ||
+                        (field == "_partial_" && partial && !n["_call_"].IsDefined()) ||
+                        (partial && field == "_args_" && item.second.IsSequence() && item.second.size() == 0) ||
+                        (partial && field == "approximate" && last == "gelu" && (value == "tanh" || value == "none"));
       if (!fits)
-        throw ConfigError(fmt::format("{}: {}={} on {}: epx reads an activation by its name, with no arguments "
-                                      "but torch GELU's approximate; write the activation's name",
-                                      key, field, shorten(value), target.Scalar()));
+        throw ConfigError(fmt::format("{}: {}={} on {}: epx reads a callable as {{_target_: <path>, _call_: false}} "
+                                      "or a partial with no arguments but torch GELU's approximate; write the "
+                                      "activation's name",
+                                      key, field, shorten(value), path));
       if (field == "approximate") approximate = value;
     }
-    set(c, YAML::Node(approximate == "tanh" ? std::string("fast_gelu") : name));
+    if (!callable && !partial)
+      throw ConfigError(fmt::format("{}: {{_target_: {}}} without _call_: false is a call of the function, not the "
+                                    "function; write {{_target_: {}, _call_: false}} or the activation's name",
+                                    key, path, path));
+    set(c, YAML::Node(approximate == "tanh" ? std::string("fast_gelu") : activation_name(path)));
   };
   return f;
 }

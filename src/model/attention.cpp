@@ -20,16 +20,16 @@
 namespace epx {
 namespace {
 
-// Rotary embedding (rotate-half, as Megatron's apply_rotary_pos_emb) over the first r channels of a
-// head (r = d unless rotary_percent < 1): for i < r/2 and angle a = pos * base^(-2i/r),
-// (x_i, x_{i+r/2}) -> (x_i cos a - x_{i+r/2} sin a, x_{i+r/2} cos a + x_i sin a); channels r..d
-// pass through.
+// Rotary embedding (rotate-half, as Megatron's RotaryEmbedding and apply_rotary_pos_emb) at
+// Megatron's dim r (d, or int(d * rotary_percent) below 1): n = ceil(r/2) frequencies base^(-2i/r),
+// so the first 2n channels rotate (r + 1 where r is odd) and the rest pass through. For i < n and
+// a = pos * base^(-2i/r), (x_i, x_{i+n}) -> (x_i cos a - x_{i+n} sin a, x_{i+n} cos a + x_i sin a).
 // The cosines and sines of every (position, i), computed once per shape (rope_table) and shared by
 // every layer, forward and backward.
 struct RopeTable {
   std::int64_t half = 0;
   std::vector<float> cos, sin;  // [S, d/2]
-  RopeTable(std::int64_t seq, std::int64_t r, double base) : half(r / 2) {
+  RopeTable(std::int64_t seq, std::int64_t r, double base) : half((r + 1) / 2) {
     cos.resize(static_cast<std::size_t>(seq * half));
     sin.resize(cos.size());
     for (std::int64_t pos = 0; pos < seq; ++pos)
@@ -104,10 +104,9 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
       spec_(spec) {
   if (spec.heads % spec.groups != 0)
     throw std::invalid_argument(fmt::format("attention: {} heads do not divide into {} query groups", spec.heads, spec.groups));
-  if (spec.rope && (rope_dim() % 2 != 0 || rope_dim() < 2 || rope_dim() > spec.head_dim))
-    throw std::invalid_argument(fmt::format("attention: rotary embeddings rotate an even number of a head's {} channels "
-                                            "from 2, not {}",
-                                            spec.head_dim, rope_dim()));
+  if (spec.rope && (rope_dim() < 1 || (rope_dim() + 1) / 2 * 2 > spec.head_dim))
+    throw std::invalid_argument(fmt::format("attention: RoPE at dim {} rotates {} of a head's {} channels", rope_dim(),
+                                            (rope_dim() + 1) / 2 * 2, spec.head_dim));
   q_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
   k_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
 }

@@ -87,8 +87,7 @@ GluActivation glu_activation_from_config(const Config& c) {
         fmt::format("Transformer Engine's activation ops compute {} (and drop any clamp or offset), not Megatron's "
                     "unfused glu() epx computes; set model.use_te_activation_func=false",
                     a.fn == GluFn::gelu ? "GELU's tanh approximation" : "SwiGLU or GELU only"));
-  const bool mlps = !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
-  if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == GluFn::gelu && mlps)
+  if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == GluFn::gelu && has_dense_mlps(m))
     bad(c, "model.bias_activation_fusion", "true",
         "[model.fused_geglu_is_tanh] the dense and shared MLPs' fused GEGLU is GELU's tanh approximation, the "
         "experts' and epx's GELU the erf one; set model.bias_activation_fusion=false, or "
@@ -306,21 +305,20 @@ ModelSpec model_spec_from_config(const Config& c) {
   a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
   if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
   a.rope = m.position_embedding_type == "rope";
-  // Megatron's RotaryEmbedding: int(kv_channels * rotary_percent) channels where the share is below 1.
+  // Megatron's RotaryEmbedding: dim int(kv_channels * rotary_percent) where the share is below 1; it
+  // rotates 2 ceil(dim / 2) channels.
   a.rope_dim = m.rotary_percent < 1 ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
                                     : a.head_dim;
-  if (a.rope && a.rope_dim < 2)
+  if (a.rope && a.rope_dim < 1)
     bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
-        fmt::format("RoPE would rotate {} of the head's {} channels; it rotates pairs, so set at least {:g}", a.rope_dim,
-                    a.head_dim, 2.0 / static_cast<double>(a.head_dim)));
-  if (a.rope && a.rope_dim % 2 != 0)
-    bad(c, m.rotary_percent < 1 ? "model.rotary_percent" : "model.kv_channels",
-        m.rotary_percent < 1 ? fmt::format("{}", m.rotary_percent)
-        : m.kv_channels      ? std::to_string(a.head_dim)
-                             : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
-        fmt::format("[model.rope_even_head_dim] rotary embeddings rotate pairs of channels, and {} of the head's {} is "
-                    "an odd count; see epx check for the fix",
-                    a.rope_dim, a.head_dim));
+        fmt::format("RoPE would rotate none of the head's {} channels; set at least {:g}", a.head_dim,
+                    1.0 / static_cast<double>(a.head_dim)));
+  if (a.rope && (a.rope_dim + 1) / 2 * 2 > a.head_dim)
+    bad(c, "model.kv_channels",
+        m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
+        fmt::format("[model.rope_even_head_dim] rotary embeddings rotate pairs of channels, and the head's {} is odd; "
+                    "set model.kv_channels={}",
+                    a.head_dim, a.head_dim + 1));
   if (m.rotary_base.values.size() != 1)
     bad(c, "model.rotary_base", field_text(c, "model.rotary_base"),
         "epx applies one RoPE base to every layer (the local and global layers' pair is not modelled); give one base");
@@ -329,8 +327,10 @@ ModelSpec model_spec_from_config(const Config& c) {
   a.eps = s.eps;
   a.zero_centered_gamma = s.zero_centered_gamma;
   if (m.softmax_scale) {
-    if (std::abs(*m.softmax_scale) > std::numeric_limits<float>::max())
-      bad(c, "model.softmax_scale", fmt::format("{}", *m.softmax_scale), "must be an FP32 number");
+    if (!(*m.softmax_scale > 0) || *m.softmax_scale > std::numeric_limits<float>::max())
+      bad(c, "model.softmax_scale", fmt::format("{}", *m.softmax_scale),
+          "epx's blocked attention scales the logits by a positive FP32 number; set one, or null for "
+          "1/sqrt(kv_channels)");
     a.softmax_scale = static_cast<float>(*m.softmax_scale);
   }
   a.dtype = s.dtype;

@@ -188,8 +188,8 @@ const std::vector<Case>& cases() {
       {"model.rope_even_head_dim", {"model.hidden_size=250", "model.kv_channels=null"},
        {"model.hidden_size=256", "model.kv_channels=null"}},
       {"model.rope_even_head_dim", {"model.kv_channels=33"}, {"model.kv_channels=34"}},
-      {"model.rope_even_head_dim",  // Megatron rotates int(kv_channels * rotary_percent) channels
-       {"model.rotary_percent=0.5", "model.kv_channels=130"}, {"model.rotary_percent=0.5", "model.kv_channels=132"}},
+      {"model.rope_even_head_dim",  // int(32 * 0.97) = 31 is odd: Megatron rotates 32 channels, which fit
+       {"model.kv_channels=33"}, {"model.rotary_percent=0.97", "model.kv_channels=32"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
       {"model.fused_activation", {"model.bias_activation_fusion=true", "model.activation_func=relu"},
        {"model.bias_activation_fusion=true"}},

@@ -49,8 +49,8 @@ Batch batch(const ModelSpec& spec) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  // Every channel rotated; the first 2 of 6 (partial RoPE); a softmax scale of the config's.
-  for (const auto& [rope_dim, scale] : {std::pair<std::int64_t, std::optional<float>>{0, {}}, {2, {}}, {0, 0.3f}}) {
+  // Every channel rotated; the first 4 of 6 at Megatron's odd dim 3 (partial RoPE); a softmax scale of the config's.
+  for (const auto& [rope_dim, scale] : {std::pair<std::int64_t, std::optional<float>>{0, {}}, {3, {}}, {0, 0.3f}}) {
   SCOPED_TRACE(fmt::format("rope_dim {} scale {}", rope_dim, scale.value_or(0)));
   AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .eps = 1e-6f, .rope = true,
                   .rope_base = 100, .rope_dim = rope_dim, .dtype = DType::F32};
@@ -101,7 +101,9 @@ TEST(Attention, PartialRopeRotatesOnlyTheFirstChannels) {
   EXPECT_EQ(run(true, r, true), run(false, 0, true));
   EXPECT_NE(run(true, r, false), run(false, 0, false));
   EXPECT_NE(run(true, r, false), run(true, 0, false));
-  EXPECT_THROW(SelfAttention("a", AttentionSpec{.hidden = 8, .heads = 2, .groups = 1, .head_dim = 8, .rope_dim = 3}),
+  // An odd dim rotates one channel more (Megatron's ceil(dim / 2) frequencies), if the head has it.
+  EXPECT_NO_THROW(SelfAttention("a", AttentionSpec{.hidden = 8, .heads = 2, .groups = 1, .head_dim = 8, .rope_dim = 7}));
+  EXPECT_THROW(SelfAttention("a", AttentionSpec{.hidden = 8, .heads = 2, .groups = 1, .head_dim = 7, .rope_dim = 7}),
                std::invalid_argument);
 }
 

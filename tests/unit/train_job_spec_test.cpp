@@ -45,8 +45,10 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
             std::string::npos);
   // Partial RoPE is modelled: int(128 * 0.5) channels rotate; one channel cannot.
   EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.5\n")).attention.rope_dim, 64);
-  const std::string one = error_of([&] { model_spec_from_config(with("  rotary_percent: 0.01\n")); });
-  EXPECT_NE(one.find("model.rotary_percent=0.01: RoPE would rotate 1 of the head's 128 channels"), std::string::npos) << one;
+  EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.01\n")).attention.rope_dim, 1);  // rotates 2 channels
+  const std::string none = error_of([&] { model_spec_from_config(with("  rotary_percent: 0.005\n")); });
+  EXPECT_NE(none.find("model.rotary_percent=0.005: RoPE would rotate none of the head's 128 channels"), std::string::npos)
+      << none;
   EXPECT_EQ(error_of([&] {
               moe_spec_from_config(with("  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
                                         "  attention_output_gate: false\n"));
@@ -60,12 +62,12 @@ TEST(JobSpec, ActivationFromABridgeDump) {
   const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
   const auto with = [&](const std::string& target, const std::string& fields) {
     std::string text = dump;
-    const std::string silu = "torch.nn.functional.silu";
+    const std::string silu = "torch.nn.functional.silu\n    _call_: false";  // the dump's callable
     if (target.empty()) {
       const std::size_t at = text.find("  activation_func:");
       text.erase(at, text.find("  add_bias_linear") - at);
-    } else {
-      text.replace(text.find(silu), silu.size(), target);
+    } else {  // a partial is dumped without _call_
+      text.replace(text.find(silu), silu.size(), target.find("_partial_") != std::string::npos ? target : target + "\n    _call_: false");
     }
     text.insert(text.find("  add_bias_linear"), fields);
     Config c = load_config_text(text, "dump.yaml");
@@ -90,10 +92,13 @@ TEST(JobSpec, ActivationFromABridgeDump) {
   const std::string partial = "torch.nn.functional.gelu\n    _partial_: true\n    _args_: []\n    approximate: tanh";
   EXPECT_EQ(moe_spec_from_config(with(partial, "")).activation.fn, GluFn::fast_gelu);
   const std::string other = error_of([&] { with("torch.nn.functional.silu\n    inplace: true", ""); });
-  EXPECT_NE(other.find("model.activation_func: inplace=true on torch.nn.functional.silu: epx reads an activation by its "
-                       "name"),
+  EXPECT_NE(other.find("model.activation_func: inplace=true on torch.nn.functional.silu: epx reads a callable as "
+                       "{_target_: <path>, _call_: false}"),
             std::string::npos)
       << other;
+  // Bridge's instantiate refuses a callable with arguments, and calls a target without _call_: false.
+  EXPECT_NE(error_of([&] { with("torch.nn.functional.gelu\n    approximate: tanh", ""); }).find("approximate=tanh on"),
+            std::string::npos);
   // Megatron's other kernels compute other math than its unfused glu(): refused rather than trained as epx's.
   const std::string te = error_of([&] {
     model_spec_from_config(with("torch.nn.functional.gelu", "  use_te_activation_func: true\n"));

@@ -196,6 +196,12 @@ struct ModelConfig {
   bool use_te_rng_tracker = false;  // Transformer Engine's RNG tracker, which CUDA graphs need
 };
 
+// Whether the model has MLPs besides the routed experts: dense layers (no experts at all, or
+// moe_layer_freq's dense ones) or a shared expert. Megatron builds these from transformer/mlp.py.
+inline bool has_dense_mlps(const ModelConfig& m) {
+  return !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
+}
+
 // Whether Megatron's training log tracks the loss of `type` (training.py's `type in
 // moe_router_load_balancing_type`: a substring of one name, an element of a list).
 inline bool tracks_loss(const OneOrList<std::string>& types, const std::string& type) {

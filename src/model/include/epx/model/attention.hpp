@@ -27,8 +27,8 @@ struct AttentionSpec {
   float eps = 1e-6f;
   bool rope = true;
   double rope_base = 10000;
-  // Channels rotated per head, the first ones (Megatron's int(kv_channels * rotary_percent)): the
-  // rest pass through unrotated. 0: all of them.
+  // RoPE's dim (Megatron's int(kv_channels * rotary_percent)): the first 2 ceil(dim / 2) channels
+  // of each head rotate, the rest pass through. 0: head_dim.
   std::int64_t rope_dim = 0;
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default

@@ -1,6 +1,6 @@
 // The multiplier an RMSNorm applies from its weight: the weight, or 1 + the weight under
 // Megatron-Core's layernorm_zero_centered_gamma (TENorm's zero_centered_gamma: Gemma, Qwen3-Next,
-// Qwen3.5), where the weight starts at 0 and weight decay pulls the gain towards 1, not 0.
+// Qwen3.5), where the weight starts at 0.
 #pragma once
 
 #include "epx/tensor/param.hpp"
