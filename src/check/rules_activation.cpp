@@ -7,15 +7,6 @@
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
-namespace {
-
-bool one_of(const std::string& v, std::initializer_list<const char*> names) {
-  for (const char* n : names)
-    if (v == n) return true;
-  return false;
-}
-
-}  // namespace
 
 void add_activation_rules(RuleTable& add) {
   add("model.fused_activation", E,
@@ -26,7 +17,7 @@ void add_activation_rules(RuleTable& add) {
         const auto& m = c.cfg.model;
         if (!m.bias_activation_fusion) return pass();
         const std::string off = "model.bias_activation_fusion=false";
-        if (!one_of(m.activation_func, {"gelu", "silu", "quick_gelu"}))
+        if (!contains(StringList{"gelu", "silu", "quick_gelu"}, m.activation_func))
           return fail("When bias_activation_fusion is True, activation function should be either gelu, swiglu, or "
                       "quick_geglu",
                       off);
@@ -57,11 +48,11 @@ void add_activation_rules(RuleTable& add) {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         // TE's activation takes precedence; a fusion the config itself refuses is model.fused_activation's.
-        if (!m.bias_activation_fusion || m.use_te_activation_func || !one_of(m.activation_func, {"gelu", "silu", "quick_gelu"}))
+        if (!m.bias_activation_fusion || m.use_te_activation_func || !contains(StringList{"gelu", "silu", "quick_gelu"}, m.activation_func))
           return pass();
         const std::string off = "model.bias_activation_fusion=false";
         const bool experts = m.num_moe_experts.has_value();
-        if (experts && !(m.gated_linear_unit && one_of(m.activation_func, {"silu", "quick_gelu"})))
+        if (experts && !(m.gated_linear_unit && contains(StringList{"silu", "quick_gelu"}, m.activation_func)))
           return fail("Only support fusion of swiglu and quick_gelu in TEGroupedMLP.", off);
         return fail_if(has_dense_mlps(m) && (m.activation_func == "quick_gelu" || (m.activation_func == "silu" && !m.gated_linear_unit)),
                        "Only support fusion of gelu and swiglu", off);
@@ -86,7 +77,7 @@ void add_activation_rules(RuleTable& add) {
         const auto& m = c.cfg.model;
         if (!m.use_te_activation_func) return pass();
         const std::string off = "model.use_te_activation_func=false";
-        if (!one_of(m.activation_func, {"gelu", "silu", "relu"}))
+        if (!contains(StringList{"gelu", "silu", "relu"}, m.activation_func))
           return fail("TransformerEngine only support gelu, geglu, silu, swiglu, relu, reglu. If you don't want to "
                       "use TransformerEngine activation function, set use_te_activation_func to False",
                       off);

@@ -1,7 +1,7 @@
-// An expf the compiler can vectorise inside the per-ISA loops (epx/base/cpu_clones.hpp): Cephes'
-// expf (Cody-Waite reduction, degree-6 polynomial), within 2 ulp of libm's. Inputs are clamped to
-// [-87, 88], so exp of a large negative number is about 1.6e-38, not 0: a caller that needs an
-// exact zero (a masked score) writes it itself.
+// Functions the compiler can vectorise inside the per-ISA loops (epx/base/cpu_clones.hpp): an expf
+// and, below, the tanh and erfc built on it. The expf is Cephes' (Cody-Waite reduction, degree-6
+// polynomial), within 2 ulp of libm's. Inputs are clamped to [-87, 88], so exp of a large negative
+// number is about 1.6e-38, not 0: a caller that needs an exact zero (a masked score) writes it itself.
 #pragma once
 
 #include <algorithm>

@@ -149,9 +149,12 @@ ParallelLayout layer_layout_from_config(const Config& c, int world) {
   return parallel_layout_from_config(c, world);
 }
 
-MoESpec moe_spec_from_config(const Config& c) {
+namespace {
+
+// The MoE layer's spec once the shared fields are checked and the MLPs' activation is read (the
+// model reads both for its dense MLPs too, once).
+MoESpec moe_spec_of(const Config& c, const GluActivation& activation) {
   const ModelConfig& m = c.model;
-  check_shared_fields(c);
   MoESpec s;
   if (!m.num_moe_experts || *m.num_moe_experts < 1)
     bad(c, "model.num_moe_experts", m.num_moe_experts ? std::to_string(*m.num_moe_experts) : "None",
@@ -160,7 +163,7 @@ MoESpec moe_spec_from_config(const Config& c) {
   for (const std::string& key : c.none_moe_fields)
     bad(c, key, "None", "[moe.field_is_none] an MoE layer needs it; set it");
   s.hidden = m.hidden_size;
-  s.activation = glu_activation_from_config(c);
+  s.activation = activation;
   s.topk = static_cast<int>(m.moe_router_topk);
   if (s.topk < 1 || s.topk > s.num_experts)
     bad(c, "model.moe_router_topk", std::to_string(s.topk),
@@ -262,6 +265,13 @@ MoESpec moe_spec_from_config(const Config& c) {
   return s;
 }
 
+}  // namespace
+
+MoESpec moe_spec_from_config(const Config& c) {
+  check_shared_fields(c);
+  return moe_spec_of(c, glu_activation_from_config(c));
+}
+
 ModelSpec model_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
   check_shared_fields(c);
@@ -343,7 +353,7 @@ ModelSpec model_spec_from_config(const Config& c) {
         fmt::format("[moe.layer_pattern_length] the pattern has {} entries for {} layers; give one 0/1 per layer", m.moe_layer_freq.pattern.size(), s.num_layers));
   for (int i = 0; i < s.num_layers; ++i) s.is_moe.push_back(any_experts && m.moe_layer_freq.is_moe(i));
   if (s.num_moe_layers() > 0) {
-    s.moe = moe_spec_from_config(c);
+    s.moe = moe_spec_of(c, s.activation);
   }
   if (s.num_moe_layers() < s.num_layers) {
     if (!m.ffn_hidden_size || *m.ffn_hidden_size < 1)
