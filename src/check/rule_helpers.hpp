@@ -181,6 +181,7 @@ struct RuleTable {
 void add_layout_rules(RuleTable& add);
 void add_model_rules(RuleTable& add);
 void add_activation_rules(RuleTable& add);
+void add_attention_rules(RuleTable& add);
 void add_ep_overlap_rules(RuleTable& add);
 void add_optimizer_rules(RuleTable& add);
 void add_delay_wgrad_rules(RuleTable& add);

@@ -1,5 +1,5 @@
 // The rule table, one file per area (rules_*.cpp, in this order): layout, the model (MoE, FP8,
-// recompute), the MLP activation, Megatron-Bridge's EP-overlap asserts in its order (with
+// recompute), the MLP activation, the attention's window, Megatron-Bridge's EP-overlap asserts in its order (with
 // Megatron-Core's extra ones after), the optimizer and epx's gradient reduction, delay_wgrad, what
 // finalize raises, flex backends and HybridEP topology, what Megatron raises at build or first
 // step, the seeds' pitfalls and advice, then CUDA graphs. Messages quote Megatron where Megatron
@@ -16,6 +16,7 @@ std::vector<Rule> build_rules() {
   add_layout_rules(table);
   add_model_rules(table);
   add_activation_rules(table);
+  add_attention_rules(table);
   add_ep_overlap_rules(table);
   add_optimizer_rules(table);
   add_delay_wgrad_rules(table);

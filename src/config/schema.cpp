@@ -237,13 +237,13 @@ std::optional<std::vector<Int>> parse_layer_pattern(std::string s, const std::st
 }
 
 template <>
-struct Codec<MoeLayerFreq> {
+struct Codec<LayerFreq> {
   static std::string type_name() {
     return "an integer, a list of 0/1 per layer, or a pattern like \"([0]*3+[1]*58)\"";
   }
-  static MoeLayerFreq decode(const YAML::Node& n, const std::string& key,
+  static LayerFreq decode(const YAML::Node& n, const std::string& key,
                              const std::vector<std::string>&) {
-    MoeLayerFreq f;
+    LayerFreq f;
     if (n.IsSequence()) {
       for (const auto& item : n) f.pattern.push_back(Codec<Int>::decode(item, key, {}));
     } else if (n.IsScalar() && !is_null(n)) {
@@ -263,10 +263,52 @@ struct Codec<MoeLayerFreq> {
       throw ConfigError(fmt::format("{} must be >= 1, got {}", key, f.every));
     return f;
   }
-  static YAML::Node encode(const MoeLayerFreq& f) {
+  static YAML::Node encode(const LayerFreq& f) {
     if (f.pattern.empty()) return Codec<Int>::encode(f.every);
     YAML::Node n(YAML::NodeType::Sequence);
     for (Int v : f.pattern) n.push_back(v);
+    n.SetStyle(YAML::EmitterStyle::Flow);
+    return n;
+  }
+};
+
+// A (left, right) pair: a YAML list of two integers, or one scalar "(127, 0)" / "[127, 0]" (a
+// Python tuple as written, or a command-line value YAML did not split).
+template <>
+struct Codec<AttentionWindow> {
+  static std::string type_name() { return "a pair [left, right] of integers, -1 for unbounded"; }
+  static AttentionWindow decode(const YAML::Node& n, const std::string& key, const std::vector<std::string>&) {
+    std::vector<Int> v;
+    if (n.IsSequence()) {
+      for (const auto& item : n) v.push_back(Codec<Int>::decode(item, key, {}));
+    } else if (n.IsScalar() && n.Scalar().size() >= 2 &&
+               ((n.Scalar().front() == '(' && n.Scalar().back() == ')') ||
+                (n.Scalar().front() == '[' && n.Scalar().back() == ']'))) {
+      const std::string body = n.Scalar().substr(1, n.Scalar().size() - 2);
+      for (std::size_t p = 0; p <= body.size();) {
+        std::size_t comma = body.find(',', p);
+        if (comma == std::string::npos) comma = body.size();
+        std::string item = body.substr(p, comma - p);
+        item.erase(0, item.find_first_not_of(" \t"));
+        item.erase(item.find_last_not_of(" \t") + 1);
+        const auto x = parse_int(item);
+        if (!x) type_error(key, type_name(), n);
+        v.push_back(*x);
+        p = comma + 1;
+      }
+    } else {
+      type_error(key, type_name(), n);
+    }
+    if (v.size() != 2) type_error(key, type_name(), n);
+    for (const Int x : v)
+      if (x < -1) throw ConfigError(fmt::format("{}={}: each side is -1 (unbounded) or at least 0, got {}", key,
+                                                fmt::format("[{}, {}]", v[0], v[1]), x));
+    return {v[0], v[1]};
+  }
+  static YAML::Node encode(const AttentionWindow& w) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    n.push_back(w.left);
+    n.push_back(w.right);
     n.SetStyle(YAML::EmitterStyle::Flow);
     return n;
   }
@@ -511,6 +553,9 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, position_embedding_type,
                 {"learned_absolute", "rope", "yarn", "mrope", "none"}),
       EPX_FIELD(kModel, rotary_base),
+      EPX_FIELD(kModel, window_size),
+      EPX_FIELD(kModel, window_attn_skip_freq),
+      EPX_FIELD(kModel, softmax_type, {"vanilla", "off-by-one", "learnable"}),
       EPX_FIELD(kModel, init_method_std),
       EPX_FIELD(kModel, multi_latent_attention),
       EPX_FIELD(kModel, q_lora_rank),

@@ -96,14 +96,27 @@ const RopeTable& rope_table(std::int64_t seq, std::int64_t d, double base) {
 
 }  // namespace
 
+CausalAttentionMask SelfAttention::mask(std::int64_t head) const {
+  static constexpr float kZero = 0.f;
+  switch (spec_.softmax) {
+    case AttentionSoftmax::vanilla: return {spec_.window, nullptr};
+    case AttentionSoftmax::off_by_one: return {spec_.window, &kZero};
+    case AttentionSoftmax::learnable: return {spec_.window, softmax_offset.compute.data<float>() + head};
+  }
+  throw std::logic_error("attention: unknown softmax type");
+}
+
 SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spec)
     : linear_qkv(prefix + ".linear_qkv.weight", {(spec.heads + 2 * spec.groups) * spec.head_dim, spec.hidden}, spec.dtype),
       linear_proj(prefix + ".linear_proj.weight", {spec.hidden, spec.heads * spec.head_dim}, spec.dtype),
       q_layernorm(prefix + ".q_layernorm.weight", {spec.head_dim}, DType::F32),
       k_layernorm(prefix + ".k_layernorm.weight", {spec.head_dim}, DType::F32),
+      softmax_offset(prefix + ".core_attention.softmax_offset",
+                     {spec.softmax == AttentionSoftmax::learnable ? spec.heads : 0}, DType::F32),
       spec_(spec) {
   if (spec.heads % spec.groups != 0)
     throw std::invalid_argument(fmt::format("attention: {} heads do not divide into {} query groups", spec.heads, spec.groups));
+  if (spec.window < -1) throw std::invalid_argument(fmt::format("attention: window {} is below -1 (none)", spec.window));
   if (spec.rope && (rope_dim() < 1 || (rope_dim() + 1) / 2 * 2 > spec.head_dim))
     throw std::invalid_argument(fmt::format("attention: RoPE at dim {} rotates {} of a head's {} channels", rope_dim(),
                                             (rope_dim() + 1) / 2 * 2, spec.head_dim));
@@ -117,6 +130,7 @@ std::vector<Param*> SelfAttention::params() {
     out.push_back(&q_layernorm);
     out.push_back(&k_layernorm);
   }
+  if (spec_.softmax == AttentionSoftmax::learnable) out.push_back(&softmax_offset);
   return out;
 }
 
@@ -191,7 +205,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
         causal_attention_forward(at<E>(ctx.q, (b * nh + h) * S * d), at<E>(ctx.k, (b * ng + g) * S * d),
                                  at<E>(ctx.v, (b * ng + g) * S * d), S, d, scale, head_out.data(),
-                                 ctx.lse.data<float>() + (b * nh + h) * S);
+                                 ctx.lse.data<float>() + (b * nh + h) * S, mask(h));
         for (std::int64_t s = 0; s < S; ++s)
           std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
       }
@@ -213,15 +227,16 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 
   const float scale = softmax_scale();
   Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
+  Tensor deltas = Tensor::uninitialized({B, nh, S}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);
     for_each_group_task(B * ng, [&](std::int64_t task) {
       const std::int64_t b = task / ng, g = task % ng;
       std::vector<E> dout(static_cast<std::size_t>(S * d));
-      std::vector<float> delta(static_cast<std::size_t>(S));
       const E* o = at<E>(ctx.o, 0);
       const float* grad_o = d_o.data<float>();
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
+        float* delta = deltas.data<float>() + (b * nh + h) * S;
         // This head's dO in the operand dtype, and delta = rowsum(dO * O) from that same dO and
         // the output as linear_proj saw it (so each row of dS sums to zero, as flash attention).
         for (std::int64_t s = 0; s < S; ++s) {
@@ -232,16 +247,25 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
             dout[static_cast<std::size_t>(s * d + j)] = x;
             sum += to_float(x) * to_float(o[t * nh * d + h * d + j]);
           }
-          delta[static_cast<std::size_t>(s)] = sum;
+          delta[s] = sum;
         }
         const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
         causal_attention_backward(at<E>(ctx.q, head * d), at<E>(ctx.k, group * d), at<E>(ctx.v, group * d),
-                                  ctx.lse.data<float>() + head, delta.data(), dout.data(), S, d, scale,
+                                  ctx.lse.data<float>() + head, delta, dout.data(), S, d, scale,
                                   dq.data<float>() + head * d, dk.data<float>() + group * d,
-                                  dv.data<float>() + group * d);
+                                  dv.data<float>() + group * d, mask(h));
       }
     });
   });
+  // The learned sinks' gradients, summed over the sequences in order (the same bits on any thread count).
+  if (spec_.softmax == AttentionSoftmax::learnable)
+    for (std::int64_t h = 0; h < nh; ++h) {
+      double g = 0;
+      for (std::int64_t b = 0; b < B; ++b)
+        g += attention_sink_grad(ctx.lse.data<float>() + (b * nh + h) * S, deltas.data<float>() + (b * nh + h) * S, S,
+                                 softmax_offset.compute.data<float>()[h]);
+      softmax_offset.grad.data<float>()[h] += static_cast<float>(g);
+    }
   ctx.lse = ctx.q = ctx.k = ctx.v = Tensor();
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].

@@ -29,6 +29,12 @@ std::string RecomputeSpec::describe() const {
 
 int ModelSpec::num_moe_layers() const { return static_cast<int>(std::count(is_moe.begin(), is_moe.end(), true)); }
 
+AttentionSpec ModelSpec::attention_of(int layer) const {
+  AttentionSpec a = attention;
+  if (static_cast<std::size_t>(layer) >= is_window.size() || !is_window[static_cast<std::size_t>(layer)]) a.window = -1;
+  return a;
+}
+
 double ModelSpec::flops_per_token() const {
   const double H = static_cast<double>(hidden), d = static_cast<double>(attention.head_dim);
   const double nh = static_cast<double>(attention.heads), ng = static_cast<double>(attention.groups);

@@ -15,7 +15,7 @@ TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique
     : prefix(fmt::format("decoder.layers.{}", index)),
       input_layernorm(prefix + ".input_layernorm.weight", {spec.hidden}, DType::F32),
       pre_mlp_layernorm(prefix + ".pre_mlp_layernorm.weight", {spec.hidden}, DType::F32),
-      attention(prefix + ".self_attention", spec.attention),
+      attention(prefix + ".self_attention", spec.attention_of(index)),
       spec_(spec) {
   if (dispatcher) {
     using R = GroupedMlp::Recompute;
@@ -41,13 +41,15 @@ std::vector<Param*> TransformerLayer::params() {
 }
 
 void TransformerLayer::init_weights(std::uint64_t seed) {
-  // Megatron: norms 1, linears N(0, std), the projections into the residual stream (linear_proj,
+  // Megatron: norms 1, sinks 0, linears N(0, std), the projections into the residual stream (linear_proj,
   // fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor name: the same on every rank.
   const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
   const auto draw = [&](Param& p, double std) {
     p.master.copy_from(random_normal(p.master.shape(), DType::F32, seed, stream_of(p.name), std));
     p.refresh();
   };
+  attention.softmax_offset.master.zero();  // learned sinks start at 0, as TE's DotProductAttention
+  attention.softmax_offset.refresh();
   for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {
     p->master.fill(norm_init(spec_.zero_centered_gamma));
     p->refresh();

@@ -42,11 +42,8 @@ void refuse_unmodelled_math(const Config& c) {
   };
   const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
   const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
-  const auto is_vanilla = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && n.Scalar() == "vanilla"); };
   const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
       {"attention_output_gate", is_false, "epx's attention has no output gate"},
-      {"softmax_type", is_vanilla, "epx's attention softmax has no learnable sink"},
-      {"window_size", none, "epx's attention is causal over the whole sequence, no sliding window"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
@@ -342,6 +339,24 @@ ModelSpec model_spec_from_config(const Config& c) {
           "epx's blocked attention scales the logits by a positive FP32 number; set one, or null for "
           "1/sqrt(kv_channels)");
     a.softmax_scale = static_cast<float>(*m.softmax_scale);
+  }
+  a.softmax = m.softmax_type == "learnable"    ? AttentionSoftmax::learnable
+              : m.softmax_type == "off-by-one" ? AttentionSoftmax::off_by_one
+                                               : AttentionSoftmax::vanilla;
+  // TE's causal attention takes (left, 0), makes (-1, -1) and (left >= 0, right) (left, 0), and
+  // refuses the rest (model.window_size_causal).
+  if (m.window_size && m.window_size->left < 0 && m.window_size->right > 0)
+    bad(c, "model.window_size", fmt::format("[{}, {}]", m.window_size->left, m.window_size->right),
+        "[model.window_size_causal] window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=causal");
+  if (m.window_size && m.window_size->left >= 0) {  // (-1, 0) is the whole prefix: no window
+    a.window = m.window_size->left;
+    const std::optional<LayerFreq>& skip = m.window_attn_skip_freq;  // None: every layer
+    if (skip && !skip->pattern.empty() && static_cast<Int>(skip->pattern.size()) < m.num_layers)
+      bad(c, "model.window_attn_skip_freq", field_text(c, "model.window_attn_skip_freq"),
+          fmt::format("[model.window_pattern_length] the pattern has {} entries for {} layers (Megatron raises an "
+                      "IndexError at layer {}); give one 0/1 per layer (1: sliding window)",
+                      skip->pattern.size(), m.num_layers, skip->pattern.size() + 1));
+    for (int i = 0; i < s.num_layers; ++i) s.is_window.push_back(!skip || skip->is_window(i));
   }
   a.dtype = s.dtype;
 

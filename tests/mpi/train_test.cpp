@@ -198,6 +198,32 @@ TEST(Training, ClampedQuickGegluUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain, losses(mpi().world(), recompute));
 }
 
+// GPT-OSS's attention (a sliding window on every other layer, learned sinks per head): the sinks
+// are dense weights reduced over DP, so the distributed run follows the single-rank curve, and
+// also over 2 pipeline stages (the window follows the global layer number) with the distributed
+// optimizer; the overlapped schedule changes no bit.
+TEST(Training, SlidingWindowAndSinksUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.window_size=[3,0]", "model.window_attn_skip_freq=2",
+                                   "model.softmax_type=learnable", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<double> plain = losses(mpi().world(), o);
+  EXPECT_NE(plain, losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  std::vector<std::string> one = o;
+  one.push_back("model.expert_model_parallel_size=1");
+  const std::vector<double> single = losses(*self, one);
+  expect_losses_near(plain, single, 2e-4, "window and sinks");
+  std::vector<std::string> ep_overlap = o;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
+  if (mpi().size() >= 2) {
+    std::vector<std::string> pp = o;
+    pp.insert(pp.end(), {"model.pipeline_model_parallel_size=2",
+                         "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2),
+                         "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
+    expect_losses_near(losses(mpi().world(), pp), single, 2e-4, "window and sinks over 2 stages");
+  }
+}
+
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
 // the other router counts): the distributed run follows the single-rank loss curve, and the
 // bias changes it.

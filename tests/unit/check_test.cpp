@@ -191,6 +191,12 @@ const std::vector<Case>& cases() {
       {"model.rope_even_head_dim",  // int(32 * 0.97) = 31 is odd: Megatron rotates 32 channels, which fit
        {"model.kv_channels=33"}, {"model.rotary_percent=0.97", "model.kv_channels=32"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
+      {"model.window_size_causal", {"model.window_size=[-1,3]"}, {"model.window_size=[-1,0]"}},
+      {"model.window_size_right", {"model.window_size=[127,5]"}, {"model.window_size=[127,0]"}},
+      {"model.window_size_right", {"model.window_size=[-1,-1]"}, {"model.window_size=null"}},
+      {"model.window_pattern_length",  // the base has 2 layers; a longer list Megatron reads in part
+       {"model.window_size=[127,0]", "model.window_attn_skip_freq=[1]"},
+       {"model.window_size=[127,0]", "model.window_attn_skip_freq=[1,0,1]"}},
       {"model.fused_activation", {"model.bias_activation_fusion=true", "model.activation_func=relu"},
        {"model.bias_activation_fusion=true"}},
       {"model.fused_activation",

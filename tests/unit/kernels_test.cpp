@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -235,14 +237,18 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
   expect_directional_derivative(loss, x, dx, 14, "softmax dx");
 }
 
-// The textbook causal attention of one head in double: every row's softmax over its prefix, and
-// the backward by the chain rule; dk and dv start at one (the kernel accumulates into them).
+// The textbook causal attention of one head in double: every row's softmax over the keys it sees
+// ([i - window, i], or its whole prefix) and the sink, and the backward by the chain rule; dk and
+// dv start at one (the kernel accumulates into them). `loss` is sum(o * dout), for finite
+// differences of the sink.
 struct NaiveAttention {
   Tensor o, dq, dk, dv;
   std::vector<double> lse;
   std::vector<float> delta;
+  double loss = 0;
 };
-NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout) {
+NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                               std::int64_t window = -1, std::optional<double> sink = std::nullopt) {
   const std::int64_t S = q.dim(0), d = q.dim(1);
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   const auto at = [](const Tensor& t, std::int64_t i, std::int64_t j) { return static_cast<double>(t.get(i * t.dim(1) + j)); };
@@ -251,28 +257,31 @@ NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v
   std::vector<double> p(static_cast<std::size_t>(S * S), 0.0);
   std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(dq.size(), 1.0);
   for (std::int64_t i = 0; i < S; ++i) {
+    const std::int64_t lo = window < 0 ? 0 : std::max<std::int64_t>(0, i - window);
     std::vector<double> s(static_cast<std::size_t>(i + 1));
-    double mx = -1e300, sum = 0;
-    for (std::int64_t j = 0; j <= i; ++j) {
+    double mx = sink.value_or(-1e300), sum = 0;
+    for (std::int64_t j = lo; j <= i; ++j) {
       for (std::int64_t c = 0; c < d; ++c) s[j] += at(q, i, c) * at(k, j, c) * scale;
       mx = std::max(mx, s[j]);
     }
-    for (std::int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+    for (std::int64_t j = lo; j <= i; ++j) sum += std::exp(s[j] - mx);
+    if (sink) sum += std::exp(*sink - mx);
     r.lse[i] = mx + std::log(sum);
-    for (std::int64_t j = 0; j <= i; ++j) p[i * S + j] = std::exp(s[j] - r.lse[i]);
+    for (std::int64_t j = lo; j <= i; ++j) p[i * S + j] = std::exp(s[j] - r.lse[i]);
     for (std::int64_t c = 0; c < d; ++c) {
       double o = 0;
-      for (std::int64_t j = 0; j <= i; ++j) o += p[i * S + j] * at(v, j, c);
+      for (std::int64_t j = lo; j <= i; ++j) o += p[i * S + j] * at(v, j, c);
       r.o.set(i * d + c, static_cast<float>(o));
+      r.loss += o * at(dout, i, c);
     }
     std::vector<double> dp(static_cast<std::size_t>(i + 1));
     double row_dot = 0;
-    for (std::int64_t j = 0; j <= i; ++j) {
+    for (std::int64_t j = lo; j <= i; ++j) {
       for (std::int64_t c = 0; c < d; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
       row_dot += p[i * S + j] * dp[j];
     }
     r.delta[i] = static_cast<float>(row_dot);
-    for (std::int64_t j = 0; j <= i; ++j) {
+    for (std::int64_t j = lo; j <= i; ++j) {
       const double ds = p[i * S + j] * (dp[j] - row_dot) * scale;
       for (std::int64_t c = 0; c < d; ++c) {
         dq[i * d + c] += ds * at(k, j, c);
@@ -290,46 +299,95 @@ NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 // The blocked kernel against it, for blocks that cut the sequence into one block, uneven blocks
-// and single rows; in FP32 tightly, in BF16 (the reference then takes the rounded inputs) within
-// what rounding the probabilities and score gradients to BF16 costs.
+// and single rows, with no window, a window of one key (itself), windows inside and across
+// blocks, and with and without a sink; in FP32 tightly, in BF16 (the reference then takes the
+// rounded inputs) within what rounding the probabilities and score gradients to BF16 costs.
 TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
   const std::int64_t S = 37, d = 8;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   for (const DType dtype : {DType::F32, DType::BF16}) {
     const Tensor q = randn({S, d}, 21).to(dtype), k = randn({S, d}, 22).to(dtype), v = randn({S, d}, 23).to(dtype),
                  dout = randn({S, d}, 24).to(dtype);
-    const NaiveAttention want = naive_attention(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32), dout.to(DType::F32));
     const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
-    for (const std::int64_t block : {1, 8, 128}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + " block " + std::to_string(block));
-      Tensor o({S, d}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
-          dv({S, d}, DType::F32);
-      o.fill(7.f);  // written, not accumulated into
-      dq.fill(7.f);
-      dk.fill(1.f);
-      dv.fill(1.f);
-      if (dtype == DType::F32) {
-        causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, o.data<float>(),
-                                 lse.data<float>(), block);
-        causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
-                                  want.delta.data(), dout.data<float>(), S, d, scale, dq.data<float>(),
-                                  dk.data<float>(), dv.data<float>(), block);
-      } else {
-        using U = std::uint16_t;
-        causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, scale, o.data<float>(), lse.data<float>(),
-                                 block);
-        causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), want.delta.data(),
-                                  dout.data<U>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>(),
-                                  block);
+    for (const std::int64_t window : {-1, 0, 3, 20})
+      for (const std::optional<float> sink : {std::optional<float>(), std::optional<float>(0.7f)}) {
+        const NaiveAttention want = naive_attention(q.to(DType::F32), k.to(DType::F32), v.to(DType::F32),
+                                                    dout.to(DType::F32), window, sink);
+        const CausalAttentionMask mask{window, sink ? &*sink : nullptr};
+        for (const std::int64_t block : {1, 8, 128}) {
+          SCOPED_TRACE(fmt::format("{} block {} window {} sink {}", dtype_name(dtype), block, window, sink.has_value()));
+          Tensor o({S, d}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
+              dv({S, d}, DType::F32);
+          o.fill(7.f);  // written, not accumulated into
+          dq.fill(7.f);
+          dk.fill(1.f);
+          dv.fill(1.f);
+          if (dtype == DType::F32) {
+            causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, o.data<float>(),
+                                     lse.data<float>(), mask, block);
+            causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
+                                      want.delta.data(), dout.data<float>(), S, d, scale, dq.data<float>(),
+                                      dk.data<float>(), dv.data<float>(), mask, block);
+          } else {
+            using U = std::uint16_t;
+            causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, scale, o.data<float>(),
+                                     lse.data<float>(), mask, block);
+            causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), want.delta.data(),
+                                      dout.data<U>(), S, d, scale, dq.data<float>(), dk.data<float>(),
+                                      dv.data<float>(), mask, block);
+          }
+          expect_close(o, want.o, tol);
+          for (std::int64_t i = 0; i < S; ++i)
+            ASSERT_NEAR(lse.get(i), want.lse[i], 1e-5 * (1 + std::abs(want.lse[i]))) << "row " << i;
+          expect_close(dq, want.dq, tol);
+          expect_close(dk, want.dk, tol);
+          expect_close(dv, want.dv, tol);
+        }
       }
-      expect_close(o, want.o, tol);
-      for (std::int64_t i = 0; i < S; ++i)
-        ASSERT_NEAR(lse.get(i), want.lse[i], 1e-5 * (1 + std::abs(want.lse[i]))) << "row " << i;
-      expect_close(dq, want.dq, tol);
-      expect_close(dk, want.dk, tol);
-      expect_close(dv, want.dv, tol);
-    }
   }
+}
+
+// Without a sink the window-free call is the kernel it was: the same bits as a window wider than
+// the sequence.
+TEST(CausalAttention, AWindowWiderThanTheSequenceChangesNoBit) {
+  const std::int64_t S = 21, d = 8;
+  const Tensor q = randn({S, d}, 31), k = randn({S, d}, 32), v = randn({S, d}, 33);
+  Tensor o1({S, d}, DType::F32), o2({S, d}, DType::F32), l1({S}, DType::F32), l2({S}, DType::F32);
+  causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.3f, o1.data<float>(),
+                           l1.data<float>(), {}, 8);
+  causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.3f, o2.data<float>(),
+                           l2.data<float>(), {S, nullptr}, 8);
+  EXPECT_EQ(0, std::memcmp(o1.raw(), o2.raw(), o1.nbytes()));
+  EXPECT_EQ(0, std::memcmp(l1.raw(), l2.raw(), l1.nbytes()));
+}
+
+// The sink's gradient from the kernel's lse and delta against central differences of the naive
+// double loss, with and without a window.
+TEST(CausalAttention, SinkGradientMatchesFiniteDifferences) {
+  const std::int64_t S = 19, d = 4;
+  const Tensor q = randn({S, d}, 41), k = randn({S, d}, 42), v = randn({S, d}, 43), dout = randn({S, d}, 44);
+  for (const std::int64_t window : {-1, 5})
+    for (const float sink : {-1.5f, 0.f, 2.f}) {
+      SCOPED_TRACE(fmt::format("window {} sink {}", window, sink));
+      const NaiveAttention at = naive_attention(q, k, v, dout, window, sink);
+      Tensor o({S, d}, DType::F32), lse({S}, DType::F32);
+      causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.5f, o.data<float>(),
+                               lse.data<float>(), {window, &sink}, 8);
+      const double h = 1e-4;
+      const double fd = (naive_attention(q, k, v, dout, window, sink + h).loss -
+                         naive_attention(q, k, v, dout, window, sink - h).loss) / (2 * h);
+      const double got = attention_sink_grad(lse.data<float>(), at.delta.data(), S, sink);
+      EXPECT_NEAR(got, fd, 1e-5 * (1 + std::abs(fd)));
+      EXPECT_GT(std::abs(fd), 1e-3);  // the check is not vacuous
+    }
+}
+
+TEST(CausalAttention, RefusesAWindowBelowMinusOne) {
+  const Tensor q = randn({4, 2}, 1);
+  Tensor o({4, 2}, DType::F32), lse({4}, DType::F32);
+  EXPECT_THROW(causal_attention_forward(q.data<float>(), q.data<float>(), q.data<float>(), 4, 2, 1.f, o.data<float>(),
+                                        lse.data<float>(), {-2, nullptr}),
+               std::invalid_argument);
 }
 
 TEST(SumOfSquares, MatchesTheRunningSumWithTails) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "epx/model/gpt_model.hpp"
@@ -49,17 +50,30 @@ Batch batch(const ModelSpec& spec) {
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
-  // Every channel rotated; the first 4 of 6 at Megatron's odd dim 3 (partial RoPE); a softmax scale of the config's.
-  for (const auto& [rope_dim, scale] : {std::pair<std::int64_t, std::optional<float>>{0, {}}, {3, {}}, {0, 0.3f}}) {
-  SCOPED_TRACE(fmt::format("rope_dim {} scale {}", rope_dim, scale.value_or(0)));
+  // Every channel rotated; the first 4 of 6 at Megatron's odd dim 3 (partial RoPE); a softmax scale
+  // of the config's; a sliding window of 2 with learned sinks (GPT-OSS); the off-by-one sink.
+  struct Case {
+    std::int64_t rope_dim;
+    std::optional<float> scale;
+    std::int64_t window;
+    AttentionSoftmax softmax;
+  };
+  for (const Case& k : {Case{0, {}, -1, AttentionSoftmax::vanilla}, Case{3, {}, -1, AttentionSoftmax::vanilla},
+                        Case{0, 0.3f, -1, AttentionSoftmax::vanilla}, Case{0, {}, 2, AttentionSoftmax::learnable},
+                        Case{0, {}, -1, AttentionSoftmax::off_by_one}}) {
+  SCOPED_TRACE(fmt::format("rope_dim {} scale {} window {} softmax {}", k.rope_dim, k.scale.value_or(0), k.window,
+                           static_cast<int>(k.softmax)));
   AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .eps = 1e-6f, .rope = true,
-                  .rope_base = 100, .rope_dim = rope_dim, .dtype = DType::F32};
-  s.softmax_scale = scale;
+                  .rope_base = 100, .rope_dim = k.rope_dim, .window = k.window, .softmax = k.softmax,
+                  .dtype = DType::F32};
+  s.softmax_scale = k.scale;
   SelfAttention attn("a", s);
   attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.3));
   attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.3));
   attn.q_layernorm.master.copy_from(randn({6}, 3, 0.2));
   for (std::int64_t i = 0; i < 6; ++i) attn.q_layernorm.master.set(i, 1 + attn.q_layernorm.master.get(i));
+  if (k.softmax == AttentionSoftmax::learnable) attn.softmax_offset.master.copy_from(randn({4}, 6, 1.0));
+  EXPECT_EQ(attn.params().size(), k.softmax == AttentionSoftmax::learnable ? 5u : 4u);
   const std::int64_t S = 5, B = 2;
   Tensor x = randn({S * B, 16}, 4);
   const Tensor r = randn({S * B, 16}, 5);
@@ -154,12 +168,20 @@ TEST(Attention, IsCausal) {
 TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu",
-                                                             "model.layernorm_zero_centered_gamma=true"}}) {
-  SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : "fast_gelu, rotary_percent 0.5, zero-centred norms");
+                                                             "model.layernorm_zero_centered_gamma=true"},
+        std::vector<std::string>{"model.window_size=[3, 0]", "model.window_attn_skip_freq=2",
+                                 "model.softmax_type=learnable"}}) {
+  SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const ModelSpec spec = model_spec_from_config(tiny(overrides));
   GPTModel model = make_model(spec);
+  // Learned sinks start at 0 (TE); away from it their gradients are checked off the symmetric point.
+  for (Param* p : model.params())
+    if (p->name.ends_with("softmax_offset")) {
+      p->master.copy_from(randn(p->master.shape(), 9, 1.0));
+      p->refresh();
+    }
   const Batch b = batch(spec);
   model.zero_grad();
   GPTModel::Context ctx;
@@ -174,6 +196,65 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
     expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
                                   [p] { p->refresh(); });
   }
+}
+
+// A sliding window as long as the sequence is no window, and the off-by-one sink is the learned
+// one at 0, bit for bit (loss and every shared gradient); a short window, the sinks and their
+// layer pattern each change the model. GPT-OSS's pattern: window_attn_skip_freq 2 puts the window
+// on the odd layer numbers (the first of the tiny model's two).
+TEST(GPTModel, SlidingWindowAndSinksFromTheConfig) {
+  struct Run {
+    double loss;
+    std::vector<Tensor> grads;
+  };
+  const auto run = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> o{"model.moe_router_topk=8"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    const ModelSpec spec = model_spec_from_config(tiny(o));
+    GPTModel model = make_model(spec);
+    const Batch b = batch(spec);
+    model.zero_grad();
+    GPTModel::Context c;
+    Run r{model.forward(b.tokens, b.targets, c), {}};
+    model.backward(c, 1.f);
+    for (Param* p : model.params())
+      if (!p->name.ends_with("softmax_offset")) r.grads.push_back(p->grad.clone());
+    return r;
+  };
+  const auto same = [](const Run& a, const Run& b) {
+    if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
+    for (std::size_t i = 0; i < a.grads.size(); ++i)
+      if (std::memcmp(a.grads[i].raw(), b.grads[i].raw(), a.grads[i].nbytes()) != 0) return false;
+    return true;
+  };
+  const Run plain = run({});
+  EXPECT_TRUE(same(run({"model.window_size=[11, 0]"}), plain));  // seq_length 12
+  EXPECT_TRUE(same(run({"model.window_size=[-1, 0]"}), plain));
+  EXPECT_TRUE(same(run({"model.softmax_type=off-by-one"}), run({"model.softmax_type=learnable"})));
+  EXPECT_FALSE(same(run({"model.softmax_type=off-by-one"}), plain));
+  const Run every = run({"model.window_size=[2, 0]"});
+  EXPECT_FALSE(same(every, plain));
+  EXPECT_FALSE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=2"}), every));
+  EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=[1, 1]"}), every));
+  EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=1"}), plain));  // every layer full
+  EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=[0, 0, 1]"}), plain));  // Megatron reads 2
+
+  const ModelSpec gpt_oss = model_spec_from_config(
+      tiny({"model.window_size=[127, 0]", "model.window_attn_skip_freq=2", "model.softmax_type=learnable"}));
+  EXPECT_EQ(gpt_oss.attention.window, 127);
+  EXPECT_EQ(gpt_oss.is_window, (std::vector<bool>{true, false}));
+  EXPECT_EQ(gpt_oss.attention_of(0).window, 127);
+  EXPECT_EQ(gpt_oss.attention_of(1).window, -1);
+  EXPECT_EQ(gpt_oss.attention.softmax, AttentionSoftmax::learnable);
+  GPTModel model = make_model(gpt_oss);
+  int sinks = 0;
+  for (Param* p : model.params())
+    if (p->name.ends_with("core_attention.softmax_offset")) {
+      ++sinks;
+      EXPECT_EQ(p->master.shape(), (Shape{gpt_oss.attention.heads}));
+      EXPECT_EQ(p->master.get(0), 0.f);
+    }
+  EXPECT_EQ(sinks, 2);
 }
 
 // softmax_scale replaces 1 / sqrt(kv_channels): given as that value, nothing changes; another

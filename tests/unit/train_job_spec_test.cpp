@@ -56,6 +56,44 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
             "");
 }
 
+// GPT-OSS's attention as a Bridge dump writes it (the window tuple as a block list, the skip
+// frequency, learned sinks) is modelled; what TE or Megatron refuses is refused with its field.
+TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
+  const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+  const auto with = [&](const std::string& fields) {
+    std::string text = dump;
+    text.insert(text.find("  gated_linear_unit: true"), fields);
+    Config c = load_config_text(text, "dump.yaml");
+    c.target.gpu = "cpu";
+    return resolve_config(c, std::nullopt);
+  };
+  const ModelSpec s =
+      model_spec_from_config(with("  window_size:\n  - 127\n  - 0\n  window_attn_skip_freq: 2\n  softmax_type: learnable\n"));
+  EXPECT_EQ(s.attention.window, 127);
+  EXPECT_EQ(s.attention.softmax, AttentionSoftmax::learnable);
+  ASSERT_EQ(s.is_window.size(), 48u);
+  EXPECT_TRUE(s.is_window[0]);   // layer_number 1
+  EXPECT_FALSE(s.is_window[1]);  // layer_number 2: full attention
+  EXPECT_EQ(model_spec_from_config(with("  window_size: (127, 0)\n")).attention.window, 127);  // a tuple as Python writes it
+  EXPECT_EQ(model_spec_from_config(with("  window_size: [127, 5]\n")).attention.window, 127);  // TE: right -> 0, warned
+  const std::string right = error_of([&] { model_spec_from_config(with("  window_size: [-1, 3]\n")); });
+  EXPECT_NE(right.find("dump.yaml:"), std::string::npos) << right;
+  EXPECT_NE(right.find("model.window_size=[-1, 3]: [model.window_size_causal] window_size should be (-1, 0) or (>=0, 0) "
+                       "for attn_mask_type=causal"),
+            std::string::npos)
+      << right;
+  EXPECT_NE(error_of([&] { with("  window_size: [-2, 0]\n"); }).find("each side is -1 (unbounded) or at least 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { with("  window_size: [1, 2, 3]\n"); }).find("a pair [left, right] of integers"),
+            std::string::npos);
+  const std::string short_pattern =
+      error_of([&] { model_spec_from_config(with("  window_size: [3, 0]\n  window_attn_skip_freq: [1, 0]\n")); });
+  EXPECT_NE(short_pattern.find("[model.window_pattern_length] the pattern has 2 entries for 48 layers"),
+            std::string::npos)
+      << short_pattern;
+  EXPECT_NE(error_of([&] { with("  softmax_type: sigmoid\n"); }).find("vanilla|off-by-one|learnable"), std::string::npos);
+}
+
 // The dump's activation (a callable's _target_), its clamp and offset reach the experts and the
 // dense MLPs; a dump without one computes Megatron-Core's default, GELU.
 TEST(JobSpec, ActivationFromABridgeDump) {

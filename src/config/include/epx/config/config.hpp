@@ -47,22 +47,36 @@ struct OneOrList {
   bool contains(const T& v) const { return std::find(values.begin(), values.end(), v) != values.end(); }
 };
 
-// Megatron's moe_layer_freq: an int N (every N-th layer is MoE) or an explicit 0/1 pattern
-// per layer. YAML accepts an int, a list, or Megatron-LM's string form "([0]*3+[1]*58)".
-struct MoeLayerFreq {
+// Megatron's moe_freq_type fields, moe_layer_freq and window_attn_skip_freq: an int N or an
+// explicit 0/1 pattern per layer. YAML accepts an int, a list, or Megatron-LM's string form
+// "([0]*3+[1]*58)".
+struct LayerFreq {
   Int every = 1;
   std::vector<Int> pattern;  // non-empty: explicit per-layer pattern, `every` unused
-  bool operator==(const MoeLayerFreq&) const = default;
+  bool operator==(const LayerFreq&) const = default;
   // Whether decoder layer `i` (from 0) is an MoE layer: i % every == 0, or the pattern's entry
   // (a layer past a short pattern is dense; the check refuses a pattern of the wrong length).
   bool is_moe(Int i) const {
     return pattern.empty() ? i % std::max<Int>(1, every) == 0
                            : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
   }
+  // Megatron-Core's is_layer_window_attention: layer_number = i + 1 is not a multiple of N, or
+  // the pattern's entry (1: sliding window).
+  bool is_window(Int i) const {
+    return pattern.empty() ? (i + 1) % std::max<Int>(1, every) != 0
+                           : i < static_cast<Int>(pattern.size()) && pattern[static_cast<std::size_t>(i)] != 0;
+  }
   // Megatron-Core's test for dense layers beside the MoE ones.
   bool has_dense() const {
     return pattern.empty() ? every > 1 : std::find(pattern.begin(), pattern.end(), Int{0}) != pattern.end();
   }
+};
+
+// TE's sliding window (window_size): query i sees keys [i - left, i + right]; -1 is unbounded.
+// Causal attention has right 0 (TE sets it so, with a warning).
+struct AttentionWindow {
+  Int left = -1, right = 0;
+  bool operator==(const AttentionWindow&) const = default;
 };
 
 struct ModelConfig {
@@ -112,6 +126,9 @@ struct ModelConfig {
   OptDouble softmax_scale;      // the attention logits' scale; None: 1 / sqrt(kv_channels)
   double rotary_percent = 1.0;  // RoPE rotates the first int(kv_channels * rotary_percent) channels
   OneOrList<double> rotary_base{10000};  // Gemma's and MiMo's providers: (local, global) layers' bases
+  std::optional<AttentionWindow> window_size;       // sliding-window attention (GPT-OSS); None: none
+  std::optional<LayerFreq> window_attn_skip_freq;   // which layers have the window; None: every layer
+  std::string softmax_type = "vanilla";             // vanilla, off-by-one or learnable (attention sinks)
   double init_method_std = 0.02;
   // Multi-latent attention (DeepSeek-V3).
   bool multi_latent_attention = false;
@@ -125,7 +142,7 @@ struct ModelConfig {
   OptInt num_moe_experts;
   OptInt moe_ffn_hidden_size;
   Int moe_router_topk = 2;
-  MoeLayerFreq moe_layer_freq;
+  LayerFreq moe_layer_freq;
   OptInt moe_shared_expert_intermediate_size;
   bool moe_shared_expert_overlap = false;
   bool moe_shared_expert_gate = false;  // Qwen3-Next / Qwen3.5: the shared output times sigmoid(x . w)

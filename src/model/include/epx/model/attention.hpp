@@ -3,7 +3,9 @@
 //   qkv = x Wqkv^T, laid out [q heads | k groups | v groups] per token;
 //   q, k = RoPE(RMSNorm_d(q)), RoPE(RMSNorm_d(k))   (per head over head_dim, one gamma each);
 //   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups), in
-//       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp);
+//       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp); under a
+//       sliding window a query sees itself and the `window` keys before it, and a softmax with a
+//       sink (softmax_type off-by-one or learnable) counts one more logit per head with no value;
 //   y = o Wproj^T.
 // Linear layers run in the compute dtype with FP32 accumulation; so do the core attention's GEMMs
 // (BF16 operands for a BF16 model, as flash attention), its softmax is FP32.
@@ -21,6 +23,12 @@
 
 namespace epx {
 
+struct CausalAttentionMask;  // epx/kernels/kernels.hpp
+
+// Megatron's softmax_type: plain, a sink logit of 0 (Evan Miller's off-by-one), or a learned sink
+// logit per head (GPT-OSS).
+enum class AttentionSoftmax { vanilla, off_by_one, learnable };
+
 struct AttentionSpec {
   std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0;
   bool qk_norm = false;
@@ -32,6 +40,10 @@ struct AttentionSpec {
   std::int64_t rope_dim = 0;
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default
+  // A sliding window (TE's window_size (window, 0), on the layers window_attn_skip_freq picks):
+  // a query sees keys [i - window, i]; -1: every earlier key.
+  std::int64_t window = -1;
+  AttentionSoftmax softmax = AttentionSoftmax::vanilla;
   DType dtype = DType::F32;
 };
 
@@ -55,8 +67,8 @@ class SelfAttention {
   // the log-sum-exp, and its backward recomputes the probabilities block by block (as flash
   // attention does), so recompute_modules' core_attn has nothing left to drop.
   Tensor forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
-  // dy [T, H] -> dx [T, H]. The QK-norm gammas' gradients are accumulated here (they are tiny);
-  // the linear layers' weight gradients wait for backward_wgrad.
+  // dy [T, H] -> dx [T, H]. The QK-norm gammas' and the sinks' gradients are accumulated here
+  // (they are tiny); the linear layers' weight gradients wait for backward_wgrad.
   Tensor backward_dgrad(Context& ctx, const Tensor& dy);
   void backward_wgrad(Context& ctx);
 
@@ -68,8 +80,12 @@ class SelfAttention {
   }
 
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
+  // The learned sink logit per head (softmax_type learnable; FP32 like the norms' gammas).
+  Param softmax_offset;
 
  private:
+  CausalAttentionMask mask(std::int64_t head) const;  // the window and the sink of query head `head`
+
   AttentionSpec spec_;
 };
 

@@ -35,7 +35,8 @@ struct ModelSpec {
   GluActivation activation;                      // the dense MLP's (the MoE layers' is moe->activation)
   int num_layers = 0;
   std::vector<bool> is_moe;  // per layer (moe_layer_freq)
-  AttentionSpec attention;
+  AttentionSpec attention;   // its window applies on the layers is_window marks
+  std::vector<bool> is_window;  // per layer (window_attn_skip_freq); empty: none
   std::optional<MoESpec> moe;  // when any layer is MoE
   bool tie_embeddings = false;
   float eps = 1e-5f;
@@ -47,6 +48,7 @@ struct ModelSpec {
   RecomputeSpec recompute;
 
   int num_moe_layers() const;
+  AttentionSpec attention_of(int layer) const;  // layer's attention: the window or none
   // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
   // Megatron's num_floating_point_operations counts them for TFLOP/s/GPU: every GEMM, causal
   // attention at half the S x S work, the top-k routed experts, the shared expert and the LM
