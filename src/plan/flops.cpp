@@ -1,5 +1,7 @@
 #include "epx/plan/flops.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace epx {
@@ -36,6 +38,19 @@ double moe_layers_in(const ModelConfig& m, Int first, Int last) {
 
 double mtp_moe_layers(const ModelConfig& m) {
   return moe_layers_in(m, m.num_layers - 1, m.num_layers) > 0 ? static_cast<double>(m.mtp_num_layers.value_or(0)) : 0;
+}
+
+double window_layers_in(const ModelConfig& m, Int first, Int last) {
+  if (!m.window_size || m.window_size->left < 0) return 0;
+  double n = 0;
+  for (Int i = std::max<Int>(0, first); i < last; ++i) n += !m.window_attn_skip_freq || m.window_attn_skip_freq->is_window(i);
+  return n;
+}
+
+double window_core_share(const ModelConfig& m) {
+  if (!m.window_size || m.window_size->left < 0 || m.seq_length < 1) return 1;
+  const double w = static_cast<double>(m.window_size->left) + 1, s = static_cast<double>(m.seq_length);
+  return w >= s ? 1 : std::min(1.0, (w - w * (w - 1) / (2 * s)) / (s / 2));
 }
 
 Int padded_vocab_size(const ModelConfig& m) {

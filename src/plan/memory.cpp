@@ -72,6 +72,7 @@ PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, i
   for (const auto& [first, end] : split.ranges_on(stage)) {
     st.layers += end - first;
     st.moe_layers += moe_layers_in(m, first, end);
+    st.window_layers += window_layers_in(m, first, end);
   }
   st.first = split.stage_of(split.embedding_stage) == stage;
   st.last = split.stage_of(split.loss_stage) == stage;

@@ -200,6 +200,10 @@ Plan make_plan(const Config& c) {
   if (m.overlap_dispatch_backward_with_experts_wgrad)
     p.notes.push_back("overlap_dispatch_backward_with_experts_wgrad: the dispatch's backward exchange hidden under the "
                       "experts' wgrad is not modelled, so the rows without EP overlap are an upper bound");
+  if (const double w = window_layers_in(m, 0, m.num_layers); w > 0)
+    p.notes.push_back(fmt::format("sliding window: {:g} of {} layers attend over {} keys; the step times count {:.3g}% of "
+                                  "their QK^T and PV, the model FLOPs (and the TFLOP/s) all of it, as Megatron-LM does",
+                                  w, m.num_layers, m.window_size->left + 1, 100 * window_core_share(m)));
   if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == std::optional<std::string>("ncclep"))
     p.notes.push_back("ncclep is not modelled apart: the configured run is timed as DeepEP's (the deepep rows)");
   return p;

@@ -74,10 +74,15 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     const double core_again = selective("core_attn") && gpu.cuda() ? 1.0 / 3 : 0, experts_again = selective("moe") ? 1.0 / 3 : 0;
     const double mlp_again = (selective("mlp") ? f.mlp - f.shared_experts : 0) +
                              (selective("moe") || selective("shared_experts") ? f.shared_experts : 0);
-    double other = f.per_token() - f.routed_experts + core_again * f.attention_core + mlp_again / 3, stage = 0;
+    // The QK^T and PV that run: a sliding-window layer's share of a full one (FLOPs count it full).
+    const double all_layers = st.layers + st.mtp_layers;
+    const double core_layers = all_layers - st.window_layers * (1 - window_core_share(m));
+    const double core = all_layers > 0 ? f.attention_core * core_layers / all_layers : 0;
+    double other = f.per_token() - f.routed_experts - (f.attention_core - core) + core_again * core + mlp_again / 3,
+           stage = 0;
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
-      other -= (1 + core_again) * f.attention_core;
-      stage = (1 + core_again) * cpu_attention_s(m, st.layers + st.mtp_layers, per_rank, hw.attention_tflops * 1e12 * cores);
+      other -= (1 + core_again) * core;
+      stage = (1 + core_again) * cpu_attention_s(m, core_layers, per_rank, hw.attention_tflops * 1e12 * cores);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));

@@ -190,6 +190,29 @@ TEST(Plan, FP8IsSaidToBeTimedAtTheBF16Rate) {
   for (const Fix& f : diagnose(run, fp8, find_gpu("h100")).fixes) EXPECT_EQ(f.what.rfind("FP8,", 0), std::string::npos) << f.what;
 }
 
+// A sliding window's share of a full causal layer's QK^T and PV is the keys its rows see against
+// S / 2 per row (Megatron-Bridge's flop_utils); the step time counts only that, while the model
+// FLOPs stay Megatron-LM's, every layer in full, and the plan says so.
+TEST(Plan, SlidingWindowLayersAreTimedAtTheirShare) {
+  Config c = resolved("qwen3_30b_a3b", {"model.window_size=[127,0]", "model.window_attn_skip_freq=2"});
+  const Int S = c.model.seq_length;
+  double keys = 0;
+  for (Int i = 0; i < S; ++i) keys += std::min<Int>(i + 1, 128);
+  EXPECT_NEAR(window_core_share(c.model), keys / S / (S / 2.0), 1e-12);
+  EXPECT_EQ(window_layers_in(c.model, 0, c.model.num_layers), c.model.num_layers / 2);
+  EXPECT_EQ(window_layers_in(c.model, 0, 1), 1);  // layer_number 1 has the window
+  EXPECT_EQ(window_layers_in(c.model, 1, 2), 0);
+  EXPECT_EQ(window_core_share(resolved("qwen3_30b_a3b", {"model.window_size=[100000,0]"}).model), 1);
+  const Plan plain = make_plan(resolved("qwen3_30b_a3b", {})), windowed = make_plan(c);
+  EXPECT_EQ(windowed.flops.per_token(), plain.flops.per_token());
+  EXPECT_LT(windowed.configured().step_time_s, plain.configured().step_time_s);
+  ASSERT_EQ(windowed.notes.size(), 1u);
+  EXPECT_NE(windowed.notes[0].find("sliding window: 24 of 48 layers attend over 128 keys"), std::string::npos)
+      << windowed.notes[0];
+  EXPECT_EQ(make_plan(resolved("qwen3_30b_a3b", {"model.window_size=[-1,0]"})).configured().step_time_s,
+            plain.configured().step_time_s);
+}
+
 TEST(Plan, EachPipelineStageIsTimedFromItsOwnLayers) {
   // PP 2 with a heavy head on the last stage: it is the slowest, and it sets the step.
   const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu", "model.num_layers=8",

@@ -45,6 +45,14 @@ double moe_layers_in(const ModelConfig& m, Int first, Int last);
 // The MTP layers that count as MoE layers: all of them when the last layer is one, else none.
 double mtp_moe_layers(const ModelConfig& m);
 
+// How many of layers [first, last) attend over a sliding window (window_size with a left side,
+// on the layers window_attn_skip_freq picks), and the share of a full causal layer's QK^T and PV
+// each of those runs: a row sees min(i + 1, W) keys, W = left + 1, on average
+// W - W (W - 1) / (2 S) against S / 2 (Megatron-Bridge's flop_utils counts it so; Megatron-LM's
+// FLOPs, and model_flops, count every layer in full).
+double window_layers_in(const ModelConfig& m, Int first, Int last);
+double window_core_share(const ModelConfig& m);
+
 // The rows the routed experts compute per token: top-k, scaled by the capacity factor where the
 // experts' inputs are padded to capacity (Megatron's get_capacity: each expert takes
 // ceil(factor x tokens x k / experts) rows, empty ones too) or where a factor below 1 drops

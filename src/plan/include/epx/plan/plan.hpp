@@ -52,6 +52,7 @@ std::string format_rank_map(const LayoutPlan& p, int max_ranks);
 // MTP layers sit where the layout puts them, else on the last stage.
 struct PipelineStage {
   double layers = 0, moe_layers = 0, mtp_layers = 0;
+  double window_layers = 0;  // of `layers`, those with a sliding window
   bool first = true, last = true;
 };
 PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, int stage);
