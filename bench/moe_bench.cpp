@@ -1,4 +1,5 @@
-// Grouped expert GEMM against one dense GEMM of the same FLOPs, and the MoE layer's forward +
+// Grouped expert GEMM against one dense GEMM of the same FLOPs, the gated activations, one head's
+// blocked causal attention (with a sliding window and a sink), and the MoE layer's forward +
 // backward time per token. Figures and commands: bench/RESULTS.md.
 #include <benchmark/benchmark.h>
 
@@ -86,6 +87,44 @@ BENCHMARK(BM_GluForwardBackward)
     ->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kGluFns) - 1, 1), {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2)
+    ->UseRealTime();
+
+// One head's blocked causal attention, forward then backward, BF16 operands at GPT-OSS's head
+// width (64): the whole prefix, or a sliding window of `window` earlier keys, with or without a
+// sink. The counter is the keys each query row multiplies (the diagonal blocks whole).
+// args: seq, window (-1: none), sink
+void BM_CausalAttention(benchmark::State& state) {
+  const std::int64_t S = state.range(0), d = 64;
+  const float sink = 0.5f;
+  const CausalAttentionMask mask{state.range(1), state.range(2) ? &sink : nullptr};
+  const Tensor q = filled({S, d}, DType::BF16, 1), k = filled({S, d}, DType::BF16, 2), v = filled({S, d}, DType::BF16, 3),
+               dout = filled({S, d}, DType::BF16, 4);
+  Tensor out({S, d}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
+      dk({S, d}, DType::F32), dv({S, d}, DType::F32);
+  using U = std::uint16_t;
+  for (auto _ : state) {
+    causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, 0.125f, out.data<float>(), lse.data<float>(),
+                             mask);
+    causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), delta.data<float>(),
+                              dout.data<U>(), S, d, 0.125f, dq.data<float>(), dk.data<float>(), dv.data<float>(), mask);
+    benchmark::DoNotOptimize(dv.raw());
+  }
+  double keys = 0;  // per query block of 128 rows: the keys from its first row's window start to its last row
+  for (std::int64_t r0 = 0; r0 < S; r0 += 128)
+    keys += static_cast<double>(std::min<std::int64_t>(128, S - r0)) *
+            static_cast<double>(r0 + std::min<std::int64_t>(128, S - r0) - (mask.window < 0 ? 0 : std::max<std::int64_t>(0, r0 - mask.window)));
+  state.counters["keys/row"] = keys / static_cast<double>(S);
+}
+BENCHMARK(BM_CausalAttention)
+    ->ArgNames({"S", "window", "sink"})
+    ->Args({4096, -1, 0})
+    ->Args({4096, -1, 1})
+    ->Args({4096, 127, 0})
+    ->Args({4096, 127, 1})
+    ->Args({1024, -1, 0})
+    ->Args({1024, 127, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3)
     ->UseRealTime();
 
 // One MoE layer forward + backward (dgrad and wgrad), dropless, with a shared expert.

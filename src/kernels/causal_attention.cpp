@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -143,27 +144,31 @@ std::int64_t first_key(std::int64_t i, const CausalAttentionMask& mask) {
 }
 
 // The strips of one query block: FP32 scores (and FP32 probabilities in the backward), and for
-// BF16 the GEMM operand copies; for FP32 the operands are the FP32 strips themselves.
+// BF16 the GEMM operand copies; for FP32 the operands are the FP32 strips themselves. A strip is
+// at most block x (block + window) (x seq without a window); every element a block reads its GEMM
+// or its softmax wrote first, so the buffers start uninitialised (zero-filling them cost more than
+// a windowed head's GEMMs).
 template <class T>
 struct Strips {
-  std::vector<float> scores, grad;
-  std::vector<T> op, grad_op;
-  Strips(std::int64_t seq, std::int64_t block, bool backward) {
-    const std::size_t n = static_cast<std::size_t>(std::min(block, seq) * seq);
-    scores.resize(n);
-    if (backward) grad.resize(n);
+  std::unique_ptr<float[]> scores, grad;
+  std::unique_ptr<T[]> op, grad_op;
+  Strips(std::int64_t seq, std::int64_t block, const CausalAttentionMask& mask, bool backward) {
+    const std::int64_t width = mask.window < 0 ? seq : std::min(seq, block + mask.window);
+    const auto n = static_cast<std::size_t>(std::min(block, seq) * width);
+    scores.reset(new float[n]);
+    if (backward) grad.reset(new float[n]);
     if constexpr (!std::is_same_v<T, float>) {
-      op.resize(n);
-      if (backward) grad_op.resize(n);
+      op.reset(new T[n]);
+      if (backward) grad_op.reset(new T[n]);
     }
   }
   T* probs() {
-    if constexpr (std::is_same_v<T, float>) return scores.data();
-    else return op.data();
+    if constexpr (std::is_same_v<T, float>) return scores.get();
+    else return op.get();
   }
   T* score_grad() {
-    if constexpr (std::is_same_v<T, float>) return grad.data();
-    else return grad_op.data();
+    if constexpr (std::is_same_v<T, float>) return grad.get();
+    else return grad_op.get();
   }
 };
 
@@ -171,14 +176,14 @@ template <class T>
 void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t d, float scale, float* out, float* lse,
              const CausalAttentionMask& mask, std::int64_t block) {
   check_args("causal_attention_forward", seq, d, block, scale, mask);
-  Strips<T> strip(seq, block, false);
+  Strips<T> strip(seq, block, mask, false);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), k0 = first_key(r0, mask), keys = r0 + rows - k0;
     gemm(as_mat(q + r0 * d, rows, d), Trans::N, as_mat(k + k0 * d, keys, d), Trans::T,
-         f32_mut(strip.scores.data(), rows, keys));
+         f32_mut(strip.scores.get(), rows, keys));
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = r0 + r;
-      lse[i] = softmax_range_of(strip.scores.data() + r * keys, first_key(i, mask) - k0, i + 1 - k0, keys, scale,
+      lse[i] = softmax_range_of(strip.scores.get() + r * keys, first_key(i, mask) - k0, i + 1 - k0, keys, scale,
                                 mask.sink, strip.probs() + r * keys);
     }
     gemm(as_mat(strip.probs(), rows, keys), Trans::N, as_mat(v + k0 * d, keys, d), Trans::N,
@@ -191,11 +196,11 @@ void backward(const T* q, const T* k, const T* v, const float* lse, const float*
               std::int64_t d, float scale, float* dq, float* dk, float* dv, const CausalAttentionMask& mask,
               std::int64_t block) {
   check_args("causal_attention_backward", seq, d, block, scale, mask);
-  Strips<T> strip(seq, block, true);
+  Strips<T> strip(seq, block, mask, true);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), k0 = first_key(r0, mask), keys = r0 + rows - k0;
-    float* p = strip.scores.data();
-    float* dp = strip.grad.data();
+    float* p = strip.scores.get();
+    float* dp = strip.grad.get();
     gemm(as_mat(q + r0 * d, rows, d), Trans::N, as_mat(k + k0 * d, keys, d), Trans::T, f32_mut(p, rows, keys));
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = r0 + r;
