@@ -1,7 +1,10 @@
 // The attention rules: what Transformer Engine's DotProductAttention makes of a causal model's
-// sliding window (check_set_window_size), and what Megatron-Core's is_layer_window_attention
-// needs of window_attn_skip_freq.
+// sliding window (check_set_window_size), what YaRN RoPE needs set, and what Megatron-Core's
+// is_layer_window_attention needs of window_attn_skip_freq.
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "rule_helpers.hpp"
 
@@ -22,6 +25,32 @@ void add_attention_rules(RuleTable& add) {
         if (!w || w->right == 0 || (w->left < 0 && w->right > 0)) return pass();
         return fail(fmt::format("{} (TE warns and attends over ({}, 0))", kWindowMessage, w->left),
                     w->left < 0 ? "model.window_size=null" : fmt::format("model.window_size=[{},0]", w->left));
+      });
+  add("model.yarn_fields", E,
+      {"model.position_embedding_type", "model.yarn_rotary_scaling_factor", "model.yarn_original_max_position_embeddings",
+       "model.yarn_beta_fast", "model.yarn_beta_slow"},
+      "Megatron-Core models/gpt/gpt_model.py, models/common/embeddings/yarn_rotary_pos_embedding.py",
+      "YaRN RoPE computes with the scaling factor, the original context and both betas: each must be set",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.position_embedding_type != "yarn") return pass();
+        // GPTModel passes each provider field as it is; Megatron-LM's own defaults are the fix.
+        const std::vector<std::pair<std::string, bool>> fields = {
+            {"model.yarn_rotary_scaling_factor=1.0", m.yarn_rotary_scaling_factor.has_value()},
+            {"model.yarn_original_max_position_embeddings=4096", m.yarn_original_max_position_embeddings.has_value()},
+            {"model.yarn_beta_fast=32.0", m.yarn_beta_fast.has_value()},
+            {"model.yarn_beta_slow=1.0", m.yarn_beta_slow.has_value()}};
+        std::vector<std::string> missing, fixes;
+        for (const auto& [fix, set] : fields)
+          if (!set) {
+            missing.push_back(fix.substr(0, fix.find('=')));
+            fixes.push_back(fix);
+          }
+        return fail_if(!missing.empty(),
+                       fmt::format("{} None: YarnRotaryEmbedding computes with {} and raises a TypeError when the model "
+                                   "is built",
+                                   fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"),
+                       fmt::format("{}", fmt::join(fixes, " ")));
       });
   add("model.window_pattern_length", E, {"model.window_attn_skip_freq", "model.window_size", "model.num_layers"},
       "Megatron-Core transformer/utils.py is_layer_window_attention",

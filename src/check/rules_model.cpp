@@ -64,12 +64,14 @@ void add_model_rules(RuleTable& add) {
       "Megatron-Core models/common/embeddings/rotary_pos_embedding.py",
       "rotary embeddings rotate pairs: an odd RoPE dim fits only below the head dimension", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        if (m.position_embedding_type != "rope" || m.num_attention_heads < 1) return pass();
+        const bool yarn = m.position_embedding_type == "yarn";
+        if ((m.position_embedding_type != "rope" && !yarn) || m.num_attention_heads < 1) return pass();
         // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent),
-        // rounded up to pairs: an odd one fits below the head dimension, not at it.
+        // rounded up to pairs: an odd one fits below the head dimension, not at it. YaRN rotates
+        // kv_channels whatever the share.
         const Int head_dim = m.multi_latent_attention ? m.qk_pos_emb_head_dim
                                                       : m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
-        const double share = m.multi_latent_attention || m.rotary_percent >= 1 ? 1 : m.rotary_percent;
+        const double share = m.multi_latent_attention || yarn || m.rotary_percent >= 1 ? 1 : m.rotary_percent;
         const auto rotated = [&](Int dim) { return static_cast<Int>(static_cast<double>(dim) * share); };
         const auto fits = [&](Int dim) { return rotated(dim) % 2 == 0 || rotated(dim) < dim; };
         if (fits(head_dim)) return pass();

@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 #include <stdexcept>
@@ -15,43 +11,11 @@
 
 #include "epx/kernels/kernels.hpp"
 #include "epx/model/norm_gain.hpp"
+#include "epx/model/rope.hpp"
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
 namespace {
-
-// Rotary embedding (rotate-half, as Megatron's RotaryEmbedding and apply_rotary_pos_emb) at
-// Megatron's dim r (d, or int(d * rotary_percent) below 1): n = ceil(r/2) frequencies base^(-2i/r),
-// so the first 2n channels rotate (r + 1 where r is odd) and the rest pass through. For i < n and
-// a = pos * base^(-2i/r), (x_i, x_{i+n}) -> (x_i cos a - x_{i+n} sin a, x_{i+n} cos a + x_i sin a).
-// The cosines and sines of every (position, i), computed once per shape (rope_table) and shared by
-// every layer, forward and backward.
-struct RopeTable {
-  std::int64_t half = 0;
-  std::vector<float> cos, sin;  // [S, d/2]
-  RopeTable(std::int64_t seq, std::int64_t r, double base) : half((r + 1) / 2) {
-    cos.resize(static_cast<std::size_t>(seq * half));
-    sin.resize(cos.size());
-    for (std::int64_t pos = 0; pos < seq; ++pos)
-      for (std::int64_t i = 0; i < half; ++i) {
-        const double a = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(r));
-        cos[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::cos(a));
-        sin[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::sin(a));
-      }
-  }
-  // One head of d channels. `inverse` applies the transpose (the backward).
-  void rotate(const float* in, float* out, std::int64_t d, std::int64_t pos, bool inverse) const {
-    const float* c = cos.data() + pos * half;
-    const float* sn = sin.data() + pos * half;
-    for (std::int64_t i = 0; i < half; ++i) {
-      const float s = inverse ? -sn[i] : sn[i];
-      const float x0 = in[i], x1 = in[i + half];
-      out[i] = x0 * c[i] - x1 * s;
-      out[i + half] = x1 * c[i] + x0 * s;
-    }
-    std::copy(in + 2 * half, in + d, out + 2 * half);
-  }
-};
 
 template <class E>
 E as(float x) {
@@ -83,15 +47,6 @@ void for_each_group_task(std::int64_t n, F&& fn) {
     }
   }
   if (error) std::rethrow_exception(error);
-}
-
-const RopeTable& rope_table(std::int64_t seq, std::int64_t d, double base) {
-  static std::mutex mu;
-  static std::map<std::tuple<std::int64_t, std::int64_t, double>, std::unique_ptr<const RopeTable>> tables;
-  std::lock_guard lock(mu);
-  auto& table = tables[{seq, d, base}];
-  if (!table) table = std::make_unique<const RopeTable>(seq, d, base);
-  return *table;
 }
 
 }  // namespace
@@ -171,7 +126,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     rmsnorm_forward(ctx.q_raw, norm_gain(q_layernorm, spec_.zero_centered_gamma), spec_.eps, qn, ctx.q_rstd);
     rmsnorm_forward(ctx.k_raw, norm_gain(k_layernorm, spec_.zero_centered_gamma), spec_.eps, kn, ctx.k_rstd);
   }
-  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_dim(), spec_.rope_base) : nullptr;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_spec()) : nullptr;
   const auto place = [&](const Tensor& from, Tensor& to, std::int64_t heads) {
     const float* f = from.data<float>();
     float* o = to.data<float>();
@@ -270,7 +225,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 
   // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
   const std::int64_t width = (nh + 2 * ng) * d;
-  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_dim(), spec_.rope_base) : nullptr;
+  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_spec()) : nullptr;
   const auto unplace = [&](const Tensor& from, std::int64_t heads) {
     Tensor out = Tensor::uninitialized({T * heads, d}, DType::F32);
     const float* f = from.data<float>();

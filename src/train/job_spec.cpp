@@ -92,6 +92,33 @@ GluActivation glu_activation_from_config(const Config& c) {
   return a;
 }
 
+// YarnRotaryEmbedding's arguments, as GPTModel reads them from the config: the four that its
+// math needs must be set (model.yarn_fields); null mscales take the factor's own concentration.
+YarnSpec yarn_from_config(const Config& c) {
+  const ModelConfig& m = c.model;
+  YarnSpec y;
+  const auto positive = [&](const char* field, const auto& v, auto& into) {
+    if (!v)
+      bad(c, field, "None",
+          "[model.yarn_fields] YarnRotaryEmbedding computes with it (a TypeError in Megatron); set it (GPT-OSS: "
+          "yarn_rotary_scaling_factor 32, yarn_original_max_position_embeddings 4096, yarn_beta_fast 32, "
+          "yarn_beta_slow 1)");
+    if (!(*v > 0) || !std::isfinite(static_cast<double>(*v)))
+      bad(c, field, fmt::format("{}", *v), "YaRN takes the logarithm of it and divides by it; set a positive number");
+    into = static_cast<double>(*v);
+  };
+  positive("model.yarn_rotary_scaling_factor", m.yarn_rotary_scaling_factor, y.factor);
+  positive("model.yarn_original_max_position_embeddings", m.yarn_original_max_position_embeddings, y.original_max_positions);
+  positive("model.yarn_beta_fast", m.yarn_beta_fast, y.beta_fast);
+  positive("model.yarn_beta_slow", m.yarn_beta_slow, y.beta_slow);
+  y.mscale = m.yarn_mscale;
+  y.mscale_all_dim = m.yarn_mscale_all_dim;
+  y.round_to_int = m.yarn_correction_range_round_to_int.value_or(false);  // None is falsy in Megatron's `if`
+  if (m.rotary_base.values.front() <= 1)
+    bad(c, "model.rotary_base", field_text(c, "model.rotary_base"), "YaRN divides by log(base); set a base above 1");
+  return y;
+}
+
 // The fields both the MoE layer and the model read: width, sequence, micro-batch, precision.
 void check_shared_fields(const Config& c) {
   refuse_unmodelled_math(c);
@@ -285,8 +312,9 @@ ModelSpec model_spec_from_config(const Config& c) {
     bad(c, "model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
   if (m.mtp_num_layers && *m.mtp_num_layers > 0)
     bad(c, "model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
-  if (m.position_embedding_type != "rope" && m.position_embedding_type != "none")
-    bad(c, "model.position_embedding_type", m.position_embedding_type, "epx implements rope and none; set model.position_embedding_type=rope");
+  if (m.position_embedding_type != "rope" && m.position_embedding_type != "yarn" && m.position_embedding_type != "none")
+    bad(c, "model.position_embedding_type", m.position_embedding_type,
+        "epx implements rope, yarn and none; set model.position_embedding_type=rope");
 
   s.vocab = *m.vocab_size;
   s.hidden = m.hidden_size;
@@ -311,11 +339,13 @@ ModelSpec model_spec_from_config(const Config& c) {
         fmt::format("must divide num_attention_heads ({})", a.heads));
   a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
   if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
-  a.rope = m.position_embedding_type == "rope";
+  a.rope = m.position_embedding_type == "rope" || m.position_embedding_type == "yarn";
   // Megatron's RotaryEmbedding: dim int(kv_channels * rotary_percent) where the share is below 1; it
-  // rotates 2 ceil(dim / 2) channels.
-  a.rope_dim = m.rotary_percent < 1 ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
-                                    : a.head_dim;
+  // rotates 2 ceil(dim / 2) channels. YarnRotaryEmbedding rotates kv_channels, whatever the share.
+  a.rope_dim = m.rotary_percent < 1 && m.position_embedding_type == "rope"
+                   ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
+                   : a.head_dim;
+  if (m.position_embedding_type == "yarn") a.yarn = yarn_from_config(c);
   if (a.rope && a.rope_dim < 1)
     bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
         fmt::format("RoPE would rotate none of the head's {} channels; set at least {:g}", a.head_dim,

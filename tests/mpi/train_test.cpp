@@ -198,13 +198,16 @@ TEST(Training, ClampedQuickGegluUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain, losses(mpi().world(), recompute));
 }
 
-// GPT-OSS's attention (a sliding window on every other layer, learned sinks per head): the sinks
-// are dense weights reduced over DP, so the distributed run follows the single-rank curve, and
-// also over 2 pipeline stages (the window follows the global layer number) with the distributed
-// optimizer; the overlapped schedule changes no bit.
+// GPT-OSS's attention (a sliding window on every other layer, learned sinks per head, YaRN): the
+// sinks are dense weights reduced over DP, so the distributed run follows the single-rank curve,
+// and also over 2 pipeline stages (the window follows the global layer number) with the
+// distributed optimizer; the overlapped schedule changes no bit.
 TEST(Training, SlidingWindowAndSinksUnderEveryScheduleAndLayout) {
   const std::vector<std::string> o{"model.window_size=[3,0]", "model.window_attn_skip_freq=2",
-                                   "model.softmax_type=learnable", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+                                   "model.softmax_type=learnable", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]",
+                                   "model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=8.0",
+                                   "model.yarn_original_max_position_embeddings=4", "model.yarn_beta_fast=32.0",
+                                   "model.yarn_beta_slow=1.0"};
   const std::vector<double> plain = losses(mpi().world(), o);
   EXPECT_NE(plain, losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
   auto self = mpi().world().split(mpi().rank(), 0, "self");

@@ -191,6 +191,16 @@ const std::vector<Case>& cases() {
       {"model.rope_even_head_dim",  // int(32 * 0.97) = 31 is odd: Megatron rotates 32 channels, which fit
        {"model.kv_channels=33"}, {"model.rotary_percent=0.97", "model.kv_channels=32"}},
       {"moe.router_dtype_torch", {"model.moe_router_dtype=torch.float32"}, {"model.moe_router_dtype=fp32"}},
+      {"model.yarn_fields", {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0"},
+       {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0",
+        "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"}},
+      {"model.rope_even_head_dim",  // YaRN rotates every channel, rotary_percent or not
+       {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0",
+        "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0",
+        "model.kv_channels=33", "model.rotary_percent=0.5"},
+       {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0",
+        "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0",
+        "model.kv_channels=34", "model.rotary_percent=0.5"}},
       {"model.window_size_causal", {"model.window_size=[-1,3]"}, {"model.window_size=[-1,0]"}},
       {"model.window_size_right", {"model.window_size=[127,5]"}, {"model.window_size=[127,0]"}},
       {"model.window_size_right", {"model.window_size=[-1,-1]"}, {"model.window_size=null"}},

@@ -51,20 +51,23 @@ Batch batch(const ModelSpec& spec) {
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
   // Every channel rotated; the first 4 of 6 at Megatron's odd dim 3 (partial RoPE); a softmax scale
-  // of the config's; a sliding window of 2 with learned sinks (GPT-OSS); the off-by-one sink.
+  // of the config's; a sliding window of 2 with learned sinks and YaRN (GPT-OSS); the off-by-one sink.
   struct Case {
     std::int64_t rope_dim;
     std::optional<float> scale;
     std::int64_t window;
     AttentionSoftmax softmax;
+    std::optional<YarnSpec> yarn;
   };
-  for (const Case& k : {Case{0, {}, -1, AttentionSoftmax::vanilla}, Case{3, {}, -1, AttentionSoftmax::vanilla},
-                        Case{0, 0.3f, -1, AttentionSoftmax::vanilla}, Case{0, {}, 2, AttentionSoftmax::learnable},
-                        Case{0, {}, -1, AttentionSoftmax::off_by_one}}) {
-  SCOPED_TRACE(fmt::format("rope_dim {} scale {} window {} softmax {}", k.rope_dim, k.scale.value_or(0), k.window,
-                           static_cast<int>(k.softmax)));
+  const YarnSpec yarn{.factor = 8, .original_max_positions = 4, .beta_fast = 2, .beta_slow = 0.5};
+  for (const Case& k : {Case{0, {}, -1, AttentionSoftmax::vanilla, {}}, Case{3, {}, -1, AttentionSoftmax::vanilla, {}},
+                        Case{0, 0.3f, -1, AttentionSoftmax::vanilla, {}},
+                        Case{0, {}, 2, AttentionSoftmax::learnable, yarn},
+                        Case{0, {}, -1, AttentionSoftmax::off_by_one, {}}}) {
+  SCOPED_TRACE(fmt::format("rope_dim {} scale {} window {} softmax {} yarn {}", k.rope_dim, k.scale.value_or(0),
+                           k.window, static_cast<int>(k.softmax), k.yarn.has_value()));
   AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .eps = 1e-6f, .rope = true,
-                  .rope_base = 100, .rope_dim = k.rope_dim, .window = k.window, .softmax = k.softmax,
+                  .rope_base = 100, .rope_dim = k.rope_dim, .yarn = k.yarn, .window = k.window, .softmax = k.softmax,
                   .dtype = DType::F32};
   s.softmax_scale = k.scale;
   SelfAttention attn("a", s);
@@ -90,6 +93,36 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   for (Param* p : attn.params())
     expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
   }
+}
+
+// YaRN's frequencies and concentration factor at GPT-OSS's numbers (head 64, base 150000, factor
+// 32, original context 4096, betas 32 and 1), against a float64 Python transcription of
+// Megatron-Core's yarn_rotary_pos_embedding.py: the correction range is 8.0928..17.398 unrounded
+// (8..18 rounded); frequencies below it are the base's, above it divided by the factor.
+TEST(Rope, YarnFrequenciesAndConcentrationAsMegatron) {
+  RopeSpec r{64, 150000, YarnSpec{.factor = 32, .original_max_positions = 4096, .beta_fast = 32, .beta_slow = 1,
+                                  .round_to_int = false}};
+  const std::vector<double> f = rope_inv_freq(r);
+  ASSERT_EQ(f.size(), 32u);
+  for (const auto& [i, want] : std::vector<std::pair<std::size_t, double>>{{0, 1.0},
+                                                                           {8, 0.050813274815461475},
+                                                                           {9, 0.03170569618466377},
+                                                                           {12, 0.006794959489732219},
+                                                                           {17, 0.00012931870124506317},
+                                                                           {18, 3.8308812373753384e-05},
+                                                                           {31, 3.0235114281192144e-07}})
+    EXPECT_NEAR(f[i], want, 1e-14 * want) << i;
+  EXPECT_NEAR(rope_mscale(r), 1.3465735902799727, 1e-15);
+  r.yarn->round_to_int = true;
+  EXPECT_NEAR(rope_inv_freq(r)[12], 0.007015713910504388, 1e-16);
+  r.yarn->mscale = 1.0;
+  r.yarn->mscale_all_dim = 0.5;
+  EXPECT_NEAR(rope_mscale(r), 1.1476934674947155, 1e-15);
+  // A factor of 1 is plain RoPE, bit for bit.
+  const RopeSpec plain{64, 150000, std::nullopt};
+  r.yarn = YarnSpec{.factor = 1};
+  EXPECT_EQ(rope_inv_freq(r), rope_inv_freq(plain));
+  EXPECT_EQ(rope_mscale(r), 1.0);
 }
 
 // Partial RoPE rotates the first rope_dim channels of each query and key head and passes the rest:
@@ -170,7 +203,9 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
        {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu",
                                                              "model.layernorm_zero_centered_gamma=true"},
         std::vector<std::string>{"model.window_size=[3, 0]", "model.window_attn_skip_freq=2",
-                                 "model.softmax_type=learnable"}}) {
+                                 "model.softmax_type=learnable", "model.position_embedding_type=yarn",
+                                 "model.yarn_rotary_scaling_factor=8.0", "model.yarn_original_max_position_embeddings=4",
+                                 "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"}}) {
   SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
@@ -238,6 +273,14 @@ TEST(GPTModel, SlidingWindowAndSinksFromTheConfig) {
   EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=[1, 1]"}), every));
   EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=1"}), plain));  // every layer full
   EXPECT_TRUE(same(run({"model.window_size=[2, 0]", "model.window_attn_skip_freq=[0, 0, 1]"}), plain));  // Megatron reads 2
+
+  const std::vector<std::string> yarn{"model.position_embedding_type=yarn", "model.yarn_original_max_position_embeddings=4",
+                                      "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"};
+  std::vector<std::string> yarn1 = yarn, yarn8 = yarn;
+  yarn1.push_back("model.yarn_rotary_scaling_factor=1.0");
+  yarn8.push_back("model.yarn_rotary_scaling_factor=8.0");
+  EXPECT_TRUE(same(run(yarn1), plain));  // the tiny model's position_embedding_type is rope
+  EXPECT_FALSE(same(run(yarn8), plain));
 
   const ModelSpec gpt_oss = model_spec_from_config(
       tiny({"model.window_size=[127, 0]", "model.window_attn_skip_freq=2", "model.softmax_type=learnable"}));

@@ -57,12 +57,14 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
 }
 
 // GPT-OSS's attention as a Bridge dump writes it (the window tuple as a block list, the skip
-// frequency, learned sinks) is modelled; what TE or Megatron refuses is refused with its field.
+// frequency, learned sinks, YaRN) is modelled; what TE or Megatron refuses is refused with its field.
 TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
   const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
-  const auto with = [&](const std::string& fields) {
+  const auto with = [&](const std::string& fields, const std::string& position = "rope") {
     std::string text = dump;
     text.insert(text.find("  gated_linear_unit: true"), fields);
+    const std::string line = "position_embedding_type: rope";
+    text.replace(text.find(line), line.size(), "position_embedding_type: " + position);
     Config c = load_config_text(text, "dump.yaml");
     c.target.gpu = "cpu";
     return resolve_config(c, std::nullopt);
@@ -92,6 +94,25 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
             std::string::npos)
       << short_pattern;
   EXPECT_NE(error_of([&] { with("  softmax_type: sigmoid\n"); }).find("vanilla|off-by-one|learnable"), std::string::npos);
+  // GPT-OSS's YaRN as Bridge's provider sets it: every channel rotates whatever rotary_percent says.
+  const std::string yarn =
+      "  yarn_rotary_scaling_factor: 32.0\n"
+      "  yarn_original_max_position_embeddings: 4096\n  yarn_beta_fast: 32.0\n  yarn_beta_slow: 1.0\n"
+      "  yarn_mscale: null\n  yarn_mscale_all_dim: null\n  yarn_correction_range_round_to_int: false\n";
+  const ModelSpec y = model_spec_from_config(with(yarn + "  rotary_percent: 0.5\n", "yarn"));
+  ASSERT_TRUE(y.attention.yarn.has_value());
+  EXPECT_EQ(y.attention.yarn->factor, 32.0);
+  EXPECT_FALSE(y.attention.yarn->round_to_int);
+  EXPECT_EQ(y.attention.rope_dim, 128);
+  const std::string missing = error_of([&] {
+    model_spec_from_config(with("  yarn_rotary_scaling_factor: 32.0\n", "yarn"));
+  });
+  EXPECT_NE(missing.find("model.yarn_original_max_position_embeddings=None: [model.yarn_fields]"), std::string::npos)
+      << missing;
+  std::string zero_beta = yarn;
+  zero_beta.replace(zero_beta.find("yarn_beta_slow: 1.0"), 19, "yarn_beta_slow: 0.0");
+  const std::string zero = error_of([&] { model_spec_from_config(with(zero_beta, "yarn")); });
+  EXPECT_NE(zero.find("model.yarn_beta_slow=0: YaRN takes the logarithm of it"), std::string::npos) << zero;
 }
 
 // The dump's activation (a callable's _target_), its clamp and offset reach the experts and the

@@ -126,6 +126,11 @@ struct ModelConfig {
   OptDouble softmax_scale;      // the attention logits' scale; None: 1 / sqrt(kv_channels)
   double rotary_percent = 1.0;  // RoPE rotates the first int(kv_channels * rotary_percent) channels
   OneOrList<double> rotary_base{10000};  // Gemma's and MiMo's providers: (local, global) layers' bases
+  // YaRN (position_embedding_type yarn; Bridge's provider fields, None unless a model sets them).
+  OptDouble yarn_rotary_scaling_factor;
+  OptInt yarn_original_max_position_embeddings;
+  OptDouble yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+  OptBool yarn_correction_range_round_to_int;
   std::optional<AttentionWindow> window_size;       // sliding-window attention (GPT-OSS); None: none
   std::optional<LayerFreq> window_attn_skip_freq;   // which layers have the window; None: every layer
   std::string softmax_type = "vanilla";             // vanilla, off-by-one or learnable (attention sinks)

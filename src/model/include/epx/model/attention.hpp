@@ -1,7 +1,8 @@
 // Causal self-attention with grouped-query attention, QK-norm and rotary embeddings (Megatron-Core's
 // SelfAttention with TE's DotProductAttention, at TP = CP = 1):
 //   qkv = x Wqkv^T, laid out [q heads | k groups | v groups] per token;
-//   q, k = RoPE(RMSNorm_d(q)), RoPE(RMSNorm_d(k))   (per head over head_dim, one gamma each);
+//   q, k = RoPE(RMSNorm_d(q)), RoPE(RMSNorm_d(k))   (per head over head_dim, one gamma each;
+//       plain or YaRN RoPE, epx/model/rope.hpp);
 //   o = softmax(q k^T / sqrt(d), causal) v, query head h reading group h / (heads / groups), in
 //       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp); under a
 //       sliding window a query sees itself and the `window` keys before it, and a softmax with a
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "epx/model/rope.hpp"
 #include "epx/tensor/param.hpp"
 #include "epx/tensor/tensor.hpp"
 
@@ -38,6 +40,7 @@ struct AttentionSpec {
   // RoPE's dim (Megatron's int(kv_channels * rotary_percent)): the first 2 ceil(dim / 2) channels
   // of each head rotate, the rest pass through. 0: head_dim.
   std::int64_t rope_dim = 0;
+  std::optional<YarnSpec> yarn;  // YaRN's frequencies and concentration (epx/model/rope.hpp); rope_dim = head_dim
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default
   // A sliding window (TE's window_size (window, 0), on the layers window_attn_skip_freq picks):
@@ -75,6 +78,7 @@ class SelfAttention {
   std::vector<Param*> params();
   const AttentionSpec& spec() const { return spec_; }
   std::int64_t rope_dim() const { return spec_.rope_dim > 0 ? spec_.rope_dim : spec_.head_dim; }
+  RopeSpec rope_spec() const { return {rope_dim(), spec_.rope_base, spec_.yarn}; }
   float softmax_scale() const {
     return spec_.softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(spec_.head_dim)));
   }
