@@ -2,10 +2,14 @@
 // sliding window (check_set_window_size), what YaRN RoPE needs set, and what Megatron-Core's
 // is_layer_window_attention needs of window_attn_skip_freq.
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "epx/config/yarn.hpp"
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
@@ -16,41 +20,61 @@ void add_attention_rules(RuleTable& add) {
       "a causal model's window is (left, 0): an unbounded left side with a right one is refused",
       [](const CheckContext& c) {
         const auto& w = c.cfg.model.window_size;
-        return fail_if(w && w->left < 0 && w->right > 0, kWindowMessage, "model.window_size=null");
+        return fail_if(w && w->left < 0 && w->right != 0 && w->right != -1, kWindowMessage, "model.window_size=null");
       });
   add("model.window_size_right", W, {"model.window_size"}, kTeAttention,
       "TE sets a causal model's right window side to 0, with a warning",
       [](const CheckContext& c) {
         const auto& w = c.cfg.model.window_size;
-        if (!w || w->right == 0 || (w->left < 0 && w->right > 0)) return pass();
+        if (!w || w->right == 0 || (w->left < 0 && w->right != -1)) return pass();
         return fail(fmt::format("{} (TE warns and attends over ({}, 0))", kWindowMessage, w->left),
                     w->left < 0 ? "model.window_size=null" : fmt::format("model.window_size=[{},0]", w->left));
       });
   add("model.yarn_fields", E,
       {"model.position_embedding_type", "model.yarn_rotary_scaling_factor", "model.yarn_original_max_position_embeddings",
-       "model.yarn_beta_fast", "model.yarn_beta_slow"},
+       "model.yarn_beta_fast", "model.yarn_beta_slow", "model.rotary_base", "model.yarn_mscale", "model.yarn_mscale_all_dim"},
       "Megatron-Core models/gpt/gpt_model.py, models/common/embeddings/yarn_rotary_pos_embedding.py",
-      "YaRN RoPE computes with the scaling factor, the original context and both betas: each must be set",
+      "YaRN RoPE computes with the scaling factor, the original context and both betas (set, positive), the log of a "
+      "base above 1, and a finite non-zero concentration factor",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.position_embedding_type != "yarn") return pass();
         // GPTModel passes each provider field as it is; Megatron-LM's own defaults are the fix.
-        const std::vector<std::pair<std::string, bool>> fields = {
-            {"model.yarn_rotary_scaling_factor=1.0", m.yarn_rotary_scaling_factor.has_value()},
-            {"model.yarn_original_max_position_embeddings=4096", m.yarn_original_max_position_embeddings.has_value()},
-            {"model.yarn_beta_fast=32.0", m.yarn_beta_fast.has_value()},
-            {"model.yarn_beta_slow=1.0", m.yarn_beta_slow.has_value()}};
+        const std::vector<std::tuple<std::string, std::string, std::optional<double>>> fields = {
+            {"model.yarn_rotary_scaling_factor", "1.0", m.yarn_rotary_scaling_factor},
+            {"model.yarn_original_max_position_embeddings", "4096",
+             m.yarn_original_max_position_embeddings
+                 ? std::optional<double>(static_cast<double>(*m.yarn_original_max_position_embeddings))
+                 : std::nullopt},
+            {"model.yarn_beta_fast", "32.0", m.yarn_beta_fast},
+            {"model.yarn_beta_slow", "1.0", m.yarn_beta_slow}};
         std::vector<std::string> missing, fixes;
-        for (const auto& [fix, set] : fields)
-          if (!set) {
-            missing.push_back(fix.substr(0, fix.find('=')));
-            fixes.push_back(fix);
+        for (const auto& [field, fix, value] : fields)
+          if (!value) {
+            missing.push_back(field);
+            fixes.push_back(field + "=" + fix);
           }
-        return fail_if(!missing.empty(),
-                       fmt::format("{} None: YarnRotaryEmbedding computes with {} and raises a TypeError when the model "
-                                   "is built",
-                                   fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"),
-                       fmt::format("{}", fmt::join(fixes, " ")));
+        if (!missing.empty())
+          return fail(fmt::format("{} None: YarnRotaryEmbedding computes with {} and raises a TypeError when the model "
+                                  "is built",
+                                  fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"),
+                      fmt::format("{}", fmt::join(fixes, " ")));
+        for (const auto& [field, fix, value] : fields)
+          if (!(*value > 0) || !std::isfinite(*value))
+            return fail(fmt::format("{}={}: YaRN takes the logarithm of it or divides by it (a ValueError or "
+                                    "ZeroDivisionError when the model is built)",
+                                    field, *value),
+                        field + "=" + fix);
+        if (m.rotary_base.values.front() <= 1)
+          return fail(fmt::format("rotary_base={}: YaRN divides by log(base) when the model is built",
+                                  m.rotary_base.values.front()),
+                      "model.rotary_base=10000");
+        const double conc = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
+        return fail_if(!std::isfinite(conc) || conc == 0,
+                       fmt::format("YaRN's concentration factor is {} (yarn_mscale's over yarn_mscale_all_dim's): the "
+                                   "rotary embedding's cos and sin are multiplied by it",
+                                   conc),
+                       "model.yarn_mscale=null");
       });
   add("model.window_pattern_length", E, {"model.window_attn_skip_freq", "model.window_size", "model.num_layers"},
       "Megatron-Core transformer/utils.py is_layer_window_attention",

@@ -82,8 +82,11 @@ void add_model_rules(RuleTable& add) {
                                    ? key
                                    : fmt::format("hidden_size {} / num_attention_heads {}", m.hidden_size, m.num_attention_heads);
         return fail(fmt::format("the head dimension rotates {} channels ({}{}), an odd count: rotary embeddings rotate "
-                                "pairs of channels, and the first step fails on the shapes",
-                                rotated(head_dim), of, share != 1 ? fmt::format(" x rotary_percent {:g}", share) : ""),
+                                "pairs of channels, and {}",
+                                rotated(head_dim), of, share != 1 ? fmt::format(" x rotary_percent {:g}", share) : "",
+                                yarn ? "YarnRotaryEmbedding fails when the model is built (its ceil(d/2) frequencies "
+                                       "and its ramp of d//2 differ in length)"
+                                     : "the first step fails on the shapes"),
                     fmt::format("model.{}={}", key, fixed));
       });
   add("moe.topk_range", E, {"model.moe_router_topk", "model.num_moe_experts"}, kMcore,
@@ -268,6 +271,14 @@ void add_model_rules(RuleTable& add) {
         const auto& m = c.cfg.model;
         return fail_if(m.num_moe_experts && m.add_bias_linear && effective_etp(m) != 1,
                        "Bias in Moe is only supported when ETP==1", "model.expert_tensor_parallel_size=1");
+      });
+  add("moe.bias_dropout_fusion", E, {"model.add_bias_linear", "model.bias_dropout_fusion", "model.num_moe_experts"},
+      "Megatron-Core transformer/moe/experts.py TEGroupedMLP",
+      "the grouped experts' biases cannot go through the fused bias-dropout-add", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.num_moe_experts && m.add_bias_linear && m.bias_dropout_fusion,
+                       "bias_dropout_fusion is not supported in TEGroupedMLP when add_bias_linear=True",
+                       "model.bias_dropout_fusion=false");
       });
   add("moe.layer_pattern_length", E, {"model.moe_layer_freq", "model.num_layers"}, kMcore,
       "an explicit moe_layer_freq pattern has one entry per layer", [](const CheckContext& c) {

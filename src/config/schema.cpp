@@ -246,6 +246,8 @@ struct Codec<LayerFreq> {
     LayerFreq f;
     if (n.IsSequence()) {
       for (const auto& item : n) f.pattern.push_back(Codec<Int>::decode(item, key, {}));
+      if (f.pattern.empty())  // Megatron indexes the list per layer: an empty one is an IndexError
+        throw ConfigError(fmt::format("{} is an empty list; give an integer, or one 0/1 per layer", key));
     } else if (n.IsScalar() && !is_null(n)) {
       if (auto v = parse_int(n.Scalar())) {
         f.every = *v;
@@ -300,9 +302,9 @@ struct Codec<AttentionWindow> {
       type_error(key, type_name(), n);
     }
     if (v.size() != 2) type_error(key, type_name(), n);
-    for (const Int x : v)
-      if (x < -1) throw ConfigError(fmt::format("{}={}: each side is -1 (unbounded) or at least 0, got {}", key,
-                                                fmt::format("[{}, {}]", v[0], v[1]), x));
+    if (v[0] < -1)  // TE's check_set_window_size asserts it
+      throw ConfigError(fmt::format("{}=[{}, {}]: the left side is -1 (unbounded) or at least 0, got {}", key, v[0], v[1],
+                                    v[0]));
     return {v[0], v[1]};
   }
   static YAML::Node encode(const AttentionWindow& w) {
@@ -543,6 +545,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, bias_activation_fusion),
       EPX_FIELD(kModel, use_te_activation_func),
       EPX_FIELD(kModel, add_bias_linear),
+      EPX_FIELD(kModel, bias_dropout_fusion),
       EPX_FIELD(kModel, add_qkv_bias),
       EPX_FIELD(kModel, seq_length),
       EPX_FIELD(kModel, vocab_size),

@@ -133,9 +133,8 @@ void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64
   if (seq < 1 || d < 1 || block < 1 || !(scale > 0.f && std::isfinite(scale)))  // the softmax's max needs scale > 0
     throw std::invalid_argument(
         fmt::format("{}: seq {}, head_dim {}, block {} and scale {} must be positive", kernel, seq, d, block, scale));
-  if (mask.window < -1 || (mask.sink && !std::isfinite(*mask.sink)))
-    throw std::invalid_argument(fmt::format("{}: window {} must be -1 (none) or at least 0, the sink finite", kernel,
-                                            mask.window));
+  if (mask.window < -1)  // a sink that is not finite is the model's NaN, which the NaN check reports
+    throw std::invalid_argument(fmt::format("{}: window {} must be -1 (none) or at least 0", kernel, mask.window));
 }
 
 // The first key query row i sees (a block's rows see from its first row's on).
@@ -153,7 +152,7 @@ struct Strips {
   std::unique_ptr<float[]> scores, grad;
   std::unique_ptr<T[]> op, grad_op;
   Strips(std::int64_t seq, std::int64_t block, const CausalAttentionMask& mask, bool backward) {
-    const std::int64_t width = mask.window < 0 ? seq : std::min(seq, block + mask.window);
+    const std::int64_t width = mask.window < 0 || mask.window >= seq ? seq : std::min(seq, block + mask.window);
     const auto n = static_cast<std::size_t>(std::min(block, seq) * width);
     scores.reset(new float[n]);
     if (backward) grad.reset(new float[n]);

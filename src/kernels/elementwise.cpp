@@ -1,5 +1,6 @@
-// Elementwise sums of activations (F32 or BF16), in FP32.
+// Elementwise sums of activations (F32 or BF16), in FP32, and the linear layers' biases.
 #include <stdexcept>
+#include <vector>
 
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
@@ -54,6 +55,33 @@ void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out)
       for (std::int64_t i = 0; i < n; ++i) detail::st(op, i, detail::ld(ap, i) + bp[i]);
     }
   }, a, out);
+}
+
+void add_bias_rows(Tensor& y, std::int64_t r0, std::int64_t r1, const float* bias, const float* scale) {
+  if (y.dtype() != DType::F32 || y.rank() != 2 || r0 < 0 || r1 > y.dim(0))
+    throw std::invalid_argument("add_bias_rows: y must be a 2-D F32 tensor holding the rows");
+  const std::int64_t n = y.dim(1);
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float p = scale ? scale[r] : 1.f;
+    for (std::int64_t j = 0; j < n; ++j) yp[r * n + j] += p * bias[j];
+  }
+}
+
+void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float* scale, float* out) {
+  if (d.rank() != 2 || r0 < 0 || r1 > d.dim(0)) throw std::invalid_argument("add_row_sums: d must be 2-D holding the rows");
+  const std::int64_t n = d.dim(1);
+  std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
+  detail::with_dtype("add_row_sums", [&](auto tag) {
+    using T = decltype(tag);
+    const T* dp = static_cast<const T*>(d.raw());
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const double p = scale ? scale[r] : 1.0;
+      for (std::int64_t j = 0; j < n; ++j) sum[static_cast<std::size_t>(j)] += p * detail::ld(dp, r * n + j);
+    }
+  }, d);
+  for (std::int64_t j = 0; j < n; ++j) out[j] += static_cast<float>(sum[static_cast<std::size_t>(j)]);
 }
 
 }  // namespace epx

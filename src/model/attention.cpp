@@ -68,7 +68,11 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
       k_layernorm(prefix + ".k_layernorm.weight", {spec.head_dim}, DType::F32),
       softmax_offset(prefix + ".core_attention.softmax_offset",
                      {spec.softmax == AttentionSoftmax::learnable ? spec.heads : 0}, DType::F32),
+      linear_qkv_bias(prefix + ".linear_qkv.bias", {spec.qkv_bias ? (spec.heads + 2 * spec.groups) * spec.head_dim : 0},
+                      spec.dtype),
+      linear_proj_bias(prefix + ".linear_proj.bias", {spec.proj_bias ? spec.hidden : 0}, spec.dtype),
       spec_(spec) {
+  linear_qkv_bias.bias = linear_proj_bias.bias = true;
   if (spec.heads % spec.groups != 0)
     throw std::invalid_argument(fmt::format("attention: {} heads do not divide into {} query groups", spec.heads, spec.groups));
   if (spec.window < -1) throw std::invalid_argument(fmt::format("attention: window {} is below -1 (none)", spec.window));
@@ -86,6 +90,8 @@ std::vector<Param*> SelfAttention::params() {
     out.push_back(&k_layernorm);
   }
   if (spec_.softmax == AttentionSoftmax::learnable) out.push_back(&softmax_offset);
+  if (spec_.qkv_bias) out.push_back(&linear_qkv_bias);
+  if (spec_.proj_bias) out.push_back(&linear_proj_bias);
   return out;
 }
 
@@ -100,6 +106,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   ctx.x = x;
   Tensor qkv = Tensor::uninitialized({T, width}, DType::F32);
   gemm(mat(x), Trans::N, mat(linear_qkv.compute), Trans::T, mat_mut(qkv));
+  if (spec_.qkv_bias) add_bias_rows(qkv, 0, T, linear_qkv_bias.compute.to(DType::F32).data<float>(), nullptr);
 
   // Split per head, QK-norm, then RoPE into the [B, head, S, d] layout of the core attention.
   ctx.q_raw = Tensor::uninitialized({T * nh, d}, DType::F32);
@@ -167,9 +174,11 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     });
   });
   ctx.o = o32.to(spec_.dtype);
-  Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.dtype);
+  Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.proj_bias ? DType::F32 : spec_.dtype);
   gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
-  return y;
+  if (!spec_.proj_bias) return y;
+  add_bias_rows(y, 0, T, linear_proj_bias.compute.to(DType::F32).data<float>(), nullptr);
+  return y.to(spec_.dtype);
 }
 
 Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
@@ -271,6 +280,8 @@ void SelfAttention::backward_wgrad(Context& ctx) {
   if (!ctx.dy.defined()) throw std::logic_error("attention: wgrad before dgrad");
   gemm(mat(ctx.dy), Trans::T, mat(ctx.o), Trans::N, mat_mut(linear_proj.grad), true);
   gemm(mat(ctx.dqkv), Trans::T, mat(ctx.x), Trans::N, mat_mut(linear_qkv.grad), true);
+  if (spec_.proj_bias) add_row_sums(ctx.dy, 0, ctx.dy.dim(0), nullptr, linear_proj_bias.grad.data<float>());
+  if (spec_.qkv_bias) add_row_sums(ctx.dqkv, 0, ctx.dqkv.dim(0), nullptr, linear_qkv_bias.grad.data<float>());
   ctx = Context{};
 }
 

@@ -17,9 +17,6 @@ double correction_dim(double rotations, double dim, double base, double original
   return dim * std::log(original / (rotations * 2 * std::numbers::pi)) / (2 * std::log(base));
 }
 
-// _yarn_get_mscale.
-double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
-
 }  // namespace
 
 std::vector<double> rope_inv_freq(const RopeSpec& r) {
@@ -45,16 +42,9 @@ std::vector<double> rope_inv_freq(const RopeSpec& r) {
   return f;
 }
 
-double rope_mscale(const RopeSpec& r) {
-  if (!r.yarn) return 1;
-  const YarnSpec& y = *r.yarn;
-  if (!y.mscale || !y.mscale_all_dim) return yarn_mscale(y.factor, 1);
-  return yarn_mscale(y.factor, *y.mscale) / yarn_mscale(y.factor, *y.mscale_all_dim);
-}
-
 RopeTable::RopeTable(std::int64_t seq, const RopeSpec& r) {
   const std::vector<double> f = rope_inv_freq(r);
-  const double m = rope_mscale(r);
+  const double m = r.concentration;
   half_ = static_cast<std::int64_t>(f.size());
   cos_.resize(static_cast<std::size_t>(seq * half_));
   sin_.resize(cos_.size());
@@ -83,7 +73,7 @@ const RopeTable& rope_table(std::int64_t seq, const RopeSpec& r) {
   // Keyed by the sequence length and what the table is made of.
   static std::map<std::tuple<std::int64_t, std::vector<double>, double>, std::unique_ptr<const RopeTable>> tables;
   std::lock_guard lock(mu);
-  auto& table = tables[{seq, rope_inv_freq(r), rope_mscale(r)}];
+  auto& table = tables[{seq, rope_inv_freq(r), r.concentration}];
   if (!table) table = std::make_unique<const RopeTable>(seq, r);
   return *table;
 }

@@ -24,7 +24,7 @@ TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique
     moe = std::make_unique<MoELayer>(*spec.moe, std::move(dispatcher), moe_options);
   } else {
     mlp.emplace(prefix + ".mlp", 1, spec.hidden, spec.ffn, spec.dtype, spec.activation, false,
-                spec.recompute.mlp ? GroupedMlp::Recompute::all : GroupedMlp::Recompute::none);
+                spec.recompute.mlp ? GroupedMlp::Recompute::all : GroupedMlp::Recompute::none, spec.bias);
   }
 }
 
@@ -33,15 +33,13 @@ std::vector<Param*> TransformerLayer::params() {
   for (Param* p : attention.params()) out.push_back(p);
   if (moe)
     for (Param* p : moe->params()) out.push_back(p);
-  if (mlp) {
-    out.push_back(&mlp->fc1);
-    out.push_back(&mlp->fc2);
-  }
+  if (mlp)
+    for (Param* p : mlp->params()) out.push_back(p);
   return out;
 }
 
 void TransformerLayer::init_weights(std::uint64_t seed) {
-  // Megatron: norms 1, sinks 0, linears N(0, std), the projections into the residual stream (linear_proj,
+  // Megatron: norms 1, sinks and biases 0 (as constructed), linears N(0, std), the projections into the residual stream (linear_proj,
   // fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor name: the same on every rank.
   const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
   const auto draw = [&](Param& p, double std) {

@@ -1,6 +1,7 @@
 #include "epx/moe/experts.hpp"
 
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -18,16 +19,38 @@ std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& counts, std::
   return off;
 }
 
+// Group g's rows of y [M, N] F32 += bias[g] (times probs[r] where given); bias [G, N] in the
+// compute dtype.
+void add_group_biases(Tensor& y, const Param& bias, const std::vector<std::int64_t>& off, const float* probs) {
+  const Tensor b = bias.compute.to(DType::F32);
+  for (std::size_t g = 0; g + 1 < off.size(); ++g)
+    add_bias_rows(y, off[g], off[g + 1], b.data<float>() + static_cast<std::int64_t>(g) * y.dim(1), probs);
+}
+
+// bias.grad[g] += the sum of d over group g's rows (times probs[r] where given).
+void group_bias_grads(Param& bias, const Tensor& d, const std::vector<std::int64_t>& off, const float* probs) {
+  for (std::size_t g = 0; g + 1 < off.size(); ++g)
+    add_row_sums(d, off[g], off[g + 1], probs, bias.grad.data<float>() + static_cast<std::int64_t>(g) * d.dim(1));
+}
+
 }  // namespace
 
 GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden,
                        std::int64_t ffn, DType dtype, GluActivation activation, bool grouped,
-                       Recompute recompute)
+                       Recompute recompute, bool bias)
     : recompute(recompute),
       fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
       fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
+      fc1_bias(prefix + ".linear_fc1.bias", {bias ? groups : 0, 2 * ffn}, dtype),
+      fc2_bias(prefix + ".linear_fc2.bias", {bias ? groups : 0, hidden}, dtype),
       groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), activation_(activation), grouped_(grouped) {
-  fc1.expert = fc2.expert = grouped;
+  fc1.expert = fc2.expert = fc1_bias.expert = fc2_bias.expert = grouped;
+  fc1_bias.bias = fc2_bias.bias = true;
+}
+
+std::vector<Param*> GroupedMlp::params() {
+  if (has_bias()) return {&fc1, &fc2, &fc1_bias, &fc2_bias};
+  return {&fc1, &fc2};
 }
 
 std::string GroupedMlp::tensor_name(const Param& p, std::int64_t g) const {
@@ -47,7 +70,8 @@ Tensor GroupedMlp::forward(const Tensor& x, std::vector<std::int64_t> counts,
   s.counts = std::move(counts);
   s.probs = std::move(probs);
   recompute_activations(s);
-  Tensor y({m, hidden_}, dtype_);
+  // With a bias the GEMM writes FP32, the bias is added and the sum rounded once.
+  Tensor y({m, hidden_}, has_bias() ? DType::F32 : dtype_);
   const auto off = offsets(s.counts, m);
   std::vector<GemmProblem> p2;
   for (std::int64_t g = 0; g < groups_; ++g) {
@@ -55,6 +79,10 @@ Tensor GroupedMlp::forward(const Tensor& x, std::vector<std::int64_t> counts,
     p2.push_back({mat(s.act, r0, n), expert_mat(fc2.compute, g), mat_mut(y, r0, n)});
   }
   grouped_gemm(p2, Trans::N, Trans::T);
+  if (has_bias()) {
+    add_group_biases(y, fc2_bias, off, s.probs.empty() ? nullptr : s.probs.data());
+    y = y.to(dtype_);
+  }
   if (recompute == Recompute::all) s.h = Tensor();
   if (recompute != Recompute::none) s.act = Tensor();
   return y;
@@ -64,13 +92,17 @@ void GroupedMlp::recompute_activations(Saved& s) const {
   const std::int64_t m = s.x.dim(0);
   if (!s.h.defined()) {
     const auto off = offsets(s.counts, m);
-    s.h = Tensor::uninitialized({m, 2 * ffn_}, dtype_);
+    s.h = Tensor::uninitialized({m, 2 * ffn_}, has_bias() ? DType::F32 : dtype_);
     std::vector<GemmProblem> p1;
     for (std::int64_t g = 0; g < groups_; ++g) {
       const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
       p1.push_back({mat(s.x, r0, n), expert_mat(fc1.compute, g), mat_mut(s.h, r0, n)});
     }
     grouped_gemm(p1, Trans::N, Trans::T);
+    if (has_bias()) {
+      add_group_biases(s.h, fc1_bias, off, nullptr);
+      s.h = s.h.to(dtype_);
+    }
   }
   if (!s.act.defined()) {
     s.act = Tensor::uninitialized({m, ffn_}, dtype_);
@@ -101,6 +133,18 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
     dp = dprobs->data();
   }
   glu_backward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
+  if (dp && has_bias()) {  // fc2's bias is scaled by the probability: dp += dy . b2
+    const Tensor b = fc2_bias.compute.to(DType::F32), dy32 = dy.to(DType::F32);
+    for (std::int64_t g = 0; g < groups_; ++g) {
+      const float* bg = b.data<float>() + g * hidden_;
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = off[static_cast<std::size_t>(g)]; r < off[static_cast<std::size_t>(g) + 1]; ++r) {
+        double sum = 0;  // in order, in FP64, as the activation's part
+        for (std::int64_t j = 0; j < hidden_; ++j) sum += static_cast<double>(dy32.data<float>()[r * hidden_ + j]) * bg[j];
+        dp[r] += static_cast<float>(sum);
+      }
+    }
+  }
   grouped_gemm(p1, Trans::N, Trans::N);
   return dx;
 }
@@ -117,6 +161,10 @@ void GroupedMlp::backward_wgrad(Saved& s) {
   }
   grouped_gemm(p2, Trans::T, Trans::N, /*accumulate=*/true);
   grouped_gemm(p1, Trans::T, Trans::N, /*accumulate=*/true);
+  if (has_bias()) {  // db2 += sum of p dy; db1 += sum of dh
+    group_bias_grads(fc2_bias, s.dy, off, s.probs.empty() ? nullptr : s.probs.data());
+    group_bias_grads(fc1_bias, s.dh, off, nullptr);
+  }
   s = Saved{};
 }
 

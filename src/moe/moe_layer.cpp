@@ -29,14 +29,14 @@ MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatc
     : router(spec),
       experts("mlp.experts", dispatcher->num_local_experts(), spec.hidden,
               expert_ffn_shard(spec, dispatcher->expert_tp_size()), spec.dtype, spec.activation, true,
-              options.experts_recompute),
+              options.experts_recompute, spec.bias),
       spec_(spec),
       options_(options),
       dispatcher_(std::move(dispatcher)) {
   router.global_aux_group = options.global_aux_group;
   if (spec.shared_ffn > 0)
     shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, spec.activation, false,
-                           options.shared_recompute);
+                           options.shared_recompute, spec.bias);
   // Megatron keeps the gate in the parameters' dtype; epx computes it from the FP32 master, as the router.
   if (spec.shared_ffn > 0 && spec.shared_expert_gate)
     shared_gate.emplace("mlp.shared_experts.gate_weight", Shape{1, spec.hidden}, DType::F32);
@@ -47,11 +47,10 @@ void MoELayer::reduce_gradients(Communicator& dense, Communicator& expert_dp) {
 }
 
 std::vector<Param*> MoELayer::params() {
-  std::vector<Param*> out{&router.weight, &experts.fc1, &experts.fc2};
-  if (shared_experts) {
-    out.push_back(&shared_experts->fc1);
-    out.push_back(&shared_experts->fc2);
-  }
+  std::vector<Param*> out{&router.weight};
+  for (Param* p : experts.params()) out.push_back(p);
+  if (shared_experts)
+    for (Param* p : shared_experts->params()) out.push_back(p);
   if (shared_gate) out.push_back(&*shared_gate);
   return out;
 }

@@ -1,6 +1,7 @@
 // The MoE layer's weight-file layout (README: tensor layout): every tensor of the whole layer by
 // name, and where this rank's experts and ETP slice sit in it. Initialisation draws each element
 // by its index in the file tensor, so any rank layout holds the same weights as one rank.
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -14,12 +15,13 @@
 namespace epx {
 namespace {
 
-// The FP32 elements of matrix `group` (-1: all) of a master or grad tensor, and its shape.
+// The FP32 elements of group `group`'s matrix (or bias row) of a stacked [G, ...] master or grad
+// tensor (-1: all of it), and its shape.
 std::pair<float*, Shape> slice(const Tensor& t, std::int64_t group) {
   auto* base = static_cast<float*>(const_cast<void*>(t.raw()));
   if (group < 0) return {base, t.shape()};
-  const Shape s{t.dim(1), t.dim(2)};
-  return {base + group * s[0] * s[1], s};
+  const Shape s(t.shape().begin() + 1, t.shape().end());
+  return {base + group * (t.numel() / t.dim(0)), s};
 }
 
 }  // namespace
@@ -59,10 +61,12 @@ std::vector<MoELayer::Entry> MoELayer::entries() const {
   for (std::int64_t g = 0; g < experts.groups(); ++g) {
     out.push_back({experts.tensor_name(experts.fc1, first + g), &experts.fc1, g, Entry::Split::rows, t, etp});
     out.push_back({experts.tensor_name(experts.fc2, first + g), &experts.fc2, g, Entry::Split::cols, t, etp});
+    if (experts.has_bias())  // biases only at ETP 1 (moe.bias_needs_etp1): not split
+      for (const Param* p : {&experts.fc1_bias, &experts.fc2_bias}) out.push_back({experts.tensor_name(*p, first + g), p, g});
   }
   if (shared_experts)
-    for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2})
-      out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
+    for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2, &shared_experts->fc1_bias, &shared_experts->fc2_bias})
+      if (p->master.numel() > 0) out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
   if (shared_gate) out.push_back({shared_gate->name, &*shared_gate, -1});
   return out;
 }
@@ -72,10 +76,18 @@ std::map<std::string, Shape> MoELayer::file_shapes(const MoESpec& spec) {
   for (std::int64_t e = 0; e < spec.num_experts; ++e) {
     out[fmt::format("mlp.experts.linear_fc1.weight{}", e)] = {2 * spec.ffn, spec.hidden};
     out[fmt::format("mlp.experts.linear_fc2.weight{}", e)] = {spec.hidden, spec.ffn};
+    if (spec.bias) {
+      out[fmt::format("mlp.experts.linear_fc1.bias{}", e)] = {2 * spec.ffn};
+      out[fmt::format("mlp.experts.linear_fc2.bias{}", e)] = {spec.hidden};
+    }
   }
   if (spec.shared_ffn > 0) {
     out["mlp.shared_experts.linear_fc1.weight"] = {2 * spec.shared_ffn, spec.hidden};
     out["mlp.shared_experts.linear_fc2.weight"] = {spec.hidden, spec.shared_ffn};
+    if (spec.bias) {
+      out["mlp.shared_experts.linear_fc1.bias"] = {2 * spec.shared_ffn};
+      out["mlp.shared_experts.linear_fc2.bias"] = {spec.hidden};
+    }
     if (spec.shared_expert_gate) out["mlp.shared_experts.gate_weight"] = {1, spec.hidden};
   }
   return out;
@@ -85,6 +97,12 @@ void MoELayer::init_weights(std::uint64_t seed) {
   // Megatron: N(0, init_method_std), and N(0, std / sqrt(2 * num_layers)) for the output
   // projections (fc2), which feed the residual stream.
   for (const Entry& e : entries()) {
+    if (e.param->bias) {  // Megatron zeroes the biases
+      e.for_each_run([&](std::int64_t local, std::int64_t, std::int64_t n) {
+        std::fill_n(slice(e.param->master, e.group).first + local, n, 0.f);
+      });
+      continue;
+    }
     const bool output_layer = e.param->name.find("linear_fc2") != std::string::npos;
     const double std = spec_.init_std / (output_layer ? std::sqrt(2.0 * spec_.num_layers) : 1.0);
     const CounterRng rng(seed, stream_of(e.name));

@@ -53,6 +53,17 @@ double window_core_share(const ModelConfig& m) {
   return w >= s ? 1 : std::min(1.0, (w - w * (w - 1) / (2 * s)) / (s / 2));
 }
 
+double blocked_window_core_share(const ModelConfig& m, Int block) {
+  if (!m.window_size || m.window_size->left < 0 || m.window_size->left >= m.seq_length - 1) return 1;
+  double full = 0, windowed = 0;
+  for (Int r0 = 0; r0 < m.seq_length; r0 += block) {
+    const double rows = static_cast<double>(std::min(block, m.seq_length - r0));
+    full += rows * (static_cast<double>(r0) + rows);
+    windowed += rows * (static_cast<double>(r0 - std::max<Int>(0, r0 - m.window_size->left)) + rows);
+  }
+  return windowed / full;
+}
+
 Int padded_vocab_size(const ModelConfig& m) {
   if (!m.vocab_size) missing("model.vocab_size");
   const Int multiple = std::max<Int>(1, m.make_vocab_size_divisible_by) * std::max<Int>(1, m.tensor_model_parallel_size);

@@ -80,9 +80,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     const double core = all_layers > 0 ? f.attention_core * core_layers / all_layers : 0;
     double other = f.per_token() - f.routed_experts - (f.attention_core - core) + core_again * core + mlp_again / 3,
            stage = 0;
-    if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs
+    if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs, at its own window cost
       other -= (1 + core_again) * core;
-      stage = (1 + core_again) * cpu_attention_s(m, core_layers, per_rank, hw.attention_tflops * 1e12 * cores);
+      const double blocked_layers = all_layers - st.window_layers * (1 - blocked_window_core_share(m));
+      stage = (1 + core_again) * cpu_attention_s(m, blocked_layers, per_rank, hw.attention_tflops * 1e12 * cores);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));

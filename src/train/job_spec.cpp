@@ -18,6 +18,7 @@
 #include "epx/config/mixed_precision.hpp"
 #include "epx/config/schema.hpp"
 #include "epx/config/scheduler_steps.hpp"
+#include "epx/config/yarn.hpp"
 #include "epx/schedule/pipeline.hpp"
 
 namespace epx {
@@ -104,18 +105,18 @@ YarnSpec yarn_from_config(const Config& c) {
           "yarn_rotary_scaling_factor 32, yarn_original_max_position_embeddings 4096, yarn_beta_fast 32, "
           "yarn_beta_slow 1)");
     if (!(*v > 0) || !std::isfinite(static_cast<double>(*v)))
-      bad(c, field, fmt::format("{}", *v), "YaRN takes the logarithm of it and divides by it; set a positive number");
+      bad(c, field, fmt::format("{}", *v),
+          "[model.yarn_fields] YaRN takes the logarithm of it and divides by it; set a positive number");
     into = static_cast<double>(*v);
   };
   positive("model.yarn_rotary_scaling_factor", m.yarn_rotary_scaling_factor, y.factor);
   positive("model.yarn_original_max_position_embeddings", m.yarn_original_max_position_embeddings, y.original_max_positions);
   positive("model.yarn_beta_fast", m.yarn_beta_fast, y.beta_fast);
   positive("model.yarn_beta_slow", m.yarn_beta_slow, y.beta_slow);
-  y.mscale = m.yarn_mscale;
-  y.mscale_all_dim = m.yarn_mscale_all_dim;
   y.round_to_int = m.yarn_correction_range_round_to_int.value_or(false);  // None is falsy in Megatron's `if`
   if (m.rotary_base.values.front() <= 1)
-    bad(c, "model.rotary_base", field_text(c, "model.rotary_base"), "YaRN divides by log(base); set a base above 1");
+    bad(c, "model.rotary_base", field_text(c, "model.rotary_base"),
+        "[model.yarn_fields] YaRN divides by log(base); set a base above 1");
   return y;
 }
 
@@ -198,6 +199,15 @@ MoESpec moe_spec_of(const Config& c, const GluActivation& activation) {
         "set the experts' FFN width (model.moe_ffn_hidden_size)");
   s.ffn = *ffn;
   s.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
+  s.bias = m.add_bias_linear;
+  if (s.bias && effective_etp(m) != 1)
+    bad(c, "model.expert_tensor_parallel_size", std::to_string(effective_etp(m)),
+        "[moe.bias_needs_etp1] Bias in Moe is only supported when ETP==1; set model.expert_tensor_parallel_size=1 "
+        "or model.add_bias_linear=false");
+  if (s.bias && m.bias_dropout_fusion)
+    bad(c, "model.bias_dropout_fusion", "true",
+        "[moe.bias_dropout_fusion] bias_dropout_fusion is not supported in TEGroupedMLP when add_bias_linear=True; set "
+        "model.bias_dropout_fusion=false");
   s.shared_expert_overlap = m.moe_shared_expert_overlap && s.shared_ffn > 0;
   s.shared_expert_gate = m.moe_shared_expert_gate && s.shared_ffn > 0;  // Megatron gates only a shared expert
   s.experts_wgrad_under_dispatch_backward = m.overlap_dispatch_backward_with_experts_wgrad;
@@ -306,8 +316,6 @@ ModelSpec model_spec_from_config(const Config& c) {
         "set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
     bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
-  if (m.add_bias_linear) bad(c, "model.add_bias_linear", "true", "epx's linear layers have no bias; set model.add_bias_linear=false");
-  if (m.add_qkv_bias) bad(c, "model.add_qkv_bias", "true", "epx's attention has no QKV bias; set model.add_qkv_bias=false");
   if (m.multi_latent_attention)
     bad(c, "model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
   if (m.mtp_num_layers && *m.mtp_num_layers > 0)
@@ -346,6 +354,17 @@ ModelSpec model_spec_from_config(const Config& c) {
                    ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
                    : a.head_dim;
   if (m.position_embedding_type == "yarn") a.yarn = yarn_from_config(c);
+  // Megatron's attention (with Bridge's patch) scales cos and sin by YaRN's concentration wherever
+  // yarn_rotary_scaling_factor is set, plain RoPE included.
+  if (m.yarn_rotary_scaling_factor && a.rope) {
+    a.rope_concentration = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
+    if (!std::isfinite(a.rope_concentration) || a.rope_concentration == 0 ||
+        std::abs(a.rope_concentration) > std::numeric_limits<float>::max())
+      bad(c, "model.yarn_mscale_all_dim", m.yarn_mscale_all_dim ? fmt::format("{}", *m.yarn_mscale_all_dim) : "None",
+          fmt::format("[model.yarn_fields] YaRN's concentration factor is {} (mscale's over mscale_all_dim's); set "
+                      "mscales that give a finite, non-zero factor",
+                      a.rope_concentration));
+  }
   if (a.rope && a.rope_dim < 1)
     bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
         fmt::format("RoPE would rotate none of the head's {} channels; set at least {:g}", a.head_dim,
@@ -361,6 +380,9 @@ ModelSpec model_spec_from_config(const Config& c) {
         "epx applies one RoPE base to every layer (the local and global layers' pair is not modelled); give one base");
   a.rope_base = m.rotary_base.values.front();
   a.qk_norm = m.qk_layernorm;
+  a.qkv_bias = m.add_bias_linear || m.add_qkv_bias;  // Megatron's linear_qkv: bias=add_bias_linear or add_qkv_bias
+  a.proj_bias = m.add_bias_linear;
+  s.bias = m.add_bias_linear;
   a.eps = s.eps;
   a.zero_centered_gamma = s.zero_centered_gamma;
   if (m.softmax_scale) {
@@ -375,10 +397,11 @@ ModelSpec model_spec_from_config(const Config& c) {
                                                : AttentionSoftmax::vanilla;
   // TE's causal attention takes (left, 0), makes (-1, -1) and (left >= 0, right) (left, 0), and
   // refuses the rest (model.window_size_causal).
-  if (m.window_size && m.window_size->left < 0 && m.window_size->right > 0)
+  if (m.window_size && m.window_size->left < 0 && m.window_size->right != 0 && m.window_size->right != -1)
     bad(c, "model.window_size", fmt::format("[{}, {}]", m.window_size->left, m.window_size->right),
         "[model.window_size_causal] window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=causal");
-  if (m.window_size && m.window_size->left >= 0) {  // (-1, 0) is the whole prefix: no window
+  // (-1, 0) is the whole prefix, and so is a window as long as the sequence: no window.
+  if (m.window_size && m.window_size->left >= 0 && m.window_size->left < m.seq_length - 1) {
     a.window = m.window_size->left;
     const std::optional<LayerFreq>& skip = m.window_attn_skip_freq;  // None: every layer
     if (skip && !skip->pattern.empty() && static_cast<Int>(skip->pattern.size()) < m.num_layers)

@@ -52,7 +52,7 @@ Adam::Adam(std::vector<ParamRange> ranges, const OptimizerConfig& config) : conf
     throw ConfigError(fmt::format("optimizer.optimizer={}: epx implements adam; set optimizer.optimizer=adam", config.optimizer));
   for (const ParamRange& r : ranges) {
     const std::int64_t n = r.end - r.begin;
-    if (n > 0) states_.push_back({r, Tensor({n}, DType::F32), Tensor({n}, DType::F32), r.param->master.rank() > 1, Tensor()});
+    if (n > 0) states_.push_back({r, Tensor({n}, DType::F32), Tensor({n}, DType::F32), r.param->master.rank() > 1 && !r.param->bias, Tensor()});
   }
 }
 

@@ -227,6 +227,36 @@ TEST(Training, SlidingWindowAndSinksUnderEveryScheduleAndLayout) {
   }
 }
 
+// add_bias_linear (GPT-OSS's, Megatron's default): the experts' biases are expert weights reduced
+// over EDP, the others dense ones reduced over DP, and fc2's, scaled by the probability, sends its
+// gradient to the router: the distributed run follows the single-rank curve (also over 2 pipeline
+// stages with the distributed optimizer), and the overlapped schedule changes no bit.
+TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.add_bias_linear=true", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]",
+                                   "model.moe_shared_expert_intermediate_size=32"};
+  const std::vector<double> plain = losses(mpi().world(), o);
+  std::vector<std::string> unbiased = o;
+  unbiased[0] = "model.add_bias_linear=false";
+  const std::vector<double> without = losses(mpi().world(), unbiased);
+  EXPECT_EQ(plain.front(), without.front());  // the biases start at 0
+  EXPECT_NE(plain.back(), without.back());    // and learn
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  std::vector<std::string> one = o;
+  one.push_back("model.expert_model_parallel_size=1");
+  const std::vector<double> single = losses(*self, one);
+  expect_losses_near(plain, single, 2e-4, "linear biases");
+  std::vector<std::string> ep_overlap = o;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
+  if (mpi().size() >= 2) {
+    std::vector<std::string> pp = o;
+    pp.insert(pp.end(), {"model.pipeline_model_parallel_size=2",
+                         "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2),
+                         "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
+    expect_losses_near(losses(mpi().world(), pp), single, 2e-4, "linear biases over 2 stages");
+  }
+}
+
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
 // the other router counts): the distributed run follows the single-rank loss curve, and the
 // bias changes it.

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include "epx/config/yarn.hpp"
 #include "epx/model/gpt_model.hpp"
 #include "epx/config/scheduler_steps.hpp"
 #include "epx/train/job_spec.hpp"
@@ -49,6 +50,25 @@ Batch batch(const ModelSpec& spec) {
   return b;
 }
 
+// The input's and every parameter's gradient of sum(attention(x) * r) against finite differences.
+void check_attention_gradients(SelfAttention& attn) {
+  const std::int64_t S = 5, B = 2, H = attn.spec().hidden;
+  Tensor x = randn({S * B, H}, 4);
+  const Tensor r = randn({S * B, H}, 5);
+  const auto f = [&] {
+    SelfAttention::Context c;
+    return test::dot(attn.forward(x, S, c), r);
+  };
+  for (Param* p : attn.params()) p->grad.zero();
+  SelfAttention::Context ctx;
+  attn.forward(x, S, ctx);
+  const Tensor dx = attn.backward_dgrad(ctx, r);
+  attn.backward_wgrad(ctx);
+  expect_directional_derivative(f, x, dx, 11, "dx");
+  for (Param* p : attn.params())
+    expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
+}
+
 TEST(Attention, GradientsMatchFiniteDifferences) {
   // Every channel rotated; the first 4 of 6 at Megatron's odd dim 3 (partial RoPE); a softmax scale
   // of the config's; a sliding window of 2 with learned sinks and YaRN (GPT-OSS); the off-by-one sink.
@@ -77,21 +97,35 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   for (std::int64_t i = 0; i < 6; ++i) attn.q_layernorm.master.set(i, 1 + attn.q_layernorm.master.get(i));
   if (k.softmax == AttentionSoftmax::learnable) attn.softmax_offset.master.copy_from(randn({4}, 6, 1.0));
   EXPECT_EQ(attn.params().size(), k.softmax == AttentionSoftmax::learnable ? 5u : 4u);
+  check_attention_gradients(attn);
+  }
+}
+
+// The linear layers' biases (add_bias_linear: linear_qkv's and linear_proj's; add_qkv_bias:
+// linear_qkv's only) against finite differences, and zero biases change no bit.
+TEST(Attention, BiasesMatchFiniteDifferences) {
+  for (const bool proj : {true, false}) {
+  SCOPED_TRACE(proj ? "add_bias_linear" : "add_qkv_bias");
+  AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 6, .qk_norm = true, .qkv_bias = true,
+                  .proj_bias = proj, .eps = 1e-6f, .rope = true, .rope_base = 100, .dtype = DType::F32};
+  SelfAttention attn("a", s);
+  AttentionSpec plain_spec = s;
+  plain_spec.qkv_bias = plain_spec.proj_bias = false;
+  SelfAttention plain("a", plain_spec);
+  for (SelfAttention* a : {&attn, &plain}) {
+    a->linear_qkv.master.copy_from(randn(a->linear_qkv.master.shape(), 1, 0.3));
+    a->linear_proj.master.copy_from(randn(a->linear_proj.master.shape(), 2, 0.3));
+  }
   const std::int64_t S = 5, B = 2;
   Tensor x = randn({S * B, 16}, 4);
   const Tensor r = randn({S * B, 16}, 5);
-  const auto f = [&] {
-    SelfAttention::Context c;
-    return test::dot(attn.forward(x, S, c), r);
-  };
-  for (Param* p : attn.params()) p->grad.zero();
-  SelfAttention::Context ctx;
-  attn.forward(x, S, ctx);
-  const Tensor dx = attn.backward_dgrad(ctx, r);
-  attn.backward_wgrad(ctx);
-  expect_directional_derivative(f, x, dx, 11, "dx");
-  for (Param* p : attn.params())
-    expect_directional_derivative(f, p->master, p->grad, 12, p->name.c_str());
+  SelfAttention::Context c1, c2;
+  EXPECT_EQ(test::dot(attn.forward(x, S, c1), r), test::dot(plain.forward(x, S, c2), r));
+  ASSERT_EQ(attn.params().size(), proj ? 6u : 5u);
+  attn.linear_qkv_bias.master.copy_from(randn(attn.linear_qkv_bias.master.shape(), 6, 0.5));
+  if (proj) attn.linear_proj_bias.master.copy_from(randn({16}, 7, 0.5));
+  for (Param* p : attn.params()) p->refresh();
+  check_attention_gradients(attn);
   }
 }
 
@@ -101,7 +135,7 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 // (8..18 rounded); frequencies below it are the base's, above it divided by the factor.
 TEST(Rope, YarnFrequenciesAndConcentrationAsMegatron) {
   RopeSpec r{64, 150000, YarnSpec{.factor = 32, .original_max_positions = 4096, .beta_fast = 32, .beta_slow = 1,
-                                  .round_to_int = false}};
+                                  .round_to_int = false}, 1};
   const std::vector<double> f = rope_inv_freq(r);
   ASSERT_EQ(f.size(), 32u);
   for (const auto& [i, want] : std::vector<std::pair<std::size_t, double>>{{0, 1.0},
@@ -112,17 +146,35 @@ TEST(Rope, YarnFrequenciesAndConcentrationAsMegatron) {
                                                                            {18, 3.8308812373753384e-05},
                                                                            {31, 3.0235114281192144e-07}})
     EXPECT_NEAR(f[i], want, 1e-14 * want) << i;
-  EXPECT_NEAR(rope_mscale(r), 1.3465735902799727, 1e-15);
+  EXPECT_NEAR(yarn_concentration(32, std::nullopt, std::nullopt), 1.3465735902799727, 1e-15);
   r.yarn->round_to_int = true;
   EXPECT_NEAR(rope_inv_freq(r)[12], 0.007015713910504388, 1e-16);
-  r.yarn->mscale = 1.0;
-  r.yarn->mscale_all_dim = 0.5;
-  EXPECT_NEAR(rope_mscale(r), 1.1476934674947155, 1e-15);
+  EXPECT_NEAR(yarn_concentration(32, 1.0, 0.5), 1.1476934674947155, 1e-15);
+  EXPECT_EQ(yarn_concentration(1, std::nullopt, std::nullopt), 1.0);
   // A factor of 1 is plain RoPE, bit for bit.
-  const RopeSpec plain{64, 150000, std::nullopt};
+  const RopeSpec plain{64, 150000, std::nullopt, 1};
   r.yarn = YarnSpec{.factor = 1};
   EXPECT_EQ(rope_inv_freq(r), rope_inv_freq(plain));
-  EXPECT_EQ(rope_mscale(r), 1.0);
+}
+
+// The concentration factor m multiplies the rotated q and k both: the attention is the one without
+// it with the logits' scale times m^2 (an m on q alone would give m).
+TEST(Rope, TheConcentrationScalesQueriesAndKeysBoth) {
+  const auto out = [](double m, std::optional<float> scale) {
+    AttentionSpec s{.hidden = 16, .heads = 4, .groups = 2, .head_dim = 4, .rope = true, .rope_base = 100,
+                    .rope_concentration = m, .dtype = DType::F32};
+    s.softmax_scale = scale;
+    SelfAttention attn("a", s);
+    attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.4));
+    attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.4));
+    SelfAttention::Context c;
+    return attn.forward(randn({6, 16}, 3), 6, c);
+  };
+  const double m = 1.3465735902799727;
+  const Tensor with = out(m, std::nullopt), scaled = out(1, static_cast<float>(0.5 * m * m));  // 1/sqrt(4) = 0.5
+  EXPECT_LT(test::rel_l2(with, scaled), 1e-6);
+  EXPECT_GT(test::rel_l2(with, out(1, std::nullopt)), 1e-3);
+  EXPECT_GT(test::rel_l2(with, out(1, static_cast<float>(0.5 * m))), 1e-3);
 }
 
 // Partial RoPE rotates the first rope_dim channels of each query and key head and passes the rest:
@@ -205,15 +257,16 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
         std::vector<std::string>{"model.window_size=[3, 0]", "model.window_attn_skip_freq=2",
                                  "model.softmax_type=learnable", "model.position_embedding_type=yarn",
                                  "model.yarn_rotary_scaling_factor=8.0", "model.yarn_original_max_position_embeddings=4",
-                                 "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"}}) {
+                                 "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"},
+        std::vector<std::string>{"model.add_bias_linear=true"}}) {
   SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   const ModelSpec spec = model_spec_from_config(tiny(overrides));
   GPTModel model = make_model(spec);
-  // Learned sinks start at 0 (TE); away from it their gradients are checked off the symmetric point.
+  // Learned sinks and biases start at 0 (TE, Megatron); their gradients are checked away from it.
   for (Param* p : model.params())
-    if (p->name.ends_with("softmax_offset")) {
+    if (p->name.ends_with("softmax_offset") || p->bias) {
       p->master.copy_from(randn(p->master.shape(), 9, 1.0));
       p->refresh();
     }
@@ -283,10 +336,13 @@ TEST(GPTModel, SlidingWindowAndSinksFromTheConfig) {
   EXPECT_FALSE(same(run(yarn8), plain));
 
   const ModelSpec gpt_oss = model_spec_from_config(
-      tiny({"model.window_size=[127, 0]", "model.window_attn_skip_freq=2", "model.softmax_type=learnable"}));
-  EXPECT_EQ(gpt_oss.attention.window, 127);
+      tiny({"model.window_size=[5, 0]", "model.window_attn_skip_freq=2", "model.softmax_type=learnable"}));
+  EXPECT_EQ(gpt_oss.attention.window, 5);
   EXPECT_EQ(gpt_oss.is_window, (std::vector<bool>{true, false}));
-  EXPECT_EQ(gpt_oss.attention_of(0).window, 127);
+  EXPECT_EQ(gpt_oss.attention_of(0).window, 5);
+  // GPT-OSS's 127 keys over this 12-token sequence, or a window past int64's range, is no window.
+  for (const char* w : {"model.window_size=[127, 0]", "model.window_size=[9223372036854775807, 0]"})
+    EXPECT_TRUE(model_spec_from_config(tiny({w})).is_window.empty()) << w;
   EXPECT_EQ(gpt_oss.attention_of(1).window, -1);
   EXPECT_EQ(gpt_oss.attention.softmax, AttentionSoftmax::learnable);
   GPTModel model = make_model(gpt_oss);
@@ -396,6 +452,24 @@ TEST(GPTModel, RecomputeChangesNothingButMemory) {
     if (mode[1] == "model.recompute_modules=[core_attn]") EXPECT_EQ(peak, base_peak);
     else EXPECT_LT(peak, base_peak) << mode[1] << " should lower the peak";
   }
+}
+
+// Megatron decays neither 1-D weights nor `*.bias`: the experts' stacked [G, N] biases (TE's
+// per-expert bias<g>) keep their value under weight decay with a zero gradient; a matrix shrinks.
+TEST(Adam, BiasesAndOneDimensionalWeightsAreNotDecayed) {
+  Param w("w", {2, 3}, DType::F32), b("b", {2, 3}, DType::F32), g("g", {3}, DType::F32);
+  b.bias = true;
+  for (Param* p : {&w, &b, &g}) {
+    p->master.fill(1.f);
+    p->grad.zero();
+  }
+  OptimizerConfig oc;
+  oc.weight_decay = 0.1;
+  Adam adam(std::vector<Param*>{&w, &b, &g}, oc);
+  adam.step(0.5);
+  EXPECT_LT(w.master.get(0), 1.f);
+  EXPECT_EQ(b.master.get(0), 1.f);
+  EXPECT_EQ(g.master.get(0), 1.f);
 }
 
 TEST(LrSchedule, WarmupThenCosineAsMegatron) {

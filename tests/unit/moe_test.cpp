@@ -158,6 +158,17 @@ INSTANTIATE_TEST_SUITE_P(
         // here: its kinks break finite differences over the whole input (Glu.* checks it cutting).
         Case{"quick_geglu_offset", [](MoESpec& s) { s.activation = {GluFn::quick_gelu, 5.f, 1.f}; }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
+        // add_bias_linear: fc1's and fc2's biases, fc2's scaled by the probability (its gradient
+        // reaches the router); drawn away from Megatron's zeros so that they matter.
+        Case{"linear_biases", [](MoESpec& s) { s.bias = true; },
+             [](MoELayer& l) {
+               std::uint64_t seed = 70;
+               for (Param* p : l.params())
+                 if (p->bias) {
+                   p->master.copy_from(randn(p->master.shape(), seed++, 0.5));
+                   p->refresh();
+                 }
+             }},
         // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
         Case{"expert_with_zero_tokens",
              [](MoESpec& s) {
@@ -579,11 +590,16 @@ namespace {
 // An independent forward: per token, loop over its top-k experts and the shared expert, in double.
 std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoESpec& s) {
   const std::int64_t t_count = x.numel() / s.hidden, h = s.hidden;
-  auto mlp = [&](const Tensor& w1, const Tensor& w2, std::int64_t f, std::int64_t t, double prob,
-                 std::vector<double>& out) {
+  // fc1's and fc2's biases where the file has them: added, fc2's times the probability.
+  const auto bias = [&](const std::string& name, std::int64_t i) {
+    const auto it = w.find(name);
+    return it == w.end() ? 0.0 : static_cast<double>(it->second.get(i));
+  };
+  auto mlp = [&](const Tensor& w1, const Tensor& w2, const std::string& b1, const std::string& b2, std::int64_t f,
+                 std::int64_t t, double prob, std::vector<double>& out) {
     std::vector<double> act(static_cast<std::size_t>(f));
     for (std::int64_t j = 0; j < f; ++j) {
-      double g = 0, u = 0;
+      double g = bias(b1, j), u = bias(b1, f + j);
       for (std::int64_t i = 0; i < h; ++i) {
         g += static_cast<double>(w1.get(j * h + i)) * x.get(t * h + i);
         u += static_cast<double>(w1.get((f + j) * h + i)) * x.get(t * h + i);
@@ -596,8 +612,10 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
       const double scale = a.fn == GluFn::quick_gelu ? 1.702 : 1.0;  // silu or quick_gelu
       act[static_cast<std::size_t>(j)] = g / (1 + std::exp(-scale * g)) * (u + a.linear_offset) * prob;
     }
-    for (std::int64_t i = 0; i < h; ++i)
+    for (std::int64_t i = 0; i < h; ++i) {
+      out[static_cast<std::size_t>(t * h + i)] += bias(b2, i) * prob;
       for (std::int64_t j = 0; j < f; ++j) out[static_cast<std::size_t>(t * h + i)] += w2.get(i * f + j) * act[static_cast<std::size_t>(j)];
+    }
   };
   std::vector<double> out(static_cast<std::size_t>(t_count * h), 0.0);
   const Tensor& router = w.at("mlp.router.weight");
@@ -613,8 +631,9 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
     for (int i = 0; i < s.topk; ++i) {
       const std::int64_t e = order[static_cast<std::size_t>(i)];
       mlp(w.at("mlp.experts.linear_fc1.weight" + std::to_string(e)),
-          w.at("mlp.experts.linear_fc2.weight" + std::to_string(e)), s.ffn, t,
-          std::exp(logits[static_cast<std::size_t>(e)]) / z, out);
+          w.at("mlp.experts.linear_fc2.weight" + std::to_string(e)), "mlp.experts.linear_fc1.bias" + std::to_string(e),
+          "mlp.experts.linear_fc2.bias" + std::to_string(e), s.ffn, t, std::exp(logits[static_cast<std::size_t>(e)]) / z,
+          out);
     }
     double gate = 1;  // Megatron's shared-expert gate: sigmoid(x . w)
     if (s.shared_expert_gate) {
@@ -624,7 +643,7 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
     }
     if (s.shared_ffn)
       mlp(w.at("mlp.shared_experts.linear_fc1.weight"), w.at("mlp.shared_experts.linear_fc2.weight"),
-          s.shared_ffn, t, gate, out);
+          "mlp.shared_experts.linear_fc1.bias", "mlp.shared_experts.linear_fc2.bias", s.shared_ffn, t, gate, out);
   }
   return out;
 }
@@ -633,9 +652,17 @@ TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
   for (const bool gate : {false, true}) {
     MoESpec spec = small_spec();
     spec.shared_expert_gate = gate;
+    spec.bias = gate;  // GPT-OSS's experts have biases (the shared expert too, here)
     if (gate) spec.activation = {GluFn::quick_gelu, 0.2f, 1.f};  // GPT-OSS's, clamping some of the inputs
     MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
     layer.init_weights(11);
+    std::uint64_t seed = 90;
+    for (Param* p : layer.params())
+      if (p->bias) {
+        EXPECT_EQ(dot(p->master, p->master), 0.0) << p->name << ": Megatron zeroes biases";
+        p->master.copy_from(randn(p->master.shape(), seed++, 0.3));
+        p->refresh();
+      }
     const Tensor x = randn({8, 2, 16}, 12);
     MoELayer::Context ctx;
     const Tensor y = layer.forward(x, ctx);

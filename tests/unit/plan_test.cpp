@@ -211,6 +211,17 @@ TEST(Plan, SlidingWindowLayersAreTimedAtTheirShare) {
       << windowed.notes[0];
   EXPECT_EQ(make_plan(resolved("qwen3_30b_a3b", {"model.window_size=[-1,0]"})).configured().step_time_s,
             plain.configured().step_time_s);
+  // epx's own blocked kernel multiplies rows + window keys per row: at S 256 and 127 keys, all
+  // but the first block's, nearly the full causal work.
+  ModelConfig proxy = c.model;
+  proxy.seq_length = 256;
+  double blocked = 0, full = 0;
+  for (Int r0 = 0; r0 < 256; r0 += 128) {
+    blocked += 128.0 * static_cast<double>(r0 + 128 - std::max<Int>(0, r0 - 127));
+    full += 128.0 * static_cast<double>(r0 + 128);
+  }
+  EXPECT_DOUBLE_EQ(blocked_window_core_share(proxy), blocked / full);
+  EXPECT_GT(blocked_window_core_share(proxy), window_core_share(proxy));
 }
 
 TEST(Plan, EachPipelineStageIsTimedFromItsOwnLayers) {

@@ -1,5 +1,6 @@
 // train/job_spec: the specs the layers below train/ run on, built from the config, and the
 // run-time refusals that stand behind the checker's rules.
+#include <cmath>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -84,7 +85,7 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
                        "for attn_mask_type=causal"),
             std::string::npos)
       << right;
-  EXPECT_NE(error_of([&] { with("  window_size: [-2, 0]\n"); }).find("each side is -1 (unbounded) or at least 0"),
+  EXPECT_NE(error_of([&] { with("  window_size: [-2, 0]\n"); }).find("the left side is -1 (unbounded) or at least 0"),
             std::string::npos);
   EXPECT_NE(error_of([&] { with("  window_size: [1, 2, 3]\n"); }).find("a pair [left, right] of integers"),
             std::string::npos);
@@ -94,6 +95,8 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
             std::string::npos)
       << short_pattern;
   EXPECT_NE(error_of([&] { with("  softmax_type: sigmoid\n"); }).find("vanilla|off-by-one|learnable"), std::string::npos);
+  EXPECT_NE(error_of([&] { with("  window_attn_skip_freq: []\n"); }).find("model.window_attn_skip_freq is an empty list"),
+            std::string::npos);
   // GPT-OSS's YaRN as Bridge's provider sets it: every channel rotates whatever rotary_percent says.
   const std::string yarn =
       "  yarn_rotary_scaling_factor: 32.0\n"
@@ -104,6 +107,11 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
   EXPECT_EQ(y.attention.yarn->factor, 32.0);
   EXPECT_FALSE(y.attention.yarn->round_to_int);
   EXPECT_EQ(y.attention.rope_dim, 128);
+  EXPECT_NEAR(y.attention.rope_concentration, 1 + 0.1 * std::log(32.0), 1e-12);
+  // Bridge's patched concentration applies wherever the factor is set, plain RoPE too.
+  EXPECT_NEAR(model_spec_from_config(with("  yarn_rotary_scaling_factor: 32.0\n")).attention.rope_concentration,
+              1 + 0.1 * std::log(32.0), 1e-12);
+  EXPECT_EQ(model_spec_from_config(with("")).attention.rope_concentration, 1.0);
   const std::string missing = error_of([&] {
     model_spec_from_config(with("  yarn_rotary_scaling_factor: 32.0\n", "yarn"));
   });
@@ -112,7 +120,22 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
   std::string zero_beta = yarn;
   zero_beta.replace(zero_beta.find("yarn_beta_slow: 1.0"), 19, "yarn_beta_slow: 0.0");
   const std::string zero = error_of([&] { model_spec_from_config(with(zero_beta, "yarn")); });
-  EXPECT_NE(zero.find("model.yarn_beta_slow=0: YaRN takes the logarithm of it"), std::string::npos) << zero;
+  EXPECT_NE(zero.find("model.yarn_beta_slow=0: [model.yarn_fields] YaRN takes the logarithm of it"), std::string::npos) << zero;
+}
+
+// add_bias_linear (Megatron's default, GPT-OSS's) gives every linear layer a bias, add_qkv_bias
+// linear_qkv's alone; the experts' need ETP 1 and no fused bias-dropout-add, as Megatron asserts.
+TEST(JobSpec, LinearBiasesAsMegatronBuildsThem) {
+  const ModelSpec plain = model_spec_from_config(resolved({}));
+  EXPECT_FALSE(plain.bias || plain.attention.qkv_bias || plain.attention.proj_bias || plain.moe->bias);
+  const ModelSpec all = model_spec_from_config(resolved({"model.add_bias_linear=true"}));
+  EXPECT_TRUE(all.bias && all.attention.qkv_bias && all.attention.proj_bias && all.moe->bias);
+  const ModelSpec qkv = model_spec_from_config(resolved({"model.add_qkv_bias=true"}));
+  EXPECT_TRUE(qkv.attention.qkv_bias);
+  EXPECT_FALSE(qkv.attention.proj_bias || qkv.bias || qkv.moe->bias);
+  EXPECT_NE(error_of([] { moe_spec_from_config(resolved({"model.add_bias_linear=true", "model.bias_dropout_fusion=true"})); })
+                .find("[moe.bias_dropout_fusion]"),
+            std::string::npos);
 }
 
 // The dump's activation (a callable's _target_), its clamp and offset reach the experts and the

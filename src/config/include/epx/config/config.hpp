@@ -117,6 +117,7 @@ struct ModelConfig {
   bool bias_activation_fusion = false;
   bool use_te_activation_func = false;
   bool add_bias_linear = true;
+  bool bias_dropout_fusion = false;
   bool add_qkv_bias = false;
   Int seq_length = 1024;
   OptInt vocab_size;

@@ -121,6 +121,13 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
 // that order and rounded once (the MoE layer's input gradient from its paths).
 void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out);
 
+// Linear biases. Rows [r0, r1) of y [M, N] F32 += bias (N values, F32), times scale[r] where a
+// scale is given (the routing probabilities of the experts' fc2). And its gradient: out[j] += the
+// sum over those rows of d[r, j] (F32 or BF16; times scale[r] where given), in row order in FP64,
+// so the same bits on any thread count.
+void add_bias_rows(Tensor& y, std::int64_t r0, std::int64_t r1, const float* bias, const float* scale);
+void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float* scale, float* out);
+
 // ------------------------------------------ sum of squares (src/kernels/sum_of_squares.cpp)
 
 // sum(x[i]^2) in FP64, in a fixed order (the same bits on every CPU): the gradient norm.

@@ -7,7 +7,8 @@
 //       query blocks that never hold S x S scores (causal_attention_forward, kernels.hpp); under a
 //       sliding window a query sees itself and the `window` keys before it, and a softmax with a
 //       sink (softmax_type off-by-one or learnable) counts one more logit per head with no value;
-//   y = o Wproj^T.
+//   y = o Wproj^T (+ the biases of linear_qkv and linear_proj where the config has them, added to
+//       the FP32 GEMM output before its one rounding).
 // Linear layers run in the compute dtype with FP32 accumulation; so do the core attention's GEMMs
 // (BF16 operands for a BF16 model, as flash attention), its softmax is FP32.
 // Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
@@ -34,13 +35,15 @@ enum class AttentionSoftmax { vanilla, off_by_one, learnable };
 struct AttentionSpec {
   std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0;
   bool qk_norm = false;
+  bool qkv_bias = false, proj_bias = false;  // add_bias_linear (both) or add_qkv_bias (linear_qkv's)
   float eps = 1e-6f;
   bool rope = true;
   double rope_base = 10000;
   // RoPE's dim (Megatron's int(kv_channels * rotary_percent)): the first 2 ceil(dim / 2) channels
   // of each head rotate, the rest pass through. 0: head_dim.
   std::int64_t rope_dim = 0;
-  std::optional<YarnSpec> yarn;  // YaRN's frequencies and concentration (epx/model/rope.hpp); rope_dim = head_dim
+  std::optional<YarnSpec> yarn;  // YaRN's frequencies (epx/model/rope.hpp); rope_dim = head_dim
+  double rope_concentration = 1;  // cos and sin times YaRN's concentration factor, where the config sets one
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default
   // A sliding window (TE's window_size (window, 0), on the layers window_attn_skip_freq picks):
@@ -78,7 +81,7 @@ class SelfAttention {
   std::vector<Param*> params();
   const AttentionSpec& spec() const { return spec_; }
   std::int64_t rope_dim() const { return spec_.rope_dim > 0 ? spec_.rope_dim : spec_.head_dim; }
-  RopeSpec rope_spec() const { return {rope_dim(), spec_.rope_base, spec_.yarn}; }
+  RopeSpec rope_spec() const { return {rope_dim(), spec_.rope_base, spec_.yarn, spec_.rope_concentration}; }
   float softmax_scale() const {
     return spec_.softmax_scale.value_or(1.f / std::sqrt(static_cast<float>(spec_.head_dim)));
   }
@@ -86,6 +89,7 @@ class SelfAttention {
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
   // The learned sink logit per head (softmax_type learnable; FP32 like the norms' gammas).
   Param softmax_offset;
+  Param linear_qkv_bias, linear_proj_bias;  // empty without biases
 
  private:
   CausalAttentionMask mask(std::int64_t head) const;  // the window and the sink of query head `head`

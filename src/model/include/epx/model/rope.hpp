@@ -5,8 +5,9 @@
 // the rest pass through. Plain: Megatron's dim r (head_dim, or int(head_dim * rotary_percent)),
 // n = ceil(r / 2), f_i = base^(-2i/r), m = 1. YaRN: r = head_dim (rotary_percent is not read),
 // f_i blends base^(-2i/r) (extrapolation) into it over the factor (interpolation) on a linear ramp
-// between the dims where beta_fast and beta_slow rotations fit the original context, and m is
-// the concentration factor (Megatron multiplies cos and sin, for q and k, by it).
+// between the dims where beta_fast and beta_slow rotations fit the original context. m is YaRN's
+// concentration factor wherever yarn_rotary_scaling_factor is set: Megatron's attention
+// multiplies cos and sin, for q and k, by it (with Bridge's patch, under plain RoPE too).
 #pragma once
 
 #include <cstdint>
@@ -15,22 +16,21 @@
 
 namespace epx {
 
-// Megatron-Core's YarnRotaryEmbedding arguments (Bridge's yarn_* provider fields).
+// Megatron-Core's YarnRotaryEmbedding frequency arguments (Bridge's yarn_* provider fields).
 struct YarnSpec {
   double factor = 1, original_max_positions = 4096, beta_fast = 32, beta_slow = 1;
-  std::optional<double> mscale, mscale_all_dim;  // either none: the factor's own concentration
-  bool round_to_int = true;                      // the correction range's bounds floored and ceiled
+  bool round_to_int = true;  // the correction range's bounds floored and ceiled
 };
 
 struct RopeSpec {
   std::int64_t dim = 0;  // Megatron's dim r
   double base = 10000;
   std::optional<YarnSpec> yarn;
+  double concentration = 1;  // m (epx/config/yarn.hpp)
 };
 
-// The inverse frequencies f_i and the concentration factor m.
+// The inverse frequencies f_i.
 std::vector<double> rope_inv_freq(const RopeSpec& r);
-double rope_mscale(const RopeSpec& r);
 
 // m cos and m sin of every (position, i) for one sequence length, computed once per shape and
 // spec (rope_table) and shared by every layer, forward and backward.

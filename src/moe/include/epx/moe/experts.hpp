@@ -1,11 +1,14 @@
 // Gated FFNs over groups of rows: the routed experts (one group per local expert, variable token
 // counts including zero; Megatron-Core's TEGroupedMLP) and, with one group and no routing
 // probabilities, the shared expert (SharedExpertMLP) or a dense MLP.
-//   fc1: [2F, H] per group, output [gate | up];  act = glu(gate, up) * prob (SwiGLU by default,
-//   epx/kernels/glu.hpp);  fc2: [H, F].
-// Weights are stacked [G, 2F, H] and [G, H, F]; the tensor names of group g are
-// `<prefix>.linear_fc1.weight<g>` (Transformer Engine's GroupedLinear), or without the index for
-// a single dense MLP.
+//   fc1: [2F, H] per group, output [gate | up] (+ b1);  act = glu(gate, up) * prob (SwiGLU by
+//   default, epx/kernels/glu.hpp);  fc2: [H, F], output + b2 * prob.
+// The biases (add_bias_linear) are added to the GEMMs' FP32 output before its one rounding, as
+// a GEMM epilogue; fc2's is scaled by the routing probability as Megatron's TEGroupedMLP does
+// (_apply_bias: p * (fc2(x) + b) once p moved before fc2), so its gradient reaches the router.
+// Weights are stacked [G, 2F, H] and [G, H, F], biases [G, 2F] and [G, H]; the tensor names of
+// group g are `<prefix>.linear_fc1.weight<g>` / `.bias<g>` (Transformer Engine's GroupedLinear),
+// or without the index for a single dense MLP.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,8 @@ class GroupedMlp {
 
   // `grouped`: name weights per group (experts) rather than one dense MLP (shared expert).
   GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden, std::int64_t ffn,
-             DType dtype, GluActivation activation, bool grouped, Recompute recompute = Recompute::none);
+             DType dtype, GluActivation activation, bool grouped, Recompute recompute = Recompute::none,
+             bool bias = false);
 
   // What one micro-batch's backward needs; dgrad fills dy/dh for wgrad.
   struct Saved {
@@ -44,14 +48,18 @@ class GroupedMlp {
                  Saved& s) const;
   // dy [M, H] -> dx [M, H]; dprobs [M] when the forward had probabilities.
   Tensor backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>* dprobs) const;
-  // fc1.grad and fc2.grad += this micro-batch's contribution; frees what dgrad kept.
+  // The weights' (and biases') gradients += this micro-batch's contribution; frees what dgrad kept.
   void backward_wgrad(Saved& s);
+
+  std::vector<Param*> params();  // fc1, fc2, and their biases where there are biases
+  bool has_bias() const { return fc1_bias.master.numel() > 0; }
 
   std::int64_t groups() const { return groups_; }
   // The file name of group g's matrix of `p` (fc1 or fc2).
   std::string tensor_name(const Param& p, std::int64_t g) const;
 
   Param fc1, fc2;
+  Param fc1_bias, fc2_bias;  // [G, 2F], [G, H]; empty without biases
 
  private:
   // fc1's output and the activation, where they are not held (first forward, or a recompute).

@@ -52,6 +52,9 @@ double mtp_moe_layers(const ModelConfig& m);
 // FLOPs, and model_flops, count every layer in full).
 double window_layers_in(const ModelConfig& m, Int first, Int last);
 double window_core_share(const ModelConfig& m);
+// The same share for epx's blocked CPU attention (blocks of `block` query rows): a block
+// multiplies the keys from its first row's window start to its last row, rows + window per row.
+double blocked_window_core_share(const ModelConfig& m, Int block = 128);
 
 // The rows the routed experts compute per token: top-k, scaled by the capacity factor where the
 // experts' inputs are padded to capacity (Megatron's get_capacity: each expert takes

@@ -17,6 +17,9 @@ struct Param {
   // A routed expert's weight: split over EP (and ETP), its gradient summed over EDP; every other
   // weight is replicated over the stage's TP x CP x DP ranks.
   bool expert = false;
+  // A linear layer's bias: no weight decay (Megatron's `*.bias` rule; the experts' stacked [G, N]
+  // biases are TE's per-group 1-D bias<g>).
+  bool bias = false;
 
   Param() = default;
   Param(std::string n, Shape shape, DType compute_dtype)

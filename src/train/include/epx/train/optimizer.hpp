@@ -33,7 +33,7 @@ struct ParamRange {
 
 class Adam {
  public:
-  // Norm gammas (1-D tensors) get no weight decay, as in Megatron.
+  // Norm gammas and sinks (1-D tensors) and biases get no weight decay, as in Megatron.
   Adam(std::vector<Param*> params, const OptimizerConfig& config);
   // Only `ranges` (the distributed optimizer's shard): their state alone is kept.
   Adam(std::vector<ParamRange> ranges, const OptimizerConfig& config);

@@ -1,0 +1,19 @@
+// YaRN's concentration factor (Megatron-Core's _yarn_get_concentration_factor), from the config's
+// yarn_rotary_scaling_factor s, yarn_mscale and yarn_mscale_all_dim: 0.1 m ln(s) + 1 for s > 1
+// (1 below) with m = 1, or with both mscales that of yarn_mscale over that of yarn_mscale_all_dim.
+// Megatron's attention multiplies RoPE's cos and sin, for q and k, by it; the checker and the
+// runtime both read it from here.
+#pragma once
+
+#include <cmath>
+#include <optional>
+
+namespace epx {
+
+inline double yarn_concentration(double factor, std::optional<double> mscale, std::optional<double> mscale_all_dim) {
+  const auto get = [factor](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  if (!mscale || !mscale_all_dim) return get(1);
+  return get(*mscale) / get(*mscale_all_dim);
+}
+
+}  // namespace epx
