@@ -1,6 +1,7 @@
 // The attention rules: what Transformer Engine's DotProductAttention makes of a causal model's
-// sliding window (check_set_window_size), what YaRN RoPE needs set, and what Megatron-Core's
-// is_layer_window_attention needs of window_attn_skip_freq.
+// sliding window (check_set_window_size) and which backend takes sinks under context
+// parallelism, what YaRN RoPE needs set, and what Megatron-Core's is_layer_window_attention needs
+// of window_attn_skip_freq.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -75,6 +76,24 @@ void add_attention_rules(RuleTable& add) {
                                    "rotary embedding's cos and sin are multiplied by it",
                                    conc),
                        "model.yarn_mscale=null");
+      });
+  add("model.sink_context_parallel", E,
+      {"model.softmax_type", "model.context_parallel_size", "model.cp_comm_type"}, kTeAttention,
+      "attention sinks under context parallelism run on FusedAttention with cp_comm_type a2a only",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.softmax_type == "vanilla" || m.context_parallel_size <= 1) return pass();
+        // FlashAttention takes no sink, UnfusedDotProductAttention no CP, FusedAttention only a2a.
+        const bool a2a = m.cp_comm_type && !m.cp_comm_type->values.empty() &&
+                         std::all_of(m.cp_comm_type->values.begin(), m.cp_comm_type->values.end(),
+                                     [](const std::string& t) { return t == "a2a"; });
+        return fail_if(!a2a,
+                       fmt::format("No dot product attention backend is available for the provided inputs. (softmax_type "
+                                   "{} with context_parallel_size {} and cp_comm_type {}: FlashAttention takes no sink, "
+                                   "UnfusedDotProductAttention no context parallelism, FusedAttention only a2a)",
+                                   m.softmax_type, m.context_parallel_size,
+                                   m.cp_comm_type ? fmt::format("{}", fmt::join(m.cp_comm_type->values, ",")) : "None (p2p)"),
+                       "model.cp_comm_type=a2a");
       });
   add("model.window_pattern_length", E, {"model.window_attn_skip_freq", "model.window_size", "model.num_layers"},
       "Megatron-Core transformer/utils.py is_layer_window_attention",

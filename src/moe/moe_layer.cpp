@@ -34,9 +34,11 @@ MoELayer::MoELayer(const MoESpec& spec, std::unique_ptr<TokenDispatcher> dispatc
       options_(options),
       dispatcher_(std::move(dispatcher)) {
   router.global_aux_group = options.global_aux_group;
+  if (spec.bias && dispatcher_->expert_tp_size() != 1)  // fc2's bias would be summed over the ETP ranks
+    throw std::invalid_argument("MoE layer: expert biases need expert_tensor_parallel_size 1 (moe.bias_needs_etp1)");
   if (spec.shared_ffn > 0)
     shared_experts.emplace("mlp.shared_experts", 1, spec.hidden, spec.shared_ffn, spec.dtype, spec.activation, false,
-                           options.shared_recompute, spec.bias);
+                           options.shared_recompute);  // no biases: Megatron's SharedExpertMLP asserts it
   // Megatron keeps the gate in the parameters' dtype; epx computes it from the FP32 master, as the router.
   if (spec.shared_ffn > 0 && spec.shared_expert_gate)
     shared_gate.emplace("mlp.shared_experts.gate_weight", Shape{1, spec.hidden}, DType::F32);
@@ -48,6 +50,7 @@ void MoELayer::reduce_gradients(Communicator& dense, Communicator& expert_dp) {
 
 std::vector<Param*> MoELayer::params() {
   std::vector<Param*> out{&router.weight};
+  if (spec_.bias) out.push_back(&router.bias);
   for (Param* p : experts.params()) out.push_back(p);
   if (shared_experts)
     for (Param* p : shared_experts->params()) out.push_back(p);

@@ -56,6 +56,7 @@ void MoELayer::Entry::for_each_run(Fn fn) const {
 
 std::vector<MoELayer::Entry> MoELayer::entries() const {
   std::vector<Entry> out{{router.weight.name, &router.weight, -1}};
+  if (spec_.bias) out.push_back({router.bias.name, &router.bias, -1});
   const std::int64_t first = dispatcher_->first_local_expert();
   const int t = dispatcher_->expert_tp_rank(), etp = dispatcher_->expert_tp_size();
   for (std::int64_t g = 0; g < experts.groups(); ++g) {
@@ -65,14 +66,15 @@ std::vector<MoELayer::Entry> MoELayer::entries() const {
       for (const Param* p : {&experts.fc1_bias, &experts.fc2_bias}) out.push_back({experts.tensor_name(*p, first + g), p, g});
   }
   if (shared_experts)
-    for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2, &shared_experts->fc1_bias, &shared_experts->fc2_bias})
-      if (p->master.numel() > 0) out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
+    for (const Param* p : {&shared_experts->fc1, &shared_experts->fc2})
+      out.push_back({shared_experts->tensor_name(*p, 0), p, 0});
   if (shared_gate) out.push_back({shared_gate->name, &*shared_gate, -1});
   return out;
 }
 
 std::map<std::string, Shape> MoELayer::file_shapes(const MoESpec& spec) {
   std::map<std::string, Shape> out{{"mlp.router.weight", {spec.num_experts, spec.hidden}}};
+  if (spec.bias) out["mlp.router.bias"] = {spec.num_experts};
   for (std::int64_t e = 0; e < spec.num_experts; ++e) {
     out[fmt::format("mlp.experts.linear_fc1.weight{}", e)] = {2 * spec.ffn, spec.hidden};
     out[fmt::format("mlp.experts.linear_fc2.weight{}", e)] = {spec.hidden, spec.ffn};
@@ -84,10 +86,6 @@ std::map<std::string, Shape> MoELayer::file_shapes(const MoESpec& spec) {
   if (spec.shared_ffn > 0) {
     out["mlp.shared_experts.linear_fc1.weight"] = {2 * spec.shared_ffn, spec.hidden};
     out["mlp.shared_experts.linear_fc2.weight"] = {spec.hidden, spec.shared_ffn};
-    if (spec.bias) {
-      out["mlp.shared_experts.linear_fc1.bias"] = {2 * spec.shared_ffn};
-      out["mlp.shared_experts.linear_fc2.bias"] = {spec.hidden};
-    }
     if (spec.shared_expert_gate) out["mlp.shared_experts.gate_weight"] = {1, spec.hidden};
   }
   return out;
@@ -97,7 +95,7 @@ void MoELayer::init_weights(std::uint64_t seed) {
   // Megatron: N(0, init_method_std), and N(0, std / sqrt(2 * num_layers)) for the output
   // projections (fc2), which feed the residual stream.
   for (const Entry& e : entries()) {
-    if (e.param->bias) {  // Megatron zeroes the biases
+    if (e.param->bias && e.param != &router.bias) {  // Megatron zeroes the linears' biases, draws the router's
       e.for_each_run([&](std::int64_t local, std::int64_t, std::int64_t n) {
         std::fill_n(slice(e.param->master, e.group).first + local, n, 0.f);
       });

@@ -45,12 +45,15 @@ void select_topk(const float* scores, std::int64_t e, int k, int groups, int gro
 
 Router::Router(const MoESpec& spec)
     : weight("mlp.router.weight", {spec.num_experts, spec.hidden}, DType::F32),
+      bias("mlp.router.bias", {spec.bias ? spec.num_experts : 0}, DType::F32),
       expert_bias({spec.num_experts}, DType::F32),
       routed_tokens(static_cast<std::size_t>(spec.num_experts), 0.f),
       qb_beta({spec.num_experts}, DType::F32),
       qb_beta_accum({spec.num_experts}, DType::F32),
       global_tokens_per_expert({spec.num_experts}, DType::F32),
-      spec_(spec) {}
+      spec_(spec) {
+  bias.bias = true;
+}
 
 Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
                         double aux_loss_scale, std::uint64_t rank, const RouterReplay* replay) {
@@ -76,6 +79,7 @@ Tensor Router::gating(Routing& r, std::uint64_t rank, const RouterReplay* replay
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   Tensor logits_t({t_count, e}, DType::F32);
   gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(logits_t));
+  if (spec_.bias) add_bias_rows(logits_t, 0, t_count, bias.master.data<float>(), nullptr);
   if (spec_.force_load_balancing) {
     float* logits = logits_t.data<float>();
     r.replay.draw = replay ? replay->draw : calls_++;
@@ -386,6 +390,7 @@ Tensor Router::backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) 
 
 void Router::backward_wgrad(Routing& r) {
   gemm(mat(r.dlogits), Trans::T, mat(r.input), Trans::N, mat_mut(weight.grad), /*accumulate=*/true);
+  if (spec_.bias) add_row_sums(r.dlogits, 0, r.num_tokens, nullptr, bias.grad.data<float>());
 }
 
 void Router::update_expert_bias(const float* count) {

@@ -204,6 +204,10 @@ MoESpec moe_spec_of(const Config& c, const GluActivation& activation) {
     bad(c, "model.expert_tensor_parallel_size", std::to_string(effective_etp(m)),
         "[moe.bias_needs_etp1] Bias in Moe is only supported when ETP==1; set model.expert_tensor_parallel_size=1 "
         "or model.add_bias_linear=false");
+  if (s.bias && s.shared_ffn > 0)
+    bad(c, "model.moe_shared_expert_intermediate_size", std::to_string(s.shared_ffn),
+        "[moe.shared_expert_bias] bias is not supported in the shared experts; set model.add_bias_linear=false or "
+        "model.moe_shared_expert_intermediate_size=null");
   if (s.bias && m.bias_dropout_fusion)
     bad(c, "model.bias_dropout_fusion", "true",
         "[moe.bias_dropout_fusion] bias_dropout_fusion is not supported in TEGroupedMLP when add_bias_linear=True; set "

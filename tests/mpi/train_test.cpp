@@ -228,18 +228,17 @@ TEST(Training, SlidingWindowAndSinksUnderEveryScheduleAndLayout) {
 }
 
 // add_bias_linear (GPT-OSS's, Megatron's default): the experts' biases are expert weights reduced
-// over EDP, the others dense ones reduced over DP, and fc2's, scaled by the probability, sends its
-// gradient to the router: the distributed run follows the single-rank curve (also over 2 pipeline
+// over EDP, the others (the router's too) dense ones reduced over DP, and fc2's, scaled by the
+// probability, sends its gradient to the router: the distributed run follows the single-rank curve (also over 2 pipeline
 // stages with the distributed optimizer), and the overlapped schedule changes no bit.
 TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
   const std::vector<std::string> o{"model.add_bias_linear=true", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]",
-                                   "model.moe_shared_expert_intermediate_size=32"};
+                                   "model.moe_shared_expert_intermediate_size=null"};  // Megatron's shared experts have none
   const std::vector<double> plain = losses(mpi().world(), o);
   std::vector<std::string> unbiased = o;
   unbiased[0] = "model.add_bias_linear=false";
   const std::vector<double> without = losses(mpi().world(), unbiased);
-  EXPECT_EQ(plain.front(), without.front());  // the biases start at 0
-  EXPECT_NE(plain.back(), without.back());    // and learn
+  EXPECT_NE(plain.front(), without.front());  // the router's bias is drawn, not zero
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   std::vector<std::string> one = o;
   one.push_back("model.expert_model_parallel_size=1");

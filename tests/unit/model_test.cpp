@@ -129,6 +129,30 @@ TEST(Attention, BiasesMatchFiniteDifferences) {
   }
 }
 
+// Where linear_qkv's bias lands: a bias on the value channels alone shifts every token's output
+// by W_proj applied to it (each softmax row sums to 1), the biases of q and k aside.
+TEST(Attention, AValueBiasShiftsTheOutputByItsProjection) {
+  const std::int64_t nh = 2, ng = 1, d = 4, H = 8, T = 5;
+  AttentionSpec s{.hidden = H, .heads = nh, .groups = ng, .head_dim = d, .qkv_bias = true, .rope = true,
+                  .rope_base = 100, .dtype = DType::F32};
+  SelfAttention attn("a", s);
+  attn.linear_qkv.master.copy_from(randn(attn.linear_qkv.master.shape(), 1, 0.4));
+  attn.linear_proj.master.copy_from(randn(attn.linear_proj.master.shape(), 2, 0.4));
+  const Tensor x = randn({T, H}, 3);
+  SelfAttention::Context c0, c1;
+  const Tensor y0 = attn.forward(x, T, c0);
+  const Tensor bv = randn({d}, 4, 0.5);  // the one value group's channels: [q heads | k group | v group]
+  for (std::int64_t j = 0; j < d; ++j) attn.linear_qkv_bias.master.set((nh + ng) * d + j, bv.get(j));
+  const Tensor y1 = attn.forward(x, T, c1);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t i = 0; i < H; ++i) {
+      double shift = 0;  // both heads read the one group: o gains b_v in each head's channels
+      for (std::int64_t h = 0; h < nh; ++h)
+        for (std::int64_t j = 0; j < d; ++j) shift += attn.linear_proj.master.get(i * nh * d + h * d + j) * bv.get(j);
+      EXPECT_NEAR(y1.get(t * H + i) - y0.get(t * H + i), shift, 1e-5) << t << " " << i;
+    }
+}
+
 // YaRN's frequencies and concentration factor at GPT-OSS's numbers (head 64, base 150000, factor
 // 32, original context 4096, betas 32 and 1), against a float64 Python transcription of
 // Megatron-Core's yarn_rotary_pos_embedding.py: the correction range is 8.0928..17.398 unrounded
@@ -258,7 +282,7 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
                                  "model.softmax_type=learnable", "model.position_embedding_type=yarn",
                                  "model.yarn_rotary_scaling_factor=8.0", "model.yarn_original_max_position_embeddings=4",
                                  "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"},
-        std::vector<std::string>{"model.add_bias_linear=true"}}) {
+        std::vector<std::string>{"model.add_bias_linear=true", "model.moe_shared_expert_intermediate_size=null"}}) {
   SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());

@@ -160,7 +160,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // add_bias_linear: fc1's and fc2's biases, fc2's scaled by the probability (its gradient
         // reaches the router); drawn away from Megatron's zeros so that they matter.
-        Case{"linear_biases", [](MoESpec& s) { s.bias = true; },
+        Case{"linear_biases", [](MoESpec& s) { s.bias = true; s.shared_ffn = 0; },
              [](MoELayer& l) {
                std::uint64_t seed = 70;
                for (Param* p : l.params())
@@ -621,6 +621,7 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
   const Tensor& router = w.at("mlp.router.weight");
   for (std::int64_t t = 0; t < t_count; ++t) {
     std::vector<double> logits(static_cast<std::size_t>(s.num_experts));
+    for (std::int64_t e = 0; e < s.num_experts; ++e) logits[static_cast<std::size_t>(e)] = bias("mlp.router.bias", e);
     for (std::int64_t e = 0; e < s.num_experts; ++e)
       for (std::int64_t i = 0; i < h; ++i) logits[static_cast<std::size_t>(e)] += static_cast<double>(router.get(e * h + i)) * x.get(t * h + i);
     std::vector<std::int64_t> order(static_cast<std::size_t>(s.num_experts));
@@ -652,14 +653,15 @@ TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
   for (const bool gate : {false, true}) {
     MoESpec spec = small_spec();
     spec.shared_expert_gate = gate;
-    spec.bias = gate;  // GPT-OSS's experts have biases (the shared expert too, here)
+    spec.bias = gate;  // GPT-OSS's router and experts have biases (a shared expert has none)
     if (gate) spec.activation = {GluFn::quick_gelu, 0.2f, 1.f};  // GPT-OSS's, clamping some of the inputs
     MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
     layer.init_weights(11);
     std::uint64_t seed = 90;
     for (Param* p : layer.params())
       if (p->bias) {
-        EXPECT_EQ(dot(p->master, p->master), 0.0) << p->name << ": Megatron zeroes biases";
+        if (p != &layer.router.bias) EXPECT_EQ(dot(p->master, p->master), 0.0) << p->name << ": Megatron zeroes them";
+        else EXPECT_GT(dot(p->master, p->master), 0.0) << "Megatron draws the router's bias";
         p->master.copy_from(randn(p->master.shape(), seed++, 0.3));
         p->refresh();
       }

@@ -86,6 +86,8 @@ struct ModelConfig {
   OptInt virtual_pipeline_model_parallel_size;
   OptInt microbatch_group_size_per_vp_stage;  // the interleaved schedule's group; None: PP
   Int context_parallel_size = 1;
+  // CP's exchange per layer (p2p, a2a, allgather, a2a+p2p; a list: one per layer); None: TE's p2p.
+  std::optional<OneOrList<std::string>> cp_comm_type;
   Int expert_model_parallel_size = 1;
   OptInt expert_tensor_parallel_size;  // None: ETP=1 when EP>1, else TP (finalize)
   bool sequence_parallel = false;

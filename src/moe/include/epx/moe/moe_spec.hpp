@@ -43,7 +43,7 @@ struct MoESpec {
   bool experts_wgrad_under_dispatch_backward = false;
   DType dtype = DType::F32;     // activations and compute weights: BF16 when model.bf16
   GluActivation activation;     // the experts' and shared expert's (activation_func, its clamp and offset)
-  bool bias = false;            // add_bias_linear: the experts' and shared expert's fc1 and fc2 biases
+  bool bias = false;            // add_bias_linear: the router's bias and the experts' fc1 and fc2 biases
 
   // Router (math in FP32).
   std::string score_function = "softmax";  // softmax | sigmoid

@@ -58,6 +58,7 @@ class Router {
   explicit Router(const MoESpec& spec);
 
   Param weight;        // mlp.router.weight [E, H]
+  Param bias;          // mlp.router.bias [E] (add_bias_linear; empty without), added to the logits
   Tensor expert_bias;  // mlp.router.expert_bias [E] F32 (a buffer, not trained by gradients)
   // [E] tokens per expert of the training forwards since the trainer last took them (once per
   // global batch): the expert-bias update's counts and the expert-load figure.
