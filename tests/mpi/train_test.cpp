@@ -198,62 +198,57 @@ TEST(Training, ClampedQuickGegluUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain, losses(mpi().world(), recompute));
 }
 
+// `o` (4 layers) on every rank against the single-rank curve (EP = 1); bitwise the same under EP
+// overlap + delay_wgrad and under moe_act / mlp recompute; near the single-rank curve with the
+// flex dispatcher and over 2 pipeline stages with the overlapped distributed optimizer. Returns
+// the distributed run's losses.
+std::vector<double> expect_every_schedule_and_layout(const std::vector<std::string>& o, const std::string& what) {
+  const std::vector<double> plain = losses(mpi().world(), o);
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  std::vector<std::string> one = o;
+  one.push_back("model.expert_model_parallel_size=1");
+  const std::vector<double> single = losses(*self, one);
+  expect_losses_near(plain, single, 2e-4, what);
+  std::vector<std::string> ep_overlap = o, recompute = o, flex = o;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap)) << what;
+  recompute.insert(recompute.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[moe_act,mlp]"});
+  EXPECT_EQ(plain, losses(mpi().world(), recompute)) << what;
+  flex.push_back("model.moe_token_dispatcher_type=flex");
+  expect_losses_near(losses(mpi().world(), flex), single, 2e-4, what + ", flex");
+  if (mpi().size() >= 2) {
+    std::vector<std::string> pp = o;
+    pp.insert(pp.end(), {"model.pipeline_model_parallel_size=2",
+                         "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2),
+                         "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
+    expect_losses_near(losses(mpi().world(), pp), single, 2e-4, what + " over 2 stages");
+  }
+  return plain;
+}
+
 // GPT-OSS's attention (a sliding window on every other layer, learned sinks per head, YaRN): the
-// sinks are dense weights reduced over DP, so the distributed run follows the single-rank curve,
-// and also over 2 pipeline stages (the window follows the global layer number) with the
-// distributed optimizer; the overlapped schedule changes no bit.
+// sinks are dense weights reduced over DP, and the window follows the global layer number over
+// pipeline stages.
 TEST(Training, SlidingWindowAndSinksUnderEveryScheduleAndLayout) {
   const std::vector<std::string> o{"model.window_size=[3,0]", "model.window_attn_skip_freq=2",
                                    "model.softmax_type=learnable", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]",
                                    "model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=8.0",
                                    "model.yarn_original_max_position_embeddings=4", "model.yarn_beta_fast=32.0",
                                    "model.yarn_beta_slow=1.0"};
-  const std::vector<double> plain = losses(mpi().world(), o);
+  const std::vector<double> plain = expect_every_schedule_and_layout(o, "window and sinks");
   EXPECT_NE(plain, losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
-  auto self = mpi().world().split(mpi().rank(), 0, "self");
-  std::vector<std::string> one = o;
-  one.push_back("model.expert_model_parallel_size=1");
-  const std::vector<double> single = losses(*self, one);
-  expect_losses_near(plain, single, 2e-4, "window and sinks");
-  std::vector<std::string> ep_overlap = o;
-  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
-  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
-  if (mpi().size() >= 2) {
-    std::vector<std::string> pp = o;
-    pp.insert(pp.end(), {"model.pipeline_model_parallel_size=2",
-                         "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2),
-                         "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
-    expect_losses_near(losses(mpi().world(), pp), single, 2e-4, "window and sinks over 2 stages");
-  }
 }
 
 // add_bias_linear (GPT-OSS's, Megatron's default): the experts' biases are expert weights reduced
 // over EDP, the others (the router's too) dense ones reduced over DP, and fc2's, scaled by the
-// probability, sends its gradient to the router: the distributed run follows the single-rank curve (also over 2 pipeline
-// stages with the distributed optimizer), and the overlapped schedule changes no bit.
+// probability, sends its gradient to the router.
 TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
   const std::vector<std::string> o{"model.add_bias_linear=true", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]",
                                    "model.moe_shared_expert_intermediate_size=null"};  // Megatron's shared experts have none
-  const std::vector<double> plain = losses(mpi().world(), o);
+  const std::vector<double> plain = expect_every_schedule_and_layout(o, "linear biases");
   std::vector<std::string> unbiased = o;
   unbiased[0] = "model.add_bias_linear=false";
-  const std::vector<double> without = losses(mpi().world(), unbiased);
-  EXPECT_NE(plain.front(), without.front());  // the router's bias is drawn, not zero
-  auto self = mpi().world().split(mpi().rank(), 0, "self");
-  std::vector<std::string> one = o;
-  one.push_back("model.expert_model_parallel_size=1");
-  const std::vector<double> single = losses(*self, one);
-  expect_losses_near(plain, single, 2e-4, "linear biases");
-  std::vector<std::string> ep_overlap = o;
-  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
-  EXPECT_EQ(plain, losses(mpi().world(), ep_overlap));
-  if (mpi().size() >= 2) {
-    std::vector<std::string> pp = o;
-    pp.insert(pp.end(), {"model.pipeline_model_parallel_size=2",
-                         "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2),
-                         "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
-    expect_losses_near(losses(mpi().world(), pp), single, 2e-4, "linear biases over 2 stages");
-  }
+  EXPECT_NE(plain.front(), losses(mpi().world(), unbiased).front());  // the router's bias is drawn, not zero
 }
 
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
