@@ -39,8 +39,9 @@ std::vector<Param*> TransformerLayer::params() {
 }
 
 void TransformerLayer::init_weights(std::uint64_t seed) {
-  // Megatron: norms 1, sinks and biases 0 (as constructed), linears N(0, std), the projections into the residual stream (linear_proj,
-  // fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor name: the same on every rank.
+  // Megatron: norms 1, sinks and biases 0 (the biases as constructed), linears N(0, std), the
+  // projections into the residual stream (linear_proj, fc2) N(0, std / sqrt(2 * num_layers)).
+  // Drawn per tensor name: the same on every rank.
   const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
   const auto draw = [&](Param& p, double std) {
     p.master.copy_from(random_normal(p.master.shape(), DType::F32, seed, stream_of(p.name), std));
