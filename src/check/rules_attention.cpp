@@ -33,10 +33,10 @@ void add_attention_rules(RuleTable& add) {
       });
   add("model.yarn_fields", E,
       {"model.position_embedding_type", "model.yarn_rotary_scaling_factor", "model.yarn_original_max_position_embeddings",
-       "model.yarn_beta_fast", "model.yarn_beta_slow", "model.rotary_base", "model.yarn_mscale", "model.yarn_mscale_all_dim"},
+       "model.yarn_beta_fast", "model.yarn_beta_slow", "model.rotary_base"},
       "Megatron-Core models/gpt/gpt_model.py, models/common/embeddings/yarn_rotary_pos_embedding.py",
-      "YaRN RoPE computes with the scaling factor, the original context and both betas (set, positive), the log of a "
-      "base above 1, and a finite non-zero concentration factor",
+      "YaRN RoPE computes with the scaling factor, the original context and both betas (set, positive) and the log of "
+      "a base above 1",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.position_embedding_type != "yarn") return pass();
@@ -66,14 +66,25 @@ void add_attention_rules(RuleTable& add) {
                                     "ZeroDivisionError when the model is built)",
                                     field, *value),
                         field + "=" + fix);
-        if (m.rotary_base.values.front() <= 1)
-          return fail(fmt::format("rotary_base={}: YaRN divides by log(base) when the model is built",
-                                  m.rotary_base.values.front()),
-                      "model.rotary_base=10000");
+        return fail_if(m.rotary_base.values.front() <= 1,
+                       fmt::format("rotary_base={}: YaRN divides by log(base) when the model is built",
+                                   m.rotary_base.values.front()),
+                       "model.rotary_base=10000");
+      });
+  add("model.yarn_concentration", E,
+      {"model.yarn_rotary_scaling_factor", "model.yarn_mscale", "model.yarn_mscale_all_dim",
+       "model.position_embedding_type"},
+      "Megatron-Core transformer/attention.py (Bridge's patched _yarn_get_concentration_factor_from_config)",
+      "wherever yarn_rotary_scaling_factor is set, RoPE's cos and sin are multiplied by YaRN's concentration factor: "
+      "it must be non-zero and within FP32's range",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.yarn_rotary_scaling_factor || (m.position_embedding_type != "rope" && m.position_embedding_type != "yarn"))
+          return pass();
         const double conc = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
-        return fail_if(!std::isfinite(conc) || conc == 0,
-                       fmt::format("YaRN's concentration factor is {} (yarn_mscale's over yarn_mscale_all_dim's): the "
-                                   "rotary embedding's cos and sin are multiplied by it",
+        return fail_if(!yarn_concentration_fits(conc),
+                       fmt::format("YaRN's concentration factor is {:g} (yarn_mscale's over yarn_mscale_all_dim's): "
+                                   "the rotary embedding's cos and sin are multiplied by it",
                                    conc),
                        "model.yarn_mscale=null");
       });
@@ -94,6 +105,38 @@ void add_attention_rules(RuleTable& add) {
                                    m.softmax_type, m.context_parallel_size,
                                    m.cp_comm_type ? fmt::format("{}", fmt::join(m.cp_comm_type->values, ",")) : "None (p2p)"),
                        "model.cp_comm_type=a2a");
+      });
+  add("model.window_context_parallel", E, {"model.window_size", "model.context_parallel_size", "model.cp_comm_type"},
+      kTeAttention, "a sliding window under context parallelism needs cp_comm_type a2a or all_gather",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.window_size || m.window_size->left < 0 || m.context_parallel_size <= 1) return pass();
+        // Megatron's allgather is TE's all_gather.
+        const std::vector<std::string> types = m.cp_comm_type ? m.cp_comm_type->values : std::vector<std::string>{"p2p"};
+        for (const std::string& t : types)
+          if (t != "a2a" && t != "allgather")
+            return fail(fmt::format("Context parallelism does not support sliding window attention with cp_comm_type='{}'!",
+                                    t),
+                        "model.cp_comm_type=a2a");
+        return pass();
+      });
+  add("model.cp_comm_type_length", E, {"model.cp_comm_type", "model.context_parallel_size", "model.num_layers"}, kMcore,
+      "a cp_comm_type list has one entry per layer", [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.context_parallel_size <= 1 || !m.cp_comm_type || !m.cp_comm_type->is_list) return pass();
+        const auto n = static_cast<Int>(m.cp_comm_type->values.size());
+        return fail_if(n != m.num_layers,
+                       fmt::format("Length of cp_comm_type ({}) should equal to the total number of transformer layers "
+                                   "({})!",
+                                   n, m.num_layers),
+                       fmt::format("model.cp_comm_type={}", m.cp_comm_type->values.front()));
+      });
+  add("model.sink_te_version", E, {"model.softmax_type", "target.te_version"}, "Megatron-Core extensions/transformer_engine.py",
+      "attention sinks (softmax_type off-by-one or learnable) need Transformer Engine 2.8", [](const CheckContext& c) {
+        if (c.cfg.model.softmax_type == "vanilla") return pass();
+        return te_at_least(c, "2.8.0",
+                           fmt::format("Transformer-Engine v{} must be >= 2.8.0 to support`softmax_type`.",
+                                       c.cfg.target.te_version.value_or("?")));
       });
   add("model.window_pattern_length", E, {"model.window_attn_skip_freq", "model.window_size", "model.num_layers"},
       "Megatron-Core transformer/utils.py is_layer_window_attention",

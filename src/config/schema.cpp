@@ -189,51 +189,92 @@ struct Codec<OneOrList<T>> {
   }
 };
 
-// "([0]*3+[1]*58)" or "[1,1,0]" as Megatron-LM writes moe_layer_freq. Expanded, it is at most
-// as long as the longest list a config may hold (a few bytes must not ask for gigabytes).
+// "([0]*3+[1]*58)", "([1]*3+[0]*1)*3" or "[1,1,0]" as Megatron-LM writes moe_layer_freq and
+// window_attn_skip_freq (a Python list expression: lists and parenthesised sums, each repeated by
+// `*n`, joined by `+`). Expanded, it is at most as long as the longest list a config may hold (a
+// few bytes must not ask for gigabytes).
 constexpr Int kMaxPatternLayers = 20000;
-std::optional<std::vector<Int>> parse_layer_pattern(std::string s, const std::string& key) {
-  s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
-          s.end());
-  while (s.size() >= 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
-  std::vector<Int> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    if (s[i] != '[') return std::nullopt;
-    size_t close = s.find(']', i);
-    if (close == std::string::npos) return std::nullopt;
-    std::vector<Int> items;
-    std::string body = s.substr(i + 1, close - i - 1);
-    for (size_t p = 0; p <= body.size();) {
-      size_t comma = body.find(',', p);
-      if (comma == std::string::npos) comma = body.size();
-      auto v = parse_int(std::string_view(body).substr(p, comma - p));
-      if (!v) return std::nullopt;
-      items.push_back(*v);
-      p = comma + 1;
+
+class LayerPatternParser {
+ public:
+  LayerPatternParser(std::string s, const std::string& key) : key_(key) {
+    s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }), s.end());
+    s_ = std::move(s);
+  }
+  std::optional<std::vector<Int>> parse() {
+    auto out = sum();
+    if (!out || i_ != s_.size() || out->empty()) return std::nullopt;
+    return out;
+  }
+
+ private:
+  // term ('+' term)*
+  std::optional<std::vector<Int>> sum() {
+    auto out = term();
+    while (out && i_ < s_.size() && s_[i_] == '+') {
+      ++i_;
+      auto more = term();
+      if (!more) return std::nullopt;
+      append(*out, *more, 1);
     }
-    i = close + 1;
-    Int repeat = 1;
-    if (i < s.size() && s[i] == '*') {
-      size_t end = s.find('+', i);
-      if (end == std::string::npos) end = s.size();
-      auto r = parse_int(std::string_view(s).substr(i + 1, end - i - 1));
+    return out;
+  }
+  // atom ('*' n)?, atom: '[' ints ']' or '(' sum ')'
+  std::optional<std::vector<Int>> term() {
+    std::optional<std::vector<Int>> atom;
+    if (i_ < s_.size() && s_[i_] == '(') {
+      if (++depth_ > kMaxDepth) return std::nullopt;  // a scalar of a million '(' must not overflow the stack
+      ++i_;
+      atom = sum();
+      --depth_;
+      if (!atom || i_ >= s_.size() || s_[i_] != ')') return std::nullopt;
+      ++i_;
+    } else if (i_ < s_.size() && s_[i_] == '[') {
+      const std::size_t close = s_.find(']', i_);
+      if (close == std::string::npos) return std::nullopt;
+      atom.emplace();
+      const std::string_view body = std::string_view(s_).substr(i_ + 1, close - i_ - 1);
+      for (std::size_t p = 0; p <= body.size();) {
+        std::size_t comma = body.find(',', p);
+        if (comma == std::string_view::npos) comma = body.size();
+        const auto v = parse_int(body.substr(p, comma - p));
+        if (!v) return std::nullopt;
+        atom->push_back(*v);
+        p = comma + 1;
+      }
+      i_ = close + 1;
+    } else {
+      return std::nullopt;
+    }
+    if (i_ < s_.size() && s_[i_] == '*') {
+      std::size_t end = ++i_;
+      while (end < s_.size() && std::isdigit(static_cast<unsigned char>(s_[end]))) ++end;
+      const auto r = parse_int(std::string_view(s_).substr(i_, end - i_));
       if (!r || *r < 0) return std::nullopt;
-      repeat = *r;
-      i = end;
+      i_ = end;
+      std::vector<Int> repeated;
+      append(repeated, *atom, *r);
+      return repeated;
     }
+    return atom;
+  }
+  void append(std::vector<Int>& out, const std::vector<Int>& items, Int repeat) const {
     if (repeat > 0 && static_cast<Int>(items.size()) > (kMaxPatternLayers - static_cast<Int>(out.size())) / repeat)
       throw ConfigError(fmt::format("{}: the pattern expands to more than {} layers; write one entry per layer of "
                                     "the model",
-                                    key, kMaxPatternLayers));
+                                    key_, kMaxPatternLayers));
     for (Int k = 0; k < repeat; ++k) out.insert(out.end(), items.begin(), items.end());
-    if (i < s.size()) {
-      if (s[i] != '+') return std::nullopt;
-      ++i;
-    }
   }
-  if (out.empty()) return std::nullopt;
-  return out;
+
+  static constexpr int kMaxDepth = 32;  // as a config's nesting
+  std::string s_;
+  std::size_t i_ = 0;
+  int depth_ = 0;
+  const std::string& key_;
+};
+
+std::optional<std::vector<Int>> parse_layer_pattern(std::string s, const std::string& key) {
+  return LayerPatternParser(std::move(s), key).parse();
 }
 
 template <>

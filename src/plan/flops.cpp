@@ -41,7 +41,8 @@ double mtp_moe_layers(const ModelConfig& m) {
 }
 
 double window_layers_in(const ModelConfig& m, Int first, Int last) {
-  if (!m.window_size || m.window_size->left < 0) return 0;
+  // A window as long as the sequence is none (as epx run reads it).
+  if (!m.window_size || m.window_size->left < 0 || m.window_size->left >= m.seq_length - 1) return 0;
   double n = 0;
   for (Int i = std::max<Int>(0, first); i < last; ++i) n += !m.window_attn_skip_freq || m.window_attn_skip_freq->is_window(i);
   return n;

@@ -362,17 +362,16 @@ ModelSpec model_spec_from_config(const Config& c) {
   // yarn_rotary_scaling_factor is set, plain RoPE included.
   if (m.yarn_rotary_scaling_factor && a.rope) {
     a.rope_concentration = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
-    if (!std::isfinite(a.rope_concentration) || a.rope_concentration == 0 ||
-        std::abs(a.rope_concentration) > std::numeric_limits<float>::max())
-      bad(c, "model.yarn_mscale_all_dim", m.yarn_mscale_all_dim ? fmt::format("{}", *m.yarn_mscale_all_dim) : "None",
-          fmt::format("[model.yarn_fields] YaRN's concentration factor is {} (mscale's over mscale_all_dim's); set "
-                      "mscales that give a finite, non-zero factor",
-                      a.rope_concentration));
+    if (!yarn_concentration_fits(a.rope_concentration))
+      bad(c, "model.yarn_mscale", m.yarn_mscale ? fmt::format("{}", *m.yarn_mscale) : "None",
+          fmt::format("[model.yarn_concentration] YaRN's concentration factor is {:g} (yarn_mscale's over "
+                      "yarn_mscale_all_dim's, {}): cos and sin are multiplied by it; set mscales that give a "
+                      "non-zero factor within FP32's range",
+                      a.rope_concentration, field_text(c, "model.yarn_mscale_all_dim")));
   }
-  if (a.rope && a.rope_dim < 1)
-    bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
-        fmt::format("RoPE would rotate none of the head's {} channels; set at least {:g}", a.head_dim,
-                    1.0 / static_cast<double>(a.head_dim)));
+  // int(kv_channels * rotary_percent) below 1: Megatron's RotaryEmbedding has no frequencies and
+  // rotates nothing.
+  if (a.rope_dim < 1) a.rope = false;
   if (a.rope && (a.rope_dim + 1) / 2 * 2 > a.head_dim)
     bad(c, "model.kv_channels",
         m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),

@@ -206,7 +206,7 @@ const std::vector<Case>& cases() {
         "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=-1.0", "model.yarn_beta_slow=1.0"},
        {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0",
         "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"}},
-      {"model.yarn_fields",  // mscale_all_dim at -10 / ln 32 puts a zero under the factor
+      {"model.yarn_concentration",  // mscale_all_dim at -10 / ln 32 puts a zero under the factor
        {"model.position_embedding_type=yarn", "model.yarn_rotary_scaling_factor=32.0",
         "model.yarn_original_max_position_embeddings=4096", "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0",
         "model.yarn_mscale=1.0", "model.yarn_mscale_all_dim=-2.8853900817779268"},
@@ -217,6 +217,17 @@ const std::vector<Case>& cases() {
       {"model.sink_context_parallel",
        {"model.softmax_type=learnable", "model.context_parallel_size=2", "target.num_gpus=4"},
        {"model.softmax_type=learnable", "model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a"}},
+      {"model.yarn_concentration",  // also under plain RoPE: Bridge's patch applies the factor wherever it is set
+       {"model.yarn_rotary_scaling_factor=32.0", "model.yarn_mscale=1e308", "model.yarn_mscale_all_dim=1.0"},
+       {"model.yarn_rotary_scaling_factor=32.0", "model.yarn_mscale=1.0", "model.yarn_mscale_all_dim=1.0"}},
+      {"model.window_context_parallel",
+       {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4"},
+       {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=allgather"}},
+      {"model.cp_comm_type_length",  // the base has 2 layers
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=[a2a]"},
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=[a2a,p2p]"}},
+      {"model.sink_te_version", H100 + Overrides{"model.softmax_type=learnable", "target.te_version=2.7.0"},
+       H100 + Overrides{"model.softmax_type=learnable", "target.te_version=2.8.0"}},
       {"moe.bias_dropout_fusion", {"model.add_bias_linear=true", "model.bias_dropout_fusion=true"},
        {"model.add_bias_linear=true"}},
       {"model.window_size_causal", {"model.window_size=[-1,3]"}, {"model.window_size=[-1,0]"}},

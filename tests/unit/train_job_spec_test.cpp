@@ -47,9 +47,8 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
   // Partial RoPE is modelled: int(128 * 0.5) channels rotate; one channel cannot.
   EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.5\n")).attention.rope_dim, 64);
   EXPECT_EQ(model_spec_from_config(with("  rotary_percent: 0.01\n")).attention.rope_dim, 1);  // rotates 2 channels
-  const std::string none = error_of([&] { model_spec_from_config(with("  rotary_percent: 0.005\n")); });
-  EXPECT_NE(none.find("model.rotary_percent=0.005: RoPE would rotate none of the head's 128 channels"), std::string::npos)
-      << none;
+  // int(128 * 0.005) = 0: Megatron's RotaryEmbedding has no frequencies and rotates nothing.
+  EXPECT_FALSE(model_spec_from_config(with("  rotary_percent: 0.005\n")).attention.rope);
   EXPECT_EQ(error_of([&] {
               moe_spec_from_config(with("  rotary_percent: 1.0\n  softmax_type: vanilla\n  window_size: null\n"
                                         "  attention_output_gate: false\n"));
@@ -96,6 +95,14 @@ TEST(JobSpec, SlidingWindowAndSinksFromABridgeDump) {
       << short_pattern;
   EXPECT_NE(error_of([&] { with("  softmax_type: sigmoid\n"); }).find("vanilla|off-by-one|learnable"), std::string::npos);
   EXPECT_NE(error_of([&] { with("  window_attn_skip_freq: []\n"); }).find("model.window_attn_skip_freq is an empty list"),
+            std::string::npos);
+  // Megatron's own example of a pattern: a parenthesised group repeated.
+  EXPECT_EQ(with("  window_attn_skip_freq: ([1]*3+[0]*1)*3\n").model.window_attn_skip_freq->pattern,
+            (std::vector<Int>{1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(with("  window_attn_skip_freq: ([1]+[0])*2+[1]\n").model.window_attn_skip_freq->pattern,
+            (std::vector<Int>{1, 0, 1, 0, 1}));
+  EXPECT_NE(error_of([&] { with("  window_attn_skip_freq: " + std::string(100000, '(') + "[1]" + std::string(100000, ')') + "\n"); })
+                .find("model.window_attn_skip_freq"),
             std::string::npos);
   // GPT-OSS's YaRN as Bridge's provider sets it: every channel rotates whatever rotary_percent says.
   const std::string yarn =

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 namespace epx {
@@ -14,6 +15,11 @@ inline double yarn_concentration(double factor, std::optional<double> mscale, st
   const auto get = [factor](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
   if (!mscale || !mscale_all_dim) return get(1);
   return get(*mscale) / get(*mscale_all_dim);
+}
+
+// A factor the FP32 rotary table can hold, and that leaves the rotation non-zero.
+inline bool yarn_concentration_fits(double m) {
+  return std::isfinite(m) && m != 0 && std::abs(m) <= std::numeric_limits<float>::max();
 }
 
 }  // namespace epx
