@@ -1,12 +1,13 @@
 // The attention rules: what Transformer Engine's DotProductAttention makes of a causal model's
-// sliding window (check_set_window_size) and which backend takes sinks under context
-// parallelism, what YaRN RoPE needs set, and what Megatron-Core's is_layer_window_attention needs
-// of window_attn_skip_freq.
+// sliding window (check_set_window_size), what YaRN RoPE needs set and its concentration factor,
+// which backend takes sinks or a window under context parallelism (and the TE that has sinks),
+// cp_comm_type's per-layer list, and what Megatron-Core's is_layer_window_attention needs of
+// window_attn_skip_freq.
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
