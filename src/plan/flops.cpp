@@ -41,26 +41,27 @@ double mtp_moe_layers(const ModelConfig& m) {
 }
 
 double window_layers_in(const ModelConfig& m, Int first, Int last) {
-  // A window as long as the sequence is none (as epx run reads it).
-  if (!m.window_size || m.window_size->left < 0 || m.window_size->left >= m.seq_length - 1) return 0;
+  if (!sliding_window(m)) return 0;
   double n = 0;
   for (Int i = std::max<Int>(0, first); i < last; ++i) n += !m.window_attn_skip_freq || m.window_attn_skip_freq->is_window(i);
   return n;
 }
 
 double window_core_share(const ModelConfig& m) {
-  if (!m.window_size || m.window_size->left < 0 || m.seq_length < 1) return 1;
-  const double w = static_cast<double>(m.window_size->left) + 1, s = static_cast<double>(m.seq_length);
-  return w >= s ? 1 : std::min(1.0, (w - w * (w - 1) / (2 * s)) / (s / 2));
+  const OptInt window = sliding_window(m);
+  if (!window) return 1;
+  const double w = static_cast<double>(*window) + 1, s = static_cast<double>(m.seq_length);
+  return std::min(1.0, (w - w * (w - 1) / (2 * s)) / (s / 2));
 }
 
 double blocked_window_core_share(const ModelConfig& m, Int block) {
-  if (!m.window_size || m.window_size->left < 0 || m.window_size->left >= m.seq_length - 1) return 1;
+  const OptInt window = sliding_window(m);
+  if (!window) return 1;
   double full = 0, windowed = 0;
   for (Int r0 = 0; r0 < m.seq_length; r0 += block) {
     const double rows = static_cast<double>(std::min(block, m.seq_length - r0));
     full += rows * (static_cast<double>(r0) + rows);
-    windowed += rows * (static_cast<double>(r0 - std::max<Int>(0, r0 - m.window_size->left)) + rows);
+    windowed += rows * (static_cast<double>(r0 - std::max<Int>(0, r0 - *window)) + rows);
   }
   return windowed / full;
 }

@@ -205,7 +205,7 @@ Plan make_plan(const Config& c) {
   if (const double w = window_layers_in(m, 0, m.num_layers); w > 0)
     p.notes.push_back(fmt::format("sliding window: {:g} of {} layers attend over {} keys; the step times count {:.3g}% of "
                                   "their QK^T and PV, the model FLOPs (and the TFLOP/s) all of it, as Megatron-LM does",
-                                  w, m.num_layers, std::min<Int>(m.window_size->left, m.seq_length - 1) + 1,
+                                  w, m.num_layers, *sliding_window(m) + 1,
                                   100 * window_core_share(m)));
   if (m.moe_token_dispatcher_type == "flex" && m.moe_flex_dispatcher_backend == std::optional<std::string>("ncclep"))
     p.notes.push_back("ncclep is not modelled apart: the configured run is timed as DeepEP's (the deepep rows)");

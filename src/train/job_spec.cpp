@@ -403,9 +403,8 @@ ModelSpec model_spec_from_config(const Config& c) {
   if (m.window_size && m.window_size->left < 0 && m.window_size->right != 0 && m.window_size->right != -1)
     bad(c, "model.window_size", fmt::format("[{}, {}]", m.window_size->left, m.window_size->right),
         "[model.window_size_causal] window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=causal");
-  // (-1, 0) is the whole prefix, and so is a window as long as the sequence: no window.
-  if (m.window_size && m.window_size->left >= 0 && m.window_size->left < m.seq_length - 1) {
-    a.window = m.window_size->left;
+  if (const OptInt window = sliding_window(m)) {
+    a.window = *window;
     const std::optional<LayerFreq>& skip = m.window_attn_skip_freq;  // None: every layer
     if (skip && !skip->pattern.empty() && static_cast<Int>(skip->pattern.size()) < m.num_layers)
       bad(c, "model.window_attn_skip_freq", field_text(c, "model.window_attn_skip_freq"),

@@ -227,6 +227,14 @@ inline bool has_dense_mlps(const ModelConfig& m) {
   return !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
 }
 
+// The sliding window's left side where it limits the attention: none when window_size is unset,
+// unbounded (-1), or as long as the sequence (every earlier key is in it). The runtime and the
+// planner read the window through it.
+inline OptInt sliding_window(const ModelConfig& m) {
+  if (!m.window_size || m.window_size->left < 0 || m.window_size->left >= m.seq_length - 1) return std::nullopt;
+  return m.window_size->left;
+}
+
 // Whether Megatron's training log tracks the loss of `type` (training.py's `type in
 // moe_router_load_balancing_type`: a substring of one name, an element of a list).
 inline bool tracks_loss(const OneOrList<std::string>& types, const std::string& type) {
