@@ -39,16 +39,18 @@ std::vector<Param*> TransformerLayer::params() {
 }
 
 void TransformerLayer::init_weights(std::uint64_t seed) {
-  // Megatron: norms 1, sinks and biases 0 (the biases as constructed), linears N(0, std), the
-  // projections into the residual stream (linear_proj, fc2) N(0, std / sqrt(2 * num_layers)).
-  // Drawn per tensor name: the same on every rank.
+  // Megatron: norms 1, sinks (TE's) and the linears' biases 0, linears N(0, std), the projections
+  // into the residual stream (linear_proj, fc2) N(0, std / sqrt(2 * num_layers)). Drawn per tensor
+  // name: the same on every rank.
   const double out_std = spec_.init_std / std::sqrt(2.0 * spec_.num_layers);
   const auto draw = [&](Param& p, double std) {
     p.master.copy_from(random_normal(p.master.shape(), DType::F32, seed, stream_of(p.name), std));
     p.refresh();
   };
-  attention.softmax_offset.master.zero();  // learned sinks start at 0, as TE's DotProductAttention
-  attention.softmax_offset.refresh();
+  for (Param* p : {&attention.softmax_offset, &attention.linear_qkv_bias, &attention.linear_proj_bias}) {
+    p->master.zero();
+    p->refresh();
+  }
   for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {
     p->master.fill(norm_init(spec_.zero_centered_gamma));
     p->refresh();
@@ -58,6 +60,10 @@ void TransformerLayer::init_weights(std::uint64_t seed) {
   if (mlp) {
     draw(mlp->fc1, spec_.init_std);
     draw(mlp->fc2, out_std);
+    for (Param* p : {&mlp->fc1_bias, &mlp->fc2_bias}) {
+      p->master.zero();
+      p->refresh();
+    }
   }
   if (moe) moe->init_weights(splitmix64(seed ^ stream_of(prefix)));
 }
