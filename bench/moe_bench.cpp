@@ -67,24 +67,24 @@ BENCHMARK(BM_DenseGemm)->Apply(gemm_shapes);
 
 // The gated activation over the proxy's routed rows ([T k, 2F] = [1024, 256], BF16, with the routing
 // probabilities), forward then backward, per activation; clamp 7 and offset 1 as GPT-OSS's.
-// args: activation (GluFn's order), clamped
+// args: activation (ActivationFn's order), clamped
 void BM_GluForwardBackward(benchmark::State& state) {
-  const GluActivation a{kGluFns[state.range(0)], state.range(1) ? std::optional<float>(7.f) : std::nullopt,
+  const MlpActivation a{kActivationFns[state.range(0)], state.range(1) ? std::optional<float>(7.f) : std::nullopt,
                         state.range(1) ? 1.f : 0.f};
-  state.SetLabel(glu_fn_name(a.fn));
+  state.SetLabel(activation_fn_name(a.fn));
   const std::int64_t m = 1024, f = 128;
   const Tensor h = random_normal({m, 2 * f}, DType::BF16, 5, 0, 1.0), dout = filled({m, f}, DType::BF16, 6);
   Tensor out({m, f}, DType::BF16), dh({m, 2 * f}, DType::BF16);
   std::vector<float> probs(static_cast<std::size_t>(m), 0.25f), dprobs(probs.size());
   for (auto _ : state) {
-    glu_forward(a, h, probs.data(), out);
-    glu_backward(a, h, probs.data(), dout, dh, dprobs.data());
+    mlp_activation_forward(a, h, probs.data(), out);
+    mlp_activation_backward(a, h, probs.data(), dout, dh, dprobs.data());
     benchmark::DoNotOptimize(dh.raw());
   }
 }
 BENCHMARK(BM_GluForwardBackward)
     ->ArgNames({"act", "clamped"})
-    ->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kGluFns) - 1, 1), {0, 1}})
+    ->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kActivationFns) - 1, 1), {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->MinTime(0.2)
     ->UseRealTime();

@@ -1,7 +1,7 @@
 // The MLP activation's rules: what Megatron-Core raises for activation_func with
 // bias_activation_fusion, use_te_activation_func and a clamped SwiGLU, at construction
 // (TransformerConfig) and at the first step (the MLPs' and grouped experts' fused kernels), and
-// where a fused kernel computes other math than the config names.
+// where a kernel computes other math than the config names, or a field is not read.
 #include <cmath>
 
 #include "rule_helpers.hpp"
@@ -57,18 +57,22 @@ void add_activation_rules(RuleTable& add) {
         return fail_if(has_dense_mlps(m) && (m.activation_func == "quick_gelu" || (m.activation_func == "silu" && !m.gated_linear_unit)),
                        "Only support fusion of gelu and swiglu", off);
       });
-  add("model.fused_geglu_is_tanh", W,
-      {"model.bias_activation_fusion", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",
-       "model.moe_layer_freq", "model.moe_shared_expert_intermediate_size"},
-      "Megatron-Core transformer/mlp.py, fusions/fused_bias_geglu.py",
-      "a fused GEGLU in the dense and shared MLPs is the tanh approximation of GELU, not the erf one the config names",
+  add("model.fused_gelu_is_tanh", W,
+      {"model.bias_activation_fusion", "model.activation_func", "model.gated_linear_unit", "model.add_bias_linear",
+       "model.num_moe_experts", "model.moe_layer_freq", "model.moe_shared_expert_intermediate_size"},
+      "Megatron-Core transformer/mlp.py, fusions/fused_bias_geglu.py, fusions/fused_bias_gelu.py",
+      "a fused GEGLU or bias-GELU in the dense and shared MLPs is the tanh approximation of GELU, not the erf one "
+      "the config names",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
+        // An ungated GELU without biases fails bias_gelu_impl's assert instead (model.fused_activation).
         return fail_if(m.bias_activation_fusion && !m.use_te_activation_func && m.activation_func == "gelu" &&
-                           m.gated_linear_unit && has_dense_mlps(m),
-                       "with bias_activation_fusion the dense and shared MLPs run bias_geglu_impl, GELU's tanh "
-                       "approximation (and no clamp or offset), while the unfused MLP computes torch's erf GELU; epx "
-                       "run refuses it, computing only the latter",
+                           (m.gated_linear_unit || m.add_bias_linear) && has_dense_mlps(m),
+                       fmt::format("with bias_activation_fusion the dense and shared MLPs run {}, GELU's tanh "
+                                   "approximation{}, while the unfused MLP computes torch's erf GELU; epx run "
+                                   "refuses it, computing only the latter",
+                                   m.gated_linear_unit ? "bias_geglu_impl" : "bias_gelu_impl",
+                                   m.gated_linear_unit ? " (and no clamp or offset)" : ""),
                        "model.bias_activation_fusion=false");
       });
   add("model.te_activation", E, {"model.use_te_activation_func", "model.activation_func", "model.gated_linear_unit"},
@@ -86,6 +90,41 @@ void add_activation_rules(RuleTable& add) {
                        "Only SwiGLU, GEGLU, ReGLU, GELU, ReLU are supported by transformer engine. Please set "
                        "use_te_activation_func=False",
                        off);
+      });
+  add("model.te_activation_ungated", W, {"model.use_te_activation_func", "model.activation_func", "model.gated_linear_unit"},
+      "Megatron-Core extensions/transformer_engine.py (TEActivationOp)",
+      "Transformer Engine's op for an ungated GELU is the tanh approximation, and Megatron-Core picks ReLU for an "
+      "ungated SiLU",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.use_te_activation_func || m.gated_linear_unit) return pass();
+        if (m.activation_func == "gelu")
+          return fail("TEActivationOp builds te.pytorch.ops.GELU, GELU's tanh approximation, where the config names "
+                      "torch's erf GELU; epx run refuses it, computing only the latter",
+                      "model.use_te_activation_func=false");
+        // Its second `activation_func == F.silu` test was meant for ReLU (the gated branch has the same slip).
+        return fail_if(m.activation_func == "silu",
+                       "TEActivationOp builds te.pytorch.ops.ReLU for an ungated silu: the model trains with ReLU, "
+                       "not the SiLU the config names",
+                       "model.use_te_activation_func=false");
+      });
+  add("model.glu_fields_ungated", W,
+      {"model.gated_linear_unit", "model.activation_func_clamp_value", "model.glu_linear_offset"},
+      "Megatron-Core transformer/mlp.py, transformer/moe/experts.py",
+      "the clamp and the linear offset belong to a gated unit's linear half; an ungated MLP reads neither",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (m.gated_linear_unit) return pass();
+        if (m.activation_func_clamp_value)
+          return fail(fmt::format("activation_func_clamp_value={} is read only by glu() (gated_linear_unit=True); "
+                                  "this ungated MLP runs unclamped",
+                                  *m.activation_func_clamp_value),
+                      "model.activation_func_clamp_value=null");
+        return fail_if(m.glu_linear_offset != 0.0,
+                       fmt::format("glu_linear_offset={} is read only by glu() (gated_linear_unit=True); this "
+                                   "ungated MLP adds no offset",
+                                   m.glu_linear_offset),
+                       "model.glu_linear_offset=0.0");
       });
   add("model.swiglu_clamp", E,
       {"model.activation_func_clamp_value", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",

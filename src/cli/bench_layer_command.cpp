@@ -67,19 +67,19 @@ std::map<std::string, double> phases_since(Clock::time_point since, double total
 }
 
 // FLOPs of the MoE layer's forward + backward on `tokens` tokens (the backward twice the forward,
-// as Megatron counts it): the router, the top-k routed experts and the shared expert, SwiGLU (fc1
-// is 2F wide). Unlike Megatron's model FLOPs (plan/flops.hpp) the router GEMM is in: this rates
+// as Megatron counts it): the router, the top-k routed experts and the shared expert (fc1 2F wide
+// when gated, F when not; fc2 F). Unlike Megatron's model FLOPs (plan/flops.hpp) the router GEMM is in: this rates
 // the layer on what it computes.
 double moe_layer_flops(const MoESpec& s, std::int64_t tokens) {
   const double H = static_cast<double>(s.hidden), T = static_cast<double>(tokens);
-  const double forward = 2 * H * static_cast<double>(s.num_experts) + 6 * H * static_cast<double>(s.ffn) * s.topk +
-                         6 * H * static_cast<double>(s.shared_ffn);
+  const auto mlp = [&](std::int64_t f) { return 2 * H * static_cast<double>(s.activation.fc1_width(f) + f); };
+  const double forward = 2 * H * static_cast<double>(s.num_experts) + mlp(s.ffn) * s.topk + mlp(s.shared_ffn);
   return 3 * forward * T;
 }
 
-// The rate of one dense BF16 GEMM with the routed experts' fc1 FLOPs: [T k, H] x [H, 2F].
+// The rate of one dense BF16 GEMM with the routed experts' fc1 FLOPs: [T k, H] x [H, 2F] (F ungated).
 double dense_gemm_flops_per_s(const MoESpec& s, std::int64_t tokens, int repeat) {
-  const std::int64_t m = tokens * s.topk, k = s.hidden, n = 2 * s.ffn;
+  const std::int64_t m = tokens * s.topk, k = s.hidden, n = s.activation.fc1_width(s.ffn);
   const Tensor a = random_normal({m, k}, s.dtype, 11, 0), b = random_normal({k, n}, s.dtype, 11, 1);
   Tensor c = Tensor::uninitialized({m, n}, s.dtype);
   std::vector<double> t;
@@ -200,7 +200,7 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
                            total.min * 1e3, total.max * 1e3)
             << fmt::format("model FLOPs {:.3g} per pass per rank: {:.1f} GFLOP/s per rank; dense BF16 GEMM [{} x {}] x [{} x {}] "
                            "in this process: {:.1f} GFLOP/s ({:.0f}% of it)\n",
-                           flops, rate / 1e9, T * spec.topk, spec.hidden, spec.hidden, 2 * spec.ffn, dense / 1e9,
+                           flops, rate / 1e9, T * spec.topk, spec.hidden, spec.hidden, spec.activation.fc1_width(spec.ffn), dense / 1e9,
                            100 * rate / dense);
   return 0;
 }

@@ -93,7 +93,7 @@ std::string calibrate_cpu(const Config& config, Communicator& world) {
   // The model is built for real on this one process: keep it to a proxy's size.
   const double params = static_cast<double>(spec.vocab * spec.hidden) * 2 +
                         static_cast<double>(spec.num_layers) * (12.0 * static_cast<double>(spec.hidden * spec.hidden) +
-                                                                (spec.moe ? 3.0 * static_cast<double>(spec.moe->num_experts * spec.moe->ffn * spec.hidden) : 0));
+                                                                (spec.moe ? static_cast<double>(spec.moe->num_experts * (spec.moe->activation.fc1_width(spec.moe->ffn) + spec.moe->ffn) * spec.hidden) : 0));
   if (params > 2e8)
     throw ConfigError(fmt::format("{}: about {:.2g} parameters; --calibrate runs the model on this machine, so give it a "
                                   "proxy recipe (e.g. qwen3_30b_a3b_proxy) with at most 2e8",

@@ -36,12 +36,12 @@ void group_bias_grads(Param& bias, const Tensor& d, const std::vector<std::int64
 }  // namespace
 
 GroupedMlp::GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden,
-                       std::int64_t ffn, DType dtype, GluActivation activation, bool grouped,
+                       std::int64_t ffn, DType dtype, MlpActivation activation, bool grouped,
                        Recompute recompute, bool bias)
     : recompute(recompute),
-      fc1(prefix + ".linear_fc1.weight", {groups, 2 * ffn, hidden}, dtype),
+      fc1(prefix + ".linear_fc1.weight", {groups, activation.fc1_width(ffn), hidden}, dtype),
       fc2(prefix + ".linear_fc2.weight", {groups, hidden, ffn}, dtype),
-      fc1_bias(prefix + ".linear_fc1.bias", {bias ? groups : 0, 2 * ffn}, dtype),
+      fc1_bias(prefix + ".linear_fc1.bias", {bias ? groups : 0, activation.fc1_width(ffn)}, dtype),
       fc2_bias(prefix + ".linear_fc2.bias", {bias ? groups : 0, hidden}, dtype),
       groups_(groups), hidden_(hidden), ffn_(ffn), dtype_(dtype), activation_(activation), grouped_(grouped) {
   fc1.expert = fc2.expert = fc1_bias.expert = fc2_bias.expert = grouped;
@@ -92,7 +92,7 @@ void GroupedMlp::recompute_activations(Saved& s) const {
   const std::int64_t m = s.x.dim(0);
   if (!s.h.defined()) {
     const auto off = offsets(s.counts, m);
-    s.h = Tensor::uninitialized({m, 2 * ffn_}, has_bias() ? DType::F32 : dtype_);
+    s.h = Tensor::uninitialized({m, activation_.fc1_width(ffn_)}, has_bias() ? DType::F32 : dtype_);
     std::vector<GemmProblem> p1;
     for (std::int64_t g = 0; g < groups_; ++g) {
       const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
@@ -106,7 +106,7 @@ void GroupedMlp::recompute_activations(Saved& s) const {
   }
   if (!s.act.defined()) {
     s.act = Tensor::uninitialized({m, ffn_}, dtype_);
-    glu_forward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
+    mlp_activation_forward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), s.act);
   }
 }
 
@@ -118,7 +118,7 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
   recompute_activations(s);  // what the forward dropped (recompute_modules)
   s.dy = dy;
   Tensor dact({m, ffn_}, dtype_);
-  s.dh = Tensor({m, 2 * ffn_}, dtype_);
+  s.dh = Tensor({m, activation_.fc1_width(ffn_)}, dtype_);
   Tensor dx({m, hidden_}, dtype_);
   std::vector<GemmProblem> p2, p1;
   for (std::int64_t g = 0; g < groups_; ++g) {
@@ -132,7 +132,7 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
     dprobs->assign(static_cast<std::size_t>(m), 0.f);
     dp = dprobs->data();
   }
-  glu_backward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
+  mlp_activation_backward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
   if (dp && has_bias()) {  // fc2's bias is scaled by the probability: dp += dy . b2
     const Tensor b = fc2_bias.compute.to(DType::F32), dy32 = dy.to(DType::F32);
     for (std::int64_t g = 0; g < groups_; ++g) {
@@ -155,7 +155,7 @@ void GroupedMlp::backward_wgrad(Saved& s) {
   std::vector<GemmProblem> p2, p1;
   for (std::int64_t g = 0; g < groups_; ++g) {
     const std::int64_t r0 = off[static_cast<std::size_t>(g)], n = s.counts[static_cast<std::size_t>(g)];
-    // dW2[H, F] += dy^T act;  dW1[2F, H] += dh^T x.
+    // dW2[H, F] += dy^T act;  dW1[2F or F, H] += dh^T x.
     p2.push_back({mat(s.dy, r0, n), mat(s.act, r0, n), expert_mat_mut(fc2.grad, g)});
     p1.push_back({mat(s.dh, r0, n), mat(s.x, r0, n), expert_mat_mut(fc1.grad, g)});
   }

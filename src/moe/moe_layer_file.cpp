@@ -27,11 +27,12 @@ std::pair<float*, Shape> slice(const Tensor& t, std::int64_t group) {
 }  // namespace
 
 // Where this rank's matrix sits in the file tensor of the whole layer. Expert tensor parallelism
-// splits fc1 [2F, H] by rows (rank t keeps rows [t*f, (t+1)*f) of gate and the same of up) and
-// fc2 [H, F] by columns [t*f, (t+1)*f), as Megatron's column- and row-parallel linears.
+// splits fc1 [2F, H] by rows (rank t keeps rows [t*f, (t+1)*f) of gate and the same of up; fc1
+// [F, H] of an ungated unit rows [t*f, (t+1)*f)) and fc2 [H, F] by columns [t*f, (t+1)*f), as
+// Megatron's column- and row-parallel linears.
 Shape MoELayer::Entry::full_shape() const {
   Shape s = slice(param->master, group).second;
-  if (split == Split::rows) s[0] *= etp_size;
+  if (split == Split::rows || split == Split::gated_rows) s[0] *= etp_size;
   if (split == Split::cols) s[1] *= etp_size;
   return s;
 }
@@ -45,7 +46,8 @@ void MoELayer::Entry::for_each_run(Fn fn) const {
   const std::int64_t full_cols = full.size() > 1 ? full[1] : 1;
   for (std::int64_t i = 0; i < rows; ++i) {
     std::int64_t row = i, col0 = 0;
-    if (split == Split::rows) {
+    if (split == Split::rows) row = etp_rank * rows + i;
+    if (split == Split::gated_rows) {
       const std::int64_t half = rows / 2;  // f rows of gate, then f of up
       row = i < half ? etp_rank * half + i : half * etp_size + etp_rank * half + (i - half);
     }
@@ -59,8 +61,9 @@ std::vector<MoELayer::Entry> MoELayer::entries() const {
   if (spec_.bias) out.push_back({router.bias.name, &router.bias, -1});
   const std::int64_t first = dispatcher_->first_local_expert();
   const int t = dispatcher_->expert_tp_rank(), etp = dispatcher_->expert_tp_size();
+  const auto fc1_split = spec_.activation.gated ? Entry::Split::gated_rows : Entry::Split::rows;
   for (std::int64_t g = 0; g < experts.groups(); ++g) {
-    out.push_back({experts.tensor_name(experts.fc1, first + g), &experts.fc1, g, Entry::Split::rows, t, etp});
+    out.push_back({experts.tensor_name(experts.fc1, first + g), &experts.fc1, g, fc1_split, t, etp});
     out.push_back({experts.tensor_name(experts.fc2, first + g), &experts.fc2, g, Entry::Split::cols, t, etp});
     if (experts.has_bias())  // biases only at ETP 1 (moe.bias_needs_etp1): not split
       for (const Param* p : {&experts.fc1_bias, &experts.fc2_bias}) out.push_back({experts.tensor_name(*p, first + g), p, g});
@@ -76,15 +79,15 @@ std::map<std::string, Shape> MoELayer::file_shapes(const MoESpec& spec) {
   std::map<std::string, Shape> out{{"mlp.router.weight", {spec.num_experts, spec.hidden}}};
   if (spec.bias) out["mlp.router.bias"] = {spec.num_experts};
   for (std::int64_t e = 0; e < spec.num_experts; ++e) {
-    out[fmt::format("mlp.experts.linear_fc1.weight{}", e)] = {2 * spec.ffn, spec.hidden};
+    out[fmt::format("mlp.experts.linear_fc1.weight{}", e)] = {spec.activation.fc1_width(spec.ffn), spec.hidden};
     out[fmt::format("mlp.experts.linear_fc2.weight{}", e)] = {spec.hidden, spec.ffn};
     if (spec.bias) {
-      out[fmt::format("mlp.experts.linear_fc1.bias{}", e)] = {2 * spec.ffn};
+      out[fmt::format("mlp.experts.linear_fc1.bias{}", e)] = {spec.activation.fc1_width(spec.ffn)};
       out[fmt::format("mlp.experts.linear_fc2.bias{}", e)] = {spec.hidden};
     }
   }
   if (spec.shared_ffn > 0) {
-    out["mlp.shared_experts.linear_fc1.weight"] = {2 * spec.shared_ffn, spec.hidden};
+    out["mlp.shared_experts.linear_fc1.weight"] = {spec.activation.fc1_width(spec.shared_ffn), spec.hidden};
     out["mlp.shared_experts.linear_fc2.weight"] = {spec.hidden, spec.shared_ffn};
     if (spec.shared_expert_gate) out["mlp.shared_experts.gate_weight"] = {1, spec.hidden};
   }

@@ -58,17 +58,29 @@ void refuse_unmodelled_math(const Config& c) {
   }
 }
 
-// The MLPs' gated activation (activation_func, its clamp and the linear half's offset), as the
-// experts, the shared expert and the dense MLPs compute it.
-GluActivation glu_activation_from_config(const Config& c) {
+// The MLPs' activation (activation_func, gated_linear_unit, a gated unit's clamp and linear
+// half's offset), as the experts, the shared expert and the dense MLPs compute it.
+MlpActivation mlp_activation_from_config(const Config& c) {
   const ModelConfig& m = c.model;
-  if (!m.gated_linear_unit)
-    bad(c, "model.gated_linear_unit", "false",
-        "epx's MLPs are gated (fc1 computes a gate and a linear half); set model.gated_linear_unit=true");
-  GluActivation a;
-  const std::optional<GluFn> fn = glu_fn_from_name(m.activation_func);
+  MlpActivation a;
+  const std::optional<ActivationFn> fn = activation_fn_from_name(m.activation_func);
   if (!fn) throw std::logic_error("activation_func " + m.activation_func + " passed the schema but has no kernel");
   a.fn = *fn;
+  a.gated = m.gated_linear_unit;
+  if (!a.gated && m.use_te_activation_func)
+    bad(c, "model.use_te_activation_func", "true",
+        fmt::format("Megatron-Core's TEActivationOp {} for an ungated {}; set model.use_te_activation_func=false",
+                    a.fn == ActivationFn::gelu   ? "[model.te_activation_ungated] runs GELU's tanh approximation"
+                    : a.fn == ActivationFn::silu ? "[model.te_activation_ungated] runs ReLU"
+                                                 : "[model.te_activation] has no op",
+                    m.activation_func));
+  if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == ActivationFn::gelu && has_dense_mlps(m))
+    bad(c, "model.bias_activation_fusion", "true",
+        fmt::format("[model.fused_gelu_is_tanh] the dense and shared MLPs' fused {} is GELU's tanh approximation, the "
+                    "experts' and epx's GELU the erf one; set model.bias_activation_fusion=false, or "
+                    "model.activation_func=fast_gelu with it false for the tanh GELU everywhere",
+                    a.gated ? "GEGLU" : "bias-GELU"));
+  if (!a.gated) return a;  // Megatron reads the clamp and the offset only in its glu() (model.glu_fields_ungated)
   constexpr double kFloatMax = std::numeric_limits<float>::max();
   if (const OptDouble& clamp = m.activation_func_clamp_value) {
     if (!(*clamp > 0) || *clamp > kFloatMax)
@@ -80,16 +92,11 @@ GluActivation glu_activation_from_config(const Config& c) {
     bad(c, "model.glu_linear_offset", fmt::format("{}", m.glu_linear_offset), "must be an FP32 number");
   a.linear_offset = static_cast<float>(m.glu_linear_offset);
   // Megatron's other activation kernels compute other math than its unfused glu(), which epx does.
-  if (m.use_te_activation_func && (a.fn != GluFn::silu || a.clamp || a.linear_offset != 0))
+  if (m.use_te_activation_func && (a.fn != ActivationFn::silu || a.clamp || a.linear_offset != 0))
     bad(c, "model.use_te_activation_func", "true",
         fmt::format("Transformer Engine's activation ops compute {} (and drop any clamp or offset), not Megatron's "
                     "unfused glu() epx computes; set model.use_te_activation_func=false",
-                    a.fn == GluFn::gelu ? "GELU's tanh approximation" : "SwiGLU or GELU only"));
-  if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == GluFn::gelu && has_dense_mlps(m))
-    bad(c, "model.bias_activation_fusion", "true",
-        "[model.fused_geglu_is_tanh] the dense and shared MLPs' fused GEGLU is GELU's tanh approximation, the "
-        "experts' and epx's GELU the erf one; set model.bias_activation_fusion=false, or "
-        "model.activation_func=fast_gelu with it false for the tanh GELU everywhere");
+                    a.fn == ActivationFn::gelu ? "GELU's tanh approximation" : "SwiGLU or GELU only"));
   return a;
 }
 
@@ -178,7 +185,7 @@ namespace {
 
 // The MoE layer's spec once the shared fields are checked and the MLPs' activation is read (the
 // model reads both for its dense MLPs too, once).
-MoESpec moe_spec_of(const Config& c, const GluActivation& activation) {
+MoESpec moe_spec_of(const Config& c, const MlpActivation& activation) {
   const ModelConfig& m = c.model;
   MoESpec s;
   if (!m.num_moe_experts || *m.num_moe_experts < 1)
@@ -307,7 +314,7 @@ MoESpec moe_spec_of(const Config& c, const GluActivation& activation) {
 
 MoESpec moe_spec_from_config(const Config& c) {
   check_shared_fields(c);
-  return moe_spec_of(c, glu_activation_from_config(c));
+  return moe_spec_of(c, mlp_activation_from_config(c));
 }
 
 ModelSpec model_spec_from_config(const Config& c) {
@@ -330,7 +337,7 @@ ModelSpec model_spec_from_config(const Config& c) {
 
   s.vocab = *m.vocab_size;
   s.hidden = m.hidden_size;
-  s.activation = glu_activation_from_config(c);
+  s.activation = mlp_activation_from_config(c);
   s.num_layers = static_cast<int>(m.num_layers);
   s.dtype = m.bf16 ? DType::BF16 : DType::F32;
   s.eps = static_cast<float>(m.layernorm_epsilon);

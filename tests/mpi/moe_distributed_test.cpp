@@ -33,6 +33,7 @@ struct Case {
   bool skewed = false;  // every token picks the last expert (and ties to expert 0)
   DType dtype = DType::F32;
   double aux = 0;
+  bool gated = true;  // false: an ungated GELU MLP (fc1 [F, H], split by plain rows over ETP)
 };
 
 MoESpec spec_for(const Case& c) {
@@ -51,6 +52,7 @@ MoESpec spec_for(const Case& c) {
   if (c.mode != Case::dropless) s.capacity_factor = 1.0;
   s.pad_to_capacity = c.mode == Case::pad;
   s.init_std = 0.2;  // large enough that routing is not uniform
+  if (!c.gated) s.activation = {ActivationFn::gelu, {}, 0.f, /*gated=*/false};
   return s;
 }
 
@@ -150,6 +152,8 @@ TEST(DistributedLayer, EtpAllRanks) { run_case({.ep = 1, .etp = 0, .topk = 2, .s
 TEST(DistributedLayer, Etp2Ep2Top4) { run_case({.ep = 2, .etp = 2, .topk = 4}); }
 TEST(DistributedLayer, Etp2Ep2DropAndPad) { run_case({.ep = 2, .etp = 2, .topk = 2, .mode = Case::pad}); }
 TEST(DistributedLayer, Etp2Ep2Bf16) { run_case({.ep = 2, .etp = 2, .topk = 2, .dtype = DType::BF16}); }
+TEST(DistributedLayer, UngatedEtpAllRanks) { run_case({.ep = 1, .etp = 0, .topk = 2, .shared = true, .gated = false}); }
+TEST(DistributedLayer, UngatedEtp2Ep2) { run_case({.ep = 2, .etp = 2, .topk = 2, .gated = false}); }
 
 // Whether oneDNN's FP32 GEMM computes a row the same whatever other rows share the call. Its
 // AVX-512 kernels do; its AVX2 kernel rounds the rows of a short M tail in another order (seen

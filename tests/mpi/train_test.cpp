@@ -251,6 +251,17 @@ TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
   EXPECT_NE(plain.front(), losses(mpi().world(), unbiased).front());  // the router's bias is drawn, not zero
 }
 
+// gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in
+// the experts, the shared expert and the dense MLPs.
+TEST(Training, UngatedMlpsUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.gated_linear_unit=false", "model.activation_func=squared_relu",
+                                   "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<double> plain = expect_every_schedule_and_layout(o, "ungated MLPs");
+  std::vector<std::string> gated = o;
+  gated[0] = "model.gated_linear_unit=true";
+  EXPECT_NE(plain, losses(mpi().world(), gated));
+}
+
 // The expert bias moves by the sign of each expert's tokens summed over DP (one all-reduce with
 // the other router counts): the distributed run follows the single-rank loss curve, and the
 // bias changes it.

@@ -129,21 +129,24 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   }
 }
 
-// Every activation, plain, clamped (about a third of the inputs beyond the bound) and with
-// GPT-OSS's linear offset: the gradients of the input and of the probabilities.
+// Every activation, gated plain, clamped (about a third of the inputs beyond the bound) and with
+// GPT-OSS's linear offset, and ungated: the gradients of the input and of the probabilities.
 TEST(Glu, GradientsMatchFiniteDifferencesForEveryActivation) {
   const std::int64_t m = 5, f = 6;
-  for (const GluFn fn : kGluFns) {
-    for (const GluActivation a : {GluActivation{fn, {}, 0.f}, GluActivation{fn, 0.9f, 1.f}}) {
-      SCOPED_TRACE(fmt::format("{} clamp {} offset {}", glu_fn_name(fn), a.clamp.value_or(0.f), a.linear_offset));
-      Tensor h = randn({m, 2 * f}, 7), probs = randn({m}, 8, 0.5), g = randn({m, f}, 9);
+  for (const ActivationFn fn : kActivationFns) {
+    for (const MlpActivation a :
+         {MlpActivation{fn, {}, 0.f}, MlpActivation{fn, 0.9f, 1.f}, MlpActivation{fn, {}, 0.f, /*gated=*/false}}) {
+      SCOPED_TRACE(fmt::format("{} clamp {} offset {} gated {}", activation_fn_name(fn), a.clamp.value_or(0.f),
+                               a.linear_offset, a.gated));
+      const std::int64_t w = a.fc1_width(f);
+      Tensor h = randn({m, w}, 7), probs = randn({m}, 8, 0.5), g = randn({m, f}, 9);
       auto loss = [&] {
         Tensor out({m, f}, DType::F32);
-        glu_forward(a, h, probs.data<float>(), out);
+        mlp_activation_forward(a, h, probs.data<float>(), out);
         return dot(out, g);
       };
-      Tensor dh({m, 2 * f}, DType::F32), dprobs({m}, DType::F32);
-      glu_backward(a, h, probs.data<float>(), g, dh, dprobs.data<float>());
+      Tensor dh({m, w}, DType::F32), dprobs({m}, DType::F32);
+      mlp_activation_backward(a, h, probs.data<float>(), g, dh, dprobs.data<float>());
       expect_directional_derivative(loss, h, dh, 10, "glu dh", 1e-4);
       expect_directional_derivative(loss, probs, dprobs, 11, "glu dprobs");
     }
@@ -151,44 +154,49 @@ TEST(Glu, GradientsMatchFiniteDifferencesForEveryActivation) {
 }
 
 // The forward against the definitions, written again in double: torch's functions as Megatron-Core
-// calls them, then act(min(g, c)) * (clamp(u, -c, c) + offset) * p.
+// calls them, then act(min(g, c)) * (clamp(u, -c, c) + offset) * p, or act(h) * p ungated.
 TEST(Glu, ForwardMatchesTheDefinitionsInDouble) {
   const auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
-  const auto act = [&](GluFn fn, double x) {
+  const auto act = [&](ActivationFn fn, double x) {
     switch (fn) {
-      case GluFn::silu: return x * sig(x);
-      case GluFn::quick_gelu: return x * sig(1.702 * x);
-      case GluFn::gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-      case GluFn::fast_gelu: return 0.5 * x * (1 + std::tanh(0.7978845608 * x * (1 + 0.044715 * x * x)));
-      case GluFn::relu: return std::max(x, 0.0);
-      case GluFn::squared_relu: return std::max(x, 0.0) * std::max(x, 0.0);
-      case GluFn::sigmoid: return sig(x);
-      case GluFn::tanh: return std::tanh(x);
+      case ActivationFn::silu: return x * sig(x);
+      case ActivationFn::quick_gelu: return x * sig(1.702 * x);
+      case ActivationFn::gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+      case ActivationFn::fast_gelu: return 0.5 * x * (1 + std::tanh(0.7978845608 * x * (1 + 0.044715 * x * x)));
+      case ActivationFn::relu: return std::max(x, 0.0);
+      case ActivationFn::squared_relu: return std::max(x, 0.0) * std::max(x, 0.0);
+      case ActivationFn::sigmoid: return sig(x);
+      case ActivationFn::tanh: return std::tanh(x);
     }
     return 0.0;
   };
   const std::int64_t m = 4, f = 64;
-  const Tensor h = randn({m, 2 * f}, 21, 2.0), probs = randn({m}, 22);
-  for (const GluFn fn : kGluFns) {
-    for (const GluActivation a : {GluActivation{fn, {}, 0.f}, GluActivation{fn, 7.f, 1.f}, GluActivation{fn, 0.5f, -0.25f}}) {
-      SCOPED_TRACE(fmt::format("{} clamp {} offset {}", glu_fn_name(fn), a.clamp.value_or(0.f), a.linear_offset));
+  const Tensor h2 = randn({m, 2 * f}, 21, 2.0), probs = randn({m}, 22);
+  Tensor gates({m, f}, DType::F32);  // the ungated input: each row's first f columns of h2
+  for (std::int64_t i = 0; i < m * f; ++i) gates.set(i, h2.get(i / f * 2 * f + i % f));
+  for (const ActivationFn fn : kActivationFns) {
+    for (const MlpActivation a : {MlpActivation{fn, {}, 0.f}, MlpActivation{fn, 7.f, 1.f}, MlpActivation{fn, 0.5f, -0.25f},
+                                  MlpActivation{fn, {}, 0.f, /*gated=*/false}}) {
+      SCOPED_TRACE(fmt::format("{} clamp {} offset {} gated {}", activation_fn_name(fn), a.clamp.value_or(0.f),
+                               a.linear_offset, a.gated));
+      const Tensor h = a.gated ? h2 : gates;
       Tensor out({m, f}, DType::F32);
-      glu_forward(a, h, probs.data<float>(), out);
+      mlp_activation_forward(a, h, probs.data<float>(), out);
       for (std::int64_t r = 0; r < m; ++r)
         for (std::int64_t j = 0; j < f; ++j) {
-          double g = h.get(r * 2 * f + j), u = h.get(r * 2 * f + f + j);
+          double g = h2.get(r * 2 * f + j), u = h2.get(r * 2 * f + f + j);
           if (a.clamp) {
             g = std::min(g, double{*a.clamp});
             u = std::clamp(u, -double{*a.clamp}, double{*a.clamp});
           }
-          const double want = act(fn, g) * (u + a.linear_offset) * probs.get(r);
+          const double want = act(fn, g) * (a.gated ? u + a.linear_offset : 1.0) * probs.get(r);
           EXPECT_NEAR(out.get(r * f + j), want, 2e-6 * (1 + std::abs(want))) << "row " << r << " column " << j;
         }
       // BF16 computes in FP32 from the same (rounded) inputs and rounds once.
       const Tensor hb = h.to(DType::BF16);
       Tensor ob({m, f}, DType::BF16), of({m, f}, DType::F32);
-      glu_forward(a, hb, probs.data<float>(), ob);
-      glu_forward(a, hb.to(DType::F32), probs.data<float>(), of);
+      mlp_activation_forward(a, hb, probs.data<float>(), ob);
+      mlp_activation_forward(a, hb.to(DType::F32), probs.data<float>(), of);
       const Tensor rounded = of.to(DType::BF16);
       for (std::int64_t i = 0; i < m * f; ++i) EXPECT_EQ(ob.get(i), rounded.get(i));
     }
@@ -204,13 +212,13 @@ TEST(Glu, TanhAndGeluCloseToLibmRelativeOverTheirRange) {
     h.set(2 * i, static_cast<float>(i - n / 2) * 0.005f);  // -10 .. 10
     h.set(2 * i + 1, 1.f);
   }
-  glu_forward({GluFn::tanh, {}, 0.f}, h, nullptr, out);
+  mlp_activation_forward({ActivationFn::tanh, {}, 0.f}, h, nullptr, out);
   for (std::int64_t i = 0; i < n; ++i) {
     const double want = std::tanh(static_cast<double>(h.get(2 * i)));
     EXPECT_NEAR(out.get(i), want, 3e-7 * std::abs(want)) << "tanh(" << h.get(2 * i) << ")";
   }
   for (std::int64_t i = 0; i < n; ++i) h.set(2 * i, h.get(2 * i) * 1.25f);  // -12.5 .. 12.5: erfc's 0 from 9 is below
-  glu_forward({GluFn::gelu, {}, 0.f}, h, nullptr, out);
+  mlp_activation_forward({ActivationFn::gelu, {}, 0.f}, h, nullptr, out);
   for (std::int64_t i = 0; i < n; ++i) {
     const double x = h.get(2 * i), want = 0.5 * x * std::erfc(-x / std::sqrt(2.0));
     // The rounding of x^2 / 2 costs more digits as |x| grows (GELU is below 3e-4 in size from -4).
@@ -220,8 +228,8 @@ TEST(Glu, TanhAndGeluCloseToLibmRelativeOverTheirRange) {
 }
 
 TEST(Glu, ActivationNamesRoundTrip) {
-  for (const GluFn fn : kGluFns) EXPECT_EQ(glu_fn_from_name(glu_fn_name(fn)), fn);
-  EXPECT_FALSE(glu_fn_from_name("swish"));
+  for (const ActivationFn fn : kActivationFns) EXPECT_EQ(activation_fn_from_name(activation_fn_name(fn)), fn);
+  EXPECT_FALSE(activation_fn_from_name("swish"));
 }
 
 TEST(Softmax, BackwardMatchesFiniteDifferences) {

@@ -273,7 +273,7 @@ TEST(Attention, IsCausal) {
 // Every expert is chosen (top-k = E), so no perturbation flips the routing and the loss is
 // smooth; sparse routing's gradients are checked by the MoE layer's own tests. Then again with
 // partial RoPE, the tanh GELU in the dense MLP and the experts, and zero-centred norms (Gemma's
-// and Qwen3-Next's choices).
+// and Qwen3-Next's choices); GPT-OSS's attention; biases; and ungated GELU MLPs (Megatron's default).
 TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu",
@@ -282,7 +282,8 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
                                  "model.softmax_type=learnable", "model.position_embedding_type=yarn",
                                  "model.yarn_rotary_scaling_factor=8.0", "model.yarn_original_max_position_embeddings=4",
                                  "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"},
-        std::vector<std::string>{"model.add_bias_linear=true", "model.moe_shared_expert_intermediate_size=null"}}) {
+        std::vector<std::string>{"model.add_bias_linear=true", "model.moe_shared_expert_intermediate_size=null"},
+        std::vector<std::string>{"model.gated_linear_unit=false", "model.activation_func=gelu"}}) {
   SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());

@@ -156,7 +156,23 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"shared_expert_gate", [](MoESpec& s) { s.shared_expert_gate = true; }},
         // GPT-OSS's experts: quick-GELU with the linear half offset. The clamp is set but cuts nothing
         // here: its kinks break finite differences over the whole input (Glu.* checks it cutting).
-        Case{"quick_geglu_offset", [](MoESpec& s) { s.activation = {GluFn::quick_gelu, 5.f, 1.f}; }},
+        Case{"quick_geglu_offset", [](MoESpec& s) { s.activation = {ActivationFn::quick_gelu, 5.f, 1.f}; }},
+        // gated_linear_unit=false: Megatron's default MLP (GELU), and Nemotron-H's squared ReLU.
+        Case{"ungated_gelu", [](MoESpec& s) { s.activation = {ActivationFn::gelu, {}, 0.f, /*gated=*/false}; }},
+        Case{"ungated_squared_relu_biases",
+             [](MoESpec& s) {
+               s.activation = {ActivationFn::squared_relu, {}, 0.f, /*gated=*/false};
+               s.bias = true;
+               s.shared_ffn = 0;
+             },
+             [](MoELayer& l) {
+               std::uint64_t seed = 80;
+               for (Param* p : l.params())
+                 if (p->bias) {
+                   p->master.copy_from(randn(p->master.shape(), seed++, 0.5));
+                   p->refresh();
+                 }
+             }},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // add_bias_linear: fc1's and fc2's biases, fc2's scaled by the probability (its gradient
         // reaches the router); drawn away from Megatron's zeros so that they matter.
@@ -597,20 +613,28 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
   };
   auto mlp = [&](const Tensor& w1, const Tensor& w2, const std::string& b1, const std::string& b2, std::int64_t f,
                  std::int64_t t, double prob, std::vector<double>& out) {
+    const MlpActivation& a = s.activation;
+    const auto fn = [&](double v) {  // the activations these tests use
+      switch (a.fn) {
+        case ActivationFn::silu: return v / (1 + std::exp(-v));
+        case ActivationFn::quick_gelu: return v / (1 + std::exp(-1.702 * v));
+        case ActivationFn::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+        case ActivationFn::squared_relu: return v > 0 ? v * v : 0.0;
+        default: ADD_FAILURE() << "no naive " << activation_fn_name(a.fn); return 0.0;
+      }
+    };
     std::vector<double> act(static_cast<std::size_t>(f));
     for (std::int64_t j = 0; j < f; ++j) {
-      double g = bias(b1, j), u = bias(b1, f + j);
+      double g = bias(b1, j), u = a.gated ? bias(b1, f + j) : 0.0;
       for (std::int64_t i = 0; i < h; ++i) {
         g += static_cast<double>(w1.get(j * h + i)) * x.get(t * h + i);
-        u += static_cast<double>(w1.get((f + j) * h + i)) * x.get(t * h + i);
+        if (a.gated) u += static_cast<double>(w1.get((f + j) * h + i)) * x.get(t * h + i);
       }
-      const GluActivation& a = s.activation;
       if (a.clamp) {
         g = std::min(g, double{*a.clamp});
         u = std::clamp(u, -double{*a.clamp}, double{*a.clamp});
       }
-      const double scale = a.fn == GluFn::quick_gelu ? 1.702 : 1.0;  // silu or quick_gelu
-      act[static_cast<std::size_t>(j)] = g / (1 + std::exp(-scale * g)) * (u + a.linear_offset) * prob;
+      act[static_cast<std::size_t>(j)] = fn(g) * (a.gated ? u + a.linear_offset : 1.0) * prob;
     }
     for (std::int64_t i = 0; i < h; ++i) {
       out[static_cast<std::size_t>(t * h + i)] += bias(b2, i) * prob;
@@ -650,11 +674,13 @@ std::vector<double> naive_forward(const TensorMap& w, const Tensor& x, const MoE
 }
 
 TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
-  for (const bool gate : {false, true}) {
+  for (const int variant : {0, 1, 2}) {
+    const bool gate = variant == 1;
     MoESpec spec = small_spec();
     spec.shared_expert_gate = gate;
     spec.bias = gate;  // GPT-OSS's router and experts have biases (a shared expert has none)
-    if (gate) spec.activation = {GluFn::quick_gelu, 0.2f, 1.f};  // GPT-OSS's, clamping some of the inputs
+    if (gate) spec.activation = {ActivationFn::quick_gelu, 0.2f, 1.f};  // GPT-OSS's, clamping some of the inputs
+    if (variant == 2) spec.activation = {ActivationFn::squared_relu, {}, 0.f, /*gated=*/false};  // Nemotron-H's
     MoELayer layer(spec, make_local_dispatcher(spec.num_experts));
     layer.init_weights(11);
     std::uint64_t seed = 90;
@@ -669,7 +695,7 @@ TEST(MoELayer, ForwardMatchesANaivePerTokenReference) {
     MoELayer::Context ctx;
     const Tensor y = layer.forward(x, ctx);
     const auto want = naive_forward(layer.weight_tensors(), x, spec);
-    for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i << " gate " << gate;
+    for (std::int64_t i = 0; i < y.numel(); ++i) ASSERT_NEAR(y.get(i), want[static_cast<std::size_t>(i)], 1e-5) << i << " variant " << variant;
     if (gate) {  // the clamp cuts some of the inputs
       spec.activation.clamp.reset();
       const auto unclamped = naive_forward(layer.weight_tensors(), x, spec);

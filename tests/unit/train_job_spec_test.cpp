@@ -163,23 +163,23 @@ TEST(JobSpec, ActivationFromABridgeDump) {
     c.target.gpu = "cpu";
     return resolve_config(c, std::nullopt);
   };
-  EXPECT_EQ(moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "")).activation.fn, GluFn::silu);
+  EXPECT_EQ(moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "")).activation.fn, ActivationFn::silu);
   const MoESpec gpt_oss = moe_spec_from_config(with("megatron.core.fusions.fused_bias_geglu.quick_gelu",
                                                     "  activation_func_clamp_value: 7.0\n  glu_linear_offset: 1.0\n"));
-  EXPECT_EQ(gpt_oss.activation.fn, GluFn::quick_gelu);
+  EXPECT_EQ(gpt_oss.activation.fn, ActivationFn::quick_gelu);
   EXPECT_EQ(gpt_oss.activation.clamp, 7.f);
   EXPECT_EQ(gpt_oss.activation.linear_offset, 1.f);
   const ModelSpec gemma = model_spec_from_config(with("megatron.core.activations.fast_gelu", ""));
-  EXPECT_EQ(gemma.activation.fn, GluFn::fast_gelu);
-  EXPECT_EQ(gemma.moe->activation.fn, GluFn::fast_gelu);
-  EXPECT_EQ(model_spec_from_config(with("", "")).activation.fn, GluFn::gelu);
+  EXPECT_EQ(gemma.activation.fn, ActivationFn::fast_gelu);
+  EXPECT_EQ(gemma.moe->activation.fn, ActivationFn::fast_gelu);
+  EXPECT_EQ(model_spec_from_config(with("", "")).activation.fn, ActivationFn::gelu);
   const std::string clamp = error_of([&] {
     moe_spec_from_config(with(std::string("torch.nn.functional.silu"), "  activation_func_clamp_value: -1.0\n"));
   });
   EXPECT_NE(clamp.find("dump.yaml:42:32: model.activation_func_clamp_value=-1: "), std::string::npos) << clamp;
   // A dumped functools.partial of torch's GELU with approximate="tanh" (Qwen3-VL's) is fast_gelu's math.
   const std::string partial = "torch.nn.functional.gelu\n    _partial_: true\n    _args_: []\n    approximate: tanh";
-  EXPECT_EQ(moe_spec_from_config(with(partial, "")).activation.fn, GluFn::fast_gelu);
+  EXPECT_EQ(moe_spec_from_config(with(partial, "")).activation.fn, ActivationFn::fast_gelu);
   const std::string other = error_of([&] { with("torch.nn.functional.silu\n    inplace: true", ""); });
   EXPECT_NE(other.find("model.activation_func: inplace=true on torch.nn.functional.silu: epx reads a callable as "
                        "{_target_: <path>, _call_: false}"),
@@ -198,16 +198,43 @@ TEST(JobSpec, ActivationFromABridgeDump) {
   const std::string fused = error_of([&] {
     model_spec_from_config(with("torch.nn.functional.gelu", "  moe_shared_expert_intermediate_size: 64\n"));
   });
-  EXPECT_NE(fused.find("model.bias_activation_fusion=true: [model.fused_geglu_is_tanh]"), std::string::npos) << fused;
+  EXPECT_NE(fused.find("model.bias_activation_fusion=true: [model.fused_gelu_is_tanh]"), std::string::npos) << fused;
   const std::string unknown = error_of([&] { with("torch.nn.functional.mish", ""); });
   EXPECT_NE(unknown.find("model.activation_func must be one of silu|quick_gelu|"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("got 'mish'"), std::string::npos) << unknown;
 }
 
+// gated_linear_unit=false (Megatron's default MLP) is modelled: fc1 is F wide, and the clamp and
+// offset that only glu() reads are dropped as Megatron drops them; TE's ops for it are refused.
+TEST(JobSpec, UngatedMlpFromABridgeDump) {
+  const std::string dump = read_config_text(std::string(EPX_TEST_DATA) + "/bridge_dump_qwen3_30b_a3b.yaml");
+  const auto with = [&](const std::string& fields) {
+    std::string text = dump;
+    const std::string gated = "  gated_linear_unit: true\n";
+    text.replace(text.find(gated), gated.size(), "  gated_linear_unit: false\n" + fields);
+    Config c = load_config_text(text, "dump.yaml");
+    c.target.gpu = "cpu";
+    return resolve_config(c, std::nullopt);
+  };
+  const ModelSpec s = model_spec_from_config(with("  activation_func_clamp_value: 7.0\n  glu_linear_offset: 1.0\n"));
+  for (const MlpActivation& a : {s.activation, s.moe->activation}) {
+    EXPECT_FALSE(a.gated);
+    EXPECT_EQ(a.fn, ActivationFn::silu);
+    EXPECT_FALSE(a.clamp);
+    EXPECT_EQ(a.linear_offset, 0.f);
+    EXPECT_EQ(a.fc1_width(64), 64);
+  }
+  const std::string te = error_of([&] { model_spec_from_config(with("  use_te_activation_func: true\n")); });
+  EXPECT_NE(te.find("model.use_te_activation_func=true: Megatron-Core's TEActivationOp [model.te_activation_ungated] "
+                    "runs ReLU for an ungated silu"),
+            std::string::npos)
+      << te;
+}
+
 // The config's activation names are the kernel's, one for one.
 TEST(JobSpec, ActivationNamesAreTheKernels) {
   std::vector<std::string> kernel;
-  for (const GluFn fn : kGluFns) kernel.emplace_back(glu_fn_name(fn));
+  for (const ActivationFn fn : kActivationFns) kernel.emplace_back(activation_fn_name(fn));
   EXPECT_EQ(find_field("model.activation_func")->choices, kernel);
 }
 

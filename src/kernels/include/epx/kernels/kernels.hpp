@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "epx/kernels/glu.hpp"
+#include "epx/kernels/mlp_activation.hpp"
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
@@ -54,7 +54,7 @@ void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, boo
 std::string gemm_isa();
 std::string gemm_impl(DType dtype);
 
-// Gated linear units: epx/kernels/glu.hpp (src/kernels/glu.cpp).
+// Gated linear units: epx/kernels/mlp_activation.hpp (src/kernels/mlp_activation.cpp).
 
 // ----------------------------------- softmax, sigmoid, top-k (src/kernels/softmax_topk.cpp)
 

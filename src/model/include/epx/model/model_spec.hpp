@@ -32,7 +32,7 @@ struct RecomputeSpec {
 
 struct ModelSpec {
   std::int64_t vocab = 0, hidden = 0, ffn = 0;  // ffn: the dense MLP's width
-  GluActivation activation;                      // the dense MLP's (the MoE layers' is moe->activation)
+  MlpActivation activation;                      // the dense MLP's (the MoE layers' is moe->activation)
   bool bias = false;                             // add_bias_linear: the dense MLP's biases (the attention's: attention)
   int num_layers = 0;
   std::vector<bool> is_moe;  // per layer (moe_layer_freq)

@@ -1,12 +1,13 @@
-// Gated FFNs over groups of rows: the routed experts (one group per local expert, variable token
+// FFNs over groups of rows: the routed experts (one group per local expert, variable token
 // counts including zero; Megatron-Core's TEGroupedMLP) and, with one group and no routing
 // probabilities, the shared expert (SharedExpertMLP) or a dense MLP.
-//   fc1: [2F, H] per group, output [gate | up] (+ b1);  act = glu(gate, up) * prob (SwiGLU by
-//   default, epx/kernels/glu.hpp);  fc2: [H, F], output + b2 * prob.
+//   fc1: [2F, H] per group, output [gate | up] (+ b1), act = glu(gate, up) * prob (SwiGLU by
+//   default); or, not gated, fc1: [F, H] and act = act(h) * prob (epx/kernels/mlp_activation.hpp);
+//   fc2: [H, F], output + b2 * prob.
 // The biases (add_bias_linear) are added to the GEMMs' FP32 output before its one rounding, as
 // a GEMM epilogue; fc2's is scaled by the routing probability as Megatron's TEGroupedMLP does
 // (_apply_bias: p * (fc2(x) + b) once p moved before fc2), so its gradient reaches the router.
-// Weights are stacked [G, 2F, H] and [G, H, F], biases [G, 2F] and [G, H]; the tensor names of
+// Weights are stacked [G, 2F, H] (gated) or [G, F, H] and [G, H, F], biases [G, 2F or F] and [G, H]; the tensor names of
 // group g are `<prefix>.linear_fc1.weight<g>` / `.bias<g>` (Transformer Engine's GroupedLinear),
 // or without the index for a single dense MLP.
 #pragma once
@@ -15,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "epx/kernels/glu.hpp"
+#include "epx/kernels/mlp_activation.hpp"
 #include "epx/tensor/param.hpp"
 #include "epx/tensor/tensor.hpp"
 
@@ -30,12 +31,12 @@ class GroupedMlp {
 
   // `grouped`: name weights per group (experts) rather than one dense MLP (shared expert).
   GroupedMlp(std::string prefix, std::int64_t groups, std::int64_t hidden, std::int64_t ffn,
-             DType dtype, GluActivation activation, bool grouped, Recompute recompute = Recompute::none,
+             DType dtype, MlpActivation activation, bool grouped, Recompute recompute = Recompute::none,
              bool bias = false);
 
   // What one micro-batch's backward needs; dgrad fills dy/dh for wgrad.
   struct Saved {
-    Tensor x, h, act;                 // [M, H], [M, 2F], [M, F]
+    Tensor x, h, act;                 // [M, H], [M, 2F or F], [M, F]
     std::vector<std::int64_t> counts;  // rows per group
     std::vector<float> probs;         // [M], empty = no probabilities
     Tensor dy, dh;                    // kept by dgrad for wgrad
@@ -59,7 +60,7 @@ class GroupedMlp {
   std::string tensor_name(const Param& p, std::int64_t g) const;
 
   Param fc1, fc2;
-  Param fc1_bias, fc2_bias;  // [G, 2F], [G, H]; empty without biases
+  Param fc1_bias, fc2_bias;  // [G, 2F or F], [G, H]; empty without biases
 
  private:
   // fc1's output and the activation, where they are not held (first forward, or a recompute).
@@ -67,7 +68,7 @@ class GroupedMlp {
 
   std::int64_t groups_, hidden_, ffn_;
   DType dtype_;
-  GluActivation activation_;
+  MlpActivation activation_;
   bool grouped_;
 };
 

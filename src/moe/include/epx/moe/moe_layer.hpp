@@ -129,7 +129,7 @@ class MoELayer {
   void backward_shared(Context& ctx);
   // Every (file name, param, group) of this rank's weights, and its place in the file tensor.
   struct Entry {
-    enum class Split { none, rows, cols };  // how ETP splits it: fc1 by rows, fc2 by columns
+    enum class Split { none, rows, gated_rows, cols };  // how ETP splits it: fc1 by rows (each half's, gated), fc2 by columns
     std::string name;
     const Param* param;
     std::int64_t group;  // -1: the whole tensor

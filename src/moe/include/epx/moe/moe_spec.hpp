@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "epx/kernels/glu.hpp"
+#include "epx/kernels/mlp_activation.hpp"
 #include "epx/tensor/tensor.hpp"
 
 namespace epx {
@@ -42,7 +42,7 @@ struct MoESpec {
   // dispatch's backward exchange is in flight (Megatron's delayed-wgrad stream), not after it.
   bool experts_wgrad_under_dispatch_backward = false;
   DType dtype = DType::F32;     // activations and compute weights: BF16 when model.bf16
-  GluActivation activation;     // the experts' and shared expert's (activation_func, its clamp and offset)
+  MlpActivation activation;     // the experts' and shared expert's (activation_func, its clamp and offset)
   bool bias = false;            // add_bias_linear: the router's bias and the experts' fc1 and fc2 biases
 
   // Router (math in FP32).
