@@ -89,6 +89,28 @@ BENCHMARK(BM_GluForwardBackward)
     ->MinTime(0.2)
     ->UseRealTime();
 
+// The same rows ungated (gated_linear_unit=false: [T k, F] = [1024, 128] in, act(h) * p out).
+// args: activation (ActivationFn's order)
+void BM_UngatedActivationForwardBackward(benchmark::State& state) {
+  const MlpActivation a{kActivationFns[state.range(0)], std::nullopt, 0.f, /*gated=*/false};
+  state.SetLabel(activation_fn_name(a.fn));
+  const std::int64_t m = 1024, f = 128;
+  const Tensor h = random_normal({m, f}, DType::BF16, 5, 0, 1.0), dout = filled({m, f}, DType::BF16, 6);
+  Tensor out({m, f}, DType::BF16), dh({m, f}, DType::BF16);
+  std::vector<float> probs(static_cast<std::size_t>(m), 0.25f), dprobs(probs.size());
+  for (auto _ : state) {
+    mlp_activation_forward(a, h, probs.data(), out);
+    mlp_activation_backward(a, h, probs.data(), dout, dh, dprobs.data());
+    benchmark::DoNotOptimize(dh.raw());
+  }
+}
+BENCHMARK(BM_UngatedActivationForwardBackward)
+    ->ArgName("act")
+    ->DenseRange(0, std::size(kActivationFns) - 1, 1)
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.2)
+    ->UseRealTime();
+
 // One head's blocked causal attention, forward then backward, BF16 operands at GPT-OSS's head
 // width (64): the whole prefix, or a sliding window of `window` earlier keys, with or without a
 // sink. The counter is the keys each query row multiplies (the diagonal blocks whole).

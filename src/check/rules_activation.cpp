@@ -65,12 +65,14 @@ void add_activation_rules(RuleTable& add) {
       "the config names",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        // An ungated GELU without biases fails bias_gelu_impl's assert instead (model.fused_activation).
+        // An ungated GELU without biases is refused by TransformerConfig first (model.fused_activation).
         return fail_if(m.bias_activation_fusion && !m.use_te_activation_func && m.activation_func == "gelu" &&
                            (m.gated_linear_unit || m.add_bias_linear) && has_dense_mlps(m),
-                       fmt::format("with bias_activation_fusion the dense and shared MLPs run {}, GELU's tanh "
+                       fmt::format("with bias_activation_fusion the {} run {}, GELU's tanh "
                                    "approximation{}, while the unfused MLP computes torch's erf GELU; epx run "
                                    "refuses it, computing only the latter",
+                                   // a shared expert has no biases, so bias_gelu_impl is the dense MLPs' alone
+                                   m.gated_linear_unit ? "dense and shared MLPs" : "dense MLPs",
                                    m.gated_linear_unit ? "bias_geglu_impl" : "bias_gelu_impl",
                                    m.gated_linear_unit ? " (and no clamp or offset)" : ""),
                        "model.bias_activation_fusion=false");

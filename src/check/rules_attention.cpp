@@ -1,7 +1,8 @@
 // The attention rules: what Transformer Engine's DotProductAttention makes of a causal model's
 // sliding window (check_set_window_size), what YaRN RoPE needs set and its concentration factor,
 // which backend takes sinks or a window under context parallelism (and the TE that has sinks),
-// cp_comm_type's per-layer list, and what Megatron-Core's is_layer_window_attention needs of
+// a2a's heads over the CP ranks,
+// cp_comm_type's per-layer list and a2a+p2p's hierarchical sizes, and what Megatron-Core's is_layer_window_attention needs of
 // window_attn_skip_freq.
 #include <algorithm>
 #include <cmath>
@@ -107,6 +108,24 @@ void add_attention_rules(RuleTable& add) {
                                    m.cp_comm_type ? fmt::format("{}", fmt::join(m.cp_comm_type->values, ",")) : "None (p2p)"),
                        "model.cp_comm_type=a2a");
       });
+  add("model.cp_a2a_heads", E,
+      {"model.cp_comm_type", "model.context_parallel_size", "model.num_attention_heads", "model.num_query_groups",
+       "model.tensor_model_parallel_size"},
+      "Transformer Engine attention/dot_product_attention/context_parallel.py (AttnFuncWithCPAndQKVOA2A)",
+      "cp_comm_type a2a scatters each TP rank's query and key/value heads over the CP ranks",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const Int cp = m.context_parallel_size, tp = std::max<Int>(1, m.tensor_model_parallel_size);
+        if (cp <= 1 || !m.cp_comm_type ||
+            std::ranges::none_of(m.cp_comm_type->values, [](const std::string& t) { return t == "a2a"; }))
+          return pass();
+        const Int q = m.num_attention_heads / tp, kv = m.num_query_groups.value_or(m.num_attention_heads) / tp;
+        return fail_if(q % cp != 0 || kv % cp != 0,
+                       fmt::format("cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V. Found "
+                                   "num_heads_q = {}, num_heads_kv = {}, cp_size = {}.",
+                                   q, kv, cp),
+                       "model.cp_comm_type=p2p");
+      });
   add("model.window_context_parallel", E, {"model.window_size", "model.context_parallel_size", "model.cp_comm_type"},
       kTeAttention, "a sliding window under context parallelism needs cp_comm_type a2a or all_gather",
       [](const CheckContext& c) {
@@ -131,6 +150,36 @@ void add_attention_rules(RuleTable& add) {
                                    "({})!",
                                    n, m.num_layers),
                        fmt::format("model.cp_comm_type={}", m.cp_comm_type->values.front()));
+      });
+  add("model.hierarchical_cp_sizes", E,
+      {"model.cp_comm_type", "model.hierarchical_context_parallel_sizes", "model.context_parallel_size"},
+      "Megatron-Bridge training/config.py _validate_cp_comm_type",
+      "a2a+p2p CP needs hierarchical_context_parallel_sizes, whose product is context_parallel_size",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        const auto& sizes = m.hierarchical_context_parallel_sizes;
+        const bool a2a_p2p = m.cp_comm_type && std::ranges::any_of(m.cp_comm_type->values, [](const std::string& t) {
+          return t.find("a2a+p2p") != std::string::npos;
+        });
+        if (a2a_p2p && !sizes)
+          return fail("hierarchical_context_parallel_sizes must be set when cp_comm_type contains 'a2a+p2p'. Without "
+                      "it, CP communication is silently disabled and each rank attends only to its local chunk, "
+                      "producing artificially high throughput but broken training.",
+                      // TE's a2a+p2p takes two levels (a2a inside, p2p across); one level is plain a2a.
+                      "model.cp_comm_type=a2a");
+        if (!sizes) return pass();
+        Int product = 1;  // stops at a size that is not positive or would pass CP
+        bool exact = true;
+        for (const Int s : sizes->values) {
+          exact = exact && s >= 1 && product <= m.context_parallel_size / s;
+          if (exact) product *= s;
+        }
+        return fail_if(!exact || product != m.context_parallel_size,
+                       fmt::format("Product of hierarchical_context_parallel_sizes [{}] ({}) must equal "
+                                   "context_parallel_size (={}).",
+                                   fmt::join(sizes->values, ", "), exact ? fmt::format("={}", product) : "not it",
+                                   m.context_parallel_size),
+                       fmt::format("model.hierarchical_context_parallel_sizes=[{}]", m.context_parallel_size));
       });
   add("model.sink_te_version", E, {"model.softmax_type", "target.te_version"}, "Megatron-Core extensions/transformer_engine.py",
       "attention sinks (softmax_type off-by-one or learnable) need Transformer Engine 2.8", [](const CheckContext& c) {

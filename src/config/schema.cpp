@@ -561,6 +561,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, microbatch_group_size_per_vp_stage),
       EPX_FIELD(kModel, context_parallel_size),
       EPX_FIELD(kModel, cp_comm_type, {"p2p", "a2a", "allgather", "a2a+p2p"}),
+      EPX_FIELD(kModel, hierarchical_context_parallel_sizes),
       EPX_FIELD(kModel, expert_model_parallel_size),
       EPX_FIELD(kModel, expert_tensor_parallel_size),
       EPX_FIELD(kModel, sequence_parallel),

@@ -39,13 +39,15 @@ double ModelSpec::flops_per_token() const {
   const double H = static_cast<double>(hidden), d = static_cast<double>(attention.head_dim);
   const double nh = static_cast<double>(attention.heads), ng = static_cast<double>(attention.groups);
   const double attn = 2 * H * (nh + 2 * ng) * d + 2 * nh * d * H + 0.5 * 4 * nh * d * static_cast<double>(seq_length);
+  // An MLP's fc1 and fc2: 2 H (fc1_width + F) a token, 6 H F gated.
+  const auto mlp = [&](const MlpActivation& a, std::int64_t f) { return 2 * H * static_cast<double>(a.fc1_width(f) + f); };
   double forward = 2 * H * static_cast<double>(vocab);
   for (bool m : is_moe) {
     forward += attn;
     if (m)
-      forward += 6 * H * static_cast<double>(moe->ffn) * moe->topk + 6 * H * static_cast<double>(moe->shared_ffn);
+      forward += mlp(moe->activation, moe->ffn) * moe->topk + mlp(moe->activation, moe->shared_ffn);
     else
-      forward += 6 * H * static_cast<double>(ffn);
+      forward += mlp(activation, ffn);
   }
   return 3 * forward;
 }

@@ -153,10 +153,23 @@ void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
   for (const auto& [name, t] : tensors)
     if (!known.count(name))
       throw InputError(fmt::format("{}: tensor '{}' is not a weight of this layer ({} of them, e.g. '{}'); the file "
-                                   "was written for another config, or set the config it was written with",
-                                   file, name, known.size(), *known.begin()));
+                                   "was written for another config, or set the config it was written with{}",
+                                   file, name, known.size(), *known.begin(),
+                                   !spec_.bias && name.find(".bias") != std::string::npos
+                                       ? " (model.add_bias_linear=true gives the linears and the router biases)"
+                                       : ""));
   for (const Entry& e : entries()) {
-    const Tensor f32 = expect_tensor(tensors, e.name, e.full_shape(), file).to(DType::F32);
+    // fc1 twice or half this config's width: written with the other gated_linear_unit.
+    const auto it = tensors.find(e.name);
+    const Shape want = e.full_shape();
+    if (e.name.find("linear_fc1.weight") != std::string::npos && it != tensors.end() && it->second.rank() == 2 &&
+        it->second.dim(1) == want[1] && it->second.dim(0) == (spec_.activation.gated ? want[0] / 2 : want[0] * 2))
+      throw InputError(fmt::format("{}: tensor '{}' has shape {}, this config's fc1 is {}: the file was written with "
+                                   "model.gated_linear_unit={} (fc1 is [2F, H] gated, [F, H] not); set the config it "
+                                   "was written with",
+                                   file, e.name, shape_string(it->second.shape()), shape_string(want),
+                                   !spec_.activation.gated));
+    const Tensor f32 = expect_tensor(tensors, e.name, want, file).to(DType::F32);
     const float* src = f32.data<float>();
     float* dst = slice(e.param->master, e.group).first;
     e.for_each_run([&](std::int64_t local, std::int64_t full, std::int64_t n) {

@@ -223,6 +223,17 @@ const std::vector<Case>& cases() {
       {"model.window_context_parallel",
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4"},
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=allgather"}},
+      {"model.cp_a2a_heads",  // the base: 4 heads, 2 groups
+       {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a"},
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a"}},
+      {"model.hierarchical_cp_sizes", {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a+p2p"},
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a+p2p",
+        "model.hierarchical_context_parallel_sizes=[2,1]"}},
+      {"model.hierarchical_cp_sizes",
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.hierarchical_context_parallel_sizes=[2,2]"},
+       {"model.context_parallel_size=2", "target.num_gpus=4", "model.hierarchical_context_parallel_sizes=[1,2]"}},
+      {"model.hierarchical_cp_sizes",  // a size far past CP does not overflow the product
+       {"model.hierarchical_context_parallel_sizes=[4611686018427387904,4]"}, {"model.hierarchical_context_parallel_sizes=[1]"}},
       {"model.cp_comm_type_length",  // the base has 2 layers
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=[a2a]"},
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=[a2a,p2p]"}},
@@ -265,7 +276,7 @@ const std::vector<Case>& cases() {
        {"model.bias_activation_fusion=true", "model.activation_func=gelu", "~model.num_moe_experts",
         "model.expert_model_parallel_size=1"},
        {"model.activation_func=gelu", "~model.num_moe_experts", "model.expert_model_parallel_size=1"}},
-      {"model.fused_gelu_is_tanh",  // ungated: bias_gelu_impl, which needs the biases (else model.fused_activation)
+      {"model.fused_gelu_is_tanh",  // ungated: bias_gelu_impl, with biases (TransformerConfig refuses it without)
        {"model.bias_activation_fusion=true", "model.activation_func=gelu", "model.gated_linear_unit=false",
         "model.add_bias_linear=true", "~model.num_moe_experts", "model.expert_model_parallel_size=1"},
        {"model.bias_activation_fusion=true", "model.activation_func=gelu", "model.gated_linear_unit=false",

@@ -583,6 +583,35 @@ TEST(MoELayer, RejectsInputOfTheWrongShapeOrDtype) {
   }
 }
 
+// Weights written with another add_bias_linear or gated_linear_unit: the error names the field.
+TEST(MoELayer, WeightsOfAnotherMlpFormNameTheField) {
+  const auto error_loading = [](const MoESpec& writer, const MoESpec& reader) {
+    MoELayer w(writer, make_local_dispatcher(writer.num_experts)), r(reader, make_local_dispatcher(reader.num_experts));
+    w.init_weights(1);
+    try {
+      r.load_weights(w.weight_tensors(), "w.safetensors");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  MoESpec gated = small_spec(), ungated = gated, biased = gated;
+  ungated.activation.gated = false;
+  biased.bias = true;
+  biased.shared_ffn = 0;
+  EXPECT_NE(error_loading(gated, ungated).find("this config's fc1 is [12, 16]: the file was written with "
+                                               "model.gated_linear_unit=true"),
+            std::string::npos)
+      << error_loading(gated, ungated);
+  EXPECT_NE(error_loading(ungated, gated).find("model.gated_linear_unit=false"), std::string::npos);
+  MoESpec unbiased = biased;
+  unbiased.bias = false;
+  EXPECT_NE(error_loading(biased, unbiased).find("(model.add_bias_linear=true gives the linears and the router biases)"),
+            std::string::npos)
+      << error_loading(biased, unbiased);
+  EXPECT_EQ(error_loading(ungated, ungated), "");
+}
+
 TEST(MoELayer, QuantileBalancingBiasTravelsWithTheWeights) {
   MoESpec spec = small_spec();
   spec.quantile_balancing = true;

@@ -212,6 +212,9 @@ TEST(JobSpec, UngatedMlpFromABridgeDump) {
     std::string text = dump;
     const std::string gated = "  gated_linear_unit: true\n";
     text.replace(text.find(gated), gated.size(), "  gated_linear_unit: false\n" + fields);
+    // The dump fuses the bias and SwiGLU, which Megatron refuses for an ungated silu.
+    const std::string fused = "  bias_activation_fusion: true\n";
+    text.replace(text.find(fused), fused.size(), "  bias_activation_fusion: false\n");
     Config c = load_config_text(text, "dump.yaml");
     c.target.gpu = "cpu";
     return resolve_config(c, std::nullopt);

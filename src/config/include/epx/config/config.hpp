@@ -88,6 +88,7 @@ struct ModelConfig {
   Int context_parallel_size = 1;
   // CP's exchange per layer (p2p, a2a, allgather, a2a+p2p; a list: one per layer); None: TE's p2p.
   std::optional<OneOrList<std::string>> cp_comm_type;
+  std::optional<OneOrList<Int>> hierarchical_context_parallel_sizes;  // a2a+p2p's levels, inner first; product = CP
   Int expert_model_parallel_size = 1;
   OptInt expert_tensor_parallel_size;  // None: ETP=1 when EP>1, else TP (finalize)
   bool sequence_parallel = false;

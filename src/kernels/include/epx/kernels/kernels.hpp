@@ -54,7 +54,7 @@ void grouped_gemm(std::span<const GemmProblem> problems, Trans ta, Trans tb, boo
 std::string gemm_isa();
 std::string gemm_impl(DType dtype);
 
-// Gated linear units: epx/kernels/mlp_activation.hpp (src/kernels/mlp_activation.cpp).
+// The MLPs' activation, gated or not: epx/kernels/mlp_activation.hpp (src/kernels/mlp_activation.cpp).
 
 // ----------------------------------- softmax, sigmoid, top-k (src/kernels/softmax_topk.cpp)
 

@@ -1,6 +1,8 @@
 // The MLPs' activation as Megatron-Core's MLPs and experts compute it (src/kernels/mlp_activation.cpp):
 // the function by name, gated (fc1 [M, 2F] = [gate | up]) or not (fc1 [M, F]), a gated unit's
-// clamp and linear offset, and the routing probability applied after the activation.
+// clamp and linear offset, and the routing probability applied after the activation. The product
+// is rounded once; Megatron's unfused path rounds act(h) to BF16 before the probability's multiply,
+// so BF16 routed experts may differ by one rounding.
 #pragma once
 
 #include <cstdint>
