@@ -33,8 +33,8 @@ std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 
 // Fields of a Bridge dump that epx keeps without modelling them but that change what the model
 // computes (Bridge's MoE providers set them: GPT-OSS, MiniMax, Gemma4, Qwen3-Next, Qwen3.5, GLM,
-// Nemotron). Set off Megatron-Core's default, epx's runtime would train another model than the
-// config's, so it refuses them. `fits`: the value epx computes anyway.
+// Nemotron), and dropout. Set off what epx computes (`fits`), epx's runtime would train another
+// model than the config's, so it refuses them.
 void refuse_unmodelled_math(const Config& c) {
   const YAML::Node fields = c.extra_fields.child_map("model");
   const auto text = [](const YAML::Node& n) {
@@ -43,11 +43,18 @@ void refuse_unmodelled_math(const Config& c) {
   };
   const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
   const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
+  const auto zero = [&](const YAML::Node& n) {
+    double v = 1;
+    return none(n) || (n.IsScalar() && YAML::convert<double>::decode(n, v) && v == 0.0);
+  };
   const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
       {"attention_output_gate", is_false, "epx's attention has no output gate"},
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
+      // Megatron's default is 0.1; Bridge's providers set 0.0, as MoE pretraining runs without it.
+      {"hidden_dropout", zero, "epx trains without dropout (set it to 0.0)"},
+      {"attention_dropout", zero, "epx trains without dropout (set it to 0.0)"},
   };
   for (const auto& [field, fits, why] : table) {
     const YAML::Node n = fields[field];

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "epx/check/check.hpp"
@@ -41,6 +42,17 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
   };
   EXPECT_NE(error_of([&] { model_spec_from_config(with("  attention_output_gate: true\n")); }).find("model.attention_output_gate=true"),
             std::string::npos);
+  // Dropout, which epx does not apply (the dump's 0.0 passes, Megatron's default 0.1 does not).
+  for (const char* field : {"hidden_dropout", "attention_dropout"}) {
+    std::string text = dump;
+    const std::string line = fmt::format("  {}: 0.0\n", field);
+    text.replace(text.find(line), line.size(), fmt::format("  {}: 0.1\n", field));
+    Config c = load_config_text(text, "dump.yaml");
+    c.target.gpu = "cpu";
+    const std::string e = error_of([&] { model_spec_from_config(resolve_config(c, std::nullopt)); });
+    EXPECT_NE(e.find(fmt::format("dump.yaml:{}:", field == std::string("hidden_dropout") ? 54 : 53)), std::string::npos) << e;
+    EXPECT_NE(e.find(fmt::format("model.{}=0.1: epx trains without dropout", field)), std::string::npos) << e;
+  }
   EXPECT_NE(error_of([&] { moe_spec_from_config(with("  moe_apply_probs_on_input: true\n")); })
                 .find("model.moe_apply_probs_on_input=true"),
             std::string::npos);
