@@ -1,4 +1,5 @@
 // Elementwise sums of activations (F32 or BF16), in FP32, and the linear layers' biases.
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -72,16 +73,24 @@ void add_bias_rows(Tensor& y, std::int64_t r0, std::int64_t r1, const float* bia
 void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float* scale, float* out) {
   if (d.rank() != 2 || r0 < 0 || r1 > d.dim(0)) throw std::invalid_argument("add_row_sums: d must be 2-D holding the rows");
   const std::int64_t n = d.dim(1);
-  std::vector<double> sum(static_cast<std::size_t>(n), 0.0);
+  // Threads take column blocks and sum each column down the rows in order: the same FP64 sums,
+  // bit for bit, at any thread count. Small sums stay on one thread.
+  constexpr std::int64_t kBlock = 64;
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
   detail::with_dtype("add_row_sums", [&](auto tag) {
     using T = decltype(tag);
     const T* dp = static_cast<const T*>(d.raw());
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const double p = scale ? scale[r] : 1.0;
-      for (std::int64_t j = 0; j < n; ++j) sum[static_cast<std::size_t>(j)] += p * detail::ld(dp, r * n + j);
+#pragma omp parallel for schedule(static) if ((r1 - r0) * n >= 65536)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t j0 = b * kBlock, j1 = std::min(n, j0 + kBlock);
+      double sum[kBlock] = {};
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const double p = scale ? scale[r] : 1.0;
+        for (std::int64_t j = j0; j < j1; ++j) sum[j - j0] += p * detail::ld(dp, r * n + j);
+      }
+      for (std::int64_t j = j0; j < j1; ++j) out[j] += static_cast<float>(sum[j - j0]);
     }
   }, d);
-  for (std::int64_t j = 0; j < n; ++j) out[j] += static_cast<float>(sum[static_cast<std::size_t>(j)]);
 }
 
 }  // namespace epx

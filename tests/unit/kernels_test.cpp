@@ -129,6 +129,28 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   }
 }
 
+// The bias gradients' row sums, scaled or not, F32 or BF16, one thread's and a split over column
+// blocks (past the size that goes parallel, with a ragged last block): bitwise the FP64 sums down
+// the rows in order.
+TEST(RowSums, AreTheInOrderFp64SumsBitwise) {
+  for (const DType dt : {DType::F32, DType::BF16})
+    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {400, 300}}) {
+      const Tensor d = randn({rows, cols}, 31).to(dt), scale = randn({rows}, 32);
+      for (const bool scaled : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {}x{} scaled {}", dtype_name(dt), rows, cols, scaled));
+        const std::int64_t r0 = 2, r1 = rows - 1;  // a group's rows
+        std::vector<float> got(static_cast<std::size_t>(cols), 0.5f);
+        add_row_sums(d, r0, r1, scaled ? scale.data<float>() : nullptr, got.data());
+        for (std::int64_t j = 0; j < cols; ++j) {
+          double want = 0;
+          for (std::int64_t r = r0; r < r1; ++r)
+            want += (scaled ? static_cast<double>(scale.get(r)) : 1.0) * static_cast<double>(d.get(r * cols + j));
+          ASSERT_EQ(got[static_cast<std::size_t>(j)], 0.5f + static_cast<float>(want)) << "column " << j;
+        }
+      }
+    }
+}
+
 // Every activation, gated plain, clamped (about a third of the inputs beyond the bound) and with
 // GPT-OSS's linear offset, and ungated: the gradients of the input and of the probabilities.
 TEST(Glu, GradientsMatchFiniteDifferencesForEveryActivation) {
