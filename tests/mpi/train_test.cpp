@@ -249,6 +249,17 @@ TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
   std::vector<std::string> unbiased = o;
   unbiased[0] = "model.add_bias_linear=false";
   EXPECT_NE(plain.front(), losses(mpi().world(), unbiased).front());  // the router's bias is drawn, not zero
+  // In BF16 (biases rounded from FP32 masters, added to the GEMMs' FP32 output) the schedules
+  // still give the same bits.
+  std::vector<std::string> bf16 = o;
+  bf16.push_back("model.bf16=true");
+  const std::vector<double> plain16 = losses(mpi().world(), bf16);
+  EXPECT_NE(plain16, plain);
+  std::vector<std::string> ep_overlap = bf16, recompute = bf16;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  recompute.insert(recompute.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[moe_act,mlp]"});
+  EXPECT_EQ(plain16, losses(mpi().world(), ep_overlap)) << "BF16 biases, EP overlap";
+  EXPECT_EQ(plain16, losses(mpi().world(), recompute)) << "BF16 biases, recompute";
 }
 
 // gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in
