@@ -16,6 +16,23 @@
 #include "rule_helpers.hpp"
 
 namespace epx::rule_helpers {
+namespace {
+
+// The heads each TP rank gives Transformer Engine's core attention: its query heads, and its
+// key/value heads (its query groups, one where Megatron replicates fewer groups than TP ranks;
+// MLA's keys have one per query head).
+struct CpHeads {
+  Int q, kv;
+};
+CpHeads cp_heads(const ModelConfig& m) {
+  const Int tp = std::max<Int>(1, m.tensor_model_parallel_size), q = m.num_attention_heads / tp;
+  if (m.multi_latent_attention) return {q, q};
+  const Int groups = m.num_query_groups.value_or(m.num_attention_heads);
+  return {q, groups < tp ? 1 : groups / tp};
+}
+
+}  // namespace
+
 
 void add_attention_rules(RuleTable& add) {
   static const char* kWindowMessage = "window_size should be (-1, 0) or (>=0, 0) for attn_mask_type=causal";
@@ -109,22 +126,37 @@ void add_attention_rules(RuleTable& add) {
                        "model.cp_comm_type=a2a");
       });
   add("model.cp_a2a_heads", E,
-      {"model.cp_comm_type", "model.context_parallel_size", "model.num_attention_heads", "model.num_query_groups",
-       "model.tensor_model_parallel_size"},
+      {"model.cp_comm_type", "model.context_parallel_size", "model.hierarchical_context_parallel_sizes",
+       "model.num_attention_heads", "model.num_query_groups", "model.tensor_model_parallel_size"},
       "Transformer Engine attention/dot_product_attention/context_parallel.py (AttnFuncWithCPAndQKVOA2A)",
-      "cp_comm_type a2a scatters each TP rank's query and key/value heads over the CP ranks",
+      "cp_comm_type a2a scatters each TP rank's query and key/value heads over the CP ranks (a2a+p2p over its "
+      "a2a level)",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
-        const Int cp = m.context_parallel_size, tp = std::max<Int>(1, m.tensor_model_parallel_size);
-        if (cp <= 1 || !m.cp_comm_type ||
-            std::ranges::none_of(m.cp_comm_type->values, [](const std::string& t) { return t == "a2a"; }))
-          return pass();
-        const Int q = m.num_attention_heads / tp, kv = m.num_query_groups.value_or(m.num_attention_heads) / tp;
-        return fail_if(q % cp != 0 || kv % cp != 0,
-                       fmt::format("cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V. Found "
-                                   "num_heads_q = {}, num_heads_kv = {}, cp_size = {}.",
-                                   q, kv, cp),
-                       "model.cp_comm_type=p2p");
+        const Int cp = m.context_parallel_size;
+        if (cp <= 1 || !m.cp_comm_type) return pass();
+        const auto has = [&](const char* type) { return std::ranges::find(m.cp_comm_type->values, type) != m.cp_comm_type->values.end(); };
+        const auto& sizes = m.hierarchical_context_parallel_sizes;
+        Int ranks = 0;  // the ranks the heads are scattered over
+        if (has("a2a")) ranks = cp;
+        else if (has("a2a+p2p") && sizes && sizes->is_list && sizes->values.size() == 2) ranks = sizes->values[0];
+        if (ranks <= 1) return pass();
+        const CpHeads h = cp_heads(m);
+        // p2p takes no window (model.window_context_parallel); allgather does.
+        const bool window = m.window_size && m.window_size->left >= 0;
+        const std::string fix = window ? "model.cp_comm_type=allgather" : "model.cp_comm_type=p2p";
+        if (ranks == cp)
+          return fail_if(h.q % cp != 0 || h.kv % cp != 0,
+                         fmt::format("cp_comm_type='a2a' requires num_heads % cp_size == 0 for Q, K, V. Found "
+                                     "num_heads_q = {}, num_heads_kv = {}, cp_size = {}.",
+                                     h.q, h.kv, cp),
+                         fix);
+        return fail_if(h.q % ranks != 0 || h.kv % ranks != 0,
+                       fmt::format("cp_comm_type='a2a+p2p' scatters the heads over its a2a level of {} ranks "
+                                   "(hierarchical_context_parallel_sizes[0]): num_heads_q = {} and num_heads_kv = {} "
+                                   "per TP rank must divide by it (TE's view of the heads raises otherwise)",
+                                   ranks, h.q, h.kv),
+                       fix);
       });
   add("model.window_context_parallel", E, {"model.window_size", "model.context_parallel_size", "model.cp_comm_type"},
       kTeAttention, "a sliding window under context parallelism needs cp_comm_type a2a or all_gather",
@@ -153,33 +185,49 @@ void add_attention_rules(RuleTable& add) {
       });
   add("model.hierarchical_cp_sizes", E,
       {"model.cp_comm_type", "model.hierarchical_context_parallel_sizes", "model.context_parallel_size"},
-      "Megatron-Bridge training/config.py _validate_cp_comm_type",
-      "a2a+p2p CP needs hierarchical_context_parallel_sizes, whose product is context_parallel_size",
+      "Megatron-Bridge training/config.py _validate_cp_comm_type; Transformer Engine context_parallel.py",
+      "a2a+p2p CP needs hierarchical_context_parallel_sizes, two levels (a2a inside, p2p across) whose product is "
+      "context_parallel_size",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
+        const Int cp = m.context_parallel_size;
         const auto& sizes = m.hierarchical_context_parallel_sizes;
         const bool a2a_p2p = m.cp_comm_type && std::ranges::any_of(m.cp_comm_type->values, [](const std::string& t) {
           return t.find("a2a+p2p") != std::string::npos;
         });
+        // Two levels that work for this model: all of CP in the a2a level (TE then runs plain a2a)
+        // where the heads divide by CP, else all of it in the p2p level.
+        const CpHeads h = cp_heads(m);
+        const std::string levels = fmt::format("model.hierarchical_context_parallel_sizes=[{}]",
+                                               h.q % cp == 0 && h.kv % cp == 0 ? fmt::format("{},1", cp)
+                                                                               : fmt::format("1,{}", cp));
         if (a2a_p2p && !sizes)
           return fail("hierarchical_context_parallel_sizes must be set when cp_comm_type contains 'a2a+p2p'. Without "
                       "it, CP communication is silently disabled and each rank attends only to its local chunk, "
                       "producing artificially high throughput but broken training.",
-                      // TE's a2a+p2p takes two levels (a2a inside, p2p across); one level is plain a2a.
-                      "model.cp_comm_type=a2a");
+                      levels);
         if (!sizes) return pass();
+        const std::string fix = a2a_p2p ? levels : "model.hierarchical_context_parallel_sizes=null";
+        if (!sizes->is_list)  // Bridge's prod() of a bare int raises
+          return fail(fmt::format("hierarchical_context_parallel_sizes must be a list of sizes, one per level; got the "
+                                  "int {}",
+                                  sizes->values.front()),
+                      fix);
         Int product = 1;  // stops at a size that is not positive or would pass CP
         bool exact = true;
         for (const Int s : sizes->values) {
-          exact = exact && s >= 1 && product <= m.context_parallel_size / s;
+          exact = exact && s >= 1 && product <= cp / s;
           if (exact) product *= s;
         }
-        return fail_if(!exact || product != m.context_parallel_size,
-                       fmt::format("Product of hierarchical_context_parallel_sizes [{}] ({}) must equal "
-                                   "context_parallel_size (={}).",
-                                   fmt::join(sizes->values, ", "), exact ? fmt::format("={}", product) : "not it",
-                                   m.context_parallel_size),
-                       fmt::format("model.hierarchical_context_parallel_sizes=[{}]", m.context_parallel_size));
+        if (!exact || product != cp)
+          return fail(fmt::format("Product of hierarchical_context_parallel_sizes [{}] ({}) must equal "
+                                  "context_parallel_size (={}).",
+                                  fmt::join(sizes->values, ", "), exact ? fmt::format("={}", product) : "not it", cp),
+                      fix);
+        return fail_if(a2a_p2p && cp > 1 && sizes->values.size() != 2,
+                       "CP implementation a2a+p2p requires cp_group = [a2a_cp_group, p2p_cp_group]! "
+                       "(Megatron builds one group per level of hierarchical_context_parallel_sizes)",
+                       levels);
       });
   add("model.sink_te_version", E, {"model.softmax_type", "target.te_version"}, "Megatron-Core extensions/transformer_engine.py",
       "attention sinks (softmax_type off-by-one or learnable) need Transformer Engine 2.8", [](const CheckContext& c) {

@@ -80,7 +80,7 @@ void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float
   detail::with_dtype("add_row_sums", [&](auto tag) {
     using T = decltype(tag);
     const T* dp = static_cast<const T*>(d.raw());
-#pragma omp parallel for schedule(static) if ((r1 - r0) * n >= 65536)
+#pragma omp parallel for schedule(static) if (blocks > 1 && (r1 - r0) * n >= 65536)
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t j0 = b * kBlock, j1 = std::min(n, j0 + kBlock);
       double sum[kBlock] = {};

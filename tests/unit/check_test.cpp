@@ -226,12 +226,28 @@ const std::vector<Case>& cases() {
       {"model.cp_a2a_heads",  // the base: 4 heads, 2 groups
        {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a"},
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a"}},
+      {"model.cp_a2a_heads",  // 2 groups over TP 4: Megatron replicates them, one key/value head a rank
+       {"model.context_parallel_size=2", "model.tensor_model_parallel_size=4", "model.num_attention_heads=8",
+        "target.num_gpus=8", "model.cp_comm_type=a2a"},
+       {"model.context_parallel_size=2", "model.tensor_model_parallel_size=4", "model.num_attention_heads=8",
+        "model.num_query_groups=8", "target.num_gpus=8", "model.cp_comm_type=a2a"}},
+      {"model.cp_a2a_heads",  // a2a+p2p scatters over its a2a level
+       {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a+p2p",
+        "model.hierarchical_context_parallel_sizes=[4,1]"},
+       {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a+p2p",
+        "model.hierarchical_context_parallel_sizes=[2,2]"}},
       {"model.hierarchical_cp_sizes", {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a+p2p"},
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a+p2p",
         "model.hierarchical_context_parallel_sizes=[2,1]"}},
       {"model.hierarchical_cp_sizes",
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.hierarchical_context_parallel_sizes=[2,2]"},
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.hierarchical_context_parallel_sizes=[1,2]"}},
+      {"model.hierarchical_cp_sizes",  // TE takes exactly two groups for a2a+p2p
+       {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a+p2p",
+        "model.hierarchical_context_parallel_sizes=[2,1,2]"},
+       {"model.context_parallel_size=4", "target.num_gpus=8", "model.hierarchical_context_parallel_sizes=[2,1,2]"}},
+      {"model.hierarchical_cp_sizes", {"model.hierarchical_context_parallel_sizes=1"},
+       {"model.hierarchical_context_parallel_sizes=[1]"}},
       {"model.hierarchical_cp_sizes",  // a size far past CP does not overflow the product
        {"model.hierarchical_context_parallel_sizes=[4611686018427387904,4]"}, {"model.hierarchical_context_parallel_sizes=[1]"}},
       {"model.cp_comm_type_length",  // the base has 2 layers
