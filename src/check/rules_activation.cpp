@@ -107,7 +107,7 @@ void add_activation_rules(RuleTable& add) {
         // Its second `activation_func == F.silu` test was meant for ReLU (the gated branch has the same slip).
         return fail_if(m.activation_func == "silu",
                        "TEActivationOp builds te.pytorch.ops.ReLU for an ungated silu: the model trains with ReLU, "
-                       "not the SiLU the config names",
+                       "not the SiLU the config names; epx run refuses it, computing only the latter",
                        "model.use_te_activation_func=false");
       });
   add("model.glu_fields_ungated", W,
@@ -117,16 +117,19 @@ void add_activation_rules(RuleTable& add) {
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         if (m.gated_linear_unit) return pass();
-        if (m.activation_func_clamp_value)
-          return fail(fmt::format("activation_func_clamp_value={} is read only by glu() (gated_linear_unit=True); "
-                                  "this ungated MLP runs unclamped",
-                                  *m.activation_func_clamp_value),
-                      "model.activation_func_clamp_value=null");
-        return fail_if(m.glu_linear_offset != 0.0,
-                       fmt::format("glu_linear_offset={} is read only by glu() (gated_linear_unit=True); this "
-                                   "ungated MLP adds no offset",
-                                   m.glu_linear_offset),
-                       "model.glu_linear_offset=0.0");
+        std::vector<std::string> unread, fixes;
+        if (m.activation_func_clamp_value) {
+          unread.push_back(fmt::format("activation_func_clamp_value={} (this MLP runs unclamped)", *m.activation_func_clamp_value));
+          fixes.emplace_back("model.activation_func_clamp_value=null");
+        }
+        if (m.glu_linear_offset != 0.0) {
+          unread.push_back(fmt::format("glu_linear_offset={} (it adds no offset)", m.glu_linear_offset));
+          fixes.emplace_back("model.glu_linear_offset=0.0");
+        }
+        return fail_if(!unread.empty(),
+                       fmt::format("{} read only by glu() (gated_linear_unit=True), and this MLP is ungated",
+                                   fmt::join(unread, " and ")),
+                       fmt::format("{}", fmt::join(fixes, " ")));
       });
   add("model.swiglu_clamp", E,
       {"model.activation_func_clamp_value", "model.activation_func", "model.gated_linear_unit", "model.num_moe_experts",

@@ -213,16 +213,19 @@ void add_attention_rules(RuleTable& add) {
                                   "int {}",
                                   sizes->values.front()),
                       fix);
-        Int product = 1;  // stops at a size that is not positive or would pass CP
-        bool exact = true;
-        for (const Int s : sizes->values) {
-          exact = exact && s >= 1 && product <= cp / s;
-          if (exact) product *= s;
-        }
-        if (!exact || product != cp)
+        if (std::ranges::any_of(sizes->values, [](Int s) { return s < 1; }))
+          return fail(fmt::format("hierarchical_context_parallel_sizes [{}]: every level's size is a rank count, at "
+                                  "least 1",
+                                  fmt::join(sizes->values, ", ")),
+                      fix);
+        Int product = 1;
+        bool overflow = false;
+        for (const Int s : sizes->values) overflow = overflow || __builtin_mul_overflow(product, s, &product);
+        if (overflow || product != cp)
           return fail(fmt::format("Product of hierarchical_context_parallel_sizes [{}] ({}) must equal "
                                   "context_parallel_size (={}).",
-                                  fmt::join(sizes->values, ", "), exact ? fmt::format("={}", product) : "not it", cp),
+                                  fmt::join(sizes->values, ", "),
+                                  overflow ? std::string("past int64's range") : fmt::format("={}", product), cp),
                       fix);
         return fail_if(a2a_p2p && cp > 1 && sizes->values.size() != 2,
                        "CP implementation a2a+p2p requires cp_group = [a2a_cp_group, p2p_cp_group]! "

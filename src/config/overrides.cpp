@@ -85,6 +85,7 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
       tagged[section].IsDefined() && tagged[section].IsMap()) {
     YAML::Node fields = cfg.extra_fields.node[section];
     const bool exists = static_cast<const YAML::Node&>(fields)[name].IsDefined();
+    cfg.file_locations.erase(key);  // a refusal of the value names the override, not the file's line
     if (deleting) {
       if (!fields.remove(name)) throw ConfigError(fmt::format("cannot delete {}: no such key", key));
     } else if (!exists && !adding) {
@@ -113,6 +114,7 @@ bool apply_free_key(Config& cfg, const std::string& key, const std::string& sect
   }
   YAML::Node sec = kept[section];
   if (!sec.IsDefined() || !sec.IsMap()) return false;
+  cfg.file_locations.erase(key);
   if (deleting) {
     if (name.empty()) {
       cfg.extra_sections.node.remove(section);

@@ -24,6 +24,14 @@ std::pair<float*, Shape> slice(const Tensor& t, std::int64_t group) {
   return {base + group * (t.numel() / t.dim(0)), s};
 }
 
+// The config field that decides whether a layer file holds tensor `name`, where one does.
+const char* field_giving(const std::string& name) {
+  if (name.find(".bias") != std::string::npos) return "model.add_bias_linear";
+  if (name == "mlp.shared_experts.gate_weight") return "model.moe_shared_expert_gate";
+  if (name.starts_with("mlp.shared_experts.")) return "model.moe_shared_expert_intermediate_size";
+  return nullptr;
+}
+
 }  // namespace
 
 // Where this rank's matrix sits in the file tensor of the whole layer. Expert tensor parallelism
@@ -151,17 +159,21 @@ void MoELayer::load_weights(const TensorMap& tensors, const std::string& file) {
   if (spec_.expert_bias) known.insert("mlp.router.expert_bias");
   if (spec_.quantile_balancing) known.insert("mlp.router.qb_beta");
   for (const auto& [name, t] : tensors)
-    if (!known.count(name))
+    if (!known.count(name)) {
+      const char* field = field_giving(name);
       throw InputError(fmt::format("{}: tensor '{}' is not a weight of this layer ({} of them, e.g. '{}'); the file "
                                    "was written for another config, or set the config it was written with{}",
                                    file, name, known.size(), *known.begin(),
-                                   !spec_.bias && name.find(".bias") != std::string::npos
-                                       ? " (model.add_bias_linear=true gives the linears and the router biases)"
-                                       : ""));
+                                   field ? fmt::format(" ({} gives it)", field) : ""));
+    }
   for (const Entry& e : entries()) {
     // fc1 twice or half this config's width: written with the other gated_linear_unit.
     const auto it = tensors.find(e.name);
     const Shape want = e.full_shape();
+    if (const char* field = field_giving(e.name); it == tensors.end() && field)
+      throw InputError(fmt::format("{}: tensor '{}' is missing, which this config's {} gives the layer: the file was "
+                                   "written with another {}; set the config it was written with",
+                                   file, e.name, field, field));
     if (e.name.find("linear_fc1.weight") != std::string::npos && it != tensors.end() && it->second.rank() == 2 &&
         it->second.dim(1) == want[1] && it->second.dim(0) == (spec_.activation.gated ? want[0] / 2 : want[0] * 2))
       throw InputError(fmt::format("{}: tensor '{}' has shape {}, this config's fc1 is {}: the file was written with "

@@ -83,10 +83,10 @@ MlpActivation mlp_activation_from_config(const Config& c) {
                     m.activation_func));
   if (m.bias_activation_fusion && !m.use_te_activation_func && a.fn == ActivationFn::gelu && has_dense_mlps(m))
     bad(c, "model.bias_activation_fusion", "true",
-        fmt::format("[model.fused_gelu_is_tanh] the dense and shared MLPs' fused {} is GELU's tanh approximation, the "
-                    "experts' and epx's GELU the erf one; set model.bias_activation_fusion=false, or "
+        fmt::format("[model.fused_gelu_is_tanh] the {} fused {} is GELU's tanh approximation, the experts' and "
+                    "epx's GELU the erf one; set model.bias_activation_fusion=false, or "
                     "model.activation_func=fast_gelu with it false for the tanh GELU everywhere",
-                    a.gated ? "GEGLU" : "bias-GELU"));
+                    a.gated ? "dense and shared MLPs'" : "dense MLPs'", a.gated ? "GEGLU" : "bias-GELU"));
   if (!a.gated) return a;  // Megatron reads the clamp and the offset only in its glu() (model.glu_fields_ungated)
   constexpr double kFloatMax = std::numeric_limits<float>::max();
   if (const OptDouble& clamp = m.activation_func_clamp_value) {

@@ -606,9 +606,15 @@ TEST(MoELayer, WeightsOfAnotherMlpFormNameTheField) {
   EXPECT_NE(error_loading(ungated, gated).find("model.gated_linear_unit=false"), std::string::npos);
   MoESpec unbiased = biased;
   unbiased.bias = false;
-  EXPECT_NE(error_loading(biased, unbiased).find("(model.add_bias_linear=true gives the linears and the router biases)"),
-            std::string::npos)
+  EXPECT_NE(error_loading(biased, unbiased).find("(model.add_bias_linear gives it)"), std::string::npos)
       << error_loading(biased, unbiased);
+  EXPECT_NE(error_loading(unbiased, biased).find("tensor 'mlp.router.bias' is missing, which this config's "
+                                                 "model.add_bias_linear gives the layer"),
+            std::string::npos)
+      << error_loading(unbiased, biased);
+  MoESpec unshared = gated;
+  unshared.shared_ffn = 0;
+  EXPECT_NE(error_loading(unshared, gated).find("model.moe_shared_expert_intermediate_size"), std::string::npos);
   EXPECT_EQ(error_loading(ungated, ungated), "");
 }
 

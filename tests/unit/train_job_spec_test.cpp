@@ -53,6 +53,12 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
     EXPECT_NE(e.find(fmt::format("dump.yaml:{}:", field == std::string("hidden_dropout") ? 54 : 53)), std::string::npos) << e;
     EXPECT_NE(e.find(fmt::format("model.{}=0.1: epx trains without dropout", field)), std::string::npos) << e;
   }
+  // Set by an override, the refusal names the override, not the file's line of 0.0.
+  Config overridden = load_config_text(dump, "dump.yaml");
+  overridden.target.gpu = "cpu";
+  apply_override(overridden, "model.hidden_dropout=0.1");
+  const std::string e = error_of([&] { model_spec_from_config(resolve_config(overridden, std::nullopt)); });
+  EXPECT_EQ(e.find("model.hidden_dropout=0.1: epx trains without dropout"), 0u) << e;
   EXPECT_NE(error_of([&] { moe_spec_from_config(with("  moe_apply_probs_on_input: true\n")); })
                 .find("model.moe_apply_probs_on_input=true"),
             std::string::npos);
