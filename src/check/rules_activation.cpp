@@ -127,8 +127,8 @@ void add_activation_rules(RuleTable& add) {
           fixes.emplace_back("model.glu_linear_offset=0.0");
         }
         return fail_if(!unread.empty(),
-                       fmt::format("{} read only by glu() (gated_linear_unit=True), and this MLP is ungated",
-                                   fmt::join(unread, " and ")),
+                       fmt::format("{} {} read only by glu() (gated_linear_unit=True), and this MLP is ungated",
+                                   fmt::join(unread, " and "), unread.size() > 1 ? "are" : "is"),
                        fmt::format("{}", fmt::join(fixes, " ")));
       });
   add("model.swiglu_clamp", E,
