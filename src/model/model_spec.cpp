@@ -41,7 +41,7 @@ double ModelSpec::flops_per_token() const {
   const double attn = 2 * H * (nh + 2 * ng) * d + 2 * nh * d * H + 0.5 * 4 * nh * d * static_cast<double>(seq_length);
   // An MLP's fc1 and fc2: 2 H (fc1_width + F) a token, 6 H F gated.
   const auto mlp = [&](const MlpActivation& a, std::int64_t f) { return 2 * H * static_cast<double>(a.fc1_width(f) + f); };
-  double forward = 2 * H * static_cast<double>(vocab);
+  double forward = 2 * H * static_cast<double>(padded_vocab > 0 ? padded_vocab : vocab);
   for (bool m : is_moe) {
     forward += attn;
     if (m)

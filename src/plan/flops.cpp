@@ -68,8 +68,7 @@ double blocked_window_core_share(const ModelConfig& m, Int block) {
 
 Int padded_vocab_size(const ModelConfig& m) {
   if (!m.vocab_size) missing("model.vocab_size");
-  const Int multiple = std::max<Int>(1, m.make_vocab_size_divisible_by) * std::max<Int>(1, m.tensor_model_parallel_size);
-  return (*m.vocab_size + multiple - 1) / multiple * multiple;
+  return padded_vocab(*m.vocab_size, m);
 }
 
 ModelFlops model_flops(const Config& c) {

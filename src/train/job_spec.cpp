@@ -343,6 +343,7 @@ ModelSpec model_spec_from_config(const Config& c) {
         "epx implements rope, yarn and none; set model.position_embedding_type=rope");
 
   s.vocab = *m.vocab_size;
+  s.padded_vocab = padded_vocab(s.vocab, m);
   s.hidden = m.hidden_size;
   s.activation = mlp_activation_from_config(c);
   s.num_layers = static_cast<int>(m.num_layers);

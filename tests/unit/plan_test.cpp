@@ -45,6 +45,10 @@ TEST(Plan, ModelFlopsAreMegatrons) {
       const Config c = resolved(recipe, {"target.num_gpus=16", "train.global_batch_size=64", gated});
       EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << recipe << " " << gated;
     }
+    // A vocabulary Megatron pads (to 128): counted padded by both, computed unpadded by epx.
+    const Config odd = resolved(recipe, {"target.num_gpus=16", "train.global_batch_size=64", "model.vocab_size=4000"});
+    EXPECT_DOUBLE_EQ(model_spec_from_config(odd).flops_per_token(), model_flops(odd).per_token()) << recipe;
+    EXPECT_EQ(model_spec_from_config(odd).vocab, 4000);
   }
 }
 

@@ -228,6 +228,13 @@ inline bool has_dense_mlps(const ModelConfig& m) {
   return !m.num_moe_experts || m.moe_layer_freq.has_dense() || m.moe_shared_expert_intermediate_size.value_or(0) > 0;
 }
 
+// `vocab` padded as Megatron pads the LM head (make_vocab_size_divisible_by x TP), which its model
+// FLOPs count.
+inline Int padded_vocab(Int vocab, const ModelConfig& m) {
+  const Int multiple = std::max<Int>(1, m.make_vocab_size_divisible_by) * std::max<Int>(1, m.tensor_model_parallel_size);
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
 // The sliding window's left side where it limits the attention: none when window_size is unset,
 // unbounded (-1), or as long as the sequence (every earlier key is in it). The runtime and the
 // planner read the window through it.

@@ -32,6 +32,9 @@ struct RecomputeSpec {
 
 struct ModelSpec {
   std::int64_t vocab = 0, hidden = 0, ffn = 0;  // ffn: the dense MLP's width
+  // The vocabulary padded to make_vocab_size_divisible_by, as Megatron's model FLOPs count the LM
+  // head; epx computes the `vocab` columns (0: vocab).
+  std::int64_t padded_vocab = 0;
   MlpActivation activation;                      // the dense MLP's (the MoE layers' is moe->activation)
   bool bias = false;                             // add_bias_linear: the dense MLP's biases (the attention's: attention)
   int num_layers = 0;
@@ -53,8 +56,8 @@ struct ModelSpec {
   // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
   // Megatron's num_floating_point_operations counts them for TFLOP/s/GPU: every GEMM, causal
   // attention at half the S x S work, the top-k routed experts, the shared expert and the LM
-  // head; not the router's GEMM, which Megatron leaves out. Recompute is not counted (model, not
-  // hardware FLOPs).
+  // head at the padded vocabulary; not the router's GEMM, which Megatron leaves out. Recompute is
+  // not counted (model, not hardware FLOPs).
   double flops_per_token() const;
 };
 
