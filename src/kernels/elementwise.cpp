@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "epx/kernels/kernels.hpp"
 #include "float_access.hpp"
 
@@ -58,37 +60,49 @@ void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out)
   }, a, out);
 }
 
-void add_bias_rows(Tensor& y, std::int64_t r0, std::int64_t r1, const float* bias, const float* scale) {
-  if (y.dtype() != DType::F32 || y.rank() != 2 || r0 < 0 || r1 > y.dim(0))
-    throw std::invalid_argument("add_bias_rows: y must be a 2-D F32 tensor holding the rows");
+namespace {
+
+void check_groups(const char* kernel, const Tensor& t, const std::vector<std::int64_t>& off) {
+  bool ok = t.rank() == 2 && off.size() >= 2 && off.front() >= 0 && off.back() <= t.dim(0);
+  for (std::size_t g = 0; ok && g + 1 < off.size(); ++g) ok = off[g] <= off[g + 1];
+  if (!ok) throw std::invalid_argument(fmt::format("{}: the tensor must be 2-D holding ascending row groups", kernel));
+}
+
+}  // namespace
+
+void add_bias_rows(Tensor& y, const std::vector<std::int64_t>& off, const float* bias, const float* scale) {
+  if (y.dtype() != DType::F32) throw std::invalid_argument("add_bias_rows: y must be F32");
+  check_groups("add_bias_rows", y, off);
   const std::int64_t n = y.dim(1);
   float* yp = y.data<float>();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t r = r0; r < r1; ++r) {
+  for (std::int64_t r = off.front(); r < off.back(); ++r) {
+    const auto g = std::upper_bound(off.begin(), off.end(), r) - off.begin() - 1;
+    const float* b = bias + g * n;
     const float p = scale ? scale[r] : 1.f;
-    for (std::int64_t j = 0; j < n; ++j) yp[r * n + j] += p * bias[j];
+    for (std::int64_t j = 0; j < n; ++j) yp[r * n + j] += p * b[j];
   }
 }
 
-void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float* scale, float* out) {
-  if (d.rank() != 2 || r0 < 0 || r1 > d.dim(0)) throw std::invalid_argument("add_row_sums: d must be 2-D holding the rows");
-  const std::int64_t n = d.dim(1);
-  // Threads take column blocks and sum each column down the rows in order: the same FP64 sums,
-  // bit for bit, at any thread count. Small sums stay on one thread.
+void add_row_sums(const Tensor& d, const std::vector<std::int64_t>& off, const float* scale, float* out) {
+  check_groups("add_row_sums", d, off);
+  const std::int64_t n = d.dim(1), groups = static_cast<std::int64_t>(off.size()) - 1;
+  // Threads take (group, column block) tasks and sum each column down its group's rows in order:
+  // the same FP64 sums, bit for bit, at any thread count. Small sums stay on one thread.
   constexpr std::int64_t kBlock = 64;
-  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock, tasks = groups * blocks;
   detail::with_dtype("add_row_sums", [&](auto tag) {
     using T = decltype(tag);
     const T* dp = static_cast<const T*>(d.raw());
-#pragma omp parallel for schedule(static) if (blocks > 1 && (r1 - r0) * n >= 65536)
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t j0 = b * kBlock, j1 = std::min(n, j0 + kBlock);
+#pragma omp parallel for schedule(static) if (tasks > 1 && (off.back() - off.front()) * n >= 65536)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t g = task / blocks, j0 = task % blocks * kBlock, j1 = std::min(n, j0 + kBlock);
       double sum[kBlock] = {};
-      for (std::int64_t r = r0; r < r1; ++r) {
+      for (std::int64_t r = off[static_cast<std::size_t>(g)]; r < off[static_cast<std::size_t>(g) + 1]; ++r) {
         const double p = scale ? scale[r] : 1.0;
         for (std::int64_t j = j0; j < j1; ++j) sum[j - j0] += p * detail::ld(dp, r * n + j);
       }
-      for (std::int64_t j = j0; j < j1; ++j) out[j] += static_cast<float>(sum[j - j0]);
+      for (std::int64_t j = j0; j < j1; ++j) out[g * n + j] += static_cast<float>(sum[j - j0]);
     }
   }, d);
 }

@@ -106,7 +106,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   ctx.x = x;
   Tensor qkv = Tensor::uninitialized({T, width}, DType::F32);
   gemm(mat(x), Trans::N, mat(linear_qkv.compute), Trans::T, mat_mut(qkv));
-  if (spec_.qkv_bias) add_bias_rows(qkv, 0, T, linear_qkv_bias.compute.to(DType::F32).data<float>(), nullptr);
+  if (spec_.qkv_bias) add_bias_rows(qkv, {0, T}, linear_qkv_bias.compute.to(DType::F32).data<float>(), nullptr);
 
   // Split per head, QK-norm, then RoPE into the [B, head, S, d] layout of the core attention.
   ctx.q_raw = Tensor::uninitialized({T * nh, d}, DType::F32);
@@ -177,7 +177,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.proj_bias ? DType::F32 : spec_.dtype);
   gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
   if (!spec_.proj_bias) return y;
-  add_bias_rows(y, 0, T, linear_proj_bias.compute.to(DType::F32).data<float>(), nullptr);
+  add_bias_rows(y, {0, T}, linear_proj_bias.compute.to(DType::F32).data<float>(), nullptr);
   return y.to(spec_.dtype);
 }
 
@@ -280,8 +280,8 @@ void SelfAttention::backward_wgrad(Context& ctx) {
   if (!ctx.dy.defined()) throw std::logic_error("attention: wgrad before dgrad");
   gemm(mat(ctx.dy), Trans::T, mat(ctx.o), Trans::N, mat_mut(linear_proj.grad), true);
   gemm(mat(ctx.dqkv), Trans::T, mat(ctx.x), Trans::N, mat_mut(linear_qkv.grad), true);
-  if (spec_.proj_bias) add_row_sums(ctx.dy, 0, ctx.dy.dim(0), nullptr, linear_proj_bias.grad.data<float>());
-  if (spec_.qkv_bias) add_row_sums(ctx.dqkv, 0, ctx.dqkv.dim(0), nullptr, linear_qkv_bias.grad.data<float>());
+  if (spec_.proj_bias) add_row_sums(ctx.dy, {0, ctx.dy.dim(0)}, nullptr, linear_proj_bias.grad.data<float>());
+  if (spec_.qkv_bias) add_row_sums(ctx.dqkv, {0, ctx.dqkv.dim(0)}, nullptr, linear_qkv_bias.grad.data<float>());
   ctx = Context{};
 }
 

@@ -1,5 +1,6 @@
 #include "epx/moe/experts.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -22,15 +23,7 @@ std::vector<std::int64_t> offsets(const std::vector<std::int64_t>& counts, std::
 // Group g's rows of y [M, N] F32 += bias[g] (times probs[r] where given); bias [G, N] in the
 // compute dtype.
 void add_group_biases(Tensor& y, const Param& bias, const std::vector<std::int64_t>& off, const float* probs) {
-  const Tensor b = bias.compute.to(DType::F32);
-  for (std::size_t g = 0; g + 1 < off.size(); ++g)
-    add_bias_rows(y, off[g], off[g + 1], b.data<float>() + static_cast<std::int64_t>(g) * y.dim(1), probs);
-}
-
-// bias.grad[g] += the sum of d over group g's rows (times probs[r] where given).
-void group_bias_grads(Param& bias, const Tensor& d, const std::vector<std::int64_t>& off, const float* probs) {
-  for (std::size_t g = 0; g + 1 < off.size(); ++g)
-    add_row_sums(d, off[g], off[g + 1], probs, bias.grad.data<float>() + static_cast<std::int64_t>(g) * d.dim(1));
+  add_bias_rows(y, off, bias.compute.to(DType::F32).data<float>(), probs);
 }
 
 }  // namespace
@@ -135,14 +128,13 @@ Tensor GroupedMlp::backward_dgrad(Saved& s, const Tensor& dy, std::vector<float>
   mlp_activation_backward(activation_, s.h, s.probs.empty() ? nullptr : s.probs.data(), dact, s.dh, dp);
   if (dp && has_bias()) {  // fc2's bias is scaled by the probability: dp += dy . b2
     const Tensor b = fc2_bias.compute.to(DType::F32), dy32 = dy.to(DType::F32);
-    for (std::int64_t g = 0; g < groups_; ++g) {
-      const float* bg = b.data<float>() + g * hidden_;
+    const float *bp = b.data<float>(), *dyp = dy32.data<float>();
 #pragma omp parallel for schedule(static)
-      for (std::int64_t r = off[static_cast<std::size_t>(g)]; r < off[static_cast<std::size_t>(g) + 1]; ++r) {
-        double sum = 0;  // in order, in FP64, as the activation's part
-        for (std::int64_t j = 0; j < hidden_; ++j) sum += static_cast<double>(dy32.data<float>()[r * hidden_ + j]) * bg[j];
-        dp[r] += static_cast<float>(sum);
-      }
+    for (std::int64_t r = 0; r < m; ++r) {
+      const float* bg = bp + (std::upper_bound(off.begin(), off.end(), r) - off.begin() - 1) * hidden_;  // r's group
+      double sum = 0;  // in order, in FP64, as the activation's part
+      for (std::int64_t j = 0; j < hidden_; ++j) sum += static_cast<double>(dyp[r * hidden_ + j]) * bg[j];
+      dp[r] += static_cast<float>(sum);
     }
   }
   grouped_gemm(p1, Trans::N, Trans::N);
@@ -162,8 +154,8 @@ void GroupedMlp::backward_wgrad(Saved& s) {
   grouped_gemm(p2, Trans::T, Trans::N, /*accumulate=*/true);
   grouped_gemm(p1, Trans::T, Trans::N, /*accumulate=*/true);
   if (has_bias()) {  // db2 += sum of p dy; db1 += sum of dh
-    group_bias_grads(fc2_bias, s.dy, off, s.probs.empty() ? nullptr : s.probs.data());
-    group_bias_grads(fc1_bias, s.dh, off, nullptr);
+    add_row_sums(s.dy, off, s.probs.empty() ? nullptr : s.probs.data(), fc2_bias.grad.data<float>());
+    add_row_sums(s.dh, off, nullptr, fc1_bias.grad.data<float>());
   }
   s = Saved{};
 }

@@ -79,7 +79,7 @@ Tensor Router::gating(Routing& r, std::uint64_t rank, const RouterReplay* replay
   const std::int64_t t_count = r.num_tokens, e = spec_.num_experts;
   Tensor logits_t({t_count, e}, DType::F32);
   gemm(mat(r.input), Trans::N, mat(weight.master), Trans::T, mat_mut(logits_t));
-  if (spec_.bias) add_bias_rows(logits_t, 0, t_count, bias.master.data<float>(), nullptr);
+  if (spec_.bias) add_bias_rows(logits_t, {0, t_count}, bias.master.data<float>(), nullptr);
   if (spec_.force_load_balancing) {
     float* logits = logits_t.data<float>();
     r.replay.draw = replay ? replay->draw : calls_++;
@@ -390,7 +390,7 @@ Tensor Router::backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) 
 
 void Router::backward_wgrad(Routing& r) {
   gemm(mat(r.dlogits), Trans::T, mat(r.input), Trans::N, mat_mut(weight.grad), /*accumulate=*/true);
-  if (spec_.bias) add_row_sums(r.dlogits, 0, r.num_tokens, nullptr, bias.grad.data<float>());
+  if (spec_.bias) add_row_sums(r.dlogits, {0, r.num_tokens}, nullptr, bias.grad.data<float>());
 }
 
 void Router::update_expert_bias(const float* count) {

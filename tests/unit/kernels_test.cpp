@@ -129,26 +129,34 @@ TEST(GroupedGemm, EqualsOneGemmPerGroupIncludingEmptyGroups) {
   }
 }
 
-// The bias gradients' row sums, scaled or not, F32 or BF16, one thread's and a split over column
-// blocks (past the size that goes parallel, with a ragged last block): bitwise the FP64 sums down
-// the rows in order.
+// The biases over row groups (one empty), scaled or not: the sums F32 or BF16, one thread's and
+// split over (group, column block) tasks past the size that goes parallel, with a ragged last
+// block, are bitwise the FP64 sums down each group's rows in order; the bias is added per group.
 TEST(RowSums, AreTheInOrderFp64SumsBitwise) {
   for (const DType dt : {DType::F32, DType::BF16})
-    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{5, 7}, {400, 300}}) {
+    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{9, 7}, {400, 300}}) {
       const Tensor d = randn({rows, cols}, 31).to(dt), scale = randn({rows}, 32);
+      const std::vector<std::int64_t> off{2, 5, 5, rows - 1};
       for (const bool scaled : {false, true}) {
         SCOPED_TRACE(fmt::format("{} {}x{} scaled {}", dtype_name(dt), rows, cols, scaled));
-        const std::int64_t r0 = 2, r1 = rows - 1;  // a group's rows
-        std::vector<float> got(static_cast<std::size_t>(cols), 0.5f);
-        add_row_sums(d, r0, r1, scaled ? scale.data<float>() : nullptr, got.data());
-        for (std::int64_t j = 0; j < cols; ++j) {
-          double want = 0;
-          for (std::int64_t r = r0; r < r1; ++r)
-            want += (scaled ? static_cast<double>(scale.get(r)) : 1.0) * static_cast<double>(d.get(r * cols + j));
-          ASSERT_EQ(got[static_cast<std::size_t>(j)], 0.5f + static_cast<float>(want)) << "column " << j;
-        }
+        std::vector<float> got(static_cast<std::size_t>(3 * cols), 0.5f);
+        add_row_sums(d, off, scaled ? scale.data<float>() : nullptr, got.data());
+        for (std::size_t g = 0; g < 3; ++g)
+          for (std::int64_t j = 0; j < cols; ++j) {
+            double want = 0;
+            for (std::int64_t r = off[g]; r < off[g + 1]; ++r)
+              want += (scaled ? static_cast<double>(scale.get(r)) : 1.0) * static_cast<double>(d.get(r * cols + j));
+            ASSERT_EQ(got[g * static_cast<std::size_t>(cols) + static_cast<std::size_t>(j)], 0.5f + static_cast<float>(want))
+                << "group " << g << " column " << j;
+          }
       }
     }
+  Tensor y({6, 2}, DType::F32);
+  const std::vector<float> bias{1, 2, 3, 4}, scale{1, 1, 2, 2, 2, 9};
+  add_bias_rows(y, {0, 2, 5}, bias.data(), scale.data());
+  EXPECT_EQ(y.get(2), 1.f);   // row 1, group 0
+  EXPECT_EQ(y.get(5), 8.f);   // row 2, group 1, times 2
+  EXPECT_EQ(y.get(10), 0.f);  // row 5, in no group
 }
 
 // Every activation, gated plain, clamped (about a third of the inputs beyond the bound) and with

@@ -121,12 +121,13 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
 // that order and rounded once (the MoE layer's input gradient from its paths).
 void add_f32(const Tensor& a, const Tensor& b_f32, const Tensor* c, Tensor& out);
 
-// Linear biases. Rows [r0, r1) of y [M, N] F32 += bias (N values, F32), times scale[r] where a
-// scale is given (the routing probabilities of the experts' fc2). And its gradient: out[j] += the
-// sum over those rows of d[r, j] (F32 or BF16; times scale[r] where given), in row order in FP64,
-// so the same bits on any thread count.
-void add_bias_rows(Tensor& y, std::int64_t r0, std::int64_t r1, const float* bias, const float* scale);
-void add_row_sums(const Tensor& d, std::int64_t r0, std::int64_t r1, const float* scale, float* out);
+// Linear biases over row groups (the experts' token groups; one group for a dense linear): rows
+// [off[g], off[g + 1]) of y [M, N] F32 += bias[g] (bias [G, N] F32, G = off.size() - 1), times
+// scale[r] where a scale is given (the routing probabilities of the experts' fc2). And its
+// gradient: out[g][j] += the sum over group g's rows of d[r, j] (F32 or BF16; times scale[r] where
+// given), in row order in FP64, so the same bits on any thread count. One parallel pass each.
+void add_bias_rows(Tensor& y, const std::vector<std::int64_t>& off, const float* bias, const float* scale);
+void add_row_sums(const Tensor& d, const std::vector<std::int64_t>& off, const float* scale, float* out);
 
 // ------------------------------------------ sum of squares (src/kernels/sum_of_squares.cpp)
 
