@@ -125,10 +125,10 @@ void BM_CausalAttention(benchmark::State& state) {
       dk({S, d}, DType::F32), dv({S, d}, DType::F32);
   using U = std::uint16_t;
   for (auto _ : state) {
-    causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, 0.125f, out.data<float>(), lse.data<float>(),
+    causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, d, 0.125f, out.data<float>(), lse.data<float>(),
                              mask);
     causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), delta.data<float>(),
-                              dout.data<U>(), S, d, 0.125f, dq.data<float>(), dk.data<float>(), dv.data<float>(), mask);
+                              dout.data<U>(), S, d, d, 0.125f, dq.data<float>(), dk.data<float>(), dv.data<float>(), mask);
     benchmark::DoNotOptimize(dv.raw());
   }
   double keys = 0;  // per query block of 128 rows: the keys from its first row's window start to its last row

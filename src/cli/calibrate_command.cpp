@@ -147,22 +147,23 @@ std::string calibrate_cpu(const Config& config, Communicator& world) {
 
     // The blocked attention kernel at the model's shape and compute dtype, one head, forward and
     // backward, at Megatron's causal FLOP count (6 S^2 d).
-    const std::int64_t S = spec.seq_length, d = spec.attention.head_dim;
+    const std::int64_t S = spec.seq_length, d = spec.attention.head_dim, d_v = spec.attention.value_dim();
     const DType dtype = spec.attention.dtype;
     const Tensor q = random_normal({S, d}, dtype, 1, 3), k = random_normal({S, d}, dtype, 1, 4),
-                 v = random_normal({S, d}, dtype, 1, 5), dout = random_normal({S, d}, dtype, 1, 6);
-    Tensor out({S, d}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
-        dk({S, d}, DType::F32), dv({S, d}, DType::F32);
+                 v = random_normal({S, d_v}, dtype, 1, 5), dout = random_normal({S, d_v}, dtype, 1, 6);
+    Tensor out({S, d_v}, DType::F32), lse({S}, DType::F32), delta({S}, DType::F32), dq({S, d}, DType::F32),
+        dk({S, d}, DType::F32), dv({S, d_v}, DType::F32);
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
     const double attention_s = seconds_per_call([&] {
       with_operand_type(dtype, [&](auto tag) {
         using E = decltype(tag);
-        causal_attention_forward(q.data<E>(), k.data<E>(), v.data<E>(), S, d, scale, out.data<float>(), lse.data<float>());
+        causal_attention_forward(q.data<E>(), k.data<E>(), v.data<E>(), S, d, d_v, scale, out.data<float>(),
+                                 lse.data<float>());
         causal_attention_backward(q.data<E>(), k.data<E>(), v.data<E>(), lse.data<float>(), delta.data<float>(),
-                                  dout.data<E>(), S, d, scale, dq.data<float>(), dk.data<float>(), dv.data<float>());
+                                  dout.data<E>(), S, d, d_v, scale, dq.data<float>(), dk.data<float>(), dv.data<float>());
       });
     });
-    attention_rate = 6.0 * static_cast<double>(S * S * d) / attention_s;
+    attention_rate = 3.0 * static_cast<double>(S * S * (d + d_v)) / attention_s;
 
     // epx run's own loop on one rank and one core: the mean of iterations 3..6 (the recipe's
     // global batch as micro-batches), optimizer and all.

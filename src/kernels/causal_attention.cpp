@@ -128,11 +128,11 @@ void score_grad_of(const float* p, const float* dp, std::int64_t n, float d, flo
   score_grad_bf16(p, dp, n, d, s, ds);
 }
 
-void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64_t block, float scale,
+void check_args(const char* kernel, std::int64_t seq, std::int64_t d, std::int64_t d_v, std::int64_t block, float scale,
                 const CausalAttentionMask& mask) {
-  if (seq < 1 || d < 1 || block < 1 || !(scale > 0.f && std::isfinite(scale)))  // the softmax's max needs scale > 0
-    throw std::invalid_argument(
-        fmt::format("{}: seq {}, head_dim {}, block {} and scale {} must be positive", kernel, seq, d, block, scale));
+  if (seq < 1 || d < 1 || d_v < 1 || block < 1 || !(scale > 0.f && std::isfinite(scale)))  // the softmax's max needs scale > 0
+    throw std::invalid_argument(fmt::format("{}: seq {}, head_dim {}, value width {}, block {} and scale {} must be positive",
+                                            kernel, seq, d, d_v, block, scale));
   if (mask.window < -1)  // a sink that is not finite is the model's NaN, which the NaN check reports
     throw std::invalid_argument(fmt::format("{}: window {} must be -1 (none) or at least 0", kernel, mask.window));
 }
@@ -172,9 +172,9 @@ struct Strips {
 };
 
 template <class T>
-void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t d, float scale, float* out, float* lse,
-             const CausalAttentionMask& mask, std::int64_t block) {
-  check_args("causal_attention_forward", seq, d, block, scale, mask);
+void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t d, std::int64_t d_v, float scale,
+             float* out, float* lse, const CausalAttentionMask& mask, std::int64_t block) {
+  check_args("causal_attention_forward", seq, d, d_v, block, scale, mask);
   Strips<T> strip(seq, block, mask, false);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), k0 = first_key(r0, mask), keys = r0 + rows - k0;
@@ -185,16 +185,16 @@ void forward(const T* q, const T* k, const T* v, std::int64_t seq, std::int64_t 
       lse[i] = softmax_range_of(strip.scores.get() + r * keys, first_key(i, mask) - k0, i + 1 - k0, keys, scale,
                                 mask.sink, strip.probs() + r * keys);
     }
-    gemm(as_mat(strip.probs(), rows, keys), Trans::N, as_mat(v + k0 * d, keys, d), Trans::N,
-         f32_mut(out + r0 * d, rows, d));
+    gemm(as_mat(strip.probs(), rows, keys), Trans::N, as_mat(v + k0 * d_v, keys, d_v), Trans::N,
+         f32_mut(out + r0 * d_v, rows, d_v));
   }
 }
 
 template <class T>
 void backward(const T* q, const T* k, const T* v, const float* lse, const float* delta, const T* dout, std::int64_t seq,
-              std::int64_t d, float scale, float* dq, float* dk, float* dv, const CausalAttentionMask& mask,
-              std::int64_t block) {
-  check_args("causal_attention_backward", seq, d, block, scale, mask);
+              std::int64_t d, std::int64_t d_v, float scale, float* dq, float* dk, float* dv,
+              const CausalAttentionMask& mask, std::int64_t block) {
+  check_args("causal_attention_backward", seq, d, d_v, block, scale, mask);
   Strips<T> strip(seq, block, mask, true);
   for (std::int64_t r0 = 0; r0 < seq; r0 += block) {
     const std::int64_t rows = std::min(block, seq - r0), k0 = first_key(r0, mask), keys = r0 + rows - k0;
@@ -206,9 +206,9 @@ void backward(const T* q, const T* k, const T* v, const float* lse, const float*
       probs_from_lse_of(p + r * keys, first_key(i, mask) - k0, i + 1 - k0, keys, scale, lse[i], strip.probs() + r * keys);
     }
     // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta) scale;  dQ = dS K;  dK += dS^T Q.
-    gemm(as_mat(strip.probs(), rows, keys), Trans::T, as_mat(dout + r0 * d, rows, d), Trans::N,
-         f32_mut(dv + k0 * d, keys, d), true);
-    gemm(as_mat(dout + r0 * d, rows, d), Trans::N, as_mat(v + k0 * d, keys, d), Trans::T, f32_mut(dp, rows, keys));
+    gemm(as_mat(strip.probs(), rows, keys), Trans::T, as_mat(dout + r0 * d_v, rows, d_v), Trans::N,
+         f32_mut(dv + k0 * d_v, keys, d_v), true);
+    gemm(as_mat(dout + r0 * d_v, rows, d_v), Trans::N, as_mat(v + k0 * d_v, keys, d_v), Trans::T, f32_mut(dp, rows, keys));
     for (std::int64_t r = 0; r < rows; ++r)
       score_grad_of(p + r * keys, dp + r * keys, keys, delta[r0 + r], scale, strip.score_grad() + r * keys);
     gemm(as_mat(strip.score_grad(), rows, keys), Trans::N, as_mat(k + k0 * d, keys, d), Trans::N,
@@ -221,24 +221,25 @@ void backward(const T* q, const T* k, const T* v, const float* lse, const float*
 }  // namespace
 
 void causal_attention_forward(const float* q, const float* k, const float* v, std::int64_t seq, std::int64_t d,
-                              float scale, float* out, float* lse, const CausalAttentionMask& mask, std::int64_t block) {
-  forward(q, k, v, seq, d, scale, out, lse, mask, block);
+                              std::int64_t d_v, float scale, float* out, float* lse, const CausalAttentionMask& mask,
+                              std::int64_t block) {
+  forward(q, k, v, seq, d, d_v, scale, out, lse, mask, block);
 }
 void causal_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, std::int64_t seq,
-                              std::int64_t d, float scale, float* out, float* lse, const CausalAttentionMask& mask,
-                              std::int64_t block) {
-  forward(q, k, v, seq, d, scale, out, lse, mask, block);
+                              std::int64_t d, std::int64_t d_v, float scale, float* out, float* lse,
+                              const CausalAttentionMask& mask, std::int64_t block) {
+  forward(q, k, v, seq, d, d_v, scale, out, lse, mask, block);
 }
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* lse, const float* delta,
-                               const float* dout, std::int64_t seq, std::int64_t d, float scale, float* dq, float* dk,
-                               float* dv, const CausalAttentionMask& mask, std::int64_t block) {
-  backward(q, k, v, lse, delta, dout, seq, d, scale, dq, dk, dv, mask, block);
+                               const float* dout, std::int64_t seq, std::int64_t d, std::int64_t d_v, float scale,
+                               float* dq, float* dk, float* dv, const CausalAttentionMask& mask, std::int64_t block) {
+  backward(q, k, v, lse, delta, dout, seq, d, d_v, scale, dq, dk, dv, mask, block);
 }
 void causal_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const float* lse,
                                const float* delta, const std::uint16_t* dout, std::int64_t seq, std::int64_t d,
-                               float scale, float* dq, float* dk, float* dv, const CausalAttentionMask& mask,
-                               std::int64_t block) {
-  backward(q, k, v, lse, delta, dout, seq, d, scale, dq, dk, dv, mask, block);
+                               std::int64_t d_v, float scale, float* dq, float* dk, float* dv,
+                               const CausalAttentionMask& mask, std::int64_t block) {
+  backward(q, k, v, lse, delta, dout, seq, d, d_v, scale, dq, dk, dv, mask, block);
 }
 
 double attention_sink_grad(const float* lse, const float* delta, std::int64_t seq, float sink) {

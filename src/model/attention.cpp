@@ -49,6 +49,19 @@ void for_each_group_task(std::int64_t n, F&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
+// The shape of MLA's `which` parameter (empty without MLA, or where the config has none).
+Shape mla_shape(const AttentionSpec& s, const std::string& which) {
+  if (!s.mla) return {0};
+  const MlaSpec& m = *s.mla;
+  const std::int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : s.hidden;
+  if (which == "q_down") return {m.q_lora_rank, m.q_lora_rank > 0 ? s.hidden : 0};
+  if (which == "q_up") return {s.heads * s.head_dim, q_in};
+  if (which == "kv_down") return {m.kv_lora_rank + m.pe_dim, s.hidden};
+  if (which == "kv_up") return {s.heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank};
+  if (which == "q_norm") return {s.qk_norm ? m.q_lora_rank : 0};
+  return {s.qk_norm ? m.kv_lora_rank : 0};  // kv_norm
+}
+
 }  // namespace
 
 CausalAttentionMask SelfAttention::mask(std::int64_t head) const {
@@ -62,10 +75,17 @@ CausalAttentionMask SelfAttention::mask(std::int64_t head) const {
 }
 
 SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spec)
-    : linear_qkv(prefix + ".linear_qkv.weight", {(spec.heads + 2 * spec.groups) * spec.head_dim, spec.hidden}, spec.dtype),
-      linear_proj(prefix + ".linear_proj.weight", {spec.hidden, spec.heads * spec.head_dim}, spec.dtype),
-      q_layernorm(prefix + ".q_layernorm.weight", {spec.head_dim}, DType::F32),
-      k_layernorm(prefix + ".k_layernorm.weight", {spec.head_dim}, DType::F32),
+    : linear_qkv(prefix + ".linear_qkv.weight",
+                 spec.mla ? Shape{0} : Shape{(spec.heads + 2 * spec.groups) * spec.head_dim, spec.hidden}, spec.dtype),
+      linear_proj(prefix + ".linear_proj.weight", {spec.hidden, spec.heads * spec.value_dim()}, spec.dtype),
+      q_layernorm(prefix + ".q_layernorm.weight", spec.mla ? mla_shape(spec, "q_norm") : Shape{spec.head_dim}, DType::F32),
+      k_layernorm(prefix + ".k_layernorm.weight", {spec.mla ? 0 : spec.head_dim}, DType::F32),
+      linear_q_down_proj(prefix + ".linear_q_down_proj.weight", mla_shape(spec, "q_down"), spec.dtype),
+      linear_q_up_proj(prefix + (spec.mla && spec.mla->q_lora_rank == 0 ? ".linear_q_proj.weight" : ".linear_q_up_proj.weight"),
+                       mla_shape(spec, "q_up"), spec.dtype),
+      linear_kv_down_proj(prefix + ".linear_kv_down_proj.weight", mla_shape(spec, "kv_down"), spec.dtype),
+      linear_kv_up_proj(prefix + ".linear_kv_up_proj.weight", mla_shape(spec, "kv_up"), spec.dtype),
+      kv_layernorm(prefix + ".kv_layernorm.weight", mla_shape(spec, "kv_norm"), DType::F32),
       softmax_offset(prefix + ".core_attention.softmax_offset",
                      {spec.softmax == AttentionSoftmax::learnable ? spec.heads : 0}, DType::F32),
       linear_qkv_bias(prefix + ".linear_qkv.bias", {spec.qkv_bias ? (spec.heads + 2 * spec.groups) * spec.head_dim : 0},
@@ -79,15 +99,30 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
   if (spec.rope && (rope_dim() < 1 || (rope_dim() + 1) / 2 * 2 > spec.head_dim))
     throw std::invalid_argument(fmt::format("attention: RoPE at dim {} rotates {} of a head's {} channels", rope_dim(),
                                             (rope_dim() + 1) / 2 * 2, spec.head_dim));
-  q_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
-  k_layernorm.master.fill(norm_init(spec.zero_centered_gamma));
+  if (const auto& m = spec.mla;
+      m && (spec.groups != spec.heads || spec.head_dim != m->qk_head_dim + m->pe_dim || m->pe_dim % 2 != 0 ||
+            m->kv_lora_rank < 1 || m->v_head_dim < 1 || m->q_lora_rank < 0 || spec.qkv_bias ||
+            (spec.rope && rope_dim() != m->pe_dim)))
+    throw std::invalid_argument(fmt::format("attention: MLA needs a key and value per head, head_dim = qk_head_dim + "
+                                            "an even pe_dim that RoPE rotates whole, and no qkv bias (heads {}, groups "
+                                            "{}, head_dim {}, pe_dim {})",
+                                            spec.heads, spec.groups, spec.head_dim, m->pe_dim));
+  for (Param* norm : {&q_layernorm, &k_layernorm, &kv_layernorm}) norm->master.fill(norm_init(spec.zero_centered_gamma));
 }
 
 std::vector<Param*> SelfAttention::params() {
-  std::vector<Param*> out{&linear_qkv, &linear_proj};
-  if (spec_.qk_norm) {
-    out.push_back(&q_layernorm);
-    out.push_back(&k_layernorm);
+  std::vector<Param*> out;
+  if (spec_.mla) {
+    if (spec_.mla->q_lora_rank > 0) out.push_back(&linear_q_down_proj);
+    for (Param* p : {&linear_q_up_proj, &linear_kv_down_proj, &linear_kv_up_proj, &linear_proj}) out.push_back(p);
+    if (spec_.qk_norm && spec_.mla->q_lora_rank > 0) out.push_back(&q_layernorm);
+    if (spec_.qk_norm) out.push_back(&kv_layernorm);
+  } else {
+    out = {&linear_qkv, &linear_proj};
+    if (spec_.qk_norm) {
+      out.push_back(&q_layernorm);
+      out.push_back(&k_layernorm);
+    }
   }
   if (spec_.softmax == AttentionSoftmax::learnable) out.push_back(&softmax_offset);
   if (spec_.qkv_bias) out.push_back(&linear_qkv_bias);
@@ -95,15 +130,10 @@ std::vector<Param*> SelfAttention::params() {
   return out;
 }
 
-Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
+// linear_qkv, QK-norm and RoPE into ctx.q, ctx.k, ctx.v ([B, heads|groups, S, d] F32).
+void SelfAttention::gqa_forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
   const std::int64_t T = x.dim(0), nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
-  if (x.rank() != 2 || x.dim(1) != spec_.hidden || x.dtype() != spec_.dtype || seq < 1 || T % seq != 0)
-    throw std::invalid_argument(fmt::format("attention: input {} {} is not [S * B, {}] {}", shape_string(x.shape()),
-                                            dtype_name(x.dtype()), spec_.hidden, dtype_name(spec_.dtype)));
   const std::int64_t S = seq, B = T / seq, width = (nh + 2 * ng) * d;
-  ctx.seq = S;
-  ctx.batch = B;
-  ctx.x = x;
   Tensor qkv = Tensor::uninitialized({T, width}, DType::F32);
   gemm(mat(x), Trans::N, mat(linear_qkv.compute), Trans::T, mat_mut(qkv));
   if (spec_.qkv_bias) add_bias_rows(qkv, {0, T}, linear_qkv_bias.compute.to(DType::F32).data<float>(), nullptr);
@@ -149,6 +179,19 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   place(qn, ctx.q, nh);
   place(kn, ctx.k, ng);
   if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only QK-norm's backward reads them
+}
+
+Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
+  const std::int64_t T = x.dim(0), nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim, dv = spec_.value_dim();
+  if (x.rank() != 2 || x.dim(1) != spec_.hidden || x.dtype() != spec_.dtype || seq < 1 || T % seq != 0)
+    throw std::invalid_argument(fmt::format("attention: input {} {} is not [S * B, {}] {}", shape_string(x.shape()),
+                                            dtype_name(x.dtype()), spec_.hidden, dtype_name(spec_.dtype)));
+  const std::int64_t S = seq, B = T / seq;
+  ctx.seq = S;
+  ctx.batch = B;
+  ctx.x = x;
+  if (spec_.mla) mla_forward(x, S, ctx);
+  else gqa_forward(x, S, ctx);
   if (spec_.dtype == DType::BF16) {  // BF16 operands for the core attention's GEMMs, as flash attention
     ctx.q = ctx.q.to(DType::BF16);
     ctx.k = ctx.k.to(DType::BF16);
@@ -157,19 +200,19 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
 
   // Each (sequence, key/value group) is one task; its query heads run in turn.
   const float scale = softmax_scale();
-  Tensor o32 = Tensor::uninitialized({T, nh * d}, DType::F32);
+  Tensor o32 = Tensor::uninitialized({T, nh * dv}, DType::F32);
   ctx.lse = Tensor::uninitialized({B, nh, S}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);
     for_each_group_task(B * ng, [&](std::int64_t task) {
       const std::int64_t b = task / ng, g = task % ng;
-      std::vector<float> head_out(static_cast<std::size_t>(S * d));
+      std::vector<float> head_out(static_cast<std::size_t>(S * dv));
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
         causal_attention_forward(at<E>(ctx.q, (b * nh + h) * S * d), at<E>(ctx.k, (b * ng + g) * S * d),
-                                 at<E>(ctx.v, (b * ng + g) * S * d), S, d, scale, head_out.data(),
+                                 at<E>(ctx.v, (b * ng + g) * S * dv), S, d, dv, scale, head_out.data(),
                                  ctx.lse.data<float>() + (b * nh + h) * S, mask(h));
         for (std::int64_t s = 0; s < S; ++s)
-          std::copy_n(head_out.data() + s * d, d, o32.data<float>() + (s * B + b) * nh * d + h * d);
+          std::copy_n(head_out.data() + s * dv, dv, o32.data<float>() + (s * B + b) * nh * dv + h * dv);
       }
     });
   });
@@ -183,20 +226,22 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
 
 Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   const std::int64_t S = ctx.seq, B = ctx.batch, T = S * B, nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
+  const std::int64_t dv = spec_.value_dim();
   if (dy.shape() != Shape{T, spec_.hidden} || dy.dtype() != spec_.dtype)
     throw std::invalid_argument("attention: output gradient shape or dtype mismatch");
   ctx.dy = dy;
-  Tensor d_o = Tensor::uninitialized({T, nh * d}, DType::F32);
+  Tensor d_o = Tensor::uninitialized({T, nh * dv}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
 
   const float scale = softmax_scale();
-  Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32), dv({B, ng, S, d}, DType::F32);
+  Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32),
+         dval({B, ng, S, dv}, DType::F32);
   Tensor deltas = Tensor::uninitialized({B, nh, S}, DType::F32);
   with_operand_type(spec_.dtype, [&](auto tag) {
     using E = decltype(tag);
     for_each_group_task(B * ng, [&](std::int64_t task) {
       const std::int64_t b = task / ng, g = task % ng;
-      std::vector<E> dout(static_cast<std::size_t>(S * d));
+      std::vector<E> dout(static_cast<std::size_t>(S * dv));
       const E* o = at<E>(ctx.o, 0);
       const float* grad_o = d_o.data<float>();
       for (std::int64_t h = g * (nh / ng); h < (g + 1) * (nh / ng); ++h) {
@@ -206,18 +251,18 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
         for (std::int64_t s = 0; s < S; ++s) {
           const std::int64_t t = s * B + b;
           float sum = 0.f;
-          for (std::int64_t j = 0; j < d; ++j) {
-            const E x = as<E>(grad_o[t * nh * d + h * d + j]);
-            dout[static_cast<std::size_t>(s * d + j)] = x;
-            sum += to_float(x) * to_float(o[t * nh * d + h * d + j]);
+          for (std::int64_t j = 0; j < dv; ++j) {
+            const E x = as<E>(grad_o[t * nh * dv + h * dv + j]);
+            dout[static_cast<std::size_t>(s * dv + j)] = x;
+            sum += to_float(x) * to_float(o[t * nh * dv + h * dv + j]);
           }
           delta[s] = sum;
         }
         const std::int64_t head = (b * nh + h) * S, group = (b * ng + g) * S;
-        causal_attention_backward(at<E>(ctx.q, head * d), at<E>(ctx.k, group * d), at<E>(ctx.v, group * d),
-                                  ctx.lse.data<float>() + head, delta, dout.data(), S, d, scale,
+        causal_attention_backward(at<E>(ctx.q, head * d), at<E>(ctx.k, group * d), at<E>(ctx.v, group * dv),
+                                  ctx.lse.data<float>() + head, delta, dout.data(), S, d, dv, scale,
                                   dq.data<float>() + head * d, dk.data<float>() + group * d,
-                                  dv.data<float>() + group * d, mask(h));
+                                  dval.data<float>() + group * dv, mask(h));
       }
     });
   });
@@ -232,7 +277,12 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
     }
   ctx.lse = ctx.q = ctx.k = ctx.v = Tensor();
 
-  // Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d].
+  return spec_.mla ? mla_backward(ctx, dq, dk, dval) : gqa_backward(ctx, dq, dk, dval);
+}
+
+// Back through RoPE and QK-norm into dqkv [T, (heads + 2 groups) d], and through linear_qkv.
+Tensor SelfAttention::gqa_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const std::int64_t S = ctx.seq, B = ctx.batch, T = S * B, nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim;
   const std::int64_t width = (nh + 2 * ng) * d;
   const RopeTable* rope = spec_.rope ? &rope_table(S, rope_spec()) : nullptr;
   const auto unplace = [&](const Tensor& from, std::int64_t heads) {
@@ -279,9 +329,13 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
 void SelfAttention::backward_wgrad(Context& ctx) {
   if (!ctx.dy.defined()) throw std::logic_error("attention: wgrad before dgrad");
   gemm(mat(ctx.dy), Trans::T, mat(ctx.o), Trans::N, mat_mut(linear_proj.grad), true);
-  gemm(mat(ctx.dqkv), Trans::T, mat(ctx.x), Trans::N, mat_mut(linear_qkv.grad), true);
+  if (spec_.mla) {
+    mla_wgrad(ctx);
+  } else {
+    gemm(mat(ctx.dqkv), Trans::T, mat(ctx.x), Trans::N, mat_mut(linear_qkv.grad), true);
+    if (spec_.qkv_bias) add_row_sums(ctx.dqkv, {0, ctx.dqkv.dim(0)}, nullptr, linear_qkv_bias.grad.data<float>());
+  }
   if (spec_.proj_bias) add_row_sums(ctx.dy, {0, ctx.dy.dim(0)}, nullptr, linear_proj_bias.grad.data<float>());
-  if (spec_.qkv_bias) add_row_sums(ctx.dqkv, {0, ctx.dqkv.dim(0)}, nullptr, linear_qkv_bias.grad.data<float>());
   ctx = Context{};
 }
 

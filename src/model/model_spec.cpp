@@ -38,7 +38,15 @@ AttentionSpec ModelSpec::attention_of(int layer) const {
 double ModelSpec::flops_per_token() const {
   const double H = static_cast<double>(hidden), d = static_cast<double>(attention.head_dim);
   const double nh = static_cast<double>(attention.heads), ng = static_cast<double>(attention.groups);
-  const double attn = 2 * H * (nh + 2 * ng) * d + 2 * nh * d * H + 0.5 * 4 * nh * d * static_cast<double>(seq_length);
+  const double S = static_cast<double>(seq_length);
+  double attn = 2 * H * (nh + 2 * ng) * d + 2 * nh * d * H + 0.5 * 4 * nh * d * S;
+  if (const auto& m = attention.mla) {  // Megatron's MLA count, the latents' norms in (the +1s)
+    const double q_rank = static_cast<double>(m->q_lora_rank), kv_rank = static_cast<double>(m->kv_lora_rank);
+    const double pe = static_cast<double>(m->pe_dim), dv = static_cast<double>(m->v_head_dim);
+    const double nope = static_cast<double>(m->qk_head_dim);
+    const double q = m->q_lora_rank > 0 ? q_rank * (H + nh * d + 1) : H * nh * d;
+    attn = 2 * (q + kv_rank * (H + nh * (nope + dv) + 1) + H * pe + nh * dv * H) + 2 * S * (nh * d / 2 + nh * dv / 2);
+  }
   // An MLP's fc1 and fc2: 2 H (fc1_width + F) a token, 6 H F gated.
   const auto mlp = [&](const MlpActivation& a, std::int64_t f) { return 2 * H * static_cast<double>(a.fc1_width(f) + f); };
   double forward = 2 * H * static_cast<double>(padded_vocab > 0 ? padded_vocab : vocab);

@@ -51,11 +51,14 @@ void TransformerLayer::init_weights(std::uint64_t seed) {
     p->master.zero();
     p->refresh();
   }
-  for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm}) {
+  for (Param* p : {&input_layernorm, &pre_mlp_layernorm, &attention.q_layernorm, &attention.k_layernorm,
+                   &attention.kv_layernorm}) {
     p->master.fill(norm_init(spec_.zero_centered_gamma));
     p->refresh();
   }
-  draw(attention.linear_qkv, spec_.init_std);
+  for (Param* p : {&attention.linear_qkv, &attention.linear_q_down_proj, &attention.linear_q_up_proj,
+                   &attention.linear_kv_down_proj, &attention.linear_kv_up_proj})  // MLA's are empty otherwise
+    draw(*p, spec_.init_std);
   draw(attention.linear_proj, out_std);
   if (mlp) {
     draw(mlp->fc1, spec_.init_std);

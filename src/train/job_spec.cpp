@@ -324,6 +324,59 @@ MoESpec moe_spec_from_config(const Config& c) {
   return moe_spec_of(c, mlp_activation_from_config(c));
 }
 
+// Multi-latent attention as Megatron-Core's MLASelfAttention builds it from MLATransformerConfig:
+// a key and value per head, head_dim = qk_head_dim + qk_pos_emb_head_dim, RoPE or YaRN on the
+// latter, and the softmax scaled by mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(head_dim).
+void mla_attention_from_config(const Config& c, AttentionSpec& a) {
+  const ModelConfig& m = c.model;
+  const auto positive = [&](const char* field, Int v) {
+    if (v < 1) bad(c, field, std::to_string(v), "multi-latent attention needs it positive");
+  };
+  if (m.q_lora_rank) positive("model.q_lora_rank", *m.q_lora_rank);
+  positive("model.kv_lora_rank", m.kv_lora_rank);
+  positive("model.qk_head_dim", m.qk_head_dim);
+  positive("model.v_head_dim", m.v_head_dim);
+  if (m.qk_pos_emb_head_dim < 2 || m.qk_pos_emb_head_dim % 2 != 0)
+    bad(c, "model.qk_pos_emb_head_dim", std::to_string(m.qk_pos_emb_head_dim),
+        "MLA rotates its RoPE channels in pairs; set an even number, at least 2 (DeepSeek-V3: 64)");
+  if (m.rotary_percent != 1.0)
+    bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
+        "epx's MLA rotates every qk_pos_emb_head_dim channel; set model.rotary_percent=1.0");
+  a.mla = MlaSpec{m.q_lora_rank.value_or(0), m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim};
+  a.groups = a.heads;
+  a.head_dim = m.qk_head_dim + m.qk_pos_emb_head_dim;
+  a.rope = true;  // MLA builds its rotary embedding whatever position_embedding_type says
+  a.rope_dim = m.qk_pos_emb_head_dim;
+  const auto factor_fits = [&](const char* field, double v) {
+    if (!(v > 0) || !std::isfinite(v))
+      bad(c, field, fmt::format("{}", v), "YaRN takes the logarithm of it and divides by it; set a positive number");
+  };
+  factor_fits("model.rotary_scaling_factor", m.rotary_scaling_factor);
+  if (m.rope_type == "yarn") {
+    factor_fits("model.beta_fast", m.beta_fast);
+    factor_fits("model.beta_slow", m.beta_slow);
+    positive("model.original_max_position_embeddings", m.original_max_position_embeddings);
+    if (m.rotary_base.values.front() <= 1)
+      bad(c, "model.rotary_base", field_text(c, "model.rotary_base"), "YaRN divides by log(base); set a base above 1");
+    a.yarn = YarnSpec{m.rotary_scaling_factor, static_cast<double>(m.original_max_position_embeddings), m.beta_fast,
+                      m.beta_slow, true};  // MLA leaves correction_range_round_to_int at its True
+    a.rope_concentration = yarn_concentration(m.rotary_scaling_factor, m.mscale, m.mscale_all_dim);
+    if (!yarn_concentration_fits(a.rope_concentration))
+      bad(c, "model.mscale", fmt::format("{}", m.mscale),
+          fmt::format("YaRN's concentration factor is {:g} (mscale's over mscale_all_dim's): cos and sin are multiplied "
+                      "by it; set mscales that give a non-zero factor within FP32's range",
+                      a.rope_concentration));
+  }
+  const double mscale = yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim);
+  const double scale = mscale * mscale / std::sqrt(static_cast<double>(a.head_dim));
+  if (!(scale > 0) || scale > std::numeric_limits<float>::max())
+    bad(c, "model.mscale_all_dim", fmt::format("{}", m.mscale_all_dim),
+        fmt::format("MLA scales the logits by mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(head_dim) = {:g}, "
+                    "which must be a positive FP32 number",
+                    scale));
+  a.softmax_scale = static_cast<float>(scale);
+}
+
 ModelSpec model_spec_from_config(const Config& c) {
   const ModelConfig& m = c.model;
   check_shared_fields(c);
@@ -334,8 +387,6 @@ ModelSpec model_spec_from_config(const Config& c) {
         "set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
     bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
-  if (m.multi_latent_attention)
-    bad(c, "model.multi_latent_attention", "true", "multi-latent attention is not implemented; set model.multi_latent_attention=false (GQA)");
   if (m.mtp_num_layers && *m.mtp_num_layers > 0)
     bad(c, "model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
   if (m.position_embedding_type != "rope" && m.position_embedding_type != "yarn" && m.position_embedding_type != "none")
@@ -364,46 +415,51 @@ ModelSpec model_spec_from_config(const Config& c) {
   if (a.groups < 1 || a.heads % a.groups != 0)
     bad(c, "model.num_query_groups", std::to_string(a.groups),
         fmt::format("must divide num_attention_heads ({})", a.heads));
-  a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
-  if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
-  a.rope = m.position_embedding_type == "rope" || m.position_embedding_type == "yarn";
-  // Megatron's RotaryEmbedding: dim int(kv_channels * rotary_percent) where the share is below 1; it
-  // rotates 2 ceil(dim / 2) channels. YarnRotaryEmbedding rotates kv_channels, whatever the share.
-  a.rope_dim = m.rotary_percent < 1 && m.position_embedding_type == "rope"
-                   ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
-                   : a.head_dim;
-  if (m.position_embedding_type == "yarn") a.yarn = yarn_from_config(c);
-  // Megatron's attention (with Bridge's patch) scales cos and sin by YaRN's concentration wherever
-  // yarn_rotary_scaling_factor is set, plain RoPE included.
-  if (m.yarn_rotary_scaling_factor && a.rope) {
-    a.rope_concentration = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
-    if (!yarn_concentration_fits(a.rope_concentration))
-      bad(c, "model.yarn_mscale", m.yarn_mscale ? fmt::format("{}", *m.yarn_mscale) : "None",
-          fmt::format("[model.yarn_concentration] YaRN's concentration factor is {:g} (yarn_mscale's over "
-                      "yarn_mscale_all_dim's, {}): cos and sin are multiplied by it; set mscales that give a "
-                      "non-zero factor within FP32's range",
-                      a.rope_concentration, field_text(c, "model.yarn_mscale_all_dim")));
+  if (m.multi_latent_attention) {
+    mla_attention_from_config(c, a);
+  } else {
+    a.head_dim = m.kv_channels.value_or(s.hidden / a.heads);
+    if (a.head_dim < 1) bad(c, "model.kv_channels", opt(m.kv_channels), "must be positive");
+    a.rope = m.position_embedding_type == "rope" || m.position_embedding_type == "yarn";
+    // Megatron's RotaryEmbedding: dim int(kv_channels * rotary_percent) where the share is below 1; it
+    // rotates 2 ceil(dim / 2) channels. YarnRotaryEmbedding rotates kv_channels, whatever the share.
+    a.rope_dim = m.rotary_percent < 1 && m.position_embedding_type == "rope"
+                     ? static_cast<std::int64_t>(static_cast<double>(a.head_dim) * m.rotary_percent)
+                     : a.head_dim;
+    if (m.position_embedding_type == "yarn") a.yarn = yarn_from_config(c);
+    // Megatron's attention (with Bridge's patch) scales cos and sin by YaRN's concentration wherever
+    // yarn_rotary_scaling_factor is set, plain RoPE included.
+    if (m.yarn_rotary_scaling_factor && a.rope) {
+      a.rope_concentration = yarn_concentration(*m.yarn_rotary_scaling_factor, m.yarn_mscale, m.yarn_mscale_all_dim);
+      if (!yarn_concentration_fits(a.rope_concentration))
+        bad(c, "model.yarn_mscale", m.yarn_mscale ? fmt::format("{}", *m.yarn_mscale) : "None",
+            fmt::format("[model.yarn_concentration] YaRN's concentration factor is {:g} (yarn_mscale's over "
+                        "yarn_mscale_all_dim's, {}): cos and sin are multiplied by it; set mscales that give a "
+                        "non-zero factor within FP32's range",
+                        a.rope_concentration, field_text(c, "model.yarn_mscale_all_dim")));
+    }
+    // int(kv_channels * rotary_percent) below 1: Megatron's RotaryEmbedding has no frequencies and
+    // rotates nothing.
+    if (a.rope_dim < 1) a.rope = false;
+    if (a.rope && (a.rope_dim + 1) / 2 * 2 > a.head_dim)
+      bad(c, "model.kv_channels",
+          m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
+          fmt::format("[model.rope_even_head_dim] rotary embeddings rotate pairs of channels, and the head's {} is odd; "
+                      "set model.kv_channels={}",
+                      a.head_dim, a.head_dim + 1));
   }
-  // int(kv_channels * rotary_percent) below 1: Megatron's RotaryEmbedding has no frequencies and
-  // rotates nothing.
-  if (a.rope_dim < 1) a.rope = false;
-  if (a.rope && (a.rope_dim + 1) / 2 * 2 > a.head_dim)
-    bad(c, "model.kv_channels",
-        m.kv_channels ? std::to_string(a.head_dim) : fmt::format("None ({} / {} heads)", s.hidden, a.heads),
-        fmt::format("[model.rope_even_head_dim] rotary embeddings rotate pairs of channels, and the head's {} is odd; "
-                    "set model.kv_channels={}",
-                    a.head_dim, a.head_dim + 1));
   if (m.rotary_base.values.size() != 1)
     bad(c, "model.rotary_base", field_text(c, "model.rotary_base"),
         "epx applies one RoPE base to every layer (the local and global layers' pair is not modelled); give one base");
   a.rope_base = m.rotary_base.values.front();
   a.qk_norm = m.qk_layernorm;
-  a.qkv_bias = m.add_bias_linear || m.add_qkv_bias;  // Megatron's linear_qkv: bias=add_bias_linear or add_qkv_bias
+  // Megatron's linear_qkv: bias=add_bias_linear or add_qkv_bias; MLA's projections have none.
+  a.qkv_bias = !m.multi_latent_attention && (m.add_bias_linear || m.add_qkv_bias);
   a.proj_bias = m.add_bias_linear;
   s.bias = m.add_bias_linear;
   a.eps = s.eps;
   a.zero_centered_gamma = s.zero_centered_gamma;
-  if (m.softmax_scale) {
+  if (m.softmax_scale && !m.multi_latent_attention) {  // MLA's scale is its own (mla_attention_from_config)
     if (!(*m.softmax_scale > 0) || *m.softmax_scale > std::numeric_limits<float>::max())
       bad(c, "model.softmax_scale", fmt::format("{}", *m.softmax_scale),
           "epx's blocked attention scales the logits by a positive FP32 number; set one, or null for "

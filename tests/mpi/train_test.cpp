@@ -262,6 +262,17 @@ TEST(Training, LinearBiasesUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain16, losses(mpi().world(), recompute)) << "BF16 biases, recompute";
 }
 
+// DeepSeek's multi-latent attention (the latents' projections and norms are dense weights reduced
+// over DP; YaRN over the RoPE channels, the logits at mscale^2 / sqrt(head_dim)).
+TEST(Training, MultiLatentAttentionUnderEveryScheduleAndLayout) {
+  const std::vector<std::string> o{"model.multi_latent_attention=true", "model.q_lora_rank=8", "model.kv_lora_rank=8",
+                                   "model.qk_head_dim=4", "model.qk_pos_emb_head_dim=4", "model.v_head_dim=6",
+                                   "model.rotary_scaling_factor=4.0", "model.original_max_position_embeddings=4",
+                                   "model.mscale_all_dim=1.0", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<double> plain = expect_every_schedule_and_layout(o, "MLA");
+  EXPECT_NE(plain, losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
+}
+
 // gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in
 // the experts, the shared expert and the dense MLPs.
 TEST(Training, UngatedMlpsUnderEveryScheduleAndLayout) {

@@ -288,13 +288,13 @@ struct NaiveAttention {
 };
 NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                                std::int64_t window = -1, std::optional<double> sink = std::nullopt) {
-  const std::int64_t S = q.dim(0), d = q.dim(1);
+  const std::int64_t S = q.dim(0), d = q.dim(1), d_v = v.dim(1);
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   const auto at = [](const Tensor& t, std::int64_t i, std::int64_t j) { return static_cast<double>(t.get(i * t.dim(1) + j)); };
-  NaiveAttention r{Tensor({S, d}, DType::F32), Tensor({S, d}, DType::F32), Tensor({S, d}, DType::F32),
-                   Tensor({S, d}, DType::F32), std::vector<double>(S), std::vector<float>(S)};
+  NaiveAttention r{Tensor({S, d_v}, DType::F32), Tensor({S, d}, DType::F32), Tensor({S, d}, DType::F32),
+                   Tensor({S, d_v}, DType::F32), std::vector<double>(S), std::vector<float>(S)};
   std::vector<double> p(static_cast<std::size_t>(S * S), 0.0);
-  std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(dq.size(), 1.0);
+  std::vector<double> dq(static_cast<std::size_t>(S * d)), dk(dq.size(), 1.0), dv(static_cast<std::size_t>(S * d_v), 1.0);
   for (std::int64_t i = 0; i < S; ++i) {
     const std::int64_t lo = window < 0 ? 0 : std::max<std::int64_t>(0, i - window);
     std::vector<double> s(static_cast<std::size_t>(i + 1));
@@ -307,16 +307,16 @@ NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v
     if (sink) sum += std::exp(*sink - mx);
     r.lse[i] = mx + std::log(sum);
     for (std::int64_t j = lo; j <= i; ++j) p[i * S + j] = std::exp(s[j] - r.lse[i]);
-    for (std::int64_t c = 0; c < d; ++c) {
+    for (std::int64_t c = 0; c < d_v; ++c) {
       double o = 0;
       for (std::int64_t j = lo; j <= i; ++j) o += p[i * S + j] * at(v, j, c);
-      r.o.set(i * d + c, static_cast<float>(o));
+      r.o.set(i * d_v + c, static_cast<float>(o));
       r.loss += o * at(dout, i, c);
     }
     std::vector<double> dp(static_cast<std::size_t>(i + 1));
     double row_dot = 0;
     for (std::int64_t j = lo; j <= i; ++j) {
-      for (std::int64_t c = 0; c < d; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
+      for (std::int64_t c = 0; c < d_v; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
       row_dot += p[i * S + j] * dp[j];
     }
     r.delta[i] = static_cast<float>(row_dot);
@@ -325,28 +325,30 @@ NaiveAttention naive_attention(const Tensor& q, const Tensor& k, const Tensor& v
       for (std::int64_t c = 0; c < d; ++c) {
         dq[i * d + c] += ds * at(k, j, c);
         dk[j * d + c] += ds * at(q, i, c);
-        dv[j * d + c] += p[i * S + j] * at(dout, i, c);
       }
+      for (std::int64_t c = 0; c < d_v; ++c) dv[j * d_v + c] += p[i * S + j] * at(dout, i, c);
     }
   }
   for (std::int64_t i = 0; i < S * d; ++i) {
     r.dq.set(i, static_cast<float>(dq[i]));
     r.dk.set(i, static_cast<float>(dk[i]));
-    r.dv.set(i, static_cast<float>(dv[i]));
   }
+  for (std::int64_t i = 0; i < S * d_v; ++i) r.dv.set(i, static_cast<float>(dv[i]));
   return r;
 }
 
 // The blocked kernel against it, for blocks that cut the sequence into one block, uneven blocks
 // and single rows, with no window, a window of one key (itself), windows inside and across
 // blocks, and with and without a sink; in FP32 tightly, in BF16 (the reference then takes the
-// rounded inputs) within what rounding the probabilities and score gradients to BF16 costs.
+// rounded inputs) within what rounding the probabilities and score gradients to BF16 costs; values
+// as wide as the keys, and narrower (MLA's value heads).
 TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
   const std::int64_t S = 37, d = 8;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  for (const DType dtype : {DType::F32, DType::BF16}) {
-    const Tensor q = randn({S, d}, 21).to(dtype), k = randn({S, d}, 22).to(dtype), v = randn({S, d}, 23).to(dtype),
-                 dout = randn({S, d}, 24).to(dtype);
+  for (const DType dtype : {DType::F32, DType::BF16})
+  for (const std::int64_t d_v : {d, std::int64_t{5}}) {
+    const Tensor q = randn({S, d}, 21).to(dtype), k = randn({S, d}, 22).to(dtype), v = randn({S, d_v}, 23).to(dtype),
+                 dout = randn({S, d_v}, 24).to(dtype);
     const double tol = dtype == DType::F32 ? 1e-5 : 2e-2;
     for (const std::int64_t window : {-1, 0, 3, 20})
       for (const std::optional<float> sink : {std::optional<float>(), std::optional<float>(0.7f)}) {
@@ -354,25 +356,26 @@ TEST(CausalAttention, BlocksMatchTheNaiveSoftmaxForwardAndBackward) {
                                                     dout.to(DType::F32), window, sink);
         const CausalAttentionMask mask{window, sink ? &*sink : nullptr};
         for (const std::int64_t block : {1, 8, 128}) {
-          SCOPED_TRACE(fmt::format("{} block {} window {} sink {}", dtype_name(dtype), block, window, sink.has_value()));
-          Tensor o({S, d}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
-              dv({S, d}, DType::F32);
+          SCOPED_TRACE(fmt::format("{} d_v {} block {} window {} sink {}", dtype_name(dtype), d_v, block, window,
+                                   sink.has_value()));
+          Tensor o({S, d_v}, DType::F32), lse({S}, DType::F32), dq({S, d}, DType::F32), dk({S, d}, DType::F32),
+              dv({S, d_v}, DType::F32);
           o.fill(7.f);  // written, not accumulated into
           dq.fill(7.f);
           dk.fill(1.f);
           dv.fill(1.f);
           if (dtype == DType::F32) {
-            causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, scale, o.data<float>(),
-                                     lse.data<float>(), mask, block);
+            causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, d_v, scale,
+                                     o.data<float>(), lse.data<float>(), mask, block);
             causal_attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(),
-                                      want.delta.data(), dout.data<float>(), S, d, scale, dq.data<float>(),
+                                      want.delta.data(), dout.data<float>(), S, d, d_v, scale, dq.data<float>(),
                                       dk.data<float>(), dv.data<float>(), mask, block);
           } else {
             using U = std::uint16_t;
-            causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, scale, o.data<float>(),
+            causal_attention_forward(q.data<U>(), k.data<U>(), v.data<U>(), S, d, d_v, scale, o.data<float>(),
                                      lse.data<float>(), mask, block);
             causal_attention_backward(q.data<U>(), k.data<U>(), v.data<U>(), lse.data<float>(), want.delta.data(),
-                                      dout.data<U>(), S, d, scale, dq.data<float>(), dk.data<float>(),
+                                      dout.data<U>(), S, d, d_v, scale, dq.data<float>(), dk.data<float>(),
                                       dv.data<float>(), mask, block);
           }
           expect_close(o, want.o, tol);
@@ -392,11 +395,11 @@ TEST(CausalAttention, AWindowWiderThanTheSequenceChangesNoBit) {
   const std::int64_t S = 21, d = 8;
   const Tensor q = randn({S, d}, 31), k = randn({S, d}, 32), v = randn({S, d}, 33);
   Tensor o1({S, d}, DType::F32), l1({S}, DType::F32);
-  causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.3f, o1.data<float>(),
+  causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, d, 0.3f, o1.data<float>(),
                            l1.data<float>(), {}, 8);
   for (const std::int64_t w : {S, std::numeric_limits<std::int64_t>::max()}) {
     Tensor o2({S, d}, DType::F32), l2({S}, DType::F32);
-    causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.3f, o2.data<float>(),
+    causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, d, 0.3f, o2.data<float>(),
                              l2.data<float>(), {w, nullptr}, 8);
     EXPECT_EQ(0, std::memcmp(o1.raw(), o2.raw(), o1.nbytes())) << w;
     EXPECT_EQ(0, std::memcmp(l1.raw(), l2.raw(), l1.nbytes())) << w;
@@ -413,7 +416,7 @@ TEST(CausalAttention, SinkGradientMatchesFiniteDifferences) {
       SCOPED_TRACE(fmt::format("window {} sink {}", window, sink));
       const NaiveAttention at = naive_attention(q, k, v, dout, window, sink);
       Tensor o({S, d}, DType::F32), lse({S}, DType::F32);
-      causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, 0.5f, o.data<float>(),
+      causal_attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), S, d, d, 0.5f, o.data<float>(),
                                lse.data<float>(), {window, &sink}, 8);
       const double h = 1e-4;
       const double fd = (naive_attention(q, k, v, dout, window, sink + h).loss -
@@ -427,7 +430,7 @@ TEST(CausalAttention, SinkGradientMatchesFiniteDifferences) {
 TEST(CausalAttention, RefusesAWindowBelowMinusOne) {
   const Tensor q = randn({4, 2}, 1);
   Tensor o({4, 2}, DType::F32), lse({4}, DType::F32);
-  EXPECT_THROW(causal_attention_forward(q.data<float>(), q.data<float>(), q.data<float>(), 4, 2, 1.f, o.data<float>(),
+  EXPECT_THROW(causal_attention_forward(q.data<float>(), q.data<float>(), q.data<float>(), 4, 2, 2, 1.f, o.data<float>(),
                                         lse.data<float>(), {-2, nullptr}),
                std::invalid_argument);
 }

@@ -101,6 +101,120 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   }
 }
 
+// Multi-latent attention (src/model/mla.cpp): with and without the q latent, with and without the
+// latents' norms (qk_layernorm), plain RoPE and YaRN with a concentration factor.
+AttentionSpec mla_spec(std::int64_t q_lora_rank, bool norms, std::optional<YarnSpec> yarn) {
+  AttentionSpec s{.hidden = 16, .heads = 4, .groups = 4, .head_dim = 7, .qk_norm = norms, .eps = 1e-6f, .rope = true,
+                  .rope_base = 100, .rope_dim = 4, .yarn = yarn, .dtype = DType::F32};
+  if (yarn) s.rope_concentration = 1.2;
+  s.softmax_scale = 0.45f;
+  s.mla = MlaSpec{.q_lora_rank = q_lora_rank, .kv_lora_rank = 6, .qk_head_dim = 3, .pe_dim = 4, .v_head_dim = 5};
+  return s;
+}
+void randomise(SelfAttention& attn) {
+  std::uint64_t seed = 60;
+  for (Param* p : attn.params()) {
+    const bool norm = p->master.rank() == 1;
+    p->master.copy_from(randn(p->master.shape(), seed++, norm ? 0.2 : 0.3));
+    if (norm)
+      for (std::int64_t i = 0; i < p->master.numel(); ++i) p->master.set(i, 1 + p->master.get(i));
+    p->refresh();
+  }
+}
+
+TEST(Attention, MlaGradientsMatchFiniteDifferences) {
+  const YarnSpec yarn{.factor = 8, .original_max_positions = 4, .beta_fast = 2, .beta_slow = 0.5};
+  for (const std::int64_t q_lora_rank : {0, 5})
+    for (const bool norms : {true, false})
+      for (const std::optional<YarnSpec>& y : {std::optional<YarnSpec>(), std::optional<YarnSpec>(yarn)}) {
+        SCOPED_TRACE(fmt::format("q_lora_rank {} norms {} yarn {}", q_lora_rank, norms, y.has_value()));
+        SelfAttention attn("a", mla_spec(q_lora_rank, norms, y));
+        const std::size_t norm_count = norms ? (q_lora_rank > 0 ? 2 : 1) : 0;
+        EXPECT_EQ(attn.params().size(), (q_lora_rank > 0 ? 5u : 4u) + norm_count);
+        randomise(attn);
+        check_attention_gradients(attn);
+      }
+}
+
+// MLA's forward against Megatron-Core's MLASelfAttention written out in double: the latents and
+// their norms, the up projections split per head into [nope | pe] and [k_nope | v], RoPE on the
+// de-interleaved pe channels (t[0::2] then t[1::2], rotated by halves) with one k_pe for every
+// head, the causal softmax at the spec's scale, and linear_proj.
+TEST(Attention, MlaMatchesMegatronsFormulation) {
+  const std::int64_t S = 5, B = 2, T = S * B, H = 16, nh = 4, nope = 3, pe = 4, dv = 5, ql = 5, kvl = 6;
+  const AttentionSpec spec = mla_spec(ql, true, std::nullopt);
+  SelfAttention attn("a", spec);
+  randomise(attn);
+  const Tensor x = randn({T, H}, 4);
+  SelfAttention::Context ctx;
+  const Tensor y = attn.forward(x, S, ctx);
+
+  const auto linear = [](const Param& w, const std::vector<double>& in) {
+    const std::int64_t out_n = w.master.dim(0), in_n = w.master.dim(1);
+    std::vector<double> out(static_cast<std::size_t>(out_n), 0.0);
+    for (std::int64_t o = 0; o < out_n; ++o)
+      for (std::int64_t i = 0; i < in_n; ++i) out[o] += w.master.get(o * in_n + i) * in[i];
+    return out;
+  };
+  const auto rms = [&](const Param& g, std::vector<double> v) {
+    double ms = 0;
+    for (const double e : v) ms += e * e / static_cast<double>(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = v[i] / std::sqrt(ms + 1e-6) * g.master.get(static_cast<std::int64_t>(i));
+    return v;
+  };
+  const auto rope = [&](const double* t, std::int64_t pos) {  // apply_rotary_pos_emb, mla_rotary_interleaved
+    std::vector<double> u(static_cast<std::size_t>(pe)), out(u.size());
+    for (std::int64_t i = 0; i < pe / 2; ++i) {
+      u[i] = t[2 * i];
+      u[pe / 2 + i] = t[2 * i + 1];
+    }
+    for (std::int64_t i = 0; i < pe / 2; ++i) {
+      const double a = static_cast<double>(pos) * std::pow(100.0, -2.0 * static_cast<double>(i) / static_cast<double>(pe));
+      out[i] = u[i] * std::cos(a) - u[pe / 2 + i] * std::sin(a);
+      out[pe / 2 + i] = u[pe / 2 + i] * std::cos(a) + u[i] * std::sin(a);
+    }
+    return out;
+  };
+  // Per token: query and key per head ([nope | pe]), value per head.
+  std::vector<std::vector<double>> qs(T), ks(T), vs(T);
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::vector<double> xt(static_cast<std::size_t>(H));
+    for (std::int64_t i = 0; i < H; ++i) xt[i] = x.get(t * H + i);
+    const auto q = linear(attn.linear_q_up_proj, rms(attn.q_layernorm, linear(attn.linear_q_down_proj, xt)));
+    const auto down = linear(attn.linear_kv_down_proj, xt);
+    const auto kv = linear(attn.linear_kv_up_proj, rms(attn.kv_layernorm, std::vector<double>(down.begin(), down.begin() + kvl)));
+    const auto k_pe = rope(down.data() + kvl, t / B);
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const auto q_pe = rope(q.data() + h * (nope + pe) + nope, t / B);
+      for (std::int64_t i = 0; i < nope; ++i) qs[t].push_back(q[h * (nope + pe) + i]);
+      qs[t].insert(qs[t].end(), q_pe.begin(), q_pe.end());
+      for (std::int64_t i = 0; i < nope; ++i) ks[t].push_back(kv[h * (nope + dv) + i]);
+      ks[t].insert(ks[t].end(), k_pe.begin(), k_pe.end());
+      for (std::int64_t i = 0; i < dv; ++i) vs[t].push_back(kv[h * (nope + dv) + nope + i]);
+    }
+  }
+  ASSERT_EQ(ks[0].size(), static_cast<std::size_t>(nh * (nope + pe)));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t s = t / B, b = t % B;
+    std::vector<double> o(static_cast<std::size_t>(nh * dv), 0.0);
+    for (std::int64_t h = 0; h < nh; ++h) {
+      std::vector<double> logits;
+      for (std::int64_t j = 0; j <= s; ++j) {
+        double l = 0;
+        for (std::int64_t i = 0; i < nope + pe; ++i) l += qs[t][h * (nope + pe) + i] * ks[j * B + b][h * (nope + pe) + i];
+        logits.push_back(l * *spec.softmax_scale);
+      }
+      const double mx = *std::max_element(logits.begin(), logits.end());
+      double z = 0;
+      for (const double l : logits) z += std::exp(l - mx);
+      for (std::int64_t j = 0; j <= s; ++j)
+        for (std::int64_t i = 0; i < dv; ++i) o[h * dv + i] += std::exp(logits[j] - mx) / z * vs[j * B + b][h * dv + i];
+    }
+    const auto want = linear(attn.linear_proj, o);
+    for (std::int64_t i = 0; i < H; ++i) ASSERT_NEAR(y.get(t * H + i), want[i], 1e-5) << "token " << t << " channel " << i;
+  }
+}
+
 // The linear layers' biases (add_bias_linear: linear_qkv's and linear_proj's; add_qkv_bias:
 // linear_qkv's only) against finite differences, and zero biases change no bit.
 TEST(Attention, BiasesMatchFiniteDifferences) {
@@ -273,7 +387,8 @@ TEST(Attention, IsCausal) {
 // Every expert is chosen (top-k = E), so no perturbation flips the routing and the loss is
 // smooth; sparse routing's gradients are checked by the MoE layer's own tests. Then again with
 // partial RoPE, the tanh GELU in the dense MLP and the experts, and zero-centred norms (Gemma's
-// and Qwen3-Next's choices); GPT-OSS's attention; biases; and ungated GELU MLPs (Megatron's default).
+// and Qwen3-Next's choices); GPT-OSS's attention; biases; ungated GELU MLPs (Megatron's default); and
+// DeepSeek's multi-latent attention with YaRN.
 TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, std::vector<std::string>{"model.rotary_percent=0.5", "model.activation_func=fast_gelu",
@@ -283,7 +398,11 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
                                  "model.yarn_rotary_scaling_factor=8.0", "model.yarn_original_max_position_embeddings=4",
                                  "model.yarn_beta_fast=32.0", "model.yarn_beta_slow=1.0"},
         std::vector<std::string>{"model.add_bias_linear=true", "model.moe_shared_expert_intermediate_size=null"},
-        std::vector<std::string>{"model.gated_linear_unit=false", "model.activation_func=gelu"}}) {
+        std::vector<std::string>{"model.gated_linear_unit=false", "model.activation_func=gelu"},
+        std::vector<std::string>{"model.multi_latent_attention=true", "model.q_lora_rank=8", "model.kv_lora_rank=6",
+                                 "model.qk_head_dim=4", "model.qk_pos_emb_head_dim=4", "model.v_head_dim=6",
+                                 "model.rotary_scaling_factor=4.0", "model.original_max_position_embeddings=4",
+                                 "model.mscale_all_dim=0.5"}}) {
   SCOPED_TRACE(extra.empty() ? "SwiGLU, full RoPE" : fmt::format("{}", fmt::join(extra, " ")));
   std::vector<std::string> overrides{"model.moe_router_topk=8"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());

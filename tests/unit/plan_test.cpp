@@ -50,6 +50,14 @@ TEST(Plan, ModelFlopsAreMegatrons) {
     EXPECT_DOUBLE_EQ(model_spec_from_config(odd).flops_per_token(), model_flops(odd).per_token()) << recipe;
     EXPECT_EQ(model_spec_from_config(odd).vocab, 4000);
   }
+  // Multi-latent attention, with and without the q latent: Megatron's MLA count in both.
+  for (const char* q_lora : {"model.q_lora_rank=64", "model.q_lora_rank=null"}) {
+    const Config c = resolved("deepseek_v3_proxy",
+                              {"model.multi_latent_attention=true", q_lora, "model.kv_lora_rank=32", "model.qk_head_dim=32",
+                               "model.qk_pos_emb_head_dim=16", "model.v_head_dim=32", "target.num_gpus=16",
+                               "train.global_batch_size=64"});
+    EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << q_lora;
+  }
 }
 
 // Each stage's layers as the config places them: the layout's, uneven, or counting the embedding.

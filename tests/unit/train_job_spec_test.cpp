@@ -222,6 +222,47 @@ TEST(JobSpec, ActivationFromABridgeDump) {
   EXPECT_NE(unknown.find("got 'mish'"), std::string::npos) << unknown;
 }
 
+// Multi-latent attention with DeepSeek-V3's numbers: a key and value per head, head_dim = qk_head_dim
+// + qk_pos_emb_head_dim, YaRN over the latter with its concentration factor (1 where mscale =
+// mscale_all_dim), and the softmax scaled by mscale(40, mscale_all_dim)^2 / sqrt(192).
+TEST(JobSpec, MultiLatentAttentionFromTheConfig) {
+  const std::vector<std::string> dsv3{"model.multi_latent_attention=true", "model.q_lora_rank=1536",
+                                      "model.kv_lora_rank=512",           "model.qk_head_dim=128",
+                                      "model.qk_pos_emb_head_dim=64",     "model.v_head_dim=128",
+                                      "model.qk_layernorm=true"};
+  const auto with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> o = dsv3;
+    o.insert(o.end(), extra.begin(), extra.end());
+    return model_spec_from_config(resolved(o)).attention;
+  };
+  const double m40 = 0.1 * std::log(40.0) + 1;  // _yarn_get_mscale(40, 1)
+  const AttentionSpec a = with({"model.mscale=1.0", "model.mscale_all_dim=1.0"});
+  ASSERT_TRUE(a.mla);
+  EXPECT_EQ(a.mla->q_lora_rank, 1536);
+  EXPECT_EQ(a.groups, a.heads);
+  EXPECT_EQ(a.head_dim, 192);
+  EXPECT_EQ(a.value_dim(), 128);
+  EXPECT_EQ(a.rope_dim, 64);
+  ASSERT_TRUE(a.yarn);
+  EXPECT_EQ(a.yarn->factor, 40);
+  EXPECT_EQ(a.yarn->original_max_positions, 4096);
+  EXPECT_TRUE(a.yarn->round_to_int);
+  EXPECT_EQ(a.rope_concentration, 1.0);
+  EXPECT_FLOAT_EQ(*a.softmax_scale, static_cast<float>(m40 * m40 / std::sqrt(192.0)));
+  EXPECT_FALSE(a.qkv_bias);
+  // MLATransformerConfig's defaults (mscale 1, mscale_all_dim 0): cos and sin times mscale(40, 1), the
+  // logits at 1/sqrt(192); plain RoPE has no YaRN.
+  const AttentionSpec defaults = with({});
+  EXPECT_DOUBLE_EQ(defaults.rope_concentration, m40);
+  EXPECT_FLOAT_EQ(*defaults.softmax_scale, static_cast<float>(1 / std::sqrt(192.0)));
+  EXPECT_FALSE(with({"model.rope_type=rope"}).yarn);
+  EXPECT_NE(error_of([&] { with({"model.qk_pos_emb_head_dim=63"}); }).find("model.qk_pos_emb_head_dim=63"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { with({"model.rotary_percent=0.5"}); }).find("model.rotary_percent=0.5"), std::string::npos);
+  EXPECT_NE(error_of([&] { with({"model.rotary_scaling_factor=0.0"}); }).find("model.rotary_scaling_factor=0"),
+            std::string::npos);
+}
+
 // gated_linear_unit=false (Megatron's default MLP) is modelled: fc1 is F wide, and the clamp and
 // offset that only glu() reads are dropped as Megatron drops them; TE's ops for it are refused.
 TEST(JobSpec, UngatedMlpFromABridgeDump) {

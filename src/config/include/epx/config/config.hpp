@@ -146,6 +146,13 @@ struct ModelConfig {
   Int qk_head_dim = 128;
   Int qk_pos_emb_head_dim = 64;
   Int v_head_dim = 128;
+  // MLA's RoPE over the qk_pos_emb_head_dim channels, with MLATransformerConfig's names and
+  // defaults (read only with multi_latent_attention): rope, or YaRN with these fields; the softmax
+  // is scaled by YaRN's mscale(rotary_scaling_factor, mscale_all_dim) squared either way.
+  std::string rope_type = "yarn";
+  double rotary_scaling_factor = 40;
+  Int original_max_position_embeddings = 4096;
+  double beta_fast = 32, beta_slow = 1, mscale = 1.0, mscale_all_dim = 0.0;
 
   // Mixture of experts.
   OptInt num_moe_experts;

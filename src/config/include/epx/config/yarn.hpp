@@ -11,10 +11,13 @@
 
 namespace epx {
 
+// Megatron-Core's _yarn_get_mscale: 0.1 m ln(s) + 1 for s > 1, else 1. MLA scales its softmax by
+// its square at m = mscale_all_dim.
+inline double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
 inline double yarn_concentration(double factor, std::optional<double> mscale, std::optional<double> mscale_all_dim) {
-  const auto get = [factor](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
-  if (!mscale || !mscale_all_dim) return get(1);
-  return get(*mscale) / get(*mscale_all_dim);
+  if (!mscale || !mscale_all_dim) return yarn_mscale(factor, 1);
+  return yarn_mscale(factor, *mscale) / yarn_mscale(factor, *mscale_all_dim);
 }
 
 // A factor the FP32 rotary table can hold, and that leaves the rotation non-zero.

@@ -82,25 +82,27 @@ struct CausalAttentionMask {
 };
 
 // One head's causal softmax(q k^T * scale) v in query blocks of `block` rows, never S x S (each
-// block's scores are a [block, keys it sees] strip). q, k, v [seq, d] row-major, F32 or BF16
-// (std::uint16_t; BF16 GEMMs with FP32 accumulation, as flash attention); out [seq, d] F32; lse
-// [seq] gets each row's log-sum-exp of the scaled scores (and the sink), which the backward needs.
+// block's scores are a [block, keys it sees] strip). q, k [seq, d] and v [seq, d_v] row-major
+// (d_v = d but for MLA's value heads), F32 or BF16 (std::uint16_t; BF16 GEMMs with FP32
+// accumulation, as flash attention); out [seq, d_v] F32; lse [seq] gets each row's log-sum-exp of
+// the scaled scores (and the sink), which the backward needs.
 void causal_attention_forward(const float* q, const float* k, const float* v, std::int64_t seq, std::int64_t d,
-                              float scale, float* out, float* lse, const CausalAttentionMask& mask = {},
-                              std::int64_t block = 128);
+                              std::int64_t d_v, float scale, float* out, float* lse,
+                              const CausalAttentionMask& mask = {}, std::int64_t block = 128);
 void causal_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, std::int64_t seq,
-                              std::int64_t d, float scale, float* out, float* lse, const CausalAttentionMask& mask = {},
-                              std::int64_t block = 128);
-// From dout [seq, d] (the dtype of q, k, v) and delta [seq] = rowsum(dout * out): dq [seq, d] F32
-// is written, dk and dv [seq, d] F32 are accumulated into (query heads that share a key/value
-// group add up).
+                              std::int64_t d, std::int64_t d_v, float scale, float* out, float* lse,
+                              const CausalAttentionMask& mask = {}, std::int64_t block = 128);
+// From dout [seq, d_v] (the dtype of q, k, v) and delta [seq] = rowsum(dout * out): dq [seq, d]
+// F32 is written, dk [seq, d] and dv [seq, d_v] F32 are accumulated into (query heads that share a
+// key/value group add up).
 void causal_attention_backward(const float* q, const float* k, const float* v, const float* lse, const float* delta,
-                               const float* dout, std::int64_t seq, std::int64_t d, float scale, float* dq, float* dk,
-                               float* dv, const CausalAttentionMask& mask = {}, std::int64_t block = 128);
+                               const float* dout, std::int64_t seq, std::int64_t d, std::int64_t d_v, float scale,
+                               float* dq, float* dk, float* dv, const CausalAttentionMask& mask = {},
+                               std::int64_t block = 128);
 void causal_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v, const float* lse,
                                const float* delta, const std::uint16_t* dout, std::int64_t seq, std::int64_t d,
-                               float scale, float* dq, float* dk, float* dv, const CausalAttentionMask& mask = {},
-                               std::int64_t block = 128);
+                               std::int64_t d_v, float scale, float* dq, float* dk, float* dv,
+                               const CausalAttentionMask& mask = {}, std::int64_t block = 128);
 // The gradient of one head's sink logit from its rows' lse and delta: the sink has no value, so
 // d loss / d sink = -sum_i P_sink,i delta_i with P_sink,i = exp(sink - lse_i).
 double attention_sink_grad(const float* lse, const float* delta, std::int64_t seq, float sink);

@@ -12,6 +12,9 @@
 // Linear layers run in the compute dtype with FP32 accumulation; so do the core attention's GEMMs
 // (BF16 operands for a BF16 model, as flash attention), its softmax is FP32.
 // Tokens are in Megatron's [S, B] order. dgrad and wgrad are separate calls.
+// With multi-latent attention (DeepSeek's; MlaSpec, src/model/mla.cpp) the projections into q, k
+// and v are MLA's and every head has its own key and value; the core attention and linear_proj
+// are the same.
 #pragma once
 
 #include <cmath>
@@ -32,6 +35,17 @@ struct CausalAttentionMask;  // epx/kernels/kernels.hpp
 // logit per head (GPT-OSS).
 enum class AttentionSoftmax { vanilla, off_by_one, learnable };
 
+// Megatron-Core's MLASelfAttention: q from x (linear_q_proj) or through a q_lora_rank latent
+// (linear_q_down_proj, q_layernorm, linear_q_up_proj); k and v from a kv_lora_rank latent
+// (linear_kv_down_proj, whose last pe_dim outputs are the one RoPE key k_pe all heads share,
+// kv_layernorm, linear_kv_up_proj). A head's query and key are [qk_head_dim | pe_dim RoPE]
+// (head_dim = their sum, rope_dim = pe_dim, rotated after MLA's de-interleave), its value
+// v_head_dim wide. The latents' norms exist with qk_norm (qk_layernorm), as Megatron builds them.
+struct MlaSpec {
+  std::int64_t q_lora_rank = 0;  // 0: linear_q_proj from x
+  std::int64_t kv_lora_rank = 0, qk_head_dim = 0, pe_dim = 0, v_head_dim = 0;
+};
+
 struct AttentionSpec {
   std::int64_t hidden = 0, heads = 0, groups = 0, head_dim = 0;
   bool qk_norm = false;
@@ -51,6 +65,9 @@ struct AttentionSpec {
   std::int64_t window = -1;
   AttentionSoftmax softmax = AttentionSoftmax::vanilla;
   DType dtype = DType::F32;
+  std::optional<MlaSpec> mla = std::nullopt;  // groups = heads
+
+  std::int64_t value_dim() const { return mla ? mla->v_head_dim : head_dim; }
 };
 
 class SelfAttention {
@@ -61,12 +78,15 @@ class SelfAttention {
   struct Context {
     std::int64_t seq = 0, batch = 0;
     Tensor x;                 // [T, H] input (the linear_qkv wgrad reads it)
-    Tensor q_raw, k_raw;      // [T, heads|groups, d] F32 before QK-norm
-    Tensor q_rstd, k_rstd;    // QK-norm's 1/rms per row
-    Tensor q, k, v;           // [B, heads|groups, S, d] after norm and RoPE, in the compute dtype
+    Tensor q_raw, k_raw;      // [T, heads|groups, d] F32 before QK-norm; MLA: the q and kv latents
+    Tensor q_rstd, k_rstd;    // QK-norm's 1/rms per row; MLA: the latents' norms'
+    Tensor q, k, v;           // [B, heads|groups, S, d (v: value_dim)] after norm and RoPE, in the compute dtype
     Tensor lse;               // [B, heads, S] F32: each query row's log-sum-exp
-    Tensor o;                 // [T, heads * d] compute dtype (linear_proj's input)
+    Tensor o;                 // [T, heads * value_dim] compute dtype (linear_proj's input)
     Tensor dy, dqkv;          // kept by dgrad for wgrad
+    // MLA: the normalised latents (the up projections' inputs), and the gradients of the up and
+    // down projections' outputs, for wgrad; all in the compute dtype.
+    Tensor q_latent, kv_latent, dq_up, dkv_up, dq_down, dkv_down;
   };
 
   // x [S * B, H] in the compute dtype. The core attention keeps only its inputs, its output and
@@ -87,12 +107,23 @@ class SelfAttention {
   }
 
   Param linear_qkv, linear_proj, q_layernorm, k_layernorm;
+  // MLA's projections and latent norm (empty otherwise); q_layernorm is the q latent's norm there.
+  // linear_q_up_proj is linear_q_proj without a q latent.
+  Param linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj, kv_layernorm;
   // The learned sink logit per head (softmax_type learnable; FP32 like the norms' gammas).
   Param softmax_offset;
   Param linear_qkv_bias, linear_proj_bias;  // empty without biases
 
  private:
   CausalAttentionMask mask(std::int64_t head) const;  // the window and the sink of query head `head`
+  // The projections into ctx.q, ctx.k, ctx.v ([B, heads|groups, S, d or value_dim] F32), and back
+  // from their gradients to dx (with the norms' weight gradients); wgrad the projections'. GQA's
+  // here, MLA's in src/model/mla.cpp.
+  void gqa_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
+  Tensor gqa_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+  void mla_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
+  Tensor mla_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+  void mla_wgrad(Context& ctx);
 
   AttentionSpec spec_;
 };
