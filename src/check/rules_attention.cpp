@@ -2,8 +2,8 @@
 // sliding window (check_set_window_size), what YaRN RoPE needs set and its concentration factor,
 // which backend takes sinks or a window under context parallelism (and the TE that has sinks),
 // a2a's heads over the CP ranks,
-// cp_comm_type's per-layer list and a2a+p2p's hierarchical sizes, and what Megatron-Core's is_layer_window_attention needs of
-// window_attn_skip_freq.
+// cp_comm_type's per-layer list and a2a+p2p's hierarchical sizes, what Megatron-Core's
+// is_layer_window_attention needs of window_attn_skip_freq, and MLA's own RoPE.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -231,6 +231,16 @@ void add_attention_rules(RuleTable& add) {
                        "CP implementation a2a+p2p requires cp_group = [a2a_cp_group, p2p_cp_group]! "
                        "(Megatron builds one group per level of hierarchical_context_parallel_sizes)",
                        levels);
+      });
+  add("model.mla_position_embedding", E, {"model.multi_latent_attention", "model.position_embedding_type"},
+      "Megatron-Bridge models/conversion/model_bridge.py; Megatron-Core multi_latent_attention.py",
+      "MLA builds its own RoPE (rope_type); GPTModel's YaRN table would reach it, which it asserts against",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.multi_latent_attention && m.position_embedding_type == "yarn",
+                       "position_embedding_type='yarn' is not a valid MLA config value (MLA's forward asserts "
+                       "rotary_pos_emb is None); MLA's RoPE kind is rope_type",
+                       "model.position_embedding_type=rope model.rope_type=yarn");
       });
   add("model.sink_te_version", E, {"model.softmax_type", "target.te_version"}, "Megatron-Core extensions/transformer_engine.py",
       "attention sinks (softmax_type off-by-one or learnable) need Transformer Engine 2.8", [](const CheckContext& c) {

@@ -65,7 +65,9 @@ void add_model_rules(RuleTable& add) {
       "rotary embeddings rotate pairs: an odd RoPE dim fits only below the head dimension", [](const CheckContext& c) {
         const auto& m = c.cfg.model;
         const bool yarn = m.position_embedding_type == "yarn";
-        if ((m.position_embedding_type != "rope" && !yarn) || m.num_attention_heads < 1) return pass();
+        // MLA rotates whatever position_embedding_type says.
+        if ((m.position_embedding_type != "rope" && !yarn && !m.multi_latent_attention) || m.num_attention_heads < 1)
+          return pass();
         // MLA rotates its own qk_pos_emb_head_dim channels; otherwise int(kv_channels * rotary_percent),
         // rounded up to pairs: an odd one fits below the head dimension, not at it. YaRN rotates
         // kv_channels whatever the share.

@@ -146,7 +146,7 @@ std::string calibrate_cpu(const Config& config, Communicator& world) {
     bandwidth = 2.0 * static_cast<double>(src.size()) / copy_s;  // read + write
 
     // The blocked attention kernel at the model's shape and compute dtype, one head, forward and
-    // backward, at Megatron's causal FLOP count (6 S^2 d).
+    // backward, at Megatron's causal FLOP count (3 S^2 (d + d_v): 6 S^2 d where values are as wide as keys).
     const std::int64_t S = spec.seq_length, d = spec.attention.head_dim, d_v = spec.attention.value_dim();
     const DType dtype = spec.attention.dtype;
     const Tensor q = random_normal({S, d}, dtype, 1, 3), k = random_normal({S, d}, dtype, 1, 4),

@@ -52,6 +52,8 @@ void refuse_unmodelled_math(const Config& c) {
       {"experimental_attention_variant", none, "epx's layers are softmax attention only"},
       {"moe_latent_size", none, "epx dispatches tokens at the hidden width (no latent projection)"},
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
+      {"rotary_interleaved", is_false, "epx's RoPE rotates halves, not interleaved pairs"},
+      {"qk_l2_norm", is_false, "epx's QK-norm is an RMSNorm, not an L2 norm"},
       // Megatron's default is 0.1; Bridge's providers set 0.0, as MoE pretraining runs without it.
       {"hidden_dropout", zero, "epx trains without dropout (set it to 0.0)"},
       {"attention_dropout", zero, "epx trains without dropout (set it to 0.0)"},
@@ -339,20 +341,28 @@ void mla_attention_from_config(const Config& c, AttentionSpec& a) {
   if (m.qk_pos_emb_head_dim < 2 || m.qk_pos_emb_head_dim % 2 != 0)
     bad(c, "model.qk_pos_emb_head_dim", std::to_string(m.qk_pos_emb_head_dim),
         "MLA rotates its RoPE channels in pairs; set an even number, at least 2 (DeepSeek-V3: 64)");
-  if (m.rotary_percent != 1.0)
+  if (m.position_embedding_type == "yarn")  // GPTModel's YaRN table would reach MLA, which asserts it gets none
+    bad(c, "model.position_embedding_type", "yarn",
+        "[model.mla_position_embedding] position_embedding_type='yarn' is not a valid MLA config value: MLA builds its "
+        "own RoPE from rope_type; set model.position_embedding_type=rope and model.rope_type=yarn");
+  if (m.qk_layernorm && !m.q_lora_rank)  // Megatron-Core since #4452: a fused RMSNorm on x before linear_q_proj
+    bad(c, "model.qk_layernorm", "true",
+        "with q_lora_rank None, Megatron-Core's MLA normalises the query's input through Transformer Engine's fused "
+        "layernorm-linear, which epx does not model; set model.q_lora_rank, or model.qk_layernorm=false");
+  if (m.rope_type == "rope" && m.rotary_percent != 1.0)  // YaRN's MLA table ignores rotary_percent
     bad(c, "model.rotary_percent", fmt::format("{}", m.rotary_percent),
         "epx's MLA rotates every qk_pos_emb_head_dim channel; set model.rotary_percent=1.0");
   a.mla = MlaSpec{m.q_lora_rank.value_or(0), m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim};
   a.groups = a.heads;
   a.head_dim = m.qk_head_dim + m.qk_pos_emb_head_dim;
-  a.rope = true;  // MLA builds its rotary embedding whatever position_embedding_type says
+  a.rope = true;  // MLA builds its own rotary embedding, from rope_type
   a.rope_dim = m.qk_pos_emb_head_dim;
   const auto factor_fits = [&](const char* field, double v) {
     if (!(v > 0) || !std::isfinite(v))
       bad(c, field, fmt::format("{}", v), "YaRN takes the logarithm of it and divides by it; set a positive number");
   };
-  factor_fits("model.rotary_scaling_factor", m.rotary_scaling_factor);
   if (m.rope_type == "yarn") {
+    factor_fits("model.rotary_scaling_factor", m.rotary_scaling_factor);
     factor_fits("model.beta_fast", m.beta_fast);
     factor_fits("model.beta_slow", m.beta_slow);
     positive("model.original_max_position_embeddings", m.original_max_position_embeddings);

@@ -223,6 +223,8 @@ const std::vector<Case>& cases() {
       {"model.window_context_parallel",
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4"},
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=allgather"}},
+      {"model.mla_position_embedding", {"model.multi_latent_attention=true", "model.position_embedding_type=yarn"},
+       {"model.multi_latent_attention=true", "model.position_embedding_type=rope"}},
       {"model.cp_a2a_heads",  // the base: 4 heads, 2 groups
        {"model.context_parallel_size=4", "target.num_gpus=8", "model.cp_comm_type=a2a"},
        {"model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=a2a"}},

@@ -258,9 +258,17 @@ TEST(JobSpec, MultiLatentAttentionFromTheConfig) {
   EXPECT_FALSE(with({"model.rope_type=rope"}).yarn);
   EXPECT_NE(error_of([&] { with({"model.qk_pos_emb_head_dim=63"}); }).find("model.qk_pos_emb_head_dim=63"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { with({"model.rotary_percent=0.5"}); }).find("model.rotary_percent=0.5"), std::string::npos);
   EXPECT_NE(error_of([&] { with({"model.rotary_scaling_factor=0.0"}); }).find("model.rotary_scaling_factor=0"),
             std::string::npos);
+  EXPECT_FALSE(with({"model.rope_type=rope", "model.rotary_scaling_factor=0.0"}).yarn);  // read by YaRN alone
+  EXPECT_TRUE(with({"model.rotary_percent=0.5"}).yarn);  // YaRN's MLA table ignores it; plain RoPE's would not
+  EXPECT_NE(error_of([&] { with({"model.rope_type=rope", "model.rotary_percent=0.5"}); }).find("model.rotary_percent=0.5"),
+            std::string::npos);
+  // Megatron's MLA asserts GPTModel hands it no YaRN table; with no q latent it norms x through TE.
+  EXPECT_NE(error_of([&] { with({"model.position_embedding_type=yarn"}); }).find("[model.mla_position_embedding]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { with({"model.q_lora_rank=null"}); }).find("model.qk_layernorm=true"), std::string::npos);
+  EXPECT_FALSE(with({"model.q_lora_rank=null", "model.qk_layernorm=false"}).mla->q_lora_rank);
 }
 
 // gated_linear_unit=false (Megatron's default MLP) is modelled: fc1 is F wide, and the clamp and

@@ -56,7 +56,7 @@ struct AttentionSpec {
   // RoPE's dim (Megatron's int(kv_channels * rotary_percent)): the first 2 ceil(dim / 2) channels
   // of each head rotate, the rest pass through. 0: head_dim.
   std::int64_t rope_dim = 0;
-  std::optional<YarnSpec> yarn = std::nullopt;  // YaRN's frequencies (epx/model/rope.hpp); rope_dim = head_dim
+  std::optional<YarnSpec> yarn = std::nullopt;  // YaRN's frequencies (epx/model/rope.hpp); rope_dim = head_dim (MLA: pe_dim)
   double rope_concentration = 1;  // cos and sin times YaRN's concentration factor, where the config sets one
   bool zero_centered_gamma = false;  // QK-norm's gain is 1 + its weight (epx/model/norm_gain.hpp)
   std::optional<float> softmax_scale = std::nullopt;  // the logits' scale; none: 1 / sqrt(head_dim), Megatron's default

@@ -3,11 +3,12 @@
 // rotate the first 2n channels of a head: for i < n and a = pos * f_i,
 //   (x_i, x_{i+n}) -> m * (x_i cos a - x_{i+n} sin a, x_{i+n} cos a + x_i sin a),
 // the rest pass through. Plain: Megatron's dim r (head_dim, or int(head_dim * rotary_percent)),
-// n = ceil(r / 2), f_i = base^(-2i/r), m = 1. YaRN: r = head_dim (rotary_percent is not read),
-// f_i blends base^(-2i/r) (extrapolation) into it over the factor (interpolation) on a linear ramp
-// between the dims where beta_fast and beta_slow rotations fit the original context. m is YaRN's
-// concentration factor wherever yarn_rotary_scaling_factor is set: Megatron's attention
-// multiplies cos and sin, for q and k, by it (with Bridge's patch, under plain RoPE too).
+// n = ceil(r / 2), f_i = base^(-2i/r), m = 1. YaRN: r = head_dim (MLA: qk_pos_emb_head_dim;
+// rotary_percent is not read), f_i blends base^(-2i/r) (extrapolation) into it over the factor
+// (interpolation) on a linear ramp between the dims where beta_fast and beta_slow rotations fit the
+// original context. m is YaRN's concentration factor wherever yarn_rotary_scaling_factor is set:
+// Megatron's attention multiplies cos and sin, for q and k, by it (with Bridge's patch, under plain
+// RoPE too); MLA's is its YaRN's (mscale over mscale_all_dim).
 #pragma once
 
 #include <cstdint>
