@@ -42,6 +42,18 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
+// A Case's `prepare` that draws the layer's biases away from Megatron's zeros, so that they matter.
+std::function<void(MoELayer&)> draw_biases(std::uint64_t first_seed) {
+  return [first_seed](MoELayer& l) {
+    std::uint64_t seed = first_seed;
+    for (Param* p : l.params())
+      if (p->bias) {
+        p->master.copy_from(randn(p->master.shape(), seed++, 0.5));
+        p->refresh();
+      }
+  };
+}
+
 class LayerGradient : public ::testing::TestWithParam<Case> {};
 
 // With `losses_only`, the output gradient is zero, so the check sees the aux and z losses alone
@@ -165,26 +177,12 @@ INSTANTIATE_TEST_SUITE_P(
                s.bias = true;
                s.shared_ffn = 0;
              },
-             [](MoELayer& l) {
-               std::uint64_t seed = 80;
-               for (Param* p : l.params())
-                 if (p->bias) {
-                   p->master.copy_from(randn(p->master.shape(), seed++, 0.5));
-                   p->refresh();
-                 }
-             }},
+             draw_biases(80)},
         Case{"capacity_drop", [](MoESpec& s) { s.capacity_factor = 0.5; }},
         // add_bias_linear: fc1's and fc2's biases, fc2's scaled by the probability (its gradient
         // reaches the router); drawn away from Megatron's zeros so that they matter.
         Case{"linear_biases", [](MoESpec& s) { s.bias = true; s.shared_ffn = 0; },
-             [](MoELayer& l) {
-               std::uint64_t seed = 70;
-               for (Param* p : l.params())
-                 if (p->bias) {
-                   p->master.copy_from(randn(p->master.shape(), seed++, 0.5));
-                   p->refresh();
-                 }
-             }},
+             draw_biases(70)},
         // The bias steers selection only: expert 0 gets no tokens, expert 1 nearly all.
         Case{"expert_with_zero_tokens",
              [](MoESpec& s) {
