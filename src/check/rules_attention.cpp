@@ -3,7 +3,7 @@
 // which backend takes sinks or a window under context parallelism (and the TE that has sinks),
 // a2a's heads over the CP ranks,
 // cp_comm_type's per-layer list and a2a+p2p's hierarchical sizes, what Megatron-Core's
-// is_layer_window_attention needs of window_attn_skip_freq, and MLA's own RoPE.
+// is_layer_window_attention needs of window_attn_skip_freq, and MLA's own RoPE and its YaRN's fields.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -241,6 +241,44 @@ void add_attention_rules(RuleTable& add) {
                        "position_embedding_type='yarn' is not a valid MLA config value (MLA's forward asserts "
                        "rotary_pos_emb is None); MLA's RoPE kind is rope_type",
                        "model.position_embedding_type=rope model.rope_type=yarn");
+      });
+  add("model.mla_yarn_fields", E,
+      {"model.multi_latent_attention", "model.qk_pos_emb_head_dim", "model.rope_type", "model.rotary_scaling_factor",
+       "model.original_max_position_embeddings", "model.beta_fast", "model.beta_slow", "model.mscale",
+       "model.mscale_all_dim", "model.rotary_base"},
+      "Megatron-Core transformer/multi_latent_attention.py, models/common/embeddings/yarn_rotary_pos_embedding.py",
+      "MLA rotates qk_pos_emb_head_dim channels; its YaRN takes logarithms of a positive factor, original context and "
+      "betas and of a base above 1, and its mscales must leave cos, sin and the logits' scale finite",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.multi_latent_attention) return pass();
+        if (m.qk_pos_emb_head_dim < 1)  // an odd count is model.rope_even_head_dim's
+          return fail(fmt::format("qk_pos_emb_head_dim={}: MLA's RoPE has no channels to rotate", m.qk_pos_emb_head_dim),
+                      "model.qk_pos_emb_head_dim=64");
+        if (m.rope_type != "yarn") return pass();
+        const std::vector<std::tuple<std::string, double, std::string>> fields{
+            {"model.rotary_scaling_factor", m.rotary_scaling_factor, "40.0"},
+            {"model.original_max_position_embeddings", static_cast<double>(m.original_max_position_embeddings), "4096"},
+            {"model.beta_fast", m.beta_fast, "32.0"},
+            {"model.beta_slow", m.beta_slow, "1.0"}};
+        for (const auto& [field, value, fix] : fields)
+          if (!(value > 0) || !std::isfinite(value))
+            return fail(fmt::format("{}={}: YaRN takes the logarithm of it or divides by it when the model is built",
+                                    field, value),
+                        field + "=" + fix);
+        if (m.rotary_base.values.front() <= 1)
+          return fail(fmt::format("rotary_base={}: YaRN divides by log(base) when the model is built",
+                                  m.rotary_base.values.front()),
+                      "model.rotary_base=10000");
+        const double concentration = yarn_concentration(m.rotary_scaling_factor, m.mscale, m.mscale_all_dim);
+        const double mscale = yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim);
+        const double scale = mscale * mscale / std::sqrt(static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim));
+        return fail_if(!yarn_concentration_fits(concentration) || !(scale > 0) || scale > 3.4e38,
+                       fmt::format("mscale={} and mscale_all_dim={} give YaRN's concentration factor {:g} (cos and "
+                                   "sin are multiplied by it) and a softmax scale of {:g}: both must be non-zero and "
+                                   "within FP32's range",
+                                   m.mscale, m.mscale_all_dim, concentration, scale),
+                       "model.mscale=1.0 model.mscale_all_dim=1.0");
       });
   add("model.sink_te_version", E, {"model.softmax_type", "target.te_version"}, "Megatron-Core extensions/transformer_engine.py",
       "attention sinks (softmax_type off-by-one or learnable) need Transformer Engine 2.8", [](const CheckContext& c) {

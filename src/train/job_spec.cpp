@@ -332,7 +332,7 @@ MoESpec moe_spec_from_config(const Config& c) {
 void mla_attention_from_config(const Config& c, AttentionSpec& a) {
   const ModelConfig& m = c.model;
   const auto positive = [&](const char* field, Int v) {
-    if (v < 1) bad(c, field, std::to_string(v), "multi-latent attention needs it positive");
+    if (v < 1) bad(c, field, std::to_string(v), "multi-latent attention needs it positive; set a positive size");
   };
   if (m.q_lora_rank) positive("model.q_lora_rank", *m.q_lora_rank);
   positive("model.kv_lora_rank", m.kv_lora_rank);
@@ -340,7 +340,7 @@ void mla_attention_from_config(const Config& c, AttentionSpec& a) {
   positive("model.v_head_dim", m.v_head_dim);
   if (m.qk_pos_emb_head_dim < 2 || m.qk_pos_emb_head_dim % 2 != 0)
     bad(c, "model.qk_pos_emb_head_dim", std::to_string(m.qk_pos_emb_head_dim),
-        "MLA rotates its RoPE channels in pairs; set an even number, at least 2 (DeepSeek-V3: 64)");
+        "[model.mla_yarn_fields] MLA rotates its RoPE channels in pairs; set an even number, at least 2 (DeepSeek-V3: 64)");
   if (m.position_embedding_type == "yarn")  // GPTModel's YaRN table would reach MLA, which asserts it gets none
     bad(c, "model.position_embedding_type", "yarn",
         "[model.mla_position_embedding] position_embedding_type='yarn' is not a valid MLA config value: MLA builds its "
@@ -359,7 +359,8 @@ void mla_attention_from_config(const Config& c, AttentionSpec& a) {
   a.rope_dim = m.qk_pos_emb_head_dim;
   const auto factor_fits = [&](const char* field, double v) {
     if (!(v > 0) || !std::isfinite(v))
-      bad(c, field, fmt::format("{}", v), "YaRN takes the logarithm of it and divides by it; set a positive number");
+      bad(c, field, fmt::format("{}", v),
+          "[model.mla_yarn_fields] YaRN takes the logarithm of it and divides by it; set a positive number");
   };
   if (m.rope_type == "yarn") {
     factor_fits("model.rotary_scaling_factor", m.rotary_scaling_factor);

@@ -223,6 +223,12 @@ const std::vector<Case>& cases() {
       {"model.window_context_parallel",
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4"},
        {"model.window_size=[127,0]", "model.context_parallel_size=2", "target.num_gpus=4", "model.cp_comm_type=allgather"}},
+      {"model.mla_yarn_fields", {"model.multi_latent_attention=true", "model.beta_slow=0.0"},
+       {"model.multi_latent_attention=true", "model.beta_slow=0.0", "model.rope_type=rope"}},
+      {"model.mla_yarn_fields", {"model.multi_latent_attention=true", "model.qk_pos_emb_head_dim=0"},
+       {"model.multi_latent_attention=true", "model.qk_pos_emb_head_dim=64"}},
+      {"model.mla_yarn_fields", {"model.multi_latent_attention=true", "model.mscale=1.0e300"},
+       {"model.multi_latent_attention=true", "model.mscale=1.0"}},
       {"model.mla_position_embedding", {"model.multi_latent_attention=true", "model.position_embedding_type=yarn"},
        {"model.multi_latent_attention=true", "model.position_embedding_type=rope"}},
       {"model.cp_a2a_heads",  // the base: 4 heads, 2 groups
