@@ -271,8 +271,8 @@ void add_attention_rules(RuleTable& add) {
                                   m.rotary_base.values.front()),
                       "model.rotary_base=10000");
         const double concentration = yarn_concentration(m.rotary_scaling_factor, m.mscale, m.mscale_all_dim);
-        const double mscale = yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim);
-        const double scale = mscale * mscale / std::sqrt(static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim));
+        const double scale = mla_softmax_scale(m.rotary_scaling_factor, m.mscale_all_dim,
+                                               static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim));
         return fail_if(!yarn_concentration_fits(concentration) || !(scale > 0) || scale > 3.4e38,
                        fmt::format("mscale={} and mscale_all_dim={} give YaRN's concentration factor {:g} (cos and "
                                    "sin are multiplied by it) and a softmax scale of {:g}: both must be non-zero and "

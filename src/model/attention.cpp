@@ -49,17 +49,20 @@ void for_each_group_task(std::int64_t n, F&& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-// The shape of MLA's `which` parameter (empty without MLA, or where the config has none).
-Shape mla_shape(const AttentionSpec& s, const std::string& which) {
-  if (!s.mla) return {0};
+// MLA's parameters' shapes (empty without MLA, or where the config has none).
+struct MlaShapes {
+  Shape q_down{0}, q_up{0}, kv_down{0}, kv_up{0}, q_norm{0}, kv_norm{0};
+};
+MlaShapes mla_shapes(const AttentionSpec& s) {
+  if (!s.mla) return {};
   const MlaSpec& m = *s.mla;
-  const std::int64_t q_in = m.q_lora_rank > 0 ? m.q_lora_rank : s.hidden;
-  if (which == "q_down") return {m.q_lora_rank, m.q_lora_rank > 0 ? s.hidden : 0};
-  if (which == "q_up") return {s.heads * s.head_dim, q_in};
-  if (which == "kv_down") return {m.kv_lora_rank + m.pe_dim, s.hidden};
-  if (which == "kv_up") return {s.heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank};
-  if (which == "q_norm") return {s.qk_norm ? m.q_lora_rank : 0};
-  return {s.qk_norm ? m.kv_lora_rank : 0};  // kv_norm
+  const bool q_latent = m.q_lora_rank > 0;
+  return {{m.q_lora_rank, q_latent ? s.hidden : 0},
+          {s.heads * s.head_dim, q_latent ? m.q_lora_rank : s.hidden},
+          {m.kv_lora_rank + m.pe_dim, s.hidden},
+          {s.heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank},
+          {s.qk_norm ? m.q_lora_rank : 0},
+          {s.qk_norm ? m.kv_lora_rank : 0}};
 }
 
 }  // namespace
@@ -78,14 +81,14 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
     : linear_qkv(prefix + ".linear_qkv.weight",
                  spec.mla ? Shape{0} : Shape{(spec.heads + 2 * spec.groups) * spec.head_dim, spec.hidden}, spec.dtype),
       linear_proj(prefix + ".linear_proj.weight", {spec.hidden, spec.heads * spec.value_dim()}, spec.dtype),
-      q_layernorm(prefix + ".q_layernorm.weight", spec.mla ? mla_shape(spec, "q_norm") : Shape{spec.head_dim}, DType::F32),
+      q_layernorm(prefix + ".q_layernorm.weight", spec.mla ? mla_shapes(spec).q_norm : Shape{spec.head_dim}, DType::F32),
       k_layernorm(prefix + ".k_layernorm.weight", {spec.mla ? 0 : spec.head_dim}, DType::F32),
-      linear_q_down_proj(prefix + ".linear_q_down_proj.weight", mla_shape(spec, "q_down"), spec.dtype),
+      linear_q_down_proj(prefix + ".linear_q_down_proj.weight", mla_shapes(spec).q_down, spec.dtype),
       linear_q_up_proj(prefix + (spec.mla && spec.mla->q_lora_rank == 0 ? ".linear_q_proj.weight" : ".linear_q_up_proj.weight"),
-                       mla_shape(spec, "q_up"), spec.dtype),
-      linear_kv_down_proj(prefix + ".linear_kv_down_proj.weight", mla_shape(spec, "kv_down"), spec.dtype),
-      linear_kv_up_proj(prefix + ".linear_kv_up_proj.weight", mla_shape(spec, "kv_up"), spec.dtype),
-      kv_layernorm(prefix + ".kv_layernorm.weight", mla_shape(spec, "kv_norm"), DType::F32),
+                       mla_shapes(spec).q_up, spec.dtype),
+      linear_kv_down_proj(prefix + ".linear_kv_down_proj.weight", mla_shapes(spec).kv_down, spec.dtype),
+      linear_kv_up_proj(prefix + ".linear_kv_up_proj.weight", mla_shapes(spec).kv_up, spec.dtype),
+      kv_layernorm(prefix + ".kv_layernorm.weight", mla_shapes(spec).kv_norm, DType::F32),
       softmax_offset(prefix + ".core_attention.softmax_offset",
                      {spec.softmax == AttentionSoftmax::learnable ? spec.heads : 0}, DType::F32),
       linear_qkv_bias(prefix + ".linear_qkv.bias", {spec.qkv_bias ? (spec.heads + 2 * spec.groups) * spec.head_dim : 0},
@@ -101,8 +104,8 @@ SelfAttention::SelfAttention(const std::string& prefix, const AttentionSpec& spe
                                             (rope_dim() + 1) / 2 * 2, spec.head_dim));
   if (const auto& m = spec.mla;
       m && (spec.groups != spec.heads || spec.head_dim != m->qk_head_dim + m->pe_dim || m->pe_dim % 2 != 0 ||
-            m->kv_lora_rank < 1 || m->v_head_dim < 1 || m->q_lora_rank < 0 || spec.qkv_bias ||
-            (spec.rope && rope_dim() != m->pe_dim)))
+            m->kv_lora_rank < 1 || m->v_head_dim < 1 || m->q_lora_rank < 0 || spec.qkv_bias || !spec.rope ||
+            rope_dim() != m->pe_dim))
     throw std::invalid_argument(fmt::format("attention: MLA needs a key and value per head, head_dim = qk_head_dim + "
                                             "an even pe_dim that RoPE rotates whole, and no qkv bias (heads {}, groups "
                                             "{}, head_dim {}, pe_dim {})",

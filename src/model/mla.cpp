@@ -85,15 +85,11 @@ void SelfAttention::mla_forward(const Tensor& x, std::int64_t seq, Context& ctx)
   ctx.q = Tensor::uninitialized({B, nh, S, d}, DType::F32);
   ctx.k = Tensor::uninitialized({B, nh, S, d}, DType::F32);
   ctx.v = Tensor::uninitialized({B, nh, S, dv}, DType::F32);
-  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_spec()) : nullptr;
-  // One position's pe channels: de-interleaved, then rotated (or, without RoPE, as they are).
+  const RopeTable& rope = rope_table(S, rope_spec());
+  // One position's pe channels: de-interleaved, then rotated.
   const auto place_pe = [&](const float* in, float* out, std::int64_t s, float* scratch) {
-    if (rope) {
-      deinterleave(in, scratch, pe);
-      rope->rotate(scratch, out, pe, s, false);
-    } else {
-      std::copy_n(in, pe, out);
-    }
+    deinterleave(in, scratch, pe);
+    rope.rotate(scratch, out, pe, s, false);
   };
 #pragma omp parallel
   {
@@ -127,14 +123,10 @@ Tensor SelfAttention::mla_backward(Context& ctx, const Tensor& dq, const Tensor&
   // Back into the up projections' outputs, and k_pe's gradient summed over the heads in order.
   Tensor dq_up = Tensor::uninitialized({T, nh * d}, DType::F32), dkv_up = Tensor::uninitialized({T, nh * kv_width}, DType::F32);
   Tensor d_down = Tensor::uninitialized({T, kvl + pe}, DType::F32);  // [latent | k_pe]; the latent's filled below
-  const RopeTable* rope = spec_.rope ? &rope_table(S, rope_spec()) : nullptr;
+  const RopeTable& rope = rope_table(S, rope_spec());
   const auto unplace_pe = [&](const float* g, float* out, std::int64_t s, float* scratch) {
-    if (rope) {
-      rope->rotate(g, scratch, pe, s, true);
-      interleave(scratch, out, pe);
-    } else {
-      std::copy_n(g, pe, out);
-    }
+    rope.rotate(g, scratch, pe, s, true);
+    interleave(scratch, out, pe);
   };
 #pragma omp parallel
   {

@@ -378,8 +378,7 @@ void mla_attention_from_config(const Config& c, AttentionSpec& a) {
                       "by it; set mscales that give a non-zero factor within FP32's range",
                       a.rope_concentration));
   }
-  const double mscale = yarn_mscale(m.rotary_scaling_factor, m.mscale_all_dim);
-  const double scale = mscale * mscale / std::sqrt(static_cast<double>(a.head_dim));
+  const double scale = mla_softmax_scale(m.rotary_scaling_factor, m.mscale_all_dim, static_cast<double>(a.head_dim));
   if (!(scale > 0) || scale > std::numeric_limits<float>::max())
     bad(c, "model.mscale_all_dim", fmt::format("{}", m.mscale_all_dim),
         fmt::format("MLA scales the logits by mscale(rotary_scaling_factor, mscale_all_dim)^2 / sqrt(head_dim) = {:g}, "

@@ -20,6 +20,13 @@ inline double yarn_concentration(double factor, std::optional<double> mscale, st
   return yarn_mscale(factor, *mscale) / yarn_mscale(factor, *mscale_all_dim);
 }
 
+// MLA's logits' scale (MultiLatentAttention): mscale(factor, mscale_all_dim)^2 / sqrt(head_dim),
+// whatever its rope_type; the runtime and the checker both read it from here.
+inline double mla_softmax_scale(double factor, double mscale_all_dim, double head_dim) {
+  const double m = yarn_mscale(factor, mscale_all_dim);
+  return m * m / std::sqrt(head_dim);
+}
+
 // A factor the FP32 rotary table can hold, and that leaves the rotation non-zero.
 inline bool yarn_concentration_fits(double m) {
   return std::isfinite(m) && m != 0 && std::abs(m) <= std::numeric_limits<float>::max();
