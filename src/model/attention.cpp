@@ -184,6 +184,13 @@ void SelfAttention::gqa_forward(const Tensor& x, std::int64_t seq, Context& ctx)
   if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only QK-norm's backward reads them
 }
 
+void SelfAttention::round_qkv(Context& ctx) const {
+  if (spec_.dtype != DType::BF16) return;  // BF16 operands for the core attention's GEMMs, as flash attention
+  ctx.q = ctx.q.to(DType::BF16);
+  ctx.k = ctx.k.to(DType::BF16);
+  ctx.v = ctx.v.to(DType::BF16);
+}
+
 Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
   const std::int64_t T = x.dim(0), nh = spec_.heads, ng = spec_.groups, d = spec_.head_dim, dv = spec_.value_dim();
   if (x.rank() != 2 || x.dim(1) != spec_.hidden || x.dtype() != spec_.dtype || seq < 1 || T % seq != 0)
@@ -195,11 +202,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
   ctx.x = x;
   if (spec_.mla) mla_forward(x, S, ctx);
   else gqa_forward(x, S, ctx);
-  if (spec_.dtype == DType::BF16) {  // BF16 operands for the core attention's GEMMs, as flash attention
-    ctx.q = ctx.q.to(DType::BF16);
-    ctx.k = ctx.k.to(DType::BF16);
-    ctx.v = ctx.v.to(DType::BF16);
-  }
+  round_qkv(ctx);
 
   // Each (sequence, key/value group) is one task; its query heads run in turn.
   const float scale = softmax_scale();
@@ -220,6 +223,7 @@ Tensor SelfAttention::forward(const Tensor& x, std::int64_t seq, Context& ctx) c
     });
   });
   ctx.o = o32.to(spec_.dtype);
+  if (spec_.mla) mla_release_up(ctx);
   Tensor y = Tensor::uninitialized({T, spec_.hidden}, spec_.proj_bias ? DType::F32 : spec_.dtype);
   gemm(mat(ctx.o), Trans::N, mat(linear_proj.compute), Trans::T, mat_mut(y));
   if (!spec_.proj_bias) return y;
@@ -235,6 +239,10 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   ctx.dy = dy;
   Tensor d_o = Tensor::uninitialized({T, nh * dv}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
+  if (spec_.mla && spec_.recompute_up_proj) {  // mla_up_proj: q, k and v again from the latents
+    mla_up(S, ctx);
+    round_qkv(ctx);
+  }
 
   const float scale = softmax_scale();
   Tensor dq = Tensor::uninitialized({B, nh, S, d}, DType::F32), dk({B, ng, S, d}, DType::F32),

@@ -63,24 +63,38 @@ Tensor denormalise(const Tensor& latent, Param& gamma, bool norm, bool zero_cent
 
 void SelfAttention::mla_forward(const Tensor& x, std::int64_t seq, Context& ctx) const {
   const MlaSpec& m = *spec_.mla;
-  const std::int64_t T = x.dim(0), S = seq, B = T / seq, nh = spec_.heads, d = spec_.head_dim, dv = m.v_head_dim;
-  const std::int64_t nope = m.qk_head_dim, pe = m.pe_dim, kvl = m.kv_lora_rank, kv_width = nope + dv;
+  const std::int64_t T = x.dim(0), pe = m.pe_dim, kvl = m.kv_lora_rank;
+
+  // The down projections: the q latent (where there is one), the kv latent and the raw k_pe.
+  if (m.q_lora_rank > 0) ctx.q_raw = project(x, linear_q_down_proj);
+  const Tensor down = project(x, linear_kv_down_proj);  // [T, kv latent | k_pe]
+  ctx.k_raw = Tensor::uninitialized({T, kvl}, DType::F32);
+  ctx.k_pe = Tensor::uninitialized({T, pe}, DType::F32);
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::copy_n(down.data<float>() + t * (kvl + pe), kvl, ctx.k_raw.data<float>() + t * kvl);
+    std::copy_n(down.data<float>() + t * (kvl + pe) + kvl, pe, ctx.k_pe.data<float>() + t * pe);
+  }
+  ctx.kv_latent = Tensor();  // mla_up normalises it
+  mla_up(seq, ctx);
+  if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only the norms' backward reads them
+}
+
+void SelfAttention::mla_up(std::int64_t seq, Context& ctx) const {
+  const MlaSpec& m = *spec_.mla;
+  const std::int64_t T = ctx.x.dim(0), S = seq, B = T / seq, nh = spec_.heads, d = spec_.head_dim, dv = m.v_head_dim;
+  const std::int64_t nope = m.qk_head_dim, pe = m.pe_dim, kv_width = nope + dv;
   const bool q_latent = m.q_lora_rank > 0;
 
-  // The query's input: x, or its normalised latent.
-  if (q_latent) {
-    ctx.q_raw = project(x, linear_q_down_proj);
-    ctx.q_latent =
-        normalise(ctx.q_raw, q_layernorm, spec_.qk_norm, spec_.zero_centered_gamma, spec_.eps, ctx.q_rstd, spec_.dtype);
+  // The latents' norms (unless the latents are kept), then the up projections.
+  if (!ctx.kv_latent.defined()) {
+    if (q_latent)
+      ctx.q_latent =
+          normalise(ctx.q_raw, q_layernorm, spec_.qk_norm, spec_.zero_centered_gamma, spec_.eps, ctx.q_rstd, spec_.dtype);
+    ctx.kv_latent =
+        normalise(ctx.k_raw, kv_layernorm, spec_.qk_norm, spec_.zero_centered_gamma, spec_.eps, ctx.k_rstd, spec_.dtype);
   }
-  const Tensor q = project(q_latent ? ctx.q_latent : x, linear_q_up_proj);  // [T, heads * d]
-  const Tensor down = project(x, linear_kv_down_proj);                      // [T, kv latent | k_pe]
-  ctx.k_raw = Tensor::uninitialized({T, kvl}, DType::F32);
-  for (std::int64_t t = 0; t < T; ++t) std::copy_n(down.data<float>() + t * (kvl + pe), kvl, ctx.k_raw.data<float>() + t * kvl);
-  ctx.kv_latent =
-      normalise(ctx.k_raw, kv_layernorm, spec_.qk_norm, spec_.zero_centered_gamma, spec_.eps, ctx.k_rstd, spec_.dtype);
-  const Tensor kv = project(ctx.kv_latent, linear_kv_up_proj);  // [T, heads * (nope + v)]
-  if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();          // only the norms' backward reads them
+  const Tensor q = project(q_latent ? ctx.q_latent : ctx.x, linear_q_up_proj);  // [T, heads * d]
+  const Tensor kv = project(ctx.kv_latent, linear_kv_up_proj);                 // [T, heads * (nope + v)]
 
   ctx.q = Tensor::uninitialized({B, nh, S, d}, DType::F32);
   ctx.k = Tensor::uninitialized({B, nh, S, d}, DType::F32);
@@ -97,7 +111,7 @@ void SelfAttention::mla_forward(const Tensor& x, std::int64_t seq, Context& ctx)
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < T; ++t) {
       const std::int64_t s = t / B, b = t % B;
-      place_pe(down.data<float>() + t * (kvl + pe) + kvl, k_pe.data(), s, scratch.data());
+      place_pe(ctx.k_pe.data<float>() + t * pe, k_pe.data(), s, scratch.data());
       for (std::int64_t h = 0; h < nh; ++h) {
         const std::int64_t row = (b * nh + h) * S + s;
         const float* qh = q.data<float>() + (t * nh + h) * d;
@@ -112,6 +126,17 @@ void SelfAttention::mla_forward(const Tensor& x, std::int64_t seq, Context& ctx)
       }
     }
   }
+}
+
+void SelfAttention::mla_release_up(Context& ctx) const {
+  if (!spec_.recompute_up_proj) {
+    ctx.k_pe = Tensor();
+    return;
+  }
+  ctx.q = ctx.k = ctx.v = Tensor();
+  // With the norms, the up projections' inputs are recomputed from the raw latents (as TE's
+  // layernorm-linear reruns whole inside Megatron's checkpoint); without, they are the latents.
+  if (spec_.qk_norm) ctx.q_latent = ctx.kv_latent = ctx.q_rstd = ctx.k_rstd = Tensor();
 }
 
 Tensor SelfAttention::mla_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv_heads) {
@@ -172,7 +197,7 @@ Tensor SelfAttention::mla_backward(Context& ctx, const Tensor& dq, const Tensor&
   } else {
     gemm(mat(ctx.dq_up), Trans::N, mat(linear_q_up_proj.compute), Trans::N, mat_mut(dx), true);
   }
-  ctx.q_raw = ctx.k_raw = ctx.q_rstd = ctx.k_rstd = Tensor();
+  ctx.q_raw = ctx.k_raw = ctx.q_rstd = ctx.k_rstd = ctx.k_pe = Tensor();
   return dx.to(spec_.dtype);
 }
 

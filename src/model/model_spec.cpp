@@ -24,6 +24,7 @@ std::string RecomputeSpec::describe() const {
   if (moe_act) m.push_back("moe_act");
   if (mlp) m.push_back("mlp");
   if (shared_experts) m.push_back("shared_experts");
+  if (mla_up_proj) m.push_back("mla_up_proj");
   return m.empty() ? "none" : fmt::format("selective ({})", fmt::join(m, ", "));
 }
 
@@ -32,6 +33,7 @@ int ModelSpec::num_moe_layers() const { return static_cast<int>(std::count(is_mo
 AttentionSpec ModelSpec::attention_of(int layer) const {
   AttentionSpec a = attention;
   if (static_cast<std::size_t>(layer) >= is_window.size() || !is_window[static_cast<std::size_t>(layer)]) a.window = -1;
+  a.recompute_up_proj = recompute.mla_up_proj && a.mla;
   return a;
 }
 

@@ -24,7 +24,9 @@ struct LayerParams {
 // heads, are Q, K, V and the core attention's output (Megatron's formula counts 4h, MHA's);
 // `latent` are MLA's compressed q and kv and their norms' inputs, from its duplicated
 // down-projections: split over TP by sequence parallelism alone, as the norms are; `rope`, its
-// shared rotary key, gathered whole on every TP rank. `mla_up_proj` recompute drops Q, K and V.
+// shared rotary key, gathered whole on every TP rank. `mla_up_proj` recompute drops Q, K and V,
+// and the normalised latents: Megatron's checkpoint keeps the down projections' outputs and reruns
+// the norms (fused into the up projections' TE layernorm-linear) with them.
 struct AttentionSaved {
   double heads = 0, latent = 0, rope = 0;
 };
@@ -33,7 +35,8 @@ AttentionSaved attention_saved(const ModelConfig& m, bool up_proj_recomputed) {
   if (m.multi_latent_attention) {
     const double qk = n * static_cast<double>(m.qk_head_dim + m.qk_pos_emb_head_dim), v = n * static_cast<double>(m.v_head_dim);
     const double r = static_cast<double>(m.q_lora_rank.value_or(0) + m.kv_lora_rank);
-    return {up_proj_recomputed ? v : 2 * qk + 2 * v, 2 * r, static_cast<double>(m.qk_pos_emb_head_dim)};
+    return {up_proj_recomputed ? v : 2 * qk + 2 * v, up_proj_recomputed ? r : 2 * r,
+            static_cast<double>(m.qk_pos_emb_head_dim)};
   }
   const double d = static_cast<double>(m.kv_channels.value_or(m.hidden_size / std::max<Int>(1, m.num_attention_heads)));
   const double q = d * n, kv = d * static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));

@@ -521,10 +521,15 @@ ModelSpec model_spec_from_config(const Config& c) {
       else if (mod == "moe_act") r.moe_act = true;
       else if (mod == "mlp") r.mlp = true;
       else if (mod == "shared_experts") r.shared_experts = true;
+      else if (mod == "mla_up_proj" && s.attention.mla) r.mla_up_proj = true;
+      else if (mod == "mla_up_proj")
+        bad(c, "model.recompute_modules", mod,
+            "mla_up_proj in recompute_modules is only supported with multi_latent_attention (Megatron's "
+            "TransformerConfig); remove it from the list or set model.multi_latent_attention=true");
       else
         bad(c, "model.recompute_modules", mod,
-            "epx recomputes layernorm, core_attn, moe_act, mlp and shared_experts (moe and "
-            "mla_up_proj are not implemented); remove it from the list");
+            "epx recomputes layernorm, core_attn, moe_act, mlp, shared_experts and mla_up_proj (moe is not "
+            "implemented); remove it from the list");
     }
   } else if (m.recompute_granularity == "full") {
     if (!m.recompute_method || (*m.recompute_method != "uniform" && *m.recompute_method != "block"))

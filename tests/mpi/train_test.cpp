@@ -271,6 +271,13 @@ TEST(Training, MultiLatentAttentionUnderEveryScheduleAndLayout) {
                                    "model.mscale_all_dim=1.0", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
   const std::vector<double> plain = expect_every_schedule_and_layout(o, "MLA");
   EXPECT_NE(plain, losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
+  // mla_up_proj recomputes q, k and v in the backward: the same bits, alone and under EP overlap
+  // with delayed wgrad (where the recomputed latents wait for the deferred wgrad).
+  std::vector<std::string> up = o;
+  up.insert(up.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[layernorm,mla_up_proj]"});
+  EXPECT_EQ(plain, losses(mpi().world(), up)) << "mla_up_proj";
+  up.insert(up.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, losses(mpi().world(), up)) << "mla_up_proj under EP overlap";
 }
 
 // gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in

@@ -560,25 +560,28 @@ TEST(GPTModel, ZeroCentredNormsAreThePlainOnesShiftedByOne) {
       ASSERT_EQ(pp[i]->grad.get(j), zp[i]->grad.get(j)) << pp[i]->name << " " << j;
 }
 
+// One step's loss, gradients and peak memory over its start on a 4-layer tiny model.
+std::pair<double, std::vector<Tensor>> recompute_run(std::vector<std::string> overrides, std::int64_t* peak) {
+  overrides.insert(overrides.end(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.seq_length=32"});
+  const ModelSpec spec = model_spec_from_config(tiny(overrides));
+  GPTModel model = make_model(spec);
+  const Batch b = batch(spec);
+  model.zero_grad();
+  reset_peak_memory();
+  const std::int64_t before = memory_stats().allocated_bytes;
+  GPTModel::Context ctx;
+  const double loss = model.forward(b.tokens, b.targets, ctx);
+  model.backward(ctx, 1.f);
+  *peak = memory_stats().max_allocated_bytes - before;
+  std::vector<Tensor> grads;
+  for (Param* p : model.params()) grads.push_back(p->grad.clone());
+  return std::pair(loss, grads);
+}
+
 // Every recompute mode gives the same loss and gradients as none, bit for bit, and holds less
 // memory at the peak; but core_attn, which has nothing to drop from the blocked attention.
 TEST(GPTModel, RecomputeChangesNothingButMemory) {
-  const auto run = [](std::vector<std::string> overrides, std::int64_t* peak) {
-    overrides.insert(overrides.end(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.seq_length=32"});
-    const ModelSpec spec = model_spec_from_config(tiny(overrides));
-    GPTModel model = make_model(spec);
-    const Batch b = batch(spec);
-    model.zero_grad();
-    reset_peak_memory();
-    const std::int64_t before = memory_stats().allocated_bytes;
-    GPTModel::Context ctx;
-    const double loss = model.forward(b.tokens, b.targets, ctx);
-    model.backward(ctx, 1.f);
-    *peak = memory_stats().max_allocated_bytes - before;
-    std::vector<Tensor> grads;
-    for (Param* p : model.params()) grads.push_back(p->grad.clone());
-    return std::pair(loss, grads);
-  };
+  const auto run = recompute_run;
   std::int64_t base_peak = 0;
   const auto [loss, grads] = run({}, &base_peak);
   const std::vector<std::vector<std::string>> modes = {
@@ -596,6 +599,42 @@ TEST(GPTModel, RecomputeChangesNothingButMemory) {
     if (mode[1] == "model.recompute_modules=[core_attn]") EXPECT_EQ(peak, base_peak);
     else EXPECT_LT(peak, base_peak) << mode[1] << " should lower the peak";
   }
+}
+
+// MLA's mla_up_proj (alone, with the layernorm recompute that drops the q projection's input x,
+// and under full recompute) gives the same bits as none, with and without the q latent and the
+// latents' norms (not the second without the first, which epx refuses), in FP32 and BF16, and
+// lowers the peak: q, k and v wait for the backward.
+TEST(GPTModel, MlaUpProjRecomputeChangesNothingButMemory) {
+  for (const char* q_lora_rank : {"8", "null"})
+    for (const char* norms : {"true", "false"})
+      for (const char* bf16 : {"false", "true"}) {
+        if (q_lora_rank == std::string("null") && norms == std::string("true")) continue;  // refused (job_spec)
+        SCOPED_TRACE(fmt::format("q_lora_rank {} qk_layernorm {} bf16 {}", q_lora_rank, norms, bf16));
+        const std::vector<std::string> mla{"model.multi_latent_attention=true", fmt::format("model.q_lora_rank={}", q_lora_rank),
+                                           "model.kv_lora_rank=8", "model.qk_head_dim=4", "model.qk_pos_emb_head_dim=4",
+                                           "model.v_head_dim=6", fmt::format("model.qk_layernorm={}", norms),
+                                           fmt::format("model.bf16={}", bf16)};
+        const auto with = [&](std::vector<std::string> extra) {
+          extra.insert(extra.begin(), mla.begin(), mla.end());
+          return extra;
+        };
+        std::int64_t base_peak = 0;
+        const auto [loss, grads] = recompute_run(mla, &base_peak);
+        for (const auto& mode : {std::vector<std::string>{"model.recompute_modules=[mla_up_proj]"},
+                                 std::vector<std::string>{"model.recompute_modules=[layernorm,mla_up_proj]"}}) {
+          std::int64_t peak = 0;
+          auto o = with(mode);
+          o.push_back("model.recompute_granularity=selective");
+          const auto [l, g] = recompute_run(o, &peak);
+          EXPECT_EQ(l, loss) << mode[0];
+          for (std::size_t i = 0; i < g.size(); ++i)
+            ASSERT_EQ(0, std::memcmp(g[i].raw(), grads[i].raw(), g[i].nbytes())) << mode[0] << " gradient " << i;
+          EXPECT_LT(peak, base_peak) << mode[0] << " should lower the peak";
+        }
+      }
+  EXPECT_THROW(model_spec_from_config(tiny({"model.recompute_granularity=selective", "model.recompute_modules=[mla_up_proj]"})),
+               ConfigError);
 }
 
 // Megatron decays neither 1-D weights nor `*.bias`: the experts' stacked [G, N] biases (TE's

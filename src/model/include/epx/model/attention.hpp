@@ -66,6 +66,10 @@ struct AttentionSpec {
   AttentionSoftmax softmax = AttentionSoftmax::vanilla;
   DType dtype = DType::F32;
   std::optional<MlaSpec> mla = std::nullopt;  // groups = heads
+  // recompute_modules' mla_up_proj: MLA keeps its latents and raw k_pe instead of q, k and v, and
+  // its backward reruns the latents' norms, the up projections and RoPE (Megatron's
+  // qkv_up_checkpoint).
+  bool recompute_up_proj = false;
 
   std::int64_t value_dim() const { return mla ? mla->v_head_dim : head_dim; }
 };
@@ -87,6 +91,7 @@ class SelfAttention {
     // MLA: the normalised latents (the up projections' inputs), and the gradients of the up and
     // down projections' outputs, for wgrad; all in the compute dtype.
     Tensor q_latent, kv_latent, dq_up, dkv_up, dq_down, dkv_down;
+    Tensor k_pe;  // MLA: [T, pe_dim] F32, the shared rotary key before RoPE (kept for mla_up_proj)
   };
 
   // x [S * B, H] in the compute dtype. The core attention keeps only its inputs, its output and
@@ -122,6 +127,12 @@ class SelfAttention {
   void gqa_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
   Tensor gqa_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);
   void mla_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
+  // MLA from its latents and raw k_pe to ctx.q, ctx.k, ctx.v: the latents' norms where
+  // ctx.kv_latent is not kept, the up projections and RoPE (mla_up_proj reruns it in the
+  // backward); and what the forward drops once the core attention ran.
+  void mla_up(std::int64_t seq, Context& ctx) const;
+  void mla_release_up(Context& ctx) const;
+  void round_qkv(Context& ctx) const;  // q, k, v to the core attention's operand dtype
   Tensor mla_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);
   void mla_wgrad(Context& ctx);
 

@@ -20,7 +20,7 @@ namespace epx {
 // probabilities in every backward and keeps nothing a recompute could drop (attention.hpp), as
 // with flash attention on a GPU.
 struct RecomputeSpec {
-  bool layernorm = false, core_attn = false, moe_act = false, mlp = false, shared_experts = false;
+  bool layernorm = false, core_attn = false, moe_act = false, mlp = false, shared_experts = false, mla_up_proj = false;
   std::string method;  // full recompute: "uniform" or "block"; empty = no full recompute
   int num_layers = 0;  // recompute_num_layers
 
