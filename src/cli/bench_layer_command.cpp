@@ -18,6 +18,7 @@
 #include "epx/tensor/random.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
+#include "layer_check.hpp"
 #include "number_validators.hpp"
 #include "same_job.hpp"
 
@@ -105,6 +106,10 @@ int run_bench_layer(const BenchLayerArgs& args, MpiSession& mpi) {
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
   require_same_job(mpi.world(), dump_yaml(loaded));
+  if (const auto errors = layer_check_errors(loaded, args.config.flags.moe_flex_dispatcher_backend)) {
+    if (mpi.rank() == 0) std::cout << *errors << "epx bench layer: the check found errors; not starting\n" << std::flush;
+    return kExitCheckFailed;
+  }
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const MoESpec spec = moe_spec_from_config(cfg);
   Communicator& world = mpi.world();

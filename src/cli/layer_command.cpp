@@ -17,6 +17,7 @@
 #include "epx/tensor/random.hpp"
 #include "epx/tensor/safetensors.hpp"
 #include "epx/train/job_spec.hpp"
+#include "layer_check.hpp"
 #include "number_validators.hpp"
 #include "same_job.hpp"
 
@@ -80,6 +81,10 @@ int run_layer_command(const LayerArgs& args, MpiSession* mpi) {
   Config loaded = args.config.load();
   if (!loaded.target.gpu) loaded.target.gpu = "cpu";  // epx's own runtime, as epx run
   if (mpi) require_same_job(mpi->world(), dump_yaml(loaded));
+  if (const auto errors = layer_check_errors(loaded, args.config.flags.moe_flex_dispatcher_backend)) {
+    if (!mpi || mpi->rank() == 0) std::cout << *errors << "epx layer: the check found errors; not starting\n" << std::flush;
+    return kExitCheckFailed;
+  }
   const Config cfg = resolve_config(loaded, args.config.flags.moe_flex_dispatcher_backend);
   const MoESpec spec = moe_spec_from_config(cfg);
   const int rank = mpi ? mpi->rank() : 0, world = mpi ? mpi->size() : 1;

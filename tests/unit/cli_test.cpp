@@ -372,9 +372,21 @@ TEST(CliLayer, InitSeedThenReadingTheFilesBackGivesTheSameResult) {
 }
 
 TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
+  // The check's errors on the layer's math stop it first (exit 1, as epx run), before any file is read.
   const Result r = run("layer --config qwen3_30b_a3b_proxy model.moe_router_topk=40 --weights a --input b --out c");
-  EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(has(r, "model.moe_router_topk=40")) << r.out;
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r, "error   moe.topk_range [model.moe_router_topk=40")) << r.out;
+  EXPECT_TRUE(has(r, "epx layer: the check found errors; not starting")) << r.out;
+  // A fused activation Megatron refuses (the experts fuse SwiGLU and quick-GEGLU only) is refused,
+  // not computed unfused; bench layer the same.
+  const std::string fused = " qwen3_30b_a3b_proxy model.bias_activation_fusion=true model.activation_func=gelu "
+                            "model.gated_linear_unit=false";
+  for (const std::string command : {"layer" + fused + " --weights a --input b --out c", "bench layer" + fused}) {
+    const Result f = run(command);
+    EXPECT_EQ(f.code, 1) << command << f.out;
+    EXPECT_TRUE(has(f, "error   model.fused_activation_module")) << f.out;
+    EXPECT_TRUE(has(f, "the check found errors; not starting")) << f.out;
+  }
   // One process takes every expert, but the layer has no TP, CP or PP on any number of ranks.
   for (const auto& [flag, field] : {std::pair{"-tp 2", "model.tensor_model_parallel_size=2"},
                                     std::pair{"-cp 2", "model.context_parallel_size=2"},
