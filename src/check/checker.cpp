@@ -190,7 +190,12 @@ std::string value_text(const Config& cfg, const std::string& key) {
     auto it = cfg.env_vars.find(key.substr(9));
     return it == cfg.env_vars.end() ? "unset" : it->second;
   }
-  return field_text(cfg, key);
+  if (find_field(key)) return field_text(cfg, key);
+  // A field a Bridge dump keeps without epx modelling it (a rule may read one).
+  const auto dot = key.find('.');
+  const YAML::Node n = cfg.extra_fields.child_map(key.substr(0, dot))[key.substr(dot + 1)];
+  if (!n.IsDefined()) return "unset";
+  return n.IsNull() ? "null" : YAML::Dump(n);
 }
 
 int severity_rank(Severity s) { return static_cast<int>(s); }

@@ -365,6 +365,20 @@ void add_model_rules(RuleTable& add) {
                        "(e.g., package.module.quantizer_factory) via --fp8-quantizer-factory.",
                        "model.fp8_recipe=tensorwise");
       });
+  add("model.dropout_probability", E, {"model.hidden_dropout", "model.attention_dropout"}, "Megatron-Core transformer_layer.py (bias_dropout_add), TE DotProductAttention",
+      "hidden_dropout and attention_dropout are probabilities: torch's dropout fails on None", [](const CheckContext& c) {
+        // epx keeps both as unmodelled fields of a Bridge dump's model section.
+        const YAML::Node model = c.cfg.extra_fields.child_map("model");
+        for (const char* field : {"hidden_dropout", "attention_dropout"}) {
+          const YAML::Node n = model[field];
+          if (n.IsDefined() && (n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null"))))
+            return fail(fmt::format("model.{}=None: dropout takes it as a probability, and torch's dropout raises a "
+                                    "TypeError comparing None with its bounds",
+                                    field),
+                        fmt::format("model.{}=0.0", field));
+        }
+        return pass();
+      });
   add("moe.permute_fusion_te", E, {"model.moe_permute_fusion", "model.num_moe_experts", "target.te_version"}, kMcore,
       "fused permutation (moe_permute_fusion) needs TE >= 2.1.0", [](const CheckContext& c) {
         if (!c.cfg.model.moe_permute_fusion || !c.cfg.model.num_moe_experts) return pass();

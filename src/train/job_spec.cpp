@@ -37,15 +37,16 @@ std::string opt(const OptInt& v) { return v ? std::to_string(*v) : "None"; }
 // model than the config's, so it refuses them.
 void refuse_unmodelled_math(const Config& c) {
   const YAML::Node fields = c.extra_fields.child_map("model");
-  const auto text = [](const YAML::Node& n) {
+  const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
+  const auto text = [&](const YAML::Node& n) {
     if (n.IsMap() && n["_target_"].IsDefined() && n["_target_"].IsScalar()) return n["_target_"].Scalar();
+    if (none(n)) return std::string("None");
     return n.IsScalar() ? n.Scalar() : YAML::Dump(n);
   };
-  const auto none = [&](const YAML::Node& n) { return n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null")); };
   const auto is_false = [&](const YAML::Node& n) { return none(n) || (n.IsScalar() && to_lower(n.Scalar()) == "false"); };
-  const auto zero = [&](const YAML::Node& n) {
+  const auto zero_probability = [&](const YAML::Node& n) {
     double v = 1;
-    return none(n) || (n.IsScalar() && YAML::convert<double>::decode(n, v) && v == 0.0);
+    return !none(n) && n.IsScalar() && YAML::convert<double>::decode(n, v) && v == 0.0;
   };
   const std::vector<std::tuple<const char*, std::function<bool(const YAML::Node&)>, const char*>> table = {
       {"attention_output_gate", is_false, "epx's attention has no output gate"},
@@ -55,8 +56,10 @@ void refuse_unmodelled_math(const Config& c) {
       {"rotary_interleaved", is_false, "epx's RoPE rotates halves, not interleaved pairs"},
       {"qk_l2_norm", is_false, "epx's QK-norm is an RMSNorm, not an L2 norm"},
       // Megatron's default is 0.1; Bridge's providers set 0.0, as MoE pretraining runs without it.
-      {"hidden_dropout", zero, "epx trains without dropout (set it to 0.0)"},
-      {"attention_dropout", zero, "epx trains without dropout (set it to 0.0)"},
+      {"hidden_dropout", zero_probability, "epx trains without dropout, and Megatron's dropout takes a probability "
+                                           "(None fails torch's dropout); set it to 0.0"},
+      {"attention_dropout", zero_probability, "epx trains without dropout, and Megatron's dropout takes a probability "
+                                              "(None fails its attention's dropout); set it to 0.0"},
   };
   for (const auto& [field, fits, why] : table) {
     const YAML::Node n = fields[field];

@@ -539,6 +539,8 @@ const std::vector<Case>& cases() {
        H100 + Overrides{"mixed_precision=None", "model.fp8=hybrid", "model.fp8_recipe=custom",
                         "+model.fp8_quantizer_factory=pkg.mod.factory"},
        std::nullopt, std::nullopt, kDump},
+      {"model.dropout_probability", {"model.attention_dropout=null"}, {"model.attention_dropout=0.0"}, std::nullopt,
+       std::nullopt, kDump},
       {"cuda_graph.te_rng_tracker", {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"},
        {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]", "rng.te_rng_tracker=true"}},
       {"cuda_graph.scope_and_modules", TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},

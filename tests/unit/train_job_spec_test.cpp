@@ -59,6 +59,14 @@ TEST(JobSpec, UnmodelledFieldsThatChangeTheModelAreRefused) {
   apply_override(overridden, "model.hidden_dropout=0.1");
   const std::string e = error_of([&] { model_spec_from_config(resolve_config(overridden, std::nullopt)); });
   EXPECT_EQ(e.find("model.hidden_dropout=0.1: epx trains without dropout"), 0u) << e;
+  // null is no probability: Megatron's dropout fails on it, so epx refuses it too.
+  apply_override(overridden, "model.attention_dropout=null");
+  apply_override(overridden, "model.hidden_dropout=0.0");
+  const std::string null_error = error_of([&] { model_spec_from_config(resolve_config(overridden, std::nullopt)); });
+  EXPECT_NE(null_error.find("model.attention_dropout=None: epx trains without dropout, and Megatron's dropout takes a "
+                            "probability"),
+            std::string::npos)
+      << null_error;
   EXPECT_NE(error_of([&] { moe_spec_from_config(with("  moe_apply_probs_on_input: true\n")); })
                 .find("model.moe_apply_probs_on_input=true"),
             std::string::npos);
