@@ -115,6 +115,7 @@ void check_real_ranges(const Config& cfg) {
   const Range ranges[] = {{"model.layernorm_epsilon", true, false},
                           {"model.init_method_std", false, false},
                           {"model.moe_z_loss_coeff", false, false},
+                          {"model.mtp_loss_scaling_factor", false, false},
                           {"model.moe_router_topk_scaling_factor", true, false},
                           {"model.moe_router_bias_update_rate", false, false},
                           {"optimizer.lr", false, false},

@@ -38,6 +38,12 @@ GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<To
   for (int i = chunk_.layers.first; i < chunk_.layers.end; ++i)
     layers.push_back(std::make_unique<TransformerLayer>(
         i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
+  if (chunk_.post_process && spec.mtp_layers > 0) {
+    if (!chunk_.pre_process) throw std::invalid_argument("model: MTP needs the embedding and the head in one chunk");
+    for (int k = 0; k < spec.mtp_layers; ++k)
+      mtp.push_back(std::make_unique<MtpLayer>(
+          k, spec, spec.is_moe[static_cast<std::size_t>(spec.num_layers + k)] ? make_dispatcher() : nullptr, moe_options));
+  }
   // Megatron checkpoints within each chunk: its recompute_num_layers count the chunk's layers.
   for (const auto& [first, last] : spec.recompute.checkpoints(num_local_layers()))
     checkpoint_end_[static_cast<std::size_t>(first)] = last;
@@ -50,6 +56,8 @@ std::vector<Param*> GPTModel::params() {
     for (Param* p : l->params()) out.push_back(p);
   if (chunk_.post_process) out.push_back(&final_layernorm);
   if (chunk_.post_process && !spec_.tie_embeddings) out.push_back(&output_layer);
+  for (auto& m : mtp)
+    for (Param* p : m->params()) out.push_back(p);
   return out;
 }
 
@@ -58,6 +66,8 @@ std::vector<std::vector<Param*>> GPTModel::grad_groups() {
   if (chunk_.post_process) {
     out.push_back({&final_layernorm});
     if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
+    for (auto& m : mtp)
+      for (Param* p : m->params()) out.front().push_back(p);
   }
   for (int i = num_local_layers() - 1; i >= 0; --i) out.push_back(layers[static_cast<std::size_t>(i)]->params());
   if (chunk_.pre_process) out.push_back({&embedding});
@@ -75,6 +85,8 @@ std::vector<MoELayer*> GPTModel::moe_layers() {
   std::vector<MoELayer*> out;
   for (auto& l : layers)
     if (l->moe) out.push_back(l->moe.get());
+  for (auto& m : mtp)
+    if (m->layer.moe) out.push_back(m->layer.moe.get());
   return out;
 }
 
@@ -90,6 +102,7 @@ void GPTModel::init_weights(std::uint64_t seed) {
   }
   if (final_layernorm.master.numel() > 0) final_layernorm.master.fill(norm_init(spec_.zero_centered_gamma));
   for (auto& l : layers) l->init_weights(seed);
+  for (auto& m : mtp) m->init_weights(seed);
 }
 
 bool GPTModel::has_full_recompute() const {
@@ -134,13 +147,15 @@ void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) 
   ctx.router_replay.assign(L, RouterReplay{});
   ctx.aux_losses = {};
   ctx.z_loss = 0;
+  const auto D = mtp.size();
+  for (auto* v : {&ctx.mtp_tokens, &ctx.mtp_out, &ctx.mtp_logits, &ctx.mtp_lse, &ctx.mtp_demb}) v->assign(D, Tensor());
+  ctx.mtp.clear();
+  ctx.mtp.resize(D);
+  ctx.mtp_losses.assign(D, 0.0);
 }
 
-Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+Tensor GPTModel::embedding_rows(const Tensor& tokens) const {
   const std::int64_t T = tokens.numel(), H = spec_.hidden, V = spec_.vocab;
-  begin(tokens, targets, ctx);
-  params_needed(embedding_grad_group());
-  trace::Scope scope(trace::Track::compute, "embedding forward");
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   const std::int64_t* tok = tokens.data<std::int64_t>();
   const auto* table = static_cast<const std::byte*>(embedding.compute.raw());
@@ -151,6 +166,13 @@ Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx
     std::copy_n(table + static_cast<std::size_t>(tok[t]) * row, row, static_cast<std::byte*>(x.raw()) + static_cast<std::size_t>(t) * row);
   }
   return x;
+}
+
+Tensor GPTModel::embed(const Tensor& tokens, const Tensor& targets, Context& ctx) {
+  begin(tokens, targets, ctx);
+  params_needed(embedding_grad_group());
+  trace::Scope scope(trace::Track::compute, "embedding forward");
+  return embedding_rows(tokens);
 }
 
 double GPTModel::forward(const Tensor& tokens, const Tensor& targets, Context& ctx) {
@@ -187,7 +209,62 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
   ctx.lse = Tensor::uninitialized({T}, DType::F32);
   ctx.loss = cross_entropy_forward(ctx.logits, ctx.targets, ctx.lse);
+  if (!mtp.empty()) mtp_forward(ctx);
   return ctx.loss;
+}
+
+void GPTModel::mtp_forward(Context& ctx) {
+  if (!spec_.tie_embeddings) params_needed(embedding_grad_group());  // the rolled tokens' rows
+  trace::Scope scope(trace::Track::compute, "mtp forward");
+  const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, V = spec_.vocab;
+  for (std::size_t k = 0; k < mtp.size(); ++k) {
+    // Depth k + 1: tokens and targets rolled k + 1 positions left. In [S, B] order that is
+    // (k + 1) * B rows; the last k + 1 positions of each sequence take token 0 and no target.
+    const std::int64_t shift = static_cast<std::int64_t>(k + 1) * B, R = T - shift;
+    Tensor& tokens = ctx.mtp_tokens[k];
+    tokens = Tensor({T}, DType::I64);
+    std::copy_n(ctx.tokens.data<std::int64_t>() + shift, R, tokens.data<std::int64_t>());
+    const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
+    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(tokens), ctx.mtp[k]);
+    const TransformerLayer::Context& layer = ctx.mtp[k].layer;
+    for (AuxLoss a : kAuxLosses) at(ctx.aux_losses, a) += at(layer.aux_losses, a);
+    ctx.z_loss += layer.z_loss;
+    Tensor targets = Tensor::uninitialized({R}, DType::I64);
+    std::copy_n(ctx.targets.data<std::int64_t>() + shift, R, targets.data<std::int64_t>());
+    ctx.mtp_logits[k] = Tensor::uninitialized({R, V}, DType::F32);
+    gemm(mat(ctx.mtp_out[k], 0, R), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.mtp_logits[k]));
+    ctx.mtp_lse[k] = Tensor::uninitialized({R}, DType::F32);
+    ctx.mtp_losses[k] = cross_entropy_forward(ctx.mtp_logits[k], targets, ctx.mtp_lse[k]);
+  }
+}
+
+Tensor GPTModel::mtp_backward(Context& ctx, float dloss) {
+  trace::Scope scope(trace::Track::compute, "mtp backward");
+  const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, H = spec_.hidden;
+  Tensor carry;  // the next depth's gradient of this depth's output
+  for (std::size_t k = mtp.size(); k-- > 0;) {
+    const std::int64_t shift = static_cast<std::int64_t>(k + 1) * B, R = T - shift;
+    Tensor targets = Tensor::uninitialized({R}, DType::I64);
+    std::copy_n(ctx.targets.data<std::int64_t>() + shift, R, targets.data<std::int64_t>());
+    Tensor dlogits32 = Tensor::uninitialized(ctx.mtp_logits[k].shape(), DType::F32);
+    cross_entropy_backward(ctx.mtp_logits[k], targets, ctx.mtp_lse[k],
+                           static_cast<float>(dloss * spec_.mtp_loss_scale), dlogits32);
+    ctx.mtp_logits[k] = ctx.mtp_lse[k] = Tensor();
+    const Tensor dlogits = dlogits32.to(spec_.dtype);
+    Tensor dout({T, H}, spec_.dtype);  // zero past the positions with a target
+    gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dout, 0, R));
+    gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
+    if (carry.defined()) {
+      Tensor sum = Tensor::uninitialized({T, H}, spec_.dtype);
+      add(dout, carry, sum);
+      dout = std::move(sum);
+    }
+    ctx.mtp_out[k] = Tensor();
+    auto [dh, demb] = mtp[k]->backward(ctx.mtp[k], dout);
+    carry = std::move(dh);
+    ctx.mtp_demb[k] = std::move(demb);
+  }
+  return carry;
 }
 
 Tensor GPTModel::head_backward(Context& ctx, float dloss) {
@@ -201,6 +278,11 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
+  if (!mtp.empty()) {  // the MTP layers' gradient of the final norm's output joins the head's
+    Tensor sum = Tensor::uninitialized({T, H}, spec_.dtype);
+    add(dn, mtp_backward(ctx, dloss), sum);
+    dn = std::move(sum);
+  }
   Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
   rmsnorm_dgrad(ctx.final_in, norm_gain(final_layernorm, spec_.zero_centered_gamma), ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
@@ -238,12 +320,28 @@ Tensor GPTModel::backward_layers(Context& ctx, Tensor dx) {
 
 void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   trace::Scope scope(trace::Track::compute, "embedding backward");
-  if (!embedding_rows_hook_ || !embedding_rows_hook_(ctx.tokens, dx)) {
-    const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
-    const std::int64_t* tok = ctx.tokens.data<std::int64_t>();
+  Tensor tokens = ctx.tokens, rows = dx;
+  if (!mtp.empty()) {  // the input's rows, then each MTP depth's rolled tokens' rows
+    const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden, D = static_cast<std::int64_t>(mtp.size());
+    const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
+    tokens = Tensor::uninitialized({T * (1 + D)}, DType::I64);
+    rows = Tensor::uninitialized({T * (1 + D), H}, spec_.dtype);
+    for (std::int64_t k = 0; k <= D; ++k) {
+      const Tensor& ids = k == 0 ? ctx.tokens : ctx.mtp_tokens[static_cast<std::size_t>(k - 1)];
+      const Tensor& d = k == 0 ? dx : ctx.mtp_demb[static_cast<std::size_t>(k - 1)];
+      std::copy_n(ids.data<std::int64_t>(), T, tokens.data<std::int64_t>() + k * T);
+      std::copy_n(static_cast<const std::byte*>(d.raw()), static_cast<std::size_t>(T) * row,
+                  static_cast<std::byte*>(rows.raw()) + static_cast<std::size_t>(k * T) * row);
+    }
+    ctx.mtp_tokens.clear();
+    ctx.mtp_demb.clear();
+  }
+  if (!embedding_rows_hook_ || !embedding_rows_hook_(tokens, rows)) {
+    const std::int64_t T = tokens.numel(), H = spec_.hidden;
+    const std::int64_t* tok = tokens.data<std::int64_t>();
     float* g = embedding.grad.data<float>();
-    const Tensor dx32 = dx.to(DType::F32);
-    const float* d = dx32.data<float>();
+    const Tensor rows32 = rows.to(DType::F32);
+    const float* d = rows32.data<float>();
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
   }

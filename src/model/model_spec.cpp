@@ -51,7 +51,10 @@ double ModelSpec::flops_per_token() const {
   }
   // An MLP's fc1 and fc2: 2 H (fc1_width + F) a token, 6 H F gated.
   const auto mlp = [&](const MlpActivation& a, std::int64_t f) { return 2 * H * static_cast<double>(a.fc1_width(f) + f); };
-  double forward = 2 * H * static_cast<double>(padded_vocab > 0 ? padded_vocab : vocab);
+  // The LM head once per MTP depth too; each MTP layer's norms (3H) and eh_proj (2H x H).
+  const double mtp = static_cast<double>(mtp_layers);
+  double forward = 2 * H * static_cast<double>(padded_vocab > 0 ? padded_vocab : vocab) * (1 + mtp) +
+                   2 * mtp * (3 * H + 2 * H * H);
   for (bool m : is_moe) {
     forward += attn;
     if (m)

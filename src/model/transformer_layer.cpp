@@ -11,8 +11,8 @@
 namespace epx {
 
 TransformerLayer::TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher,
-                                   MoELayerOptions moe_options)
-    : prefix(fmt::format("decoder.layers.{}", index)),
+                                   MoELayerOptions moe_options, std::string prefix_)
+    : prefix(prefix_.empty() ? fmt::format("decoder.layers.{}", index) : std::move(prefix_)),
       input_layernorm(prefix + ".input_layernorm.weight", {spec.hidden}, DType::F32),
       pre_mlp_layernorm(prefix + ".pre_mlp_layernorm.weight", {spec.hidden}, DType::F32),
       attention(prefix + ".self_attention", spec.attention_of(index)),

@@ -17,6 +17,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
   const auto record = [&](int j, const GPTModel::Context& ctx) {
     MicroBatchLosses& l = out[static_cast<std::size_t>(j)];
     l.lm_loss = ctx.loss;
+    l.mtp_losses = ctx.mtp_losses;
     for (AuxLoss k : kAuxLosses) at(l.aux_losses, k) = at(ctx.aux_losses, k) / moe_layers;
     l.z_loss = ctx.z_loss / moe_layers;
   };

@@ -144,9 +144,10 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
     if (f) {
       const auto [v, j] = *step.forward;
       MicroBatchLosses& l = out[static_cast<std::size_t>(j)];
-      if (pipeline.last_virtual(stage, v))
+      if (pipeline.last_virtual(stage, v)) {
         l.lm_loss = fm->head_forward(f->x, f->ctx);
-      else
+        l.mtp_losses = f->ctx.mtp_losses;
+      } else
         transfers.send_activation(f->x, v, j);
       f->x = Tensor();
       for (AuxLoss k : kAuxLosses)  // this chunk's MoE layers' share of the mean

@@ -400,8 +400,6 @@ ModelSpec model_spec_from_config(const Config& c) {
         "set model.vocab_size (e.g. 4096)");
   if (m.normalization != "RMSNorm")
     bad(c, "model.normalization", m.normalization, "epx's layers use RMSNorm; set model.normalization=RMSNorm");
-  if (m.mtp_num_layers && *m.mtp_num_layers > 0)
-    bad(c, "model.mtp_num_layers", std::to_string(*m.mtp_num_layers), "multi-token prediction is not implemented; set model.mtp_num_layers=null");
   if (m.position_embedding_type != "rope" && m.position_embedding_type != "yarn" && m.position_embedding_type != "none")
     bad(c, "model.position_embedding_type", m.position_embedding_type,
         "epx implements rope, yarn and none; set model.position_embedding_type=rope");
@@ -547,6 +545,22 @@ ModelSpec model_spec_from_config(const Config& c) {
   } else if (m.recompute_granularity) {
     bad(c, "model.recompute_granularity", *m.recompute_granularity, "must be full, selective or None");
   }
+
+  // Multi-token prediction: layers built as the decoder's last, after it.
+  if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
+    s.mtp_layers = static_cast<int>(*m.mtp_num_layers);
+    if (s.seq_length <= s.mtp_layers)
+      bad(c, "model.mtp_num_layers", std::to_string(s.mtp_layers),
+          fmt::format("depth k predicts the token k + 1 positions ahead, and a sequence of {} has none past depth {}; "
+                      "set fewer MTP layers or a longer model.seq_length",
+                      s.seq_length, s.seq_length - 1));
+    if (m.window_size)
+      bad(c, "model.mtp_num_layers", std::to_string(s.mtp_layers),
+          "epx does not model which MTP layers take the sliding window; set model.mtp_num_layers=null or "
+          "model.window_size=null");
+    s.mtp_loss_scale = m.mtp_loss_scaling_factor / s.mtp_layers;
+    s.is_moe.insert(s.is_moe.end(), static_cast<std::size_t>(s.mtp_layers), s.is_moe.back());
+  }
   return s;
 }
 
@@ -602,6 +616,10 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
         "last stage; move E into the layout's first stage and L into its last");
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
+  if (pp > 1 && m.mtp_num_layers.value_or(0) > 0)
+    bad(c, "model.mtp_num_layers", opt(m.mtp_num_layers),
+        "epx runs MTP with the embedding and the head in one model chunk (Megatron keeps a copy of the embedding on "
+        "the MTP's stage); set pipeline_model_parallel_size=1 or model.mtp_num_layers=null");
   if (pp > 1 && m.share_embeddings_and_output_weights)
     bad(c, "model.share_embeddings_and_output_weights", "true",
         "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "

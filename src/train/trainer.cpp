@@ -118,6 +118,7 @@ class Trainer {
     std::string out;
     for (const auto& [name, value] : log.moe_losses)  // Megatron's training_log prints a loss only where >= 0
       if (value >= 0) out += fmt::format(" {}: {:.6E} |", name, value);
+    for (std::size_t k = 0; k < log.mtp_losses.size(); ++k) out += fmt::format(" mtp_{} loss: {:.6E} |", k + 1, log.mtp_losses[k]);
     return out;
   }
   // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
@@ -317,7 +318,9 @@ IterationLog Trainer::train_step(int it) {
     losses = forward_backward_pipelining(chunks, groups_.get(GroupKind::pp), job_.pipeline, static_cast<int>(micro_batches),
                                          micro_batch, job_.schedule, &pipeline_timing_);
   }
+  std::vector<float> mtp(static_cast<std::size_t>(job_.model.mtp_layers), 0.f);  // summed over micro-batches
   for (const MicroBatchLosses& l : losses) {
+    for (std::size_t k = 0; k < l.mtp_losses.size(); ++k) mtp[k] += static_cast<float>(l.mtp_losses[k]);
     sums[0] += l.lm_loss;
     for (std::size_t k = 0; k < kAuxLosses.size(); ++k) sums[k + 1] += l.aux_losses[k];
     sums[1 + kAuxLosses.size()] += l.z_loss;
@@ -338,6 +341,7 @@ IterationLog Trainer::train_step(int it) {
   float reduced[std::size(sums)];
   for (std::size_t i = 0; i < std::size(reduced); ++i) reduced[i] = static_cast<float>(sums[i]);
   world_.allreduce(reduced, std::size(reduced), DType::F32);
+  if (!mtp.empty()) world_.allreduce(mtp.data(), static_cast<std::int64_t>(mtp.size()), DType::F32);
   const double step_s = seconds(Clock::now() - t0);
 
   IterationLog log;
@@ -350,6 +354,7 @@ IterationLog Trainer::train_step(int it) {
   // own layers' share of the load-balancing loss.
   const double replicas = static_cast<double>(world_.size() / job_.pipeline.stages);
   log.lm_loss = reduced[0] / (static_cast<double>(micro_batches) * replicas);
+  for (float sum : mtp) log.mtp_losses.push_back(sum / (static_cast<double>(micro_batches) * replicas));
   // As Megatron's MoE metrics tracker logs them: each loss without its coefficient, the mean over
   // the MoE layers (the schedule's losses already are) and the micro-batches; summed over TP x DP
   // x CP for the global aux loss (whose tokens are all of them), else averaged over DP. The names
@@ -581,6 +586,7 @@ nlohmann::json TrainResult::to_json() const {
                    {"mem_max_allocated_bytes", i.mem_max_allocated}});
     for (const auto& [name, value] : i.moe_losses)
       if (value >= 0) its.back()[name] = value;
+    for (std::size_t k = 0; k < i.mtp_losses.size(); ++k) its.back()[fmt::format("mtp_{}_loss", k + 1)] = i.mtp_losses[k];
     if (i.expert_load > 0) {
       its.back()["expert_load_max_over_mean"] = i.expert_load;
       its.back()["ep_rank_load_max_over_mean"] = i.ep_rank_load;

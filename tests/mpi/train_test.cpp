@@ -4,6 +4,7 @@
 // loss.
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "epx/check/check.hpp"
@@ -278,6 +279,57 @@ TEST(Training, MultiLatentAttentionUnderEveryScheduleAndLayout) {
   EXPECT_EQ(plain, losses(mpi().world(), up)) << "mla_up_proj";
   up.insert(up.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
   EXPECT_EQ(plain, losses(mpi().world(), up)) << "mla_up_proj under EP overlap";
+}
+
+// Multi-token prediction (DeepSeek-V3's MTP after the decoder's last layer, MoE as it is): the MTP
+// layers' weights are dense ones reduced over DP or experts reduced over EDP, and the rolled
+// tokens' embedding rows join the embedding's gradient. The distributed run follows the
+// single-rank curve of the LM and MTP losses; EP overlap + delay_wgrad (one MTP layer, as
+// Megatron allows), recompute and the flex dispatcher change nothing, nor does reducing the
+// embedding's gradient as token rows.
+TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
+  const auto curve = [](Communicator& world, const std::vector<std::string>& o) {
+    std::vector<double> l;
+    for (const auto& it : train_with(world, o).iterations) {
+      l.push_back(it.lm_loss);
+      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+    }
+    return l;
+  };
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  for (const char* depths : {"1", "2"}) {
+    const std::vector<std::string> o{fmt::format("model.mtp_num_layers={}", depths), "model.mtp_loss_scaling_factor=0.3",
+                                     "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+    const std::vector<double> plain = curve(mpi().world(), o);
+    ASSERT_EQ(plain.size(), 5 * (1 + std::stoul(depths)));  // the shared config's 5 iterations
+    std::vector<std::string> one = o;
+    one.push_back("model.expert_model_parallel_size=1");
+    expect_losses_near(plain, curve(*self, one), 2e-4, fmt::format("MTP x{}", depths));
+    std::vector<std::string> recompute = o, flex = o;
+    recompute.insert(recompute.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[layernorm,moe_act,mlp]"});
+    EXPECT_EQ(plain, curve(mpi().world(), recompute)) << depths;
+    flex.push_back("model.moe_token_dispatcher_type=flex");
+    expect_losses_near(curve(mpi().world(), flex), plain, 2e-4, fmt::format("MTP x{}, flex", depths));
+  }
+  const std::vector<std::string> o{"model.mtp_num_layers=1", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<double> plain = curve(mpi().world(), o);
+  std::vector<std::string> ep_overlap = o;
+  ep_overlap.insert(ep_overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(plain, curve(mpi().world(), ep_overlap));
+  // The MTP's gradient trains the decoder too: the LM loss moves off the curve without MTP (from
+  // iteration 3; the first step's learning rate is 0, the warmup's start).
+  const std::vector<double> lm = losses(mpi().world(), o),
+                            without = losses(mpi().world(), {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"});
+  EXPECT_EQ(lm[1], without[1]);
+  EXPECT_NE(lm[2], without[2]);
+  if (mpi().size() >= 2) {
+    std::vector<std::string> reduced = o;
+    reduced.insert(reduced.end(), {"ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000", "ddp.use_distributed_optimizer=true"});
+    const std::vector<double> dense = curve(mpi().world(), reduced);
+    expect_losses_near(dense, plain, 1e-6, "MTP, distributed optimizer");
+    reduced.push_back("ddp.reduce_embedding_rows=true");
+    expect_losses_near(curve(mpi().world(), reduced), dense, 1e-6, "MTP, embedding rows");
+  }
 }
 
 // gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in

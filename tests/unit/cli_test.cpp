@@ -381,7 +381,7 @@ TEST(CliLayer, ConfigThatIsNotAnMoeLayerIsAClearError) {
   // not computed unfused; bench layer the same.
   const std::string fused = " qwen3_30b_a3b_proxy model.bias_activation_fusion=true model.activation_func=gelu "
                             "model.gated_linear_unit=false";
-  for (const std::string command : {"layer" + fused + " --weights a --input b --out c", "bench layer" + fused}) {
+  for (const std::string& command : {"layer" + fused + " --weights a --input b --out c", "bench layer" + fused}) {
     const Result f = run(command);
     EXPECT_EQ(f.code, 1) << command << f.out;
     EXPECT_TRUE(has(f, "error   model.fused_activation_module")) << f.out;

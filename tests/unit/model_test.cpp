@@ -430,6 +430,50 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
   }
 }
 
+// Multi-token prediction: the objective is the LM loss plus each depth's loss times
+// mtp_loss_scaling_factor / mtp_num_layers, and every gradient (the embedding's through the rolled
+// tokens and the MTP layers', the decoder's through the first depth's input) is its derivative:
+// one and two depths, an MoE and a dense MTP layer (built as the decoder's last), tied embeddings.
+// The LM loss itself is the model's without MTP, bit for bit.
+TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"model.mtp_num_layers=1"},
+        std::vector<std::string>{"model.mtp_num_layers=2", "model.mtp_loss_scaling_factor=0.6",
+                                 "model.moe_layer_freq=[1,0]"},
+        std::vector<std::string>{"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true"}}) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(extra, " ")));
+    std::vector<std::string> overrides{"model.moe_router_topk=8"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    const ModelSpec spec = model_spec_from_config(tiny(overrides));
+    GPTModel model = make_model(spec);
+    ASSERT_EQ(model.mtp.size(), static_cast<std::size_t>(spec.mtp_layers));
+    const Batch b = batch(spec);
+    model.zero_grad();
+    GPTModel::Context ctx;
+    const double lm = model.forward(b.tokens, b.targets, ctx);
+    ASSERT_EQ(ctx.mtp_losses.size(), model.mtp.size());
+    model.backward(ctx, 1.f);
+    {
+      std::vector<std::string> plain = overrides;
+      plain.erase(std::remove_if(plain.begin(), plain.end(), [](const std::string& o) { return o.starts_with("model.mtp"); }),
+                  plain.end());
+      GPTModel without = make_model(model_spec_from_config(tiny(plain)));
+      GPTModel::Context c;
+      EXPECT_EQ(without.forward(b.tokens, b.targets, c), lm);
+    }
+    const auto f = [&] {
+      GPTModel::Context c;
+      double loss = model.forward(b.tokens, b.targets, c);
+      for (double l : c.mtp_losses) loss += spec.mtp_loss_scale * l;
+      return loss;
+    };
+    std::uint64_t seed = 300;
+    for (Param* p : model.params())
+      expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
+                                    [p] { p->refresh(); });
+  }
+}
+
 // A sliding window as long as the sequence is no window, and the off-by-one sink is the learned
 // one at 0, bit for bit (loss and every shared gradient); a short window, the sinks and their
 // layer pattern each change the model. GPT-OSS's pattern: window_attn_skip_freq 2 puts the window

@@ -58,6 +58,13 @@ TEST(Plan, ModelFlopsAreMegatrons) {
                                "train.global_batch_size=64"});
     EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << q_lora;
   }
+  // MTP: each layer as the decoder's last (MoE; dense after a dense last layer), its norms and
+  // eh_proj, and the LM head once more per depth.
+  for (const char* freq : {"model.moe_layer_freq=[0,1,1]", "model.moe_layer_freq=[0,1,0]"})
+    for (const char* depths : {"model.mtp_num_layers=1", "model.mtp_num_layers=2"}) {
+      const Config c = resolved("deepseek_v3_proxy", {freq, depths, "target.num_gpus=16", "train.global_batch_size=64"});
+      EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << freq << " " << depths;
+    }
 }
 
 // Each stage's layers as the config places them: the layout's, uneven, or counting the embedding.

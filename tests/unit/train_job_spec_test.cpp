@@ -493,6 +493,27 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
+// Multi-token prediction: its layers take the last layer's kind, their loss weight is the
+// factor split over them; a sequence too short for the depths and a window are refused.
+TEST(JobSpec, MultiTokenPredictionFromTheConfig) {
+  const ModelSpec s = model_spec_from_config(
+      resolved({"model.mtp_num_layers=2", "model.mtp_loss_scaling_factor=0.3", "model.moe_layer_freq=[0,1]", "model.num_layers=2"}));
+  EXPECT_EQ(s.mtp_layers, 2);
+  EXPECT_DOUBLE_EQ(s.mtp_loss_scale, 0.15);
+  EXPECT_EQ(s.is_moe, (std::vector<bool>{false, true, true, true}));
+  EXPECT_EQ(s.num_moe_layers(), 3);  // as Megatron's MoE metrics count them
+  EXPECT_EQ(model_spec_from_config(resolved({"model.mtp_num_layers=1", "model.moe_layer_freq=[1,0]", "model.num_layers=2"})).is_moe,
+            (std::vector<bool>{true, false, false}));
+  EXPECT_NE(error_of([&] { model_spec_from_config(resolved({"model.mtp_num_layers=4", "model.seq_length=4"})); })
+                .find("model.mtp_num_layers=4: depth k predicts the token k + 1 positions ahead"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model_spec_from_config(resolved({"model.mtp_num_layers=1", "model.window_size=[4,0]"})); })
+                .find("sliding window"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { resolved({"model.mtp_loss_scaling_factor=-1.0"}); }).find("model.mtp_loss_scaling_factor=-1.0 is out of range"),
+            std::string::npos);
+}
+
 TEST(JobSpec, PipelineSplitAndItsRefusals) {
   const std::vector<std::string> pp2{"model.num_layers=4", "model.pipeline_model_parallel_size=2", "target.num_gpus=4"};
   const JobSpec j = JobSpec::from_config(resolved(with(pp2, {"model.virtual_pipeline_model_parallel_size=2"})), 4);
@@ -507,6 +528,10 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
   EXPECT_NE(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true"})));
             }).find("model.share_embeddings_and_output_weights=true"),
+            std::string::npos);
+  // MTP runs where the embedding and the head share a chunk: PP 1.
+  EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1"}))); })
+                .find("model.mtp_num_layers=1: epx runs MTP with the embedding and the head in one model chunk"),
             std::string::npos);
   // VPP without PP: refused, citing the check rule (and epx layer refuses PP).
   EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved({"model.virtual_pipeline_model_parallel_size=2"})); })

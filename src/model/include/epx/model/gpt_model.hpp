@@ -4,6 +4,14 @@
 // the first virtual stage (pre_process) and the head and loss only on the last (post_process).
 // Full recompute keeps only the input of each checkpointed run of the chunk's layers and
 // recomputes their forward in the backward (Megatron's CheckpointFunction).
+// Multi-token prediction (mtp_num_layers, with the embedding and the head in one chunk) runs in
+// the head: depth k (1-based) takes the previous depth's output (the decoder's after its final
+// norm at k = 1) and the input tokens rolled k positions left (0 past the sequence's end),
+// predicts the targets rolled k left with the shared LM head, and adds mtp_loss_scale times its
+// token-mean cross-entropy over the S - k positions that have a target to the objective
+// (Megatron's process_mtp_loss and MTPLossAutoScaler); the LM loss returned stays the main one.
+// Its layers run whole (not node by node under EP overlap) and are not recomputed under full
+// recompute.
 #pragma once
 
 #include <functional>
@@ -11,6 +19,7 @@
 #include <vector>
 
 #include "epx/model/model_spec.hpp"
+#include "epx/model/mtp_layer.hpp"
 #include "epx/model/pipeline_spec.hpp"
 #include "epx/model/transformer_layer.hpp"
 
@@ -38,6 +47,11 @@ class GPTModel {
     Tensor final_in, final_rstd, final_out, logits, lse;
     double loss = 0, z_loss = 0;  // z and each aux loss summed over the MoE layers
     AuxLossValues aux_losses{};
+    // Per MTP depth: the rolled input tokens [T], the layer's context and output, the logits and
+    // log-sum-exp of the positions with a target, the loss; the backward's embedding gradient.
+    std::vector<Tensor> mtp_tokens, mtp_out, mtp_logits, mtp_lse, mtp_demb;
+    std::vector<MtpLayer::Context> mtp;
+    std::vector<double> mtp_losses;
   };
 
   // The whole model (pre and post process): tokens, targets [S * B] (I64, Megatron's [S, B]
@@ -70,7 +84,7 @@ class GPTModel {
 
   // The groups of weights whose gradients complete together in a backward, in the order they
   // complete (Megatron registers its DDP grad hooks per parameter; epx per group): the head
-  // (final norm, and the output layer unless tied; post_process only), the chunk's layers last to
+  // (final norm, the output layer unless tied, the MTP layers; post_process only), the chunk's layers last to
   // first, the embedding (with the tied output layer; pre_process only). Schedules call
   // grads_ready(k) when group k's gradients of the micro-batch being run backward are complete;
   // the hook (the trainer's gradient reducer) may start reducing them.
@@ -105,12 +119,16 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerLayer>> layers;  // the chunk's, in order
   Param final_layernorm;  // decoder.final_layernorm.weight [H]; empty without post_process
   Param output_layer;     // output_layer.weight [V, H]; unused with tied embeddings
+  std::vector<std::unique_ptr<MtpLayer>> mtp;  // the MTP layers, in the head's chunk
 
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
   int head_groups() const { return chunk_.post_process ? 1 : 0; }
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
   void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
+  Tensor embedding_rows(const Tensor& tokens) const;  // the embedding's rows of `tokens` [T] -> [T, H]
+  void mtp_forward(Context& ctx);
+  Tensor mtp_backward(Context& ctx, float dloss);  // the gradient of the decoder's output (after its final norm)
 
   ModelSpec spec_;
   ModelChunk chunk_;

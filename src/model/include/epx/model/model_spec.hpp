@@ -38,7 +38,12 @@ struct ModelSpec {
   MlpActivation activation;                      // the dense MLP's (the MoE layers' is moe->activation)
   bool bias = false;                             // add_bias_linear: the dense MLP's biases (the attention's: attention)
   int num_layers = 0;
-  std::vector<bool> is_moe;  // per layer (moe_layer_freq)
+  // Per layer (moe_layer_freq), then one per MTP layer: the last layer's kind, as Megatron builds
+  // MTP layers from the decoder's last layer spec (so num_moe_layers counts MoE MTP layers, as
+  // Megatron's MoE metrics and FLOPs do).
+  std::vector<bool> is_moe;
+  int mtp_layers = 0;            // mtp_num_layers: MTP depths after the decoder (gpt_model.hpp)
+  double mtp_loss_scale = 0;     // each depth's loss weight: mtp_loss_scaling_factor / mtp_layers
   AttentionSpec attention;   // its window applies on the layers is_window marks
   std::vector<bool> is_window;  // per layer (window_attn_skip_freq); empty: none
   std::optional<MoESpec> moe;  // when any layer is MoE
@@ -56,8 +61,9 @@ struct ModelSpec {
   // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
   // Megatron's num_floating_point_operations counts them for TFLOP/s/GPU: every GEMM, causal
   // attention at half the S x S work, the top-k routed experts, the shared expert and the LM
-  // head at the padded vocabulary; not the router's GEMM, which Megatron leaves out. Recompute is
-  // not counted (model, not hardware FLOPs).
+  // head at the padded vocabulary, and each MTP layer with its norms, eh_proj and LM head; not
+  // the router's GEMM, which Megatron leaves out. Recompute is not counted (model, not hardware
+  // FLOPs).
   double flops_per_token() const;
 };
 

@@ -22,8 +22,9 @@ class TransformerLayer {
  public:
   // `dispatcher`: the MoE layer's token dispatcher; null for a dense layer. `moe_options`: how
   // the MoE layer runs in the job (its recompute options come from spec.recompute).
+  // `prefix`: the weights' names (default decoder.layers.{index}; an MTP layer's its own).
   TransformerLayer(int index, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher,
-                   MoELayerOptions moe_options = {});
+                   MoELayerOptions moe_options = {}, std::string prefix = "");
 
   struct Context {
     Tensor x, rstd1, h, rstd2;  // the layer input, the residual after attention, the norms' 1/rms

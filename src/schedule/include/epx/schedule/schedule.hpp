@@ -36,6 +36,7 @@ struct MicroBatchLosses {
   double lm_loss = 0;
   AuxLossValues aux_losses{};  // each load-balancing loss, averaged over the MoE layers
   double z_loss = 0;           // the router's z-loss, averaged over the MoE layers
+  std::vector<double> mtp_losses;  // each MTP depth's cross-entropy (the head's chunk)
 };
 
 // Runs forward and backward of `num_micro_batches` micro-batches, gradients accumulated into every

@@ -40,6 +40,8 @@ struct IterationLog {
   // The MoE losses Megatron's training log tracks, by its names ("load_balancing_loss", ...,
   // "z_loss"), each without its coefficient.
   std::vector<std::pair<std::string, double>> moe_losses;
+  // Each MTP depth's loss, averaged as the LM loss (Megatron's "mtp_1 loss", ...).
+  std::vector<double> mtp_losses;
   // The busiest expert's tokens against the mean, over the iteration's micro-batches and DP, the
   // mean over the MoE layers (1: balanced; 0 without MoE layers). The same for the busiest EP
   // rank: its local experts' tokens against the mean rank's (1 with EP = 1). Summed over the

@@ -1,0 +1,47 @@
+// One multi-token prediction layer (Megatron-Core's MultiTokenPredictionLayer, DeepSeek-V3's MTP
+// module): from the previous depth's hidden states h (the decoder's output after its final norm
+// at depth 1) and the embedding of the input tokens rolled one more position left,
+//   x = eh_proj([enorm(embedding) | hnorm(h)]),  out = final_layernorm(TransformerLayer(x)).
+// The transformer layer is built as the decoder's last (MoE where it is one). GPTModel runs the
+// layers in its head, with the shared LM head and the rolled targets (gpt_model.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "epx/model/model_spec.hpp"
+#include "epx/model/transformer_layer.hpp"
+
+namespace epx {
+
+class MtpLayer {
+ public:
+  // `depth` 0-based (Megatron's mtp.layers.{depth}); `dispatcher` null for a dense layer.
+  MtpLayer(int depth, const ModelSpec& spec, std::unique_ptr<TokenDispatcher> dispatcher, MoELayerOptions moe_options);
+
+  struct Context {
+    Tensor h, h_rstd, emb, emb_rstd, cat;  // the inputs, their norms' 1/rms, eh_proj's input
+    Tensor y, y_rstd;                      // the transformer layer's output, the final norm's 1/rms
+    TransformerLayer::Context layer;
+  };
+
+  // h, emb [T, H] in the compute dtype -> [T, H].
+  Tensor forward(const Tensor& h, const Tensor& emb, Context& ctx);
+  // dout [T, H] -> the gradients of h and emb; every weight gradient accumulated.
+  std::pair<Tensor, Tensor> backward(Context& ctx, const Tensor& dout);
+
+  void init_weights(std::uint64_t seed);
+  std::vector<Param*> params();
+
+  const std::string prefix;
+  Param enorm, hnorm, eh_proj, final_layernorm;  // eh_proj [H, 2H]
+  TransformerLayer layer;
+
+ private:
+  Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
+  Tensor norm_backward(const Tensor& x, Param& gamma, const Tensor& rstd, const Tensor& dy) const;
+  const ModelSpec& spec_;
+};
+
+}  // namespace epx
