@@ -1,5 +1,8 @@
 // The model's rules: MoE routing and experts, precision, FP8 and recompute.
+#include <fmt/ranges.h>
+
 #include "epx/base/edit_distance.hpp"
+#include "epx/base/to_lower.hpp"
 #include "epx/check/group_limited_routing.hpp"
 #include "rule_helpers.hpp"
 
@@ -365,19 +368,33 @@ void add_model_rules(RuleTable& add) {
                        "(e.g., package.module.quantizer_factory) via --fp8-quantizer-factory.",
                        "model.fp8_recipe=tensorwise");
       });
-  add("model.dropout_probability", E, {"model.hidden_dropout", "model.attention_dropout"}, "Megatron-Core transformer_layer.py (bias_dropout_add), TE DotProductAttention",
-      "hidden_dropout and attention_dropout are probabilities: torch's dropout fails on None", [](const CheckContext& c) {
+  add("model.dropout_probability", E, {"model.hidden_dropout", "model.attention_dropout"},
+      "torch.nn.functional.dropout via Megatron-Core's bias_dropout_add and TE DotProductAttention",
+      "hidden_dropout and attention_dropout are probabilities in [0, 1]: torch's dropout raises on anything else",
+      [](const CheckContext& c) {
         // epx keeps both as unmodelled fields of a Bridge dump's model section.
         const YAML::Node model = c.cfg.extra_fields.child_map("model");
+        std::vector<std::string> why, fix;
         for (const char* field : {"hidden_dropout", "attention_dropout"}) {
           const YAML::Node n = model[field];
-          if (n.IsDefined() && (n.IsNull() || (n.IsScalar() && (n.Scalar() == "None" || n.Scalar() == "null"))))
-            return fail(fmt::format("model.{}=None: dropout takes it as a probability, and torch's dropout raises a "
-                                    "TypeError comparing None with its bounds",
-                                    field),
-                        fmt::format("model.{}=0.0", field));
+          if (!n.IsDefined()) continue;
+          const std::string text = n.IsScalar() ? n.Scalar() : "";
+          double p = 0;
+          if (n.IsNull() || text == "None" || text == "null")
+            why.push_back(fmt::format("model.{}=None (a TypeError comparing None with its bounds)", field));
+          else if (to_lower(text) == "true" || to_lower(text) == "false")
+            continue;  // Python's bools are 1 and 0
+          else if (!n.IsScalar() || !YAML::convert<double>::decode(n, p))
+            why.push_back(fmt::format("model.{}={} (not a number)", field, n.IsScalar() ? text : YAML::Dump(n)));
+          else if (p < 0 || p > 1)
+            why.push_back(fmt::format("model.{}={} (ValueError: dropout probability has to be between 0 and 1)", field, text));
+          else
+            continue;
+          fix.push_back(fmt::format("model.{}=0.0", field));
         }
-        return pass();
+        if (why.empty()) return pass();
+        return fail(fmt::format("{}: dropout takes each as a probability", fmt::join(why, "; ")),
+                    fmt::format("{}", fmt::join(fix, " ")));
       });
   add("moe.permute_fusion_te", E, {"model.moe_permute_fusion", "model.num_moe_experts", "target.te_version"}, kMcore,
       "fused permutation (moe_permute_fusion) needs TE >= 2.1.0", [](const CheckContext& c) {

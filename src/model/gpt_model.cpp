@@ -14,6 +14,13 @@ namespace epx {
 
 namespace {
 
+// ids [T] (I64) from row `shift` on, then zeros to `total` rows: the MTP's roll to the left.
+Tensor rolled(const Tensor& ids, std::int64_t shift, std::int64_t total) {
+  Tensor out({total}, DType::I64);
+  std::copy_n(ids.data<std::int64_t>() + shift, std::min(total, ids.numel() - shift), out.data<std::int64_t>());
+  return out;
+}
+
 ModelChunk resolved(ModelChunk c, int num_layers) {
   if (c.layers.end < 0) c.layers.end = num_layers;
   if (c.layers.first < 0 || c.layers.first > c.layers.end || c.layers.end > num_layers)
@@ -220,21 +227,18 @@ void GPTModel::mtp_forward(Context& ctx) {
   for (std::size_t k = 0; k < mtp.size(); ++k) {
     // Depth k + 1: tokens and targets rolled k + 1 positions left. In [S, B] order that is
     // (k + 1) * B rows; the last k + 1 positions of each sequence take token 0 and no target.
-    const std::int64_t shift = static_cast<std::int64_t>(k + 1) * B, R = T - shift;
-    Tensor& tokens = ctx.mtp_tokens[k];
-    tokens = Tensor({T}, DType::I64);
-    std::copy_n(ctx.tokens.data<std::int64_t>() + shift, R, tokens.data<std::int64_t>());
+    const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
+    ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
     const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
-    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(tokens), ctx.mtp[k]);
+    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
     const TransformerLayer::Context& layer = ctx.mtp[k].layer;
     for (AuxLoss a : kAuxLosses) at(ctx.aux_losses, a) += at(layer.aux_losses, a);
     ctx.z_loss += layer.z_loss;
-    Tensor targets = Tensor::uninitialized({R}, DType::I64);
-    std::copy_n(ctx.targets.data<std::int64_t>() + shift, R, targets.data<std::int64_t>());
+    if (R <= 0) continue;  // no target this deep in the sequence: a loss of 0, as Megatron's clamped count
     ctx.mtp_logits[k] = Tensor::uninitialized({R, V}, DType::F32);
     gemm(mat(ctx.mtp_out[k], 0, R), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.mtp_logits[k]));
     ctx.mtp_lse[k] = Tensor::uninitialized({R}, DType::F32);
-    ctx.mtp_losses[k] = cross_entropy_forward(ctx.mtp_logits[k], targets, ctx.mtp_lse[k]);
+    ctx.mtp_losses[k] = cross_entropy_forward(ctx.mtp_logits[k], rolled(ctx.targets, shift, R), ctx.mtp_lse[k]);
   }
 }
 
@@ -243,22 +247,18 @@ Tensor GPTModel::mtp_backward(Context& ctx, float dloss) {
   const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, H = spec_.hidden;
   Tensor carry;  // the next depth's gradient of this depth's output
   for (std::size_t k = mtp.size(); k-- > 0;) {
-    const std::int64_t shift = static_cast<std::int64_t>(k + 1) * B, R = T - shift;
-    Tensor targets = Tensor::uninitialized({R}, DType::I64);
-    std::copy_n(ctx.targets.data<std::int64_t>() + shift, R, targets.data<std::int64_t>());
-    Tensor dlogits32 = Tensor::uninitialized(ctx.mtp_logits[k].shape(), DType::F32);
-    cross_entropy_backward(ctx.mtp_logits[k], targets, ctx.mtp_lse[k],
-                           static_cast<float>(dloss * spec_.mtp_loss_scale), dlogits32);
-    ctx.mtp_logits[k] = ctx.mtp_lse[k] = Tensor();
-    const Tensor dlogits = dlogits32.to(spec_.dtype);
+    const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
     Tensor dout({T, H}, spec_.dtype);  // zero past the positions with a target
-    gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dout, 0, R));
-    gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
-    if (carry.defined()) {
-      Tensor sum = Tensor::uninitialized({T, H}, spec_.dtype);
-      add(dout, carry, sum);
-      dout = std::move(sum);
+    if (R > 0) {
+      Tensor dlogits32 = Tensor::uninitialized(ctx.mtp_logits[k].shape(), DType::F32);
+      cross_entropy_backward(ctx.mtp_logits[k], rolled(ctx.targets, shift, R), ctx.mtp_lse[k],
+                             static_cast<float>(dloss * spec_.mtp_loss_scale), dlogits32);
+      ctx.mtp_logits[k] = ctx.mtp_lse[k] = Tensor();
+      const Tensor dlogits = dlogits32.to(spec_.dtype);
+      gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dout, 0, R));
+      gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
     }
+    if (carry.defined()) add(dout, carry, dout);
     ctx.mtp_out[k] = Tensor();
     auto [dh, demb] = mtp[k]->backward(ctx.mtp[k], dout);
     carry = std::move(dh);
@@ -278,11 +278,7 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
-  if (!mtp.empty()) {  // the MTP layers' gradient of the final norm's output joins the head's
-    Tensor sum = Tensor::uninitialized({T, H}, spec_.dtype);
-    add(dn, mtp_backward(ctx, dloss), sum);
-    dn = std::move(sum);
-  }
+  if (!mtp.empty()) add(dn, mtp_backward(ctx, dloss), dn);  // the MTP's gradient of the final norm's output
   Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
   rmsnorm_dgrad(ctx.final_in, norm_gain(final_layernorm, spec_.zero_centered_gamma), ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);

@@ -55,6 +55,9 @@ void refuse_unmodelled_math(const Config& c) {
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
       {"rotary_interleaved", is_false, "epx's RoPE rotates halves, not interleaved pairs"},
       {"qk_l2_norm", is_false, "epx's QK-norm is an RMSNorm, not an L2 norm"},
+      {"mtp_use_repeated_layer", is_false, "epx builds one MTP layer per depth"},
+      {"mtp_detach_heads", is_false, "epx's MTP losses train the embedding and the LM head too"},
+      {"mtp_hsm", is_false, "epx's MTP depths take the previous depth's output unmixed"},
       // Megatron's default is 0.1; Bridge's providers set 0.0, as MoE pretraining runs without it.
       {"hidden_dropout", zero_probability, "epx trains without dropout, and Megatron's dropout takes a probability "
                                            "(None fails torch's dropout); set it to 0.0"},
@@ -549,11 +552,6 @@ ModelSpec model_spec_from_config(const Config& c) {
   // Multi-token prediction: layers built as the decoder's last, after it.
   if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
     s.mtp_layers = static_cast<int>(*m.mtp_num_layers);
-    if (s.seq_length <= s.mtp_layers)
-      bad(c, "model.mtp_num_layers", std::to_string(s.mtp_layers),
-          fmt::format("depth k predicts the token k + 1 positions ahead, and a sequence of {} has none past depth {}; "
-                      "set fewer MTP layers or a longer model.seq_length",
-                      s.seq_length, s.seq_length - 1));
     if (m.window_size)
       bad(c, "model.mtp_num_layers", std::to_string(s.mtp_layers),
           "epx does not model which MTP layers take the sliding window; set model.mtp_num_layers=null or "

@@ -318,9 +318,9 @@ IterationLog Trainer::train_step(int it) {
     losses = forward_backward_pipelining(chunks, groups_.get(GroupKind::pp), job_.pipeline, static_cast<int>(micro_batches),
                                          micro_batch, job_.schedule, &pipeline_timing_);
   }
-  std::vector<float> mtp(static_cast<std::size_t>(job_.model.mtp_layers), 0.f);  // summed over micro-batches
+  std::vector<double> mtp_sums(static_cast<std::size_t>(job_.model.mtp_layers), 0.0);  // over micro-batches
   for (const MicroBatchLosses& l : losses) {
-    for (std::size_t k = 0; k < l.mtp_losses.size(); ++k) mtp[k] += static_cast<float>(l.mtp_losses[k]);
+    for (std::size_t k = 0; k < l.mtp_losses.size(); ++k) mtp_sums[k] += l.mtp_losses[k];
     sums[0] += l.lm_loss;
     for (std::size_t k = 0; k < kAuxLosses.size(); ++k) sums[k + 1] += l.aux_losses[k];
     sums[1 + kAuxLosses.size()] += l.z_loss;
@@ -341,6 +341,7 @@ IterationLog Trainer::train_step(int it) {
   float reduced[std::size(sums)];
   for (std::size_t i = 0; i < std::size(reduced); ++i) reduced[i] = static_cast<float>(sums[i]);
   world_.allreduce(reduced, std::size(reduced), DType::F32);
+  std::vector<float> mtp(mtp_sums.begin(), mtp_sums.end());
   if (!mtp.empty()) world_.allreduce(mtp.data(), static_cast<std::int64_t>(mtp.size()), DType::F32);
   const double step_s = seconds(Clock::now() - t0);
 

@@ -541,6 +541,8 @@ const std::vector<Case>& cases() {
        std::nullopt, std::nullopt, kDump},
       {"model.dropout_probability", {"model.attention_dropout=null"}, {"model.attention_dropout=0.0"}, std::nullopt,
        std::nullopt, kDump},
+      {"model.dropout_probability", {"model.hidden_dropout=1.5", "model.attention_dropout=abc"},
+       {"model.hidden_dropout=1.0", "model.attention_dropout=0.0"}, std::nullopt, std::nullopt, kDump},
       {"cuda_graph.te_rng_tracker", {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]"},
        {"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_scope=[attn]", "rng.te_rng_tracker=true"}},
       {"cuda_graph.scope_and_modules", TE_GRAPH + Overrides{"model.cuda_graph_scope=[attn]", "model.cuda_graph_modules=[attn]"},

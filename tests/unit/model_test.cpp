@@ -433,14 +433,18 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
 // Multi-token prediction: the objective is the LM loss plus each depth's loss times
 // mtp_loss_scaling_factor / mtp_num_layers, and every gradient (the embedding's through the rolled
 // tokens and the MTP layers', the decoder's through the first depth's input) is its derivative:
-// one and two depths, an MoE and a dense MTP layer (built as the decoder's last), tied embeddings.
+// one and two depths, an MoE and a dense MTP layer (built as the decoder's last), tied embeddings,
+// and more depths than the sequence has positions.
 // The LM loss itself is the model's without MTP, bit for bit.
 TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"model.mtp_num_layers=1"},
         std::vector<std::string>{"model.mtp_num_layers=2", "model.mtp_loss_scaling_factor=0.6",
                                  "model.moe_layer_freq=[1,0]"},
-        std::vector<std::string>{"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true"}}) {
+        std::vector<std::string>{"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true"},
+        // Deeper than the sequence: the last depth has no target and a loss of 0 (Megatron's
+        // count clamped to 1), but its layer still runs.
+        std::vector<std::string>{"model.mtp_num_layers=3", "model.seq_length=2", "model.moe_router_topk=8"}}) {
     SCOPED_TRACE(fmt::format("{}", fmt::join(extra, " ")));
     std::vector<std::string> overrides{"model.moe_router_topk=8"};
     overrides.insert(overrides.end(), extra.begin(), extra.end());

@@ -8,7 +8,7 @@
 // the head: depth k (1-based) takes the previous depth's output (the decoder's after its final
 // norm at k = 1) and the input tokens rolled k positions left (0 past the sequence's end),
 // predicts the targets rolled k left with the shared LM head, and adds mtp_loss_scale times its
-// token-mean cross-entropy over the S - k positions that have a target to the objective
+// token-mean cross-entropy over the S - k positions that have a target (0 where none) to the objective
 // (Megatron's process_mtp_loss and MTPLossAutoScaler); the LM loss returned stays the main one.
 // Its layers run whole (not node by node under EP overlap) and are not recomputed under full
 // recompute.

@@ -41,7 +41,7 @@ class MtpLayer {
  private:
   Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
   Tensor norm_backward(const Tensor& x, Param& gamma, const Tensor& rstd, const Tensor& dy) const;
-  const ModelSpec& spec_;
+  ModelSpec spec_;
 };
 
 }  // namespace epx
