@@ -40,7 +40,8 @@ TEST(Plan, ModelFlopsAreMegatrons) {
   EXPECT_LT(rel(model_flops(resolved("deepseek_v3", {"model.mtp_num_layers=null", "model.pipeline_model_parallel_layout=Et|(tt|)*30L"})).per_token() / 1e9, 249.81), 0.005);
   // epx run's count is the planner's: its TFLOP/s compare 1:1 with Megatron's log and the plan.
   // (deepseek_v3_proxy: a dense first layer and a shared expert.)
-  for (const char* recipe : {"qwen3_30b_a3b_proxy", "qwen3_30b_a3b_medium", "qwen3_30b_a3b", "deepseek_v3_proxy"}) {
+  for (const char* recipe :
+       {"qwen3_30b_a3b_proxy", "qwen3_30b_a3b_medium", "qwen3_30b_a3b", "deepseek_v3_proxy", "deepseek_v3_mla_proxy"}) {
     for (const char* gated : {"model.gated_linear_unit=true", "model.gated_linear_unit=false"}) {
       const Config c = resolved(recipe, {"target.num_gpus=16", "train.global_batch_size=64", gated});
       EXPECT_DOUBLE_EQ(model_spec_from_config(c).flops_per_token(), model_flops(c).per_token()) << recipe << " " << gated;
