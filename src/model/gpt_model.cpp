@@ -234,6 +234,7 @@ void GPTModel::mtp_forward(Context& ctx) {
     const TransformerLayer::Context& layer = ctx.mtp[k].layer;
     for (AuxLoss a : kAuxLosses) at(ctx.aux_losses, a) += at(layer.aux_losses, a);
     ctx.z_loss += layer.z_loss;
+    mtp[k]->checkpoint(ctx.mtp[k]);
     if (R <= 0) continue;  // no target this deep in the sequence: a loss of 0, as Megatron's clamped count
     ctx.mtp_logits[k] = Tensor::uninitialized({R, V}, DType::F32);
     gemm(mat(ctx.mtp_out[k], 0, R), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.mtp_logits[k]));

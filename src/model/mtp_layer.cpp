@@ -52,7 +52,16 @@ Tensor MtpLayer::norm_backward(const Tensor& x, Param& gamma, const Tensor& rstd
   return dx;
 }
 
-Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx) {
+void MtpLayer::checkpoint(Context& ctx) const {
+  if (spec_.recompute.method != "uniform") return;
+  Context kept;
+  kept.h = std::move(ctx.h);
+  kept.emb = std::move(ctx.emb);
+  kept.replay = std::move(ctx.layer.router_replay);
+  ctx = std::move(kept);
+}
+
+Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx, const RouterReplay* replay) {
   const std::int64_t T = h.dim(0), H = spec_.hidden;
   ctx.h = h;
   ctx.emb = emb;
@@ -67,12 +76,17 @@ Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx) {
   }
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(ctx.cat), Trans::N, mat(eh_proj.compute), Trans::T, mat_mut(x));
-  ctx.y = layer.forward(x, ctx.layer);
+  ctx.y = layer.forward(x, ctx.layer, replay);
   return norm(ctx.y, final_layernorm, ctx.y_rstd);
 }
 
 std::pair<Tensor, Tensor> MtpLayer::backward(Context& ctx, const Tensor& dout) {
   const std::int64_t T = dout.dim(0), H = spec_.hidden;
+  if (!ctx.cat.defined()) {  // checkpointed: the forward again, the router replaying its draw
+    const Tensor h = ctx.h, emb = ctx.emb;
+    const RouterReplay replay = std::move(ctx.replay);
+    forward(h, emb, ctx, &replay);
+  }
   const Tensor dy = norm_backward(ctx.y, final_layernorm, ctx.y_rstd, dout);
   const Tensor dx = layer.backward_dgrad(ctx.layer, dy);
   layer.backward_wgrad(ctx.layer);

@@ -225,8 +225,8 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double group = static_cast<double>(m.microbatch_group_size_per_vp_stage.value_or(l.pp));
   if (lp.split.interleaved && group > pp) out.in_flight += (vpp - 1) * (group - pp) / vpp;
   out.activations = one_micro_batch * out.in_flight + rebuilt + (ep_overlap ? avg_layer : 0);
-  // Logits and the cross-entropy's FP32 copies on the last stage.
-  if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp;
+  // Logits and the cross-entropy's FP32 copies on the last stage; each MTP depth there has its own.
+  if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp * (1 + mtp);
 
   // Dispatcher buffers: alltoall allocates the receive buffers of one exchange (k copies of
   // each token, with 10% routing imbalance, there and back); DeepEP and HybridEP keep

@@ -285,8 +285,9 @@ TEST(Training, MultiLatentAttentionUnderEveryScheduleAndLayout) {
 // layers' weights are dense ones reduced over DP or experts reduced over EDP, and the rolled
 // tokens' embedding rows join the embedding's gradient. The distributed run follows the
 // single-rank curve of the LM and MTP losses; EP overlap + delay_wgrad (one MTP layer, as
-// Megatron allows), recompute and the flex dispatcher change nothing, nor does reducing the
-// embedding's gradient as token rows.
+// Megatron allows), selective and full recompute (which reruns the MTP layers too, exchanging
+// their tokens again) and the flex dispatcher change nothing, nor does reducing the embedding's
+// gradient as token rows.
 TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
   const auto curve = [](Communicator& world, const std::vector<std::string>& o) {
     std::vector<double> l;
@@ -305,9 +306,11 @@ TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
     std::vector<std::string> one = o;
     one.push_back("model.expert_model_parallel_size=1");
     expect_losses_near(plain, curve(*self, one), 2e-4, fmt::format("MTP x{}", depths));
-    std::vector<std::string> recompute = o, flex = o;
+    std::vector<std::string> recompute = o, full = o, flex = o;
     recompute.insert(recompute.end(), {"model.recompute_granularity=selective", "model.recompute_modules=[layernorm,moe_act,mlp]"});
     EXPECT_EQ(plain, curve(mpi().world(), recompute)) << depths;
+    full.insert(full.end(), {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"});
+    EXPECT_EQ(plain, curve(mpi().world(), full)) << depths << ", full recompute";
     flex.push_back("model.moe_token_dispatcher_type=flex");
     expect_losses_near(curve(mpi().world(), flex), plain, 2e-4, fmt::format("MTP x{}, flex", depths));
   }

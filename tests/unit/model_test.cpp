@@ -444,7 +444,9 @@ TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
         std::vector<std::string>{"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true"},
         // Deeper than the sequence: the last depth has no target and a loss of 0 (Megatron's
         // count clamped to 1), but its layer still runs.
-        std::vector<std::string>{"model.mtp_num_layers=3", "model.seq_length=2", "model.moe_router_topk=8"}}) {
+        std::vector<std::string>{"model.mtp_num_layers=3", "model.seq_length=2", "model.moe_router_topk=8"},
+        std::vector<std::string>{"model.mtp_num_layers=1", "model.recompute_granularity=full",
+                                 "model.recompute_method=uniform", "model.recompute_num_layers=1"}}) {
     SCOPED_TRACE(fmt::format("{}", fmt::join(extra, " ")));
     std::vector<std::string> overrides{"model.moe_router_topk=8"};
     overrides.insert(overrides.end(), extra.begin(), extra.end());
@@ -646,6 +648,33 @@ TEST(GPTModel, RecomputeChangesNothingButMemory) {
       ASSERT_EQ(0, std::memcmp(g[i].raw(), grads[i].raw(), g[i].nbytes())) << mode[1] << " gradient " << i;
     if (mode[1] == "model.recompute_modules=[core_attn]") EXPECT_EQ(peak, base_peak);
     else EXPECT_LT(peak, base_peak) << mode[1] << " should lower the peak";
+  }
+}
+
+// MTP under full recompute: uniform reruns each MTP layer's forward before its backward (as
+// Megatron's MTP checkpoint), block leaves it; either gives the same bits as none, with a lower peak.
+TEST(GPTModel, MtpUnderFullRecomputeChangesNothingButMemory) {
+  const std::vector<std::string> mtp{"model.mtp_num_layers=2"};
+  std::int64_t base_peak = 0;
+  const auto [loss, grads] = recompute_run(mtp, &base_peak);
+  for (const char* method : {"uniform", "block"}) {
+    std::vector<std::string> o = mtp;
+    o.insert(o.end(), {"model.recompute_granularity=full", fmt::format("model.recompute_method={}", method),
+                       "model.recompute_num_layers=1"});
+    std::int64_t peak = 0;
+    const auto [l, g] = recompute_run(o, &peak);
+    EXPECT_EQ(l, loss) << method;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      ASSERT_EQ(0, std::memcmp(g[i].raw(), grads[i].raw(), g[i].nbytes())) << method << " gradient " << i;
+    EXPECT_LT(peak, base_peak) << method;
+    // What an MTP layer holds between its forward and backward: only its inputs under uniform.
+    const ModelSpec spec = model_spec_from_config(tiny(o));
+    GPTModel model = make_model(spec);
+    const Batch b = batch(spec);
+    GPTModel::Context ctx;
+    model.forward(b.tokens, b.targets, ctx);
+    EXPECT_EQ(ctx.mtp[0].cat.defined(), method == std::string("block")) << method;
+    EXPECT_TRUE(ctx.mtp[0].h.defined() && ctx.mtp[0].emb.defined()) << method;
   }
 }
 

@@ -10,8 +10,8 @@
 // predicts the targets rolled k left with the shared LM head, and adds mtp_loss_scale times its
 // token-mean cross-entropy over the S - k positions that have a target (0 where none) to the objective
 // (Megatron's process_mtp_loss and MTPLossAutoScaler); the LM loss returned stays the main one.
-// Its layers run whole (not node by node under EP overlap) and are not recomputed under full
-// recompute.
+// Its layers run whole (not node by node under EP overlap); under full uniform recompute each
+// reruns its forward before its backward (mtp_layer.hpp).
 #pragma once
 
 #include <functional>

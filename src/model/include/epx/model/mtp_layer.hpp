@@ -3,7 +3,9 @@
 // at depth 1) and the embedding of the input tokens rolled one more position left,
 //   x = eh_proj([enorm(embedding) | hnorm(h)]),  out = final_layernorm(TransformerLayer(x)).
 // The transformer layer is built as the decoder's last (MoE where it is one). GPTModel runs the
-// layers in its head, with the shared LM head and the rolled targets (gpt_model.hpp).
+// layers in its head, with the shared LM head and the rolled targets (gpt_model.hpp). Under full
+// recompute with the uniform method the layer keeps only its inputs and reruns its forward just
+// before its backward (Megatron's MTP _checkpointed_forward; the block method recomputes none).
 #pragma once
 
 #include <memory>
@@ -24,10 +26,14 @@ class MtpLayer {
     Tensor h, h_rstd, emb, emb_rstd, cat;  // the inputs, their norms' 1/rms, eh_proj's input
     Tensor y, y_rstd;                      // the transformer layer's output, the final norm's 1/rms
     TransformerLayer::Context layer;
+    RouterReplay replay;  // checkpointed: the router's draw, for the rerun
   };
 
-  // h, emb [T, H] in the compute dtype -> [T, H].
-  Tensor forward(const Tensor& h, const Tensor& emb, Context& ctx);
+  // h, emb [T, H] in the compute dtype -> [T, H]. `replay`: the rerun of a checkpointed forward.
+  Tensor forward(const Tensor& h, const Tensor& emb, Context& ctx, const RouterReplay* replay = nullptr);
+  // Under full uniform recompute, drops all but the inputs and the router's draw (after the
+  // caller read the layer's losses); the backward reruns the forward first.
+  void checkpoint(Context& ctx) const;
   // dout [T, H] -> the gradients of h and emb; every weight gradient accumulated.
   std::pair<Tensor, Tensor> backward(Context& ctx, const Tensor& dout);
 
