@@ -25,6 +25,7 @@ std::string RecomputeSpec::describe() const {
   if (mlp) m.push_back("mlp");
   if (shared_experts) m.push_back("shared_experts");
   if (mla_up_proj) m.push_back("mla_up_proj");
+  if (moe) m.push_back("moe");
   return m.empty() ? "none" : fmt::format("selective ({})", fmt::join(m, ", "));
 }
 

@@ -149,19 +149,40 @@ Tensor TransformerLayer::forward_output(Context& ctx) {
   }
   Tensor out = Tensor::uninitialized(ctx.h.shape(), ctx.h.dtype());
   add(ctx.h, m, out);
+  if (moe && spec_.recompute.moe) {  // the whole MoE layer: keep its input (unless the norm's recomputed)
+    if (!spec_.recompute.layernorm) ctx.moe_input = ctx.moe->x;
+    ctx.moe.reset();
+  }
   if (spec_.recompute.layernorm) {  // keep only the norms' inputs (x and h, saved anyway)
     ctx.attn.x = Tensor();
-    if (moe) moe->release_input(*ctx.moe);
-    else ctx.mlp.x = Tensor();
+    if (moe && ctx.moe) moe->release_input(*ctx.moe);
+    else if (!moe) ctx.mlp.x = Tensor();
   }
   return out;
+}
+
+void TransformerLayer::recompute_moe(Context& ctx) {
+  const std::int64_t S = spec_.seq_length, T = ctx.h.dim(0), H = spec_.hidden;
+  Tensor input = std::move(ctx.moe_input);
+  if (!input.defined()) {  // layernorm recompute too: the norm again from the residual
+    Tensor rstd;
+    input = norm(ctx.h, pre_mlp_layernorm, rstd);
+  }
+  ctx.moe = std::make_unique<MoELayer::Context>();
+  moe->forward_route(*ctx.moe, input.reshape({S, T / S, H}), true, &ctx.router_replay);
+  moe->launch_dispatch(*ctx.moe);
+  moe->forward_experts(*ctx.moe);
+  moe->launch_combine(*ctx.moe);
+  moe->forward_output(*ctx.moe);
 }
 
 // ---------------------------------------------------------------------------- backward nodes
 
 void TransformerLayer::launch_moe_combine_backward(Context& ctx, const Tensor& dy) {
   const std::int64_t S = spec_.seq_length, T = dy.dim(0), H = spec_.hidden;
-  if (spec_.recompute.layernorm) {
+  if (moe && spec_.recompute.moe) {
+    recompute_moe(ctx);
+  } else if (spec_.recompute.layernorm) {
     Tensor rstd;
     const Tensor n2 = norm(ctx.h, pre_mlp_layernorm, rstd);
     if (moe) moe->restore_input(*ctx.moe, n2);

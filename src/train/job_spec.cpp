@@ -525,6 +525,7 @@ ModelSpec model_spec_from_config(const Config& c) {
       else if (mod == "moe_act") r.moe_act = true;
       else if (mod == "mlp") r.mlp = true;
       else if (mod == "shared_experts") r.shared_experts = true;
+      else if (mod == "moe") r.moe = true;
       else if (mod == "mla_up_proj" && s.attention.mla) r.mla_up_proj = true;
       else if (mod == "mla_up_proj")
         bad(c, "model.recompute_modules", mod,
@@ -532,8 +533,8 @@ ModelSpec model_spec_from_config(const Config& c) {
             "TransformerConfig); remove it from the list or set model.multi_latent_attention=true");
       else
         bad(c, "model.recompute_modules", mod,
-            "epx recomputes layernorm, core_attn, moe_act, mlp, shared_experts and mla_up_proj (moe is not "
-            "implemented); remove it from the list");
+            "epx recomputes layernorm, core_attn, moe_act, mlp, shared_experts, mla_up_proj and moe; remove it "
+            "from the list");
     }
   } else if (m.recompute_granularity == "full") {
     if (!m.recompute_method || (*m.recompute_method != "uniform" && *m.recompute_method != "block"))
@@ -721,6 +722,10 @@ JobSpec JobSpec::from_config(const Config& c, int world) {
                                         j.pipeline.micro_batch_group(), *why, j.pipeline.stages)
                           : fmt::format("train.global_batch_size={}: {}; set it to a multiple of {}", gbs, *why,
                                         mbs * dp * j.pipeline.micro_batch_group()));
+  if (j.schedule.ep_overlap && j.model.recompute.moe)
+    bad(c, "model.recompute_modules", "[..., moe]",
+        "[ep_overlap.recompute_moe] disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm "
+        "(the EP-overlap schedule runs the MoE layer's phases one by one)");
   if (j.schedule.ep_overlap && j.model.recompute.method.size())
     bad(c, "model.recompute_granularity", "full",
         "[ep_overlap.full_recompute] the EP-overlap schedule runs the layers node by node and cannot replay "

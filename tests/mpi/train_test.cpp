@@ -335,6 +335,27 @@ TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
   }
 }
 
+// recompute_modules' moe: the whole MoE layer reruns before its backward, its tokens exchanged
+// again and its router replaying the draw: the same bits as without, with the alltoall and flex
+// dispatchers, with the layernorm recompute, and over 2 pipeline stages.
+TEST(Training, MoeRecomputeChangesNothing) {
+  const std::vector<std::string> base{"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.bf16=true"};
+  std::vector<std::vector<std::string>> layouts{{}, {"model.moe_token_dispatcher_type=flex"}};
+  if (mpi().size() >= 2)
+    layouts.push_back({"model.pipeline_model_parallel_size=2",
+                       "model.expert_model_parallel_size=" + std::to_string(mpi().size() / 2)});
+  for (const auto& layout : layouts) {
+    std::vector<std::string> o = base;
+    o.insert(o.end(), layout.begin(), layout.end());
+    const std::vector<double> plain = losses(mpi().world(), o);
+    for (const char* modules : {"model.recompute_modules=[moe]", "model.recompute_modules=[moe,layernorm,moe_act]"}) {
+      std::vector<std::string> r = o;
+      r.insert(r.end(), {"model.recompute_granularity=selective", modules});
+      EXPECT_EQ(plain, losses(mpi().world(), r)) << testing::PrintToString(r);
+    }
+  }
+}
+
 // gated_linear_unit=false (Megatron's default MLP; Nemotron-H's squared ReLU): fc1 is F wide in
 // the experts, the shared expert and the dense MLPs.
 TEST(Training, UngatedMlpsUnderEveryScheduleAndLayout) {

@@ -637,6 +637,8 @@ TEST(GPTModel, RecomputeChangesNothingButMemory) {
   const std::vector<std::vector<std::string>> modes = {
       {"model.recompute_granularity=selective", "model.recompute_modules=[core_attn]"},
       {"model.recompute_granularity=selective", "model.recompute_modules=[layernorm,moe_act,mlp,shared_experts]"},
+      {"model.recompute_granularity=selective", "model.recompute_modules=[moe]"},
+      {"model.recompute_granularity=selective", "model.recompute_modules=[moe,layernorm,mlp]"},
       {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"},
       {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=2"},
       {"model.recompute_granularity=full", "model.recompute_method=block", "model.recompute_num_layers=1"}};

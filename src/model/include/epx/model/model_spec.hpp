@@ -21,6 +21,7 @@ namespace epx {
 // with flash attention on a GPU.
 struct RecomputeSpec {
   bool layernorm = false, core_attn = false, moe_act = false, mlp = false, shared_experts = false, mla_up_proj = false;
+  bool moe = false;  // the whole MoE layer (router, exchanges, experts) rerun before its backward
   std::string method;  // full recompute: "uniform" or "block"; empty = no full recompute
   int num_layers = 0;  // recompute_num_layers
 

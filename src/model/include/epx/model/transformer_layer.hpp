@@ -35,7 +35,8 @@ class TransformerLayer {
     Tensor dy, dn2;    // the output gradient and a dense MLP's input gradient, between nodes
     AuxLossValues aux_losses{};  // of the MoE router, for the log
     double z_loss = 0;
-    RouterReplay router_replay;  // replayed by a full-recompute forward
+    RouterReplay router_replay;  // replayed by a full-recompute forward, or the moe recompute
+    Tensor moe_input;            // the moe recompute: the MoE layer's input, all it keeps
   };
 
   // x [S * B, H] in the compute dtype. `replay`: this is a recompute of an earlier forward.
@@ -76,6 +77,9 @@ class TransformerLayer {
 
  private:
   bool experts_wgrad_early() const;
+  // recompute_modules' moe: the MoE layer's forward again from its input, the router replaying
+  // its draw (Megatron's checkpoint of MoELayer.forward), before its backward.
+  void recompute_moe(Context& ctx);
   Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
 
   ModelSpec spec_;
