@@ -362,11 +362,17 @@ TEST(JobSpec, RunTimeRefusalsCiteTheCheckRule) {
   c.model.moe_router_topk = 99;
   EXPECT_NE(error_of([&] { moe_spec_from_config(c); }).find("[moe.topk_range]"), std::string::npos);
   EXPECT_NE(error_of([] { experts_per_ep_rank(6, 4); }).find("[parallel.experts_divisible_by_ep]"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              JobSpec::from_config(resolved({"comm_overlap.overlap_moe_expert_parallel_comm=true", "model.bf16=true",
+                                             "model.recompute_granularity=selective", "model.recompute_modules=[moe]"}),
+                                   2);
+            }).find("[ep_overlap.recompute_moe]"),
+            std::string::npos);
   // Each cited id is a row of the checker's table.
   const std::string table = format_rule_table();
   for (const char* id : {"moe.topk_range", "parallel.experts_divisible_by_ep", "ep_overlap.full_recompute",
                          "hybridep.domain_divides_ep", "ep_overlap.pp_needs_vpp", "parallel.vpp_needs_pp", "ddp.embedding_rows",
-                         "moe.group_limited_routing"})
+                         "moe.group_limited_routing", "ep_overlap.recompute_moe"})
     EXPECT_NE(table.find(id), std::string::npos) << id;
 }
 
