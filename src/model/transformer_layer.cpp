@@ -7,6 +7,7 @@
 #include "epx/kernels/kernels.hpp"
 #include "epx/model/norm_gain.hpp"
 #include "epx/tensor/random.hpp"
+#include "epx/trace/trace.hpp"
 
 namespace epx {
 
@@ -162,6 +163,7 @@ Tensor TransformerLayer::forward_output(Context& ctx) {
 }
 
 void TransformerLayer::recompute_moe(Context& ctx) {
+  trace::Scope scope(trace::Track::compute, "recompute moe");
   const std::int64_t S = spec_.seq_length, T = ctx.h.dim(0), H = spec_.hidden;
   Tensor input = std::move(ctx.moe_input);
   if (!input.defined()) {  // layernorm recompute too: the norm again from the residual

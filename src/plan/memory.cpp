@@ -209,7 +209,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double input_split = sp ? tp : 1;  // a layer's input, split by SP
   double one_micro_batch = dense_layers * per_layer_dense + moe_layers * per_layer_moe, rebuilt = 0;
   if (full) {  // each micro-batch's checkpoint inputs and whole layers; one group rebuilt at a time
-    const FullRecompute r = full_recompute(m, stage_layers, lp.split.chunks);
+    const FullRecompute r = full_recompute(m, st.layers, mtp, lp.split.chunks);
     one_micro_batch = r.kept_inputs * 2 * s * b * h / input_split + (stage_layers - r.recomputed) * avg_layer;
     rebuilt = r.rebuilt * avg_layer;
   }
@@ -225,8 +225,9 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   const double group = static_cast<double>(m.microbatch_group_size_per_vp_stage.value_or(l.pp));
   if (lp.split.interleaved && group > pp) out.in_flight += (vpp - 1) * (group - pp) / vpp;
   out.activations = one_micro_batch * out.in_flight + rebuilt + (ep_overlap ? avg_layer : 0);
-  // Logits and the cross-entropy's FP32 copies on the last stage; each MTP depth there has its own.
-  if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp * (1 + mtp);
+  // Logits and the cross-entropy's FP32 copies on the last stage, once more for each MTP depth
+  // (process_mtp_loss runs there, wherever the layout puts the MTP layers).
+  if (st.last) out.logits = 4 * s * b * h * (1 + V / h) / tp * (1 + static_cast<double>(m.mtp_num_layers.value_or(0)));
 
   // Dispatcher buffers: alltoall allocates the receive buffers of one exchange (k copies of
   // each token, with 10% routing imbalance, there and back); DeepEP and HybridEP keep
@@ -250,13 +251,13 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
 
 }  // namespace
 
-FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks) {
+FullRecompute full_recompute(const ModelConfig& m, double layers, double mtp, int chunks) {
   const double per_chunk = layers / std::max(1, chunks), n = std::max<double>(1, static_cast<double>(m.recompute_num_layers.value_or(1)));
   if (m.recompute_method == std::optional<std::string>("block")) {  // over 0 layers: none
     const double r = std::clamp<double>(static_cast<double>(m.recompute_num_layers.value_or(1)), 0, per_chunk);
     return {r * chunks, r * chunks, r > 0 ? 1.0 : 0.0};
   }
-  return {layers, std::ceil(per_chunk / n) * chunks, std::min(n, per_chunk)};
+  return {layers + mtp, std::ceil(per_chunk / n) * chunks + 2 * mtp, std::max(std::min(n, per_chunk), mtp > 0 ? 1.0 : 0.0)};
 }
 
 bool recomputes_module(const ModelConfig& m, std::string_view module) {

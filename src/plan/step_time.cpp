@@ -88,7 +88,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
     const double layers = st.layers + st.mtp_layers;
-    if (full && layers > 0) stage *= 1 + full_recompute(m, layers, lp.split.chunks).recomputed / layers / 3;
+    if (full && layers > 0) stage *= 1 + full_recompute(m, st.layers, st.mtp_layers, lp.split.chunks).recomputed / layers / 3;
     s.stage_compute.push_back(stage);
     s.compute = std::max(s.compute, stage);
   }
@@ -101,7 +101,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const bool fused = m.moe_permute_fusion || m.moe_permute_fusion_into_hybridep;
   // A recomputed MoE layer (full recompute, or the selective `moe` module) runs its forward again
   // with its exchanges: the dispatch and combine, half of the four, and the forward permutations.
-  const double moe_again = full && stage_layers > 0 ? full_recompute(m, stage_layers, lp.split.chunks).recomputed / stage_layers
+  const double moe_again = full && stage_layers > 0
+                               ? full_recompute(m, stage.layers, stage.mtp_layers, lp.split.chunks).recomputed / stage_layers
                            : selective("moe")      ? 1
                                                    : 0;
   s.memory_bound = (1 + moe_again / 2) * stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +

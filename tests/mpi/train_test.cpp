@@ -123,17 +123,24 @@ TEST(Training, LoadBalancingIsTheSameUnderEveryScheduleBitwise) {
   };
   const Overrides overlap{"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"};
   const Overrides full{"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"};
+  // The reruns of the moe recompute and of a checkpointed MTP layer replay the router's draw and
+  // count no token twice (a second count would move the global aux loss and quantile balancing).
+  const Overrides moe{"model.recompute_granularity=selective", "model.recompute_modules=[moe,layernorm]"};
+  const Overrides mtp{"model.mtp_num_layers=1"};
   const Overrides none{"model.bf16=true", "model.moe_router_load_balancing_type=none"};
   for (const Overrides& balancing :
        {Overrides{"model.moe_router_load_balancing_type=[aux_loss,seq_aux_loss,global_aux_loss]",
                   "model.moe_aux_loss_coeff=[1e-2,1e-2,1e-1]"},
         Overrides{"model.moe_router_load_balancing_type=quantile_balancing", "model.moe_aux_loss_coeff=0.0",
-                  "model.moe_router_quantile_balancing_ema=0.5"}}) {
+                  "model.moe_router_quantile_balancing_ema=0.5"},
+        Overrides{"model.moe_router_force_load_balancing=true"}}) {
     const Overrides o = with({"model.bf16=true"}, balancing);
     const std::vector<double> plain = losses(mpi().world(), o);
     EXPECT_NE(plain, losses(mpi().world(), none)) << balancing[0] << " changes nothing";
     EXPECT_EQ(plain, losses(mpi().world(), with(o, overlap))) << balancing[0];
     EXPECT_EQ(plain, losses(mpi().world(), with(o, full))) << balancing[0];
+    EXPECT_EQ(plain, losses(mpi().world(), with(o, moe))) << balancing[0];
+    EXPECT_EQ(losses(mpi().world(), with(o, mtp)), losses(mpi().world(), with(with(o, mtp), full))) << balancing[0];
     if (mpi().size() == 4) {  // PP 2 x EP 2, interleaved: each stage's DP group balances its own routers
       const Overrides pp = with(o, {"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.pipeline_model_parallel_size=2",
                                     "model.expert_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"});

@@ -68,7 +68,9 @@ struct FullRecompute {
   double kept_inputs = 0;  // the checkpoints: layer inputs held instead of their activations
   double rebuilt = 0;      // layers whose activations are rebuilt at once in the backward
 };
-FullRecompute full_recompute(const ModelConfig& m, double layers, int chunks);
+// `layers` decoder layers over `chunks` model chunks, and `mtp` MTP layers: uniform checkpoints
+// each MTP layer too, keeping its two inputs (Megatron's MTP checkpoint); block leaves them.
+FullRecompute full_recompute(const ModelConfig& m, double layers, double mtp, int chunks);
 // Whether selective recompute (recompute_granularity selective) recomputes `module`, one of
 // recompute_modules (Megatron's default: core_attn).
 bool recomputes_module(const ModelConfig& m, std::string_view module);
