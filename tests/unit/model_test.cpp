@@ -815,7 +815,10 @@ TEST(ModelSpec, RefusesWhatItCannotBuild) {
   EXPECT_NE(message({"model.normalization=LayerNorm"}).find("set model.normalization=RMSNorm"), std::string::npos);
   EXPECT_NE(message({"model.moe_layer_freq=[1,1,1]"}).find("3 entries for 2 layers"), std::string::npos);
   EXPECT_NE(message({"model.recompute_granularity=full"}).find("model.recompute_method"), std::string::npos);
-  EXPECT_NE(message({"model.recompute_granularity=selective", "model.recompute_modules=[moe]"}).find("moe"), std::string::npos);
+  EXPECT_NE(message({"model.recompute_granularity=selective", "model.recompute_modules=[mhc]"})
+                .find("model.recompute_modules=mhc: epx recomputes layernorm"),
+            std::string::npos);
+  EXPECT_EQ(message({"model.recompute_granularity=selective", "model.recompute_modules=[moe]"}), "no error");
   EXPECT_NE(message({"model.vocab_size=null"}).find("model.vocab_size"), std::string::npos);
 }
 
