@@ -240,7 +240,7 @@ Tensor SelfAttention::backward_dgrad(Context& ctx, const Tensor& dy) {
   Tensor d_o = Tensor::uninitialized({T, nh * dv}, DType::F32);
   gemm(mat(dy), Trans::N, mat(linear_proj.compute), Trans::N, mat_mut(d_o));
   if (spec_.mla && spec_.recompute_up_proj) {  // mla_up_proj: q, k and v again from the latents
-    mla_up(S, ctx);
+    mla_up(S, ctx, spec_.qk_norm);  // the normalised latents were dropped with the norms (mla_release_up)
     round_qkv(ctx);
   }
 

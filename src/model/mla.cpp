@@ -74,19 +74,18 @@ void SelfAttention::mla_forward(const Tensor& x, std::int64_t seq, Context& ctx)
     std::copy_n(down.data<float>() + t * (kvl + pe), kvl, ctx.k_raw.data<float>() + t * kvl);
     std::copy_n(down.data<float>() + t * (kvl + pe) + kvl, pe, ctx.k_pe.data<float>() + t * pe);
   }
-  ctx.kv_latent = Tensor();  // mla_up normalises it
-  mla_up(seq, ctx);
+  mla_up(seq, ctx, true);
   if (!spec_.qk_norm) ctx.q_raw = ctx.k_raw = Tensor();  // only the norms' backward reads them
 }
 
-void SelfAttention::mla_up(std::int64_t seq, Context& ctx) const {
+void SelfAttention::mla_up(std::int64_t seq, Context& ctx, bool normalise_latents) const {
   const MlaSpec& m = *spec_.mla;
   const std::int64_t T = ctx.x.dim(0), S = seq, B = T / seq, nh = spec_.heads, d = spec_.head_dim, dv = m.v_head_dim;
   const std::int64_t nope = m.qk_head_dim, pe = m.pe_dim, kv_width = nope + dv;
   const bool q_latent = m.q_lora_rank > 0;
 
-  // The latents' norms (unless the latents are kept), then the up projections.
-  if (!ctx.kv_latent.defined()) {
+  // The latents' norms (where asked), then the up projections.
+  if (normalise_latents) {
     if (q_latent)
       ctx.q_latent =
           normalise(ctx.q_raw, q_layernorm, spec_.qk_norm, spec_.zero_centered_gamma, spec_.eps, ctx.q_rstd, spec_.dtype);

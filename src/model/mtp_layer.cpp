@@ -38,13 +38,6 @@ void MtpLayer::init_weights(std::uint64_t seed) {
   layer.init_weights(seed);
 }
 
-Tensor MtpLayer::norm(const Tensor& x, const Param& gamma, Tensor& rstd) const {
-  Tensor y = Tensor::uninitialized(x.shape(), x.dtype());
-  rstd = Tensor::uninitialized({x.dim(0)}, DType::F32);
-  rmsnorm_forward(x, norm_gain(gamma, spec_.zero_centered_gamma), spec_.eps, y, rstd);
-  return y;
-}
-
 Tensor MtpLayer::norm_backward(const Tensor& x, Param& gamma, const Tensor& rstd, const Tensor& dy) const {
   Tensor dx = Tensor::uninitialized(x.shape(), x.dtype());
   rmsnorm_dgrad(x, norm_gain(gamma, spec_.zero_centered_gamma), rstd, dy, dx);
@@ -66,7 +59,7 @@ Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx, const
   ctx.h = h;
   ctx.emb = emb;
   // [enorm(embedding) | hnorm(h)], Megatron's torch.cat((decoder_input, hidden_states), -1).
-  const Tensor e = norm(emb, enorm, ctx.emb_rstd), n = norm(h, hnorm, ctx.h_rstd);
+  const Tensor e = layer.norm(emb, enorm, ctx.emb_rstd), n = layer.norm(h, hnorm, ctx.h_rstd);
   ctx.cat = Tensor::uninitialized({T, 2 * H}, spec_.dtype);
   const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
   auto* cat = static_cast<std::byte*>(ctx.cat.raw());
@@ -77,7 +70,7 @@ Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx, const
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(ctx.cat), Trans::N, mat(eh_proj.compute), Trans::T, mat_mut(x));
   ctx.y = layer.forward(x, ctx.layer, replay);
-  return norm(ctx.y, final_layernorm, ctx.y_rstd);
+  return layer.norm(ctx.y, final_layernorm, ctx.y_rstd);
 }
 
 std::pair<Tensor, Tensor> MtpLayer::backward(Context& ctx, const Tensor& dout) {

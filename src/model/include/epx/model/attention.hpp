@@ -127,10 +127,11 @@ class SelfAttention {
   void gqa_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
   Tensor gqa_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);
   void mla_forward(const Tensor& x, std::int64_t seq, Context& ctx) const;
-  // MLA from its latents and raw k_pe to ctx.q, ctx.k, ctx.v: the latents' norms where
-  // ctx.kv_latent is not kept, the up projections and RoPE (mla_up_proj reruns it in the
-  // backward); and what the forward drops once the core attention ran.
-  void mla_up(std::int64_t seq, Context& ctx) const;
+  // MLA from its latents and raw k_pe to ctx.q, ctx.k, ctx.v: the latents' norms (where
+  // `normalise_latents`; else ctx.q_latent and ctx.kv_latent are kept), the up projections and
+  // RoPE (mla_up_proj reruns it in the backward); and what the forward drops once the core
+  // attention ran.
+  void mla_up(std::int64_t seq, Context& ctx, bool normalise_latents) const;
   void mla_release_up(Context& ctx) const;
   void round_qkv(Context& ctx) const;  // q, k, v to the core attention's operand dtype
   Tensor mla_backward(Context& ctx, const Tensor& dq, const Tensor& dk, const Tensor& dv);

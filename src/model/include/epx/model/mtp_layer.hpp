@@ -45,7 +45,6 @@ class MtpLayer {
   TransformerLayer layer;
 
  private:
-  Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
   Tensor norm_backward(const Tensor& x, Param& gamma, const Tensor& rstd, const Tensor& dy) const;
   ModelSpec spec_;
 };

@@ -65,6 +65,9 @@ class TransformerLayer {
   Tensor backward_attn(Context& ctx, bool with_wgrad);  // returns dx
   void backward_mlp_wgrad(Context& ctx);
   void backward_attn_wgrad(Context& ctx);  // frees the context's last tensors
+  // x [T, H] through an RMSNorm with `gamma` at the model's eps and gain (rstd saved); the MTP
+  // layer's norms use it too.
+  Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
 
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();
@@ -80,7 +83,6 @@ class TransformerLayer {
   // recompute_modules' moe: the MoE layer's forward again from its input, the router replaying
   // its draw (Megatron's checkpoint of MoELayer.forward), before its backward.
   void recompute_moe(Context& ctx);
-  Tensor norm(const Tensor& x, const Param& gamma, Tensor& rstd) const;
 
   ModelSpec spec_;
 };
