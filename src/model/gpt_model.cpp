@@ -33,20 +33,20 @@ ModelChunk resolved(ModelChunk c, int num_layers) {
 
 GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
                    const MoELayerOptions& moe_options, ModelChunk chunk)
-    : embedding("embedding.word_embeddings.weight", {chunk.pre_process ? spec.vocab : 0, spec.hidden}, spec.dtype),
+    : embedding("embedding.word_embeddings.weight",
+                {chunk.pre_process || (chunk.post_process && (spec.tie_embeddings || spec.mtp_layers > 0)) ? spec.vocab : 0,
+                 spec.hidden},
+                spec.dtype),
       final_layernorm("decoder.final_layernorm.weight", {chunk.post_process ? spec.hidden : 0}, DType::F32),
       output_layer("output_layer.weight", {spec.tie_embeddings || !chunk.post_process ? 0 : spec.vocab, spec.hidden},
                    spec.dtype),
       spec_(spec),
       chunk_(resolved(chunk, spec.num_layers)),
       checkpoint_end_(static_cast<std::size_t>(chunk_.layers.size()), -1) {
-  if (spec.tie_embeddings && chunk_.pre_process != chunk_.post_process)
-    throw std::invalid_argument("model: tied embeddings need the embedding and the head in one chunk");
   for (int i = chunk_.layers.first; i < chunk_.layers.end; ++i)
     layers.push_back(std::make_unique<TransformerLayer>(
         i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
   if (chunk_.post_process && spec.mtp_layers > 0) {
-    if (!chunk_.pre_process) throw std::invalid_argument("model: MTP needs the embedding and the head in one chunk");
     for (int k = 0; k < spec.mtp_layers; ++k)
       mtp.push_back(std::make_unique<MtpLayer>(
           k, spec, spec.is_moe[static_cast<std::size_t>(spec.num_layers + k)] ? make_dispatcher() : nullptr, moe_options));
@@ -58,7 +58,7 @@ GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<To
 
 std::vector<Param*> GPTModel::params() {
   std::vector<Param*> out;
-  if (chunk_.pre_process) out.push_back(&embedding);
+  if (has_embedding()) out.push_back(&embedding);
   for (auto& l : layers)
     for (Param* p : l->params()) out.push_back(p);
   if (chunk_.post_process) out.push_back(&final_layernorm);
@@ -75,6 +75,7 @@ std::vector<std::vector<Param*>> GPTModel::grad_groups() {
     if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
     for (auto& m : mtp)
       for (Param* p : m->params()) out.front().push_back(p);
+    if (embedding_copy()) out.front().push_back(&embedding);
   }
   for (int i = num_local_layers() - 1; i >= 0; --i) out.push_back(layers[static_cast<std::size_t>(i)]->params());
   if (chunk_.pre_process) out.push_back({&embedding});
@@ -280,6 +281,11 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
   if (!mtp.empty()) add(dn, mtp_backward(ctx, dloss), dn);  // the MTP's gradient of the final norm's output
+  if (embedding_copy() && !mtp.empty()) {  // the rolled tokens' rows, into the copy (embed_backward's at PP 1)
+    for (std::size_t k = 0; k < mtp.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
+    ctx.mtp_tokens.clear();
+    ctx.mtp_demb.clear();
+  }
   Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
   rmsnorm_dgrad(ctx.final_in, norm_gain(final_layernorm, spec_.zero_centered_gamma), ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
@@ -333,16 +339,18 @@ void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
     ctx.mtp_tokens.clear();
     ctx.mtp_demb.clear();
   }
-  if (!embedding_rows_hook_ || !embedding_rows_hook_(tokens, rows)) {
-    const std::int64_t T = tokens.numel(), H = spec_.hidden;
-    const std::int64_t* tok = tokens.data<std::int64_t>();
-    float* g = embedding.grad.data<float>();
-    const Tensor rows32 = rows.to(DType::F32);
-    const float* d = rows32.data<float>();
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
-  }
+  if (!embedding_rows_hook_ || !embedding_rows_hook_(tokens, rows)) add_embedding_grad(tokens, rows);
   grads_ready(embedding_grad_group());
+}
+
+void GPTModel::add_embedding_grad(const Tensor& tokens, const Tensor& rows) {
+  const std::int64_t T = tokens.numel(), H = spec_.hidden;
+  const std::int64_t* tok = tokens.data<std::int64_t>();
+  float* g = embedding.grad.data<float>();
+  const Tensor rows32 = rows.to(DType::F32);
+  const float* d = rows32.data<float>();
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t j = 0; j < H; ++j) g[tok[t] * H + j] += d[t * H + j];
 }
 
 }  // namespace epx

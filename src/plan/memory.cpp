@@ -118,11 +118,12 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   MemoryPlan out;
   // Parameters on this rank: TP-sharded blocks, the replicated router, experts over ETP x EP;
   // the embedding on the first stage, the output layer (or the tied embedding's copy) on the
-  // last, MTP's projection there too.
+  // last, MTP's projection there too. The MTP's stage keeps an embedding of its own (Megatron's
+  // mtp_process), and allocates its output layer even when tied (the copy that it then leaves unused).
   out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
                       mtp * 2 * h * h) / tp +
                      (st.layers + mtp) * lay.duplicated + moe_layers * lay.router;
-  if (st.first) out.embedding_params = V * h / tp;
+  if (st.first || st.mtp_layers > 0) out.embedding_params = V * h / tp;
   out.dense_params += out.embedding_params;
   const double output_params = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
   out.dense_params += output_params;

@@ -19,6 +19,7 @@ namespace {
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
+constexpr const char* kSharedName = "embedding gradient all-reduce (first and last stage)";
 
 // A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
 // router) go as their FP32 masters, which the forward reads. In 2-byte units per element.
@@ -41,13 +42,14 @@ void for_each_in(const std::vector<Param*>& params, std::int64_t lo, std::int64_
 
 GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
                          const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
-                         const GradReduceOptions& options, int embedding_group)
+                         const GradReduceOptions& options, int embedding_group, Param* shared_embedding)
     : stream_(stream),
       overlap_(options.overlap),
       distributed_(options.distributed),
       reduce_dtype_(options.reduce_dtype),
       group_chunk_(std::move(group_chunk)),
-      completions_(groups.size(), 0) {
+      completions_(groups.size(), 0),
+      shared_embedding_(shared_embedding) {
   if (group_chunk_.size() != groups.size()) throw std::logic_error("GradReducer: one chunk per group");
   if (options.embedding_rows && overlap_ && dp.size() > 1) embedding_group_ = embedding_group;
   const int last = static_cast<int>(groups.size()) - 1;
@@ -69,9 +71,11 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     // optimizer refuses it below.
     // `group`: the weight's; a bucket closed here is complete with group `closes_at`.
     const auto add = [&](Param* p, int group, int closes_at) {
-      if (n > 0 && n + p->grad.numel() > max_bucket) close(b, closes_at), n = 0;
+      const bool alone = distributed_ && p == shared_embedding_;
+      if (n > 0 && (alone || n + p->grad.numel() > max_bucket)) close(b, closes_at), n = 0;
       if (b.params.empty()) first = group;
       b.params.push_back(p), n += p->grad.numel();
+      if (alone) close(b, closes_at), n = 0;
     };
     if (!options.overlap && options.bucket_size <= 0) {  // one bucket, in the model's order
       for (Param* p : params)
@@ -88,9 +92,11 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
     }
     close(b, last);
   }
-  for (std::size_t i = 0; i < buckets_.size(); ++i)
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
     if (!buckets_[i].expert && embedding_group_ >= 0 && buckets_[i].first_group == embedding_group_)
       embedding_bucket_ = static_cast<int>(i);
+    if (buckets_[i].params.front() == shared_embedding_) shared_bucket_ = static_cast<int>(i);
+  }
   for (Bucket& bucket : buckets_) {
     for (const Param* p : bucket.params) bucket.size += p->grad.numel();
     if (distributed_ && bucket.comm->size() > 1 && bucket.size > max_bucket)
@@ -226,6 +232,18 @@ void GradReducer::finish(float scale) {
     b.flat = b.shard = Tensor();
   }
   if (all_grad_.defined()) add_embedding_rows(scale);
+}
+
+void GradReducer::sum_shared_embedding(Communicator& stages) {
+  if (!shared_embedding_ || stages.size() == 1) return;
+  std::int64_t lo = 0, hi = shared_embedding_->grad.numel();
+  if (distributed_) {
+    const Bucket& b = buckets_.at(static_cast<std::size_t>(shared_bucket_));
+    lo = b.shard_begin, hi = b.shard_end;
+  }
+  float* g = shared_embedding_->grad.data<float>() + lo;
+  // a + b and b + a are the same float: both stages keep bitwise the same gradient.
+  stream_.run([&] { stages.allreduce(g, hi - lo, DType::F32); }, kSharedName);
 }
 
 std::vector<ParamRange> GradReducer::owned_ranges() const {

@@ -37,10 +37,11 @@ class GradReducer {
  public:
   // `groups`: every model chunk's GPTModel::grad_groups(), chunk after chunk, and each group's
   // chunk; `params`: their params() (the order without overlap); `embedding_group`: the group
-  // holding the token embedding alone, or -1 where this rank has none.
+  // holding the token embedding alone, or -1 where this rank has none; `shared_embedding`: this
+  // rank's GPTModel::shared_embedding(), or null.
   GradReducer(const std::vector<std::vector<Param*>>& groups, std::vector<int> group_chunk,
               const std::vector<Param*>& params, Communicator& dp, Communicator& edp, CommStream& stream,
-              const GradReduceOptions& options, int embedding_group = -1);
+              const GradReduceOptions& options, int embedding_group = -1, Param* shared_embedding = nullptr);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -57,6 +58,12 @@ class GradReducer {
   // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
   // over the group times `scale` (distributed: in this rank's shard; zero elsewhere).
   void finish(float scale);
+  // After finish: the shared embedding's gradient summed with its other stage's over `stages`
+  // (the first and last stage's ranks of this pipeline; Megatron's _allreduce_word_embedding_grads),
+  // in FP32. With the distributed optimizer the shared embedding is a bucket of its own on both
+  // stages (as Megatron buckets a shared_embedding param), so both hold the same shard of it: only
+  // that is summed.
+  void sum_shared_embedding(Communicator& stages);
   // Distributed optimizer: the params' elements in this rank's shards (for Adam), and, after
   // the step, every bucket's weights all-gathered from their owners.
   std::vector<ParamRange> owned_ranges() const;
@@ -109,6 +116,8 @@ class GradReducer {
   // ddp.reduce_embedding_rows: the embedding's group and bucket (-1: off), and the last
   // micro-batch's rows: every DP rank's token ids and gradient rows, while they are in flight.
   int embedding_group_ = -1, embedding_bucket_ = -1;
+  Param* shared_embedding_ = nullptr;
+  int shared_bucket_ = -1;
   Tensor rows_ids_, rows_grad_, all_ids_, all_grad_;
   CommEvent rows_done_;
 };

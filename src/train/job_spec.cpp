@@ -615,14 +615,9 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
         "last stage; move E into the layout's first stage and L into its last");
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
-  if (pp > 1 && m.mtp_num_layers.value_or(0) > 0)
-    bad(c, "model.mtp_num_layers", opt(m.mtp_num_layers),
-        "epx runs MTP with the embedding and the head in one model chunk (Megatron keeps a copy of the embedding on "
-        "the MTP's stage); set pipeline_model_parallel_size=1 or model.mtp_num_layers=null");
-  if (pp > 1 && m.share_embeddings_and_output_weights)
-    bad(c, "model.share_embeddings_and_output_weights", "true",
-        "epx keeps the embedding on the first pipeline stage and the output layer on the last and does not tie them "
-        "across stages; set it to false (as the MoE recipes do) or pipeline_model_parallel_size=1");
+  if (split.mtp_stage != split.loss_stage)
+    bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
+        "epx runs the MTP layers in the loss's model chunk; put every m just before the layout's L");
   // Bridge asserts this before Megatron-Core takes a VPP from the layout, so the VPP as given.
   if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !m.virtual_pipeline_model_parallel_size)
     bad(c, "model.virtual_pipeline_model_parallel_size", "None",

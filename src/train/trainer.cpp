@@ -64,8 +64,10 @@ class Trainer {
         chunks_(build_chunks()),
         params_(all_of(&GPTModel::params)),
         experts_(all_of(&GPTModel::expert_params)),
+        shared_embedding_(shared_embedding()),
+        embedding_stages_(embedding_stages()),
         reducer_(grad_groups(), group_chunks(), params_, groups_.get(GroupKind::dp_cp), groups_.get(GroupKind::edp),
-                 grad_stream_, job_.grad_reduce, embedding_group()),
+                 grad_stream_, job_.grad_reduce, embedding_group(), shared_embedding_),
         adam_(job_.grad_reduce.distributed ? Adam(reducer_.owned_ranges(), cfg.optimizer) : Adam(params_, cfg.optimizer)),
         data_(options.data, job_.model.vocab, job_.model.seq_length, job_.model.seed),
         flops_per_iteration_(job_.model.flops_per_token() * static_cast<double>(job_.model.seq_length * job_.global_batch)),
@@ -78,8 +80,8 @@ class Trainer {
       chunk->set_embedding_rows_hook([this](const Tensor& tokens, const Tensor& dx) { return reducer_.take_embedding_rows(tokens, dx); });
       offset += static_cast<int>(chunk->grad_groups().size());
     }
-    for (Param* p : params_)
-      if (!p->expert) dense_.push_back(p);
+    for (Param* p : params_)  // the norm counts the shared embedding once, on the first stage (Megatron's `shared`)
+      if (!p->expert && !(p == shared_embedding_ && stage_ > 0)) dense_.push_back(p);
     // The distributed optimizer keeps FP32 masters for this rank's shard only, in Adam; a BF16
     // weight's full master goes (the forward reads its BF16 copy, the all-gather refreshes it).
     if (job_.grad_reduce.distributed) {
@@ -103,6 +105,10 @@ class Trainer {
   std::vector<std::vector<Param*>> grad_groups();
   std::vector<int> group_chunks();  // each of grad_groups()'s chunk
   int embedding_group();            // the token embedding's in grad_groups(), or -1 (not on this stage)
+  Param* shared_embedding();        // GPTModel::shared_embedding of this stage's chunks, or null
+  // The first and last pipeline stage's ranks of this pipeline where tied embeddings or MTP keep
+  // the embedding on both (Megatron's embedding group); null where not (every rank agrees).
+  std::unique_ptr<Communicator> embedding_stages();
   std::vector<MoELayer*> moe_layers();
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
@@ -141,8 +147,10 @@ class Trainer {
   const int stage_;         // this rank's pipeline stage
   std::vector<std::unique_ptr<GPTModel>> chunks_;  // this stage's model chunks (one without VPP)
   const std::vector<Param*> params_, experts_;  // experts_: reduced over EDP
+  Param* const shared_embedding_;
+  const std::unique_ptr<Communicator> embedding_stages_;
   GradReducer reducer_;
-  std::vector<Param*> dense_;                   // the rest: reduced over DP
+  std::vector<Param*> dense_;                   // the rest: reduced over DP (in the norm: the embedding's copy left out)
   Adam adam_;
   const MockData data_;
   const double flops_per_iteration_;
@@ -184,6 +192,20 @@ int Trainer::embedding_group() {
     offset += static_cast<int>(c->grad_groups().size());
   }
   return -1;
+}
+
+Param* Trainer::shared_embedding() {
+  for (auto& c : chunks_)
+    if (Param* p = c->shared_embedding()) return p;
+  return nullptr;
+}
+
+std::unique_ptr<Communicator> Trainer::embedding_stages() {
+  const int stages = job_.pipeline.stages;
+  if (stages == 1 || !(job_.model.tie_embeddings || job_.model.mtp_layers > 0)) return nullptr;
+  Communicator& pp = groups_.get(GroupKind::pp);
+  const bool end = pp.rank() == 0 || pp.rank() == stages - 1;  // the middle stages' group goes unused
+  return pp.split(end ? 0 : 1, pp.rank(), pp.name() + " embedding");
 }
 
 std::vector<MoELayer*> Trainer::moe_layers() {
@@ -261,12 +283,13 @@ Trainer::ExpertLoad Trainer::update_routers() {
 }
 
 // Megatron's finalize_model_grads and clipping: gradients summed over DP (experts over EDP) and
-// scaled by 1 / DP. Returns the gradient norm before clipping (over
+// scaled by 1 / DP, then the shared embedding's over its first and last stage. Returns the gradient norm before clipping (over
 // every stage's weights).
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
   reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
+  if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
   float expert_sq = static_cast<float>(grad_sum_of_squares(experts_));

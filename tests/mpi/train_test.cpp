@@ -95,6 +95,52 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
   }
 }
 
+// Tied embeddings and MTP over pipeline stages: the last stage's copy of the embedding has its
+// gradient summed with the first stage's after the DP reduction, and the gradient norm counts it
+// once. The single-rank LM and MTP losses and gradient norms, within the pipeline's FP32 bound,
+// with 1F1B, the interleaved schedule, the overlapped distributed optimizer (the embedding a
+// bucket of its own on both stages), the embedding's rows reduction and EP overlap.
+TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
+  const int world = mpi().size();
+  if (world < 2) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
+  const auto curve = [](Communicator& w, const std::vector<std::string>& o) {
+    std::vector<double> l;
+    for (const auto& it : train_with(w, o).iterations) {
+      l.insert(l.end(), {it.lm_loss, it.grad_norm});
+      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+    }
+    return l;
+  };
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  for (const std::vector<std::string>& shared :
+       {std::vector<std::string>{"model.share_embeddings_and_output_weights=true"},
+        std::vector<std::string>{"model.mtp_num_layers=1"},
+        std::vector<std::string>{"model.mtp_num_layers=2", "model.share_embeddings_and_output_weights=true"}}) {
+    std::vector<std::string> model{"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+    model.insert(model.end(), shared.begin(), shared.end());
+    std::vector<std::string> one = model;
+    one.push_back("model.expert_model_parallel_size=1");
+    const std::vector<double> single = curve(*self, one);
+    const bool tied = shared.back() == "model.share_embeddings_and_output_weights=true";
+    for (const int pp : {2, 4}) {
+      if (world % pp != 0) continue;
+      const std::string vpp = "model.virtual_pipeline_model_parallel_size=" + std::string(pp == 2 ? "2" : "1");
+      std::vector<std::vector<std::string>> runs{
+          {}, {vpp}, {vpp, "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
+                      "ddp.overlap_param_gather=true"}};
+      if (!tied) runs.push_back({"ddp.overlap_grad_reduce=true", "ddp.use_distributed_optimizer=true", "ddp.reduce_embedding_rows=true"});
+      if (pp == 2) runs.push_back({vpp, "model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+      for (const std::vector<std::string>& knobs : runs) {
+        std::vector<std::string> o = model;
+        o.insert(o.end(), {"model.pipeline_model_parallel_size=" + std::to_string(pp),
+                           "model.expert_model_parallel_size=" + std::to_string(world / pp)});
+        o.insert(o.end(), knobs.begin(), knobs.end());
+        expect_losses_near(curve(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
+      }
+    }
+  }
+}
+
 TEST(Training, EpOverlapAcrossPipelineStagesGivesTheSameLossesBitwise) {
   // The interleaved schedule with merged steps (one chunk's forward with another's backward):
   // every weight still accumulates its micro-batches' gradients in the same order.

@@ -480,6 +480,45 @@ TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
   }
 }
 
+// Over two pipeline stages, tied embeddings and MTP keep a copy of the embedding in the last
+// stage's chunk, drawn as the first stage's: the two chunks' losses are the whole model's, and
+// the first stage's embedding gradient plus the copy's is the whole model's (which adds the two
+// parts into one gradient in another order: within FP32 rounding).
+TEST(GPTModel, TheLastStagesEmbeddingCopyCarriesTheHeadsPartOfTheGradient) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"model.share_embeddings_and_output_weights=true"},
+        std::vector<std::string>{"model.mtp_num_layers=1"},
+        std::vector<std::string>{"model.mtp_num_layers=2", "model.share_embeddings_and_output_weights=true"}}) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(extra, " ")));
+    const ModelSpec spec = model_spec_from_config(tiny(extra));
+    GPTModel whole = make_model(spec);
+    const auto chunk = [&](ModelChunk c) {
+      auto m = std::make_unique<GPTModel>(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); },
+                                          MoELayerOptions{}, c);
+      m->init_weights(7);
+      return m;
+    };
+    const auto first = chunk({{0, 1}, true, false}), last = chunk({{1, 2}, false, true});
+    ASSERT_NE(first->shared_embedding(), nullptr);
+    ASSERT_EQ(last->shared_embedding(), &last->embedding);
+    EXPECT_EQ(std::memcmp(last->embedding.master.raw(), first->embedding.master.raw(), first->embedding.master.nbytes()), 0);
+    const Batch b = batch(spec);
+    whole.zero_grad(), first->zero_grad(), last->zero_grad();
+    GPTModel::Context cw, c1, c2;
+    const double loss = whole.forward(b.tokens, b.targets, cw);
+    whole.backward(cw, 1.f);
+    const Tensor x = first->forward_layers(first->embed(b.tokens, b.targets, c1), c1);
+    last->begin(b.tokens, b.targets, c2);
+    EXPECT_EQ(last->head_forward(last->forward_layers(x, c2), c2), loss);
+    EXPECT_EQ(c2.mtp_losses, cw.mtp_losses);
+    first->embed_backward(c1, first->backward_layers(c1, last->backward_layers(c2, last->head_backward(c2, 1.f))));
+    Tensor sum = first->embedding.grad.clone();
+    add(sum, last->embedding.grad, sum);
+    EXPECT_GT(test::rel_l2(last->embedding.grad, first->embedding.grad), 0.1);  // a part of its own
+    EXPECT_LT(test::rel_l2(sum, whole.embedding.grad), 1e-6);
+  }
+}
+
 // A sliding window as long as the sequence is no window, and the off-by-one sink is the learned
 // one at 0, bit for bit (loss and every shared gradient); a short window, the sinks and their
 // layer pattern each change the model. GPT-OSS's pattern: window_attn_skip_freq 2 puts the window

@@ -534,13 +534,15 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
               pipeline_spec_from_config(resolved(with(pp2, {"comm_overlap.overlap_moe_expert_parallel_comm=true"})));
             }).find("[ep_overlap.pp_needs_vpp]"),
             std::string::npos);
+  // Tied embeddings and MTP run over stages (the last keeps a copy of the embedding); the MTP
+  // layers in the loss's chunk.
+  EXPECT_EQ(error_of([&] {
+              pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"})));
+            }),
+            "");
   EXPECT_NE(error_of([&] {
-              pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true"})));
-            }).find("model.share_embeddings_and_output_weights=true"),
-            std::string::npos);
-  // MTP runs where the embedding and the head share a chunk: PP 1.
-  EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1"}))); })
-                .find("model.mtp_num_layers=1: epx runs MTP with the embedding and the head in one model chunk"),
+              pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Et|tm|t|tL"})));
+            }).find("put every m just before the layout's L"),
             std::string::npos);
   // VPP without PP: refused, citing the check rule (and epx layer refuses PP).
   EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved({"model.virtual_pipeline_model_parallel_size=2"})); })

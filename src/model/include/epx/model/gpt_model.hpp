@@ -1,12 +1,12 @@
 // The GPT model `epx run` trains (Megatron-Core's GPTModel): token embedding, the transformer
 // layers, a final RMSNorm, the LM head and the token-mean cross-entropy. With pipeline
 // parallelism one GPTModel is one model chunk: a range of the layers, with the embedding only on
-// the first virtual stage (pre_process) and the head and loss only on the last (post_process).
+// the first virtual stage (pre_process) and the head and loss only on the last (post_process),
+// which keeps a copy of the embedding where tied embeddings or MTP need it (shared_embedding).
 // Full recompute keeps only the input of each checkpointed run of the chunk's layers and
 // recomputes their forward in the backward (Megatron's CheckpointFunction).
-// Multi-token prediction (mtp_num_layers, with the embedding and the head in one chunk) runs in
-// the head: depth k (1-based) takes the previous depth's output (the decoder's after its final
-// norm at k = 1) and the input tokens rolled k positions left (0 past the sequence's end),
+// Multi-token prediction (mtp_num_layers) runs in the head: depth k (1-based) takes the previous
+// depth's output (the decoder's after its final norm at k = 1) and the input tokens rolled k positions left (0 past the sequence's end),
 // predicts the targets rolled k left with the shared LM head, and adds mtp_loss_scale times its
 // token-mean cross-entropy over the S - k positions that have a target (0 where none) to the objective
 // (Megatron's process_mtp_loss and MTPLossAutoScaler); the LM loss returned stays the main one.
@@ -84,13 +84,25 @@ class GPTModel {
 
   // The groups of weights whose gradients complete together in a backward, in the order they
   // complete (Megatron registers its DDP grad hooks per parameter; epx per group): the head
-  // (final norm, the output layer unless tied, the MTP layers; post_process only), the chunk's layers last to
-  // first, the embedding (with the tied output layer; pre_process only). Schedules call
+  // (final norm, the output layer unless tied, the MTP layers, the embedding's copy; post_process
+  // only), the chunk's layers last to first, the embedding (with the tied output layer;
+  // pre_process only). Schedules call
   // grads_ready(k) when group k's gradients of the micro-batch being run backward are complete;
   // the hook (the trainer's gradient reducer) may start reducing them.
   std::vector<std::vector<Param*>> grad_groups();
   int layer_grad_group(int layer) const { return head_groups() + num_local_layers() - 1 - layer; }
-  int embedding_grad_group() const { return head_groups() + num_local_layers(); }
+  // The word embedding's group: its own after the layers, or, for the last stage's copy, the head's.
+  int embedding_grad_group() const { return chunk_.pre_process ? head_groups() + num_local_layers() : 0; }
+  // With tied embeddings or MTP over pipeline stages, the word embedding is kept on the first
+  // stage and copied on the last (Megatron's shared_embedding): the gradients of the two are
+  // summed over the first and last stage after the DP reduction, so the copies step alike. The
+  // copy draws the same initial values (same name, same seed; Megatron zeroes it and all-reduces).
+  // Returns this chunk's embedding or copy where it is one of the two, else null.
+  Param* shared_embedding() {
+    const bool shared = (spec_.tie_embeddings || spec_.mtp_layers > 0) && chunk_.pre_process != chunk_.post_process;
+    return shared && has_embedding() ? &embedding : nullptr;
+  }
+  bool embedding_copy() const { return has_embedding() && !chunk_.pre_process; }
   void set_grads_ready_hook(std::function<void(int group)> hook) { grads_ready_hook_ = std::move(hook); }
   void grads_ready(int group) const {
     if (grads_ready_hook_) grads_ready_hook_(group);
@@ -115,7 +127,7 @@ class GPTModel {
   void zero_grad();
   const ModelSpec& spec() const { return spec_; }
 
-  Param embedding;  // embedding.word_embeddings.weight [V, H]; empty without pre_process
+  Param embedding;  // embedding.word_embeddings.weight [V, H]; empty without pre_process or a copy
   std::vector<std::unique_ptr<TransformerLayer>> layers;  // the chunk's, in order
   Param final_layernorm;  // decoder.final_layernorm.weight [H]; empty without post_process
   Param output_layer;     // output_layer.weight [V, H]; unused with tied embeddings
@@ -124,6 +136,8 @@ class GPTModel {
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
   int head_groups() const { return chunk_.post_process ? 1 : 0; }
+  bool has_embedding() const { return embedding.grad.numel() > 0; }  // (the distributed optimizer may drop the master)
+  void add_embedding_grad(const Tensor& tokens, const Tensor& rows);  // rows [T, H] scatter-added at `tokens` [T]
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
   void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
   Tensor embedding_rows(const Tensor& tokens) const;  // the embedding's rows of `tokens` [T] -> [T, H]
