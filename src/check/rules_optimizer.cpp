@@ -49,7 +49,8 @@ void add_optimizer_rules(RuleTable& add) {
 
   // ---- epx's own gradient reduction ----------------------------------------------------------
   add("ddp.embedding_rows", E,
-      {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights"},
+      {"ddp.reduce_embedding_rows", "ddp.overlap_grad_reduce", "model.share_embeddings_and_output_weights",
+       "model.pipeline_model_parallel_size"},
       "epx train/grad_reducer.hpp", "reduce_embedding_rows splits the overlapped reduction of an untied embedding",
       [](const CheckContext& c) {
         const auto& d = c.cfg.ddp;
@@ -58,9 +59,10 @@ void add_optimizer_rules(RuleTable& add) {
           return fail_if(true, "reduce_embedding_rows splits the overlapped reduction of the embedding's gradient, "
                                "and overlap_grad_reduce is off",
                          "ddp.overlap_grad_reduce=true");
-        return fail_if(c.cfg.model.share_embeddings_and_output_weights,
-                       "with share_embeddings_and_output_weights the embedding's gradient also holds the LM head's, "
-                       "which is not a set of token rows",
+        // Over pipeline stages the head's part is the last stage's copy's: the first stage's is rows.
+        return fail_if(c.cfg.model.share_embeddings_and_output_weights && c.cfg.model.pipeline_model_parallel_size == 1,
+                       "with share_embeddings_and_output_weights on one pipeline stage the embedding's gradient also "
+                       "holds the LM head's, which is not a set of token rows",
                        "ddp.reduce_embedding_rows=false");
       });
   add("optimizer.known_optimizer", W, {"optimizer.optimizer"}, "Megatron-Core optimizer/__init__.py",

@@ -104,6 +104,14 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const double sbh = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) * row;
   if (l.tp > 1) out.tp_cp_s += 8 * stage_layers * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
   if (l.cp > 1) out.tp_cp_s += 4 * stage_layers * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
+  if (l.pp > 1 && (m.share_embeddings_and_output_weights || m.mtp_num_layers.value_or(0) > 0)) {
+    // Megatron's _allreduce_word_embedding_grads: the whole main_grad in its dtype, between 2
+    // ranks (each sends and receives it once).
+    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m);
+    out.embedding_stages_s = static_cast<double>(padded_vocab_size(m)) * static_cast<double>(m.hidden_size) / l.tp * grad /
+                                 link(GroupKind::pp) +
+                             latency(crosses_nodes(GroupKind::pp));
+  }
   // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.
   if (l.pp > 1) out.pp_s = 2 * lp.split.chunks * sbh / (l.tp * l.cp) / link(GroupKind::pp);
   return out;

@@ -435,7 +435,8 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
         add("communication", "overlap the DP gradient reduction with the last backward (buckets of ddp.bucket_size)",
             {"ddp.overlap_grad_reduce=true"});
       // epx's own: the embedding's table is the last bucket, after the backward.
-      else if (epx_runtime && !config->ddp.reduce_embedding_rows && !m->share_embeddings_and_output_weights)
+      else if (epx_runtime && !config->ddp.reduce_embedding_rows &&
+               !(m->share_embeddings_and_output_weights && m->pipeline_model_parallel_size == 1))  // check's ddp.embedding_rows
         add("communication",
             "reduce the embedding's table under the last micro-batch and only that micro-batch's token rows after "
             "the backward (epx's own)",

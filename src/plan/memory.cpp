@@ -123,8 +123,9 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
                       mtp * 2 * h * h) / tp +
                      (st.layers + mtp) * lay.duplicated + moe_layers * lay.router;
-  if (st.first || st.mtp_layers > 0) out.embedding_params = V * h / tp;
-  out.dense_params += out.embedding_params;
+  if (st.first) out.embedding_params = V * h / tp;
+  const double mtp_embedding = st.mtp_layers > 0 && !st.first ? V * h / tp : 0;
+  out.dense_params += out.embedding_params + mtp_embedding;
   const double output_params = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
   out.dense_params += output_params;
   out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
@@ -156,7 +157,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   out.optimizer = 12 * out.optimizer_params;
   if (name == "sgd" || name == "lion") out.optimizer = 8 * out.optimizer_params;
   if (name == "muon" || name == "adaptive_muon") {
-    const double adam_params = (out.embedding_params + output_params) / (sharded ? l.dp * l.cp : 1);
+    const double adam_params = (out.embedding_params + mtp_embedding + output_params) / (sharded ? l.dp * l.cp : 1);
     out.optimizer = 12 * adam_params + 8 * (out.optimizer_params - adam_params);
   }
   if (o.use_precision_aware_optimizer) {

@@ -132,6 +132,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     s.dp = exposed(micro_batch);
     s.dp_merged = exposed(last_backward);
   }
+  s.dp += comm.embedding_stages_s, s.dp_merged += comm.embedding_stages_s;  // after the DP reduction
   return s;
 }
 

@@ -19,6 +19,8 @@ namespace {
 const char* reduce_name(bool expert) { return expert ? "expert gradient all-reduce (EDP)" : "gradient all-reduce (DP)"; }
 const char* gather_name(bool expert) { return expert ? "parameter all-gather (EDP)" : "parameter all-gather (DP)"; }
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
+// Over the pipeline's ends, not DP, but counted with the gradient reduction it follows
+// (trace::is_dp_reduction; Megatron's finalize_model_grads), as the planner does.
 constexpr const char* kSharedName = "embedding gradient all-reduce (first and last stage)";
 
 // A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
@@ -84,9 +86,11 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
       continue;
     }
     for (int g = 0; g <= last; ++g) {
-      const bool alone = !expert && g == embedding_group_;  // the rows split's bucket
+      // The rows split's bucket, and the first stage's shared embedding (a group of its own).
+      const std::vector<Param*>& group = groups[static_cast<std::size_t>(g)];
+      const bool alone = !expert && (g == embedding_group_ || (distributed_ && group == std::vector<Param*>{shared_embedding_}));
       if (alone) close(b, g - 1), n = 0;
-      for (Param* p : groups[static_cast<std::size_t>(g)])
+      for (Param* p : group)
         if (p->expert == expert) add(p, g, g);
       if (alone || (options.bucket_size > 0 && n >= options.bucket_size)) close(b, g), n = 0;
     }

@@ -670,11 +670,10 @@ GradReduceOptions grad_reduce_options_from_config(const Config& c, int dp) {
     bad(c, "ddp.reduce_embedding_rows", "true",
         "[ddp.embedding_rows] it splits the overlapped reduction of the embedding's gradient; set "
         "ddp.overlap_grad_reduce=true, or set it false");
-  if (o.embedding_rows && c.model.share_embeddings_and_output_weights)
+  if (o.embedding_rows && c.model.share_embeddings_and_output_weights && c.model.pipeline_model_parallel_size == 1)
     bad(c, "ddp.reduce_embedding_rows", "true",
-        "[ddp.embedding_rows] with model.share_embeddings_and_output_weights=true the embedding's gradient also holds "
-        "the LM head's, which "
-        "is not a set of token rows; set it false");
+        "[ddp.embedding_rows] with model.share_embeddings_and_output_weights=true on one pipeline stage the "
+        "embedding's gradient also holds the LM head's, which is not a set of token rows; set it false");
   return o;
 }
 

@@ -614,6 +614,11 @@ const std::vector<Case>& cases() {
       {"advice.few_microbatches", OV + Overrides{"train.global_batch_size=2"}, OV},
       {"ddp.embedding_rows", {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=false"},
        {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true"}},
+      // Tied on one stage the table holds the head's gradient too; over stages the copy does.
+      {"ddp.embedding_rows",
+       {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true", "model.share_embeddings_and_output_weights=true"},
+       PP2 + Overrides{"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true",
+                       "model.share_embeddings_and_output_weights=true"}},
       {"pipeline.defer_embedding_wgrad", {"comm_overlap.defer_embedding_wgrad_compute=true"}, {}},
       {"pipeline.defer_embedding_wgrad", {"~comm_overlap", "model.defer_embedding_wgrad_compute=true"}, {"~comm_overlap"}},
       {"pipeline.defer_embedding_wgrad", PP2 + Overrides{"comm_overlap.defer_embedding_wgrad_compute=true"},

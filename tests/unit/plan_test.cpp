@@ -654,7 +654,7 @@ TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
 
 TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   // An epx run bound by its DP reduction with overlap_grad_reduce already on: the next fix is
-  // epx's own rows split; once it is on, or with a tied head, it is not offered.
+  // epx's own rows split; once it is on, or with a tied head on one stage, it is not offered.
   const auto fixes = [](const std::vector<std::string>& more) {
     std::vector<std::string> o{"target.num_gpus=2", "target.gpu=cpu", "ddp.overlap_grad_reduce=true"};
     o.insert(o.end(), more.begin(), more.end());
@@ -673,6 +673,11 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   EXPECT_NE(fixes({}).find("ddp.reduce_embedding_rows=true"), std::string::npos) << fixes({});
   EXPECT_EQ(fixes({"ddp.reduce_embedding_rows=true"}).find("reduce_embedding_rows"), std::string::npos);
   EXPECT_EQ(fixes({"model.share_embeddings_and_output_weights=true"}).find("reduce_embedding_rows"), std::string::npos);
+  // Over stages the first stage's table is token rows again (the copy holds the head's part).
+  EXPECT_NE(fixes({"model.share_embeddings_and_output_weights=true", "model.pipeline_model_parallel_size=2",
+                   "target.num_gpus=4"})
+                .find("reduce_embedding_rows"),
+            std::string::npos);
 }
 
 // epx run writes a NaN loss as null (a diverged run with check_for_nan_in_loss off): read as NaN
@@ -1084,6 +1089,31 @@ TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
   EXPECT_LE(sr.dp, sd.dp + cr.embedding_rows_s);
   EXPECT_GE(sr.dp_merged, sr.dp);
   EXPECT_GE(sr.dp, cr.embedding_rows_s);
+}
+
+TEST(Plan, TiedEmbeddingsAndMtpOverStagesSumTheEmbeddingsGradientBetweenThem) {
+  // PP 2 over 2 nodes: the first and last stage all-reduce the embedding's whole BF16 gradient
+  // after the DP reduction (Megatron's _allreduce_word_embedding_grads), exposed.
+  const std::vector<std::string> o{"target.num_gpus=2", "target.gpu=cpu", "target.gpus_per_node=1", "model.vocab_size=4096",
+                                   "model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=1"};
+  const GpuInfo gpu = *find_gpu("cpu");
+  const double net = gpu.rates.network_gb_s * gpu.rates.network_efficiency * 1e9, lat = gpu.rates.network_latency_us * 1e-6;
+  const auto costs = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> all = o;
+    all.insert(all.end(), more.begin(), more.end());
+    const Config c = resolved("qwen3_30b_a3b_proxy", all);
+    const LayoutPlan lp = plan_layout(c, gpu);
+    const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+    return std::pair{comm.embedding_stages_s, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall).dp};
+  };
+  const auto [untied_s, untied_dp] = costs({});
+  EXPECT_EQ(untied_s, 0);
+  for (const char* shared : {"model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"}) {
+    const auto [s, dp] = costs({shared});
+    EXPECT_NEAR(s, 4096.0 * 256 * 2 / net + lat, 1e-12) << shared;
+    EXPECT_NEAR(dp, untied_dp + s, 1e-12) << shared;
+  }
 }
 
 }  // namespace

@@ -87,7 +87,7 @@ struct MemoryPlan {
   double transient() const { return std::max(activations + logits, step_grads); }
   double peak() const { return held() + transient() + other; }
   double dense_params = 0, expert_params = 0;  // on this rank
-  double embedding_params = 0;                 // the token embedding's share of dense_params
+  double embedding_params = 0;                 // the first stage's token embedding's share of dense_params
   double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
@@ -103,6 +103,9 @@ struct CommPlan {
   // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
+  // Tied embeddings or MTP over pipeline stages: the embedding's gradient all-reduced between the
+  // first and last stage after the DP reduction, exposed (per iteration).
+  double embedding_stages_s = 0;
   double tp_cp_s = 0, pp_s = 0;             // per micro-batch
   bool dp_inter = false;
 };
