@@ -6,10 +6,11 @@
 // Full recompute keeps only the input of each checkpointed run of the chunk's layers and
 // recomputes their forward in the backward (Megatron's CheckpointFunction).
 // Multi-token prediction (mtp_num_layers) runs in the head: depth k (1-based) takes the previous
-// depth's output (the decoder's after its final norm at k = 1) and the input tokens rolled k positions left (0 past the sequence's end),
-// predicts the targets rolled k left with the shared LM head, and adds mtp_loss_scale times its
-// token-mean cross-entropy over the S - k positions that have a target (0 where none) to the objective
-// (Megatron's process_mtp_loss and MTPLossAutoScaler); the LM loss returned stays the main one.
+// depth's output (the decoder's after its final norm at k = 1) and the input tokens rolled k
+// positions left (0 past the sequence's end), predicts the targets rolled k left with the shared
+// LM head, and adds mtp_loss_scale times its token-mean cross-entropy over the S - k positions
+// that have a target (0 where none) to the objective (Megatron's process_mtp_loss and
+// MTPLossAutoScaler); the LM loss returned stays the main one.
 // Its layers run whole (not node by node under EP overlap); under full uniform recompute each
 // reruns its forward before its backward (mtp_layer.hpp).
 #pragma once
