@@ -109,6 +109,7 @@ class Trainer {
   // The first and last pipeline stage's ranks of this pipeline where tied embeddings or MTP keep
   // the embedding on both (Megatron's embedding group); null where not (every rank agrees).
   std::unique_ptr<Communicator> embedding_stages();
+  void check_shared_embedding();  // after the run: the first stage's embedding and the copy are the same bits
   std::vector<MoELayer*> moe_layers();
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
@@ -206,6 +207,21 @@ std::unique_ptr<Communicator> Trainer::embedding_stages() {
   Communicator& pp = groups_.get(GroupKind::pp);
   const bool end = pp.rank() == 0 || pp.rank() == stages - 1;  // the middle stages' group goes unused
   return pp.split(end ? 0 : 1, pp.rank(), pp.name() + " embedding");
+}
+
+// Both stages step the same weights on the same summed gradient, so the two stay bitwise equal;
+// a difference is a bug in epx (exit 3), and would otherwise only show as a slow drift of the loss.
+void Trainer::check_shared_embedding() {
+  if (!embedding_stages_ || !shared_embedding_ || embedding_stages_->size() == 1) return;
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the weights the forward reads
+  const auto* b = static_cast<const unsigned char*>(shared_embedding_->compute.raw());
+  for (std::size_t i = 0, n = shared_embedding_->compute.nbytes(); i < n; ++i) hash = (hash ^ b[i]) * 1099511628211ULL;
+  std::uint64_t both[2] = {};
+  embedding_stages_->allgatherv(&hash, both, std::vector<std::int64_t>{1, 1}, DType::I64);
+  if (both[0] != both[1])
+    throw std::logic_error(fmt::format("the first pipeline stage's {} and the last stage's copy of it differ after the "
+                                       "run (they step on the same summed gradient)",
+                                       shared_embedding_->name));
 }
 
 std::vector<MoELayer*> Trainer::moe_layers() {
@@ -590,6 +606,7 @@ TrainResult Trainer::run() {
     training_log(result.iterations.back());
   }
   reducer_.finish_param_gathers();  // the last step's weights, gathered in the background
+  check_shared_embedding();
   summarize(result, origin, steady);
   return result;
 }
