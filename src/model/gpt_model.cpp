@@ -126,9 +126,20 @@ void GPTModel::record_router(int i, Context& ctx) {
 }
 
 Tensor GPTModel::layer_output(int i, Context& ctx) {
+  if (const int k = i - num_local_layers(); k >= 0) {  // an MTP layer's (scheduled_layer)
+    Tensor y = mtp[static_cast<std::size_t>(k)]->layer.forward_output(ctx.mtp[static_cast<std::size_t>(k)].layer);
+    record_mtp_router(static_cast<std::size_t>(k), ctx);
+    return y;
+  }
   Tensor y = layers[static_cast<std::size_t>(i)]->forward_output(*ctx.layers[static_cast<std::size_t>(i)]);
   record_router(i, ctx);
   return y;
+}
+
+void GPTModel::record_mtp_router(std::size_t k, Context& ctx) {
+  const TransformerLayer::Context& layer = ctx.mtp[k].layer;
+  for (AuxLoss a : kAuxLosses) at(ctx.aux_losses, a) += at(layer.aux_losses, a);
+  ctx.z_loss += layer.z_loss;
 }
 
 Tensor GPTModel::run_layer(int i, const Tensor& x, Context& ctx, bool recompute) {
@@ -160,6 +171,7 @@ void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) 
   ctx.mtp.clear();
   ctx.mtp.resize(D);
   ctx.mtp_losses.assign(D, 0.0);
+  ctx.mtp_in_schedule = false;
 }
 
 Tensor GPTModel::embedding_rows(const Tensor& tokens) const {
@@ -204,15 +216,22 @@ Tensor GPTModel::forward_layers(Tensor x, Context& ctx) {
   return x;
 }
 
+void GPTModel::final_norm(const Tensor& x, Context& ctx) {
+  ctx.final_in = x;
+  ctx.final_out = Tensor::uninitialized(x.shape(), x.dtype());
+  ctx.final_rstd = Tensor::uninitialized({x.dim(0)}, DType::F32);
+  rmsnorm_forward(x, norm_gain(final_layernorm, spec_.zero_centered_gamma), spec_.eps, ctx.final_out, ctx.final_rstd);
+}
+
 double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   params_needed(0);
   if (spec_.tie_embeddings) params_needed(embedding_grad_group());
   trace::Scope scope(trace::Track::compute, "lm head + loss forward");
   const std::int64_t T = x.dim(0), V = spec_.vocab;
-  ctx.final_in = x;
-  ctx.final_out = Tensor::uninitialized(x.shape(), x.dtype());
-  ctx.final_rstd = Tensor::uninitialized({T}, DType::F32);
-  rmsnorm_forward(x, norm_gain(final_layernorm, spec_.zero_centered_gamma), spec_.eps, ctx.final_out, ctx.final_rstd);
+  if (ctx.mtp_in_schedule)  // x: the last MTP layer's transformer output; the final norm ran before the first
+    ctx.mtp_out.back() = mtp.back()->forward_out(x, ctx.mtp.back());
+  else
+    final_norm(x, ctx);
   ctx.logits = Tensor::uninitialized({T, V}, DType::F32);
   gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
   ctx.lse = Tensor::uninitialized({T}, DType::F32);
@@ -229,13 +248,13 @@ void GPTModel::mtp_forward(Context& ctx) {
     // Depth k + 1: tokens and targets rolled k + 1 positions left. In [S, B] order that is
     // (k + 1) * B rows; the last k + 1 positions of each sequence take token 0 and no target.
     const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
-    ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
-    const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
-    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
-    const TransformerLayer::Context& layer = ctx.mtp[k].layer;
-    for (AuxLoss a : kAuxLosses) at(ctx.aux_losses, a) += at(layer.aux_losses, a);
-    ctx.z_loss += layer.z_loss;
-    mtp[k]->checkpoint(ctx.mtp[k]);
+    if (!ctx.mtp_in_schedule) {  // else the schedule ran the layer (scheduled_input, layer_output)
+      ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
+      const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
+      ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
+      record_mtp_router(k, ctx);
+      mtp[k]->checkpoint(ctx.mtp[k]);
+    }
     if (R <= 0) continue;  // no target this deep in the sequence: a loss of 0, as Megatron's clamped count
     ctx.mtp_logits[k] = Tensor::uninitialized({R, V}, DType::F32);
     gemm(mat(ctx.mtp_out[k], 0, R), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.mtp_logits[k]));
@@ -244,13 +263,13 @@ void GPTModel::mtp_forward(Context& ctx) {
   }
 }
 
-Tensor GPTModel::mtp_backward(Context& ctx, float dloss) {
-  trace::Scope scope(trace::Track::compute, "mtp backward");
+void GPTModel::mtp_head_backward(Context& ctx, float dloss) {
+  trace::Scope scope(trace::Track::compute, "mtp head backward");
   const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, H = spec_.hidden;
-  Tensor carry;  // the next depth's gradient of this depth's output
+  ctx.mtp_dout.assign(mtp.size(), Tensor());
   for (std::size_t k = mtp.size(); k-- > 0;) {
     const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
-    Tensor dout({T, H}, spec_.dtype);  // zero past the positions with a target
+    Tensor& dout = ctx.mtp_dout[k] = Tensor({T, H}, spec_.dtype);  // zero past the positions with a target
     if (R > 0) {
       Tensor dlogits32 = Tensor::uninitialized(ctx.mtp_logits[k].shape(), DType::F32);
       cross_entropy_backward(ctx.mtp_logits[k], rolled(ctx.targets, shift, R), ctx.mtp_lse[k],
@@ -260,16 +279,25 @@ Tensor GPTModel::mtp_backward(Context& ctx, float dloss) {
       gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dout, 0, R));
       gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
     }
-    if (carry.defined()) add(dout, carry, dout);
     ctx.mtp_out[k] = Tensor();
+  }
+}
+
+Tensor GPTModel::mtp_backward(Context& ctx) {
+  trace::Scope scope(trace::Track::compute, "mtp backward");
+  Tensor carry;  // the next depth's gradient of this depth's output
+  for (std::size_t k = mtp.size(); k-- > 0;) {
+    Tensor& dout = ctx.mtp_dout[k];
+    if (carry.defined()) add(dout, carry, dout);
     auto [dh, demb] = mtp[k]->backward(ctx.mtp[k], dout);
+    dout = Tensor();
     carry = std::move(dh);
     ctx.mtp_demb[k] = std::move(demb);
   }
   return carry;
 }
 
-Tensor GPTModel::head_backward(Context& ctx, float dloss) {
+Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
   trace::Scope scope(trace::Track::compute, "lm head + loss backward");
   const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
   Tensor dlogits32 = Tensor::uninitialized(ctx.logits.shape(), DType::F32);
@@ -280,18 +308,92 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss) {
   Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
-  if (!mtp.empty()) add(dn, mtp_backward(ctx, dloss), dn);  // the MTP's gradient of the final norm's output
+  if (!mtp.empty()) {
+    mtp_head_backward(ctx, dloss);
+    if (schedule_mtp) {  // the schedule runs the MTP layers; the gradient of the last one's output
+      ctx.mtp_dn = std::move(dn);
+      return mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+    }
+    add(dn, mtp_backward(ctx), dn);  // the MTP's gradient of the final norm's output
+  }
+  Tensor dx = final_norm_backward(ctx, dn);
+  grads_ready(0);
+  return dx;
+}
+
+Tensor GPTModel::final_norm_backward(Context& ctx, const Tensor& dn) {
   if (embedding_copy() && !mtp.empty()) {  // the rolled tokens' rows, into the copy (embed_backward's at PP 1)
     for (std::size_t k = 0; k < mtp.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
     ctx.mtp_tokens.clear();
     ctx.mtp_demb.clear();
   }
-  Tensor dx = Tensor::uninitialized({T, H}, spec_.dtype);
+  Tensor dx = Tensor::uninitialized(dn.shape(), spec_.dtype);
   rmsnorm_dgrad(ctx.final_in, norm_gain(final_layernorm, spec_.zero_centered_gamma), ctx.final_rstd, dn, dx);
   rmsnorm_wgrad(ctx.final_in, ctx.final_rstd, dn, final_layernorm.grad);
   ctx.final_in = ctx.final_out = ctx.final_rstd = Tensor();
-  grads_ready(0);
   return dx;
+}
+
+TransformerLayer& GPTModel::scheduled_layer(int i) {
+  const int L = num_local_layers();
+  return i < L ? *layers[static_cast<std::size_t>(i)] : mtp[static_cast<std::size_t>(i - L)]->layer;
+}
+
+TransformerLayer::Context* GPTModel::scheduled_context(int i, Context& ctx, bool fresh) {
+  const int L = num_local_layers();
+  if (i >= L) {
+    TransformerLayer::Context& c = ctx.mtp[static_cast<std::size_t>(i - L)].layer;
+    if (fresh) c = TransformerLayer::Context{};
+    return &c;
+  }
+  auto& c = ctx.layers[static_cast<std::size_t>(i)];
+  if (fresh) c = std::make_unique<TransformerLayer::Context>();
+  return c.get();
+}
+
+void GPTModel::release_scheduled(int i, Context& ctx) {
+  const int L = num_local_layers();
+  if (i >= L)
+    ctx.mtp[static_cast<std::size_t>(i - L)].layer = TransformerLayer::Context{};
+  else
+    ctx.layers[static_cast<std::size_t>(i)].reset();
+}
+
+Tensor GPTModel::scheduled_input(int i, Tensor x, Context& ctx) {
+  const int L = num_local_layers();
+  if (i < L) return x;
+  const auto k = static_cast<std::size_t>(i - L);
+  trace::Scope scope(trace::Track::compute, "mtp input", global_layer(i));
+  params_needed(0);
+  params_needed(embedding_grad_group());  // the rolled tokens' rows
+  if (k == 0)
+    final_norm(x, ctx);
+  else
+    ctx.mtp_out[k - 1] = mtp[k - 1]->forward_out(std::move(x), ctx.mtp[k - 1]);
+  ctx.mtp_in_schedule = true;
+  const std::int64_t T = ctx.tokens.numel(), shift = std::min(static_cast<std::int64_t>(k + 1) * spec_.micro_batch, T);
+  ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
+  return mtp[k]->forward_in(k == 0 ? ctx.final_out : ctx.mtp_out[k - 1], embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
+}
+
+Tensor GPTModel::scheduled_input_backward(int i, Tensor dx, Context& ctx) {
+  const int L = num_local_layers();
+  if (i < L) return dx;
+  const auto k = static_cast<std::size_t>(i - L);
+  trace::Scope scope(trace::Track::compute, "mtp input backward", global_layer(i));
+  auto [dh, demb] = mtp[k]->backward_in(ctx.mtp[k], dx);
+  ctx.mtp_demb[k] = std::move(demb);
+  if (k > 0) {  // the previous depth's output, as mtp_backward's carry
+    Tensor& dout = ctx.mtp_dout[k - 1];
+    add(dout, dh, dout);
+    Tensor dy = mtp[k - 1]->backward_out(ctx.mtp[k - 1], dout);
+    dout = Tensor();
+    return dy;
+  }
+  add(ctx.mtp_dn, dh, ctx.mtp_dn);  // as head_backward's, then its final norm's backward
+  ctx.mtp_dout.clear();
+  const Tensor dn = std::move(ctx.mtp_dn);
+  return final_norm_backward(ctx, dn);
 }
 
 void GPTModel::backward(Context& ctx, float dloss) {

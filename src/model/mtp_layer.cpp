@@ -55,6 +55,11 @@ void MtpLayer::checkpoint(Context& ctx) const {
 }
 
 Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx, const RouterReplay* replay) {
+  const Tensor x = forward_in(h, emb, ctx);
+  return forward_out(layer.forward(x, ctx.layer, replay), ctx);
+}
+
+Tensor MtpLayer::forward_in(const Tensor& h, const Tensor& emb, Context& ctx) {
   const std::int64_t T = h.dim(0), H = spec_.hidden;
   ctx.h = h;
   ctx.emb = emb;
@@ -69,20 +74,35 @@ Tensor MtpLayer::forward(const Tensor& h, const Tensor& emb, Context& ctx, const
   }
   Tensor x = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(ctx.cat), Trans::N, mat(eh_proj.compute), Trans::T, mat_mut(x));
-  ctx.y = layer.forward(x, ctx.layer, replay);
+  return x;
+}
+
+Tensor MtpLayer::forward_out(Tensor y, Context& ctx) {
+  ctx.y = std::move(y);
   return layer.norm(ctx.y, final_layernorm, ctx.y_rstd);
 }
 
 std::pair<Tensor, Tensor> MtpLayer::backward(Context& ctx, const Tensor& dout) {
-  const std::int64_t T = dout.dim(0), H = spec_.hidden;
   if (!ctx.cat.defined()) {  // checkpointed: the forward again, the router replaying its draw
     const Tensor h = ctx.h, emb = ctx.emb;
     const RouterReplay replay = std::move(ctx.replay);
     forward(h, emb, ctx, &replay);
   }
-  const Tensor dy = norm_backward(ctx.y, final_layernorm, ctx.y_rstd, dout);
-  const Tensor dx = layer.backward_dgrad(ctx.layer, dy);
+  const Tensor dx = layer.backward_dgrad(ctx.layer, backward_out(ctx, dout));
   layer.backward_wgrad(ctx.layer);
+  std::pair<Tensor, Tensor> out = backward_in(ctx, dx);
+  ctx = Context{};
+  return out;
+}
+
+Tensor MtpLayer::backward_out(Context& ctx, const Tensor& dout) {
+  Tensor dy = norm_backward(ctx.y, final_layernorm, ctx.y_rstd, dout);
+  ctx.y = ctx.y_rstd = Tensor();
+  return dy;
+}
+
+std::pair<Tensor, Tensor> MtpLayer::backward_in(Context& ctx, const Tensor& dx) {
+  const std::int64_t T = dx.dim(0), H = spec_.hidden;
   Tensor dcat = Tensor::uninitialized({T, 2 * H}, spec_.dtype);
   gemm(mat(dx), Trans::N, mat(eh_proj.compute), Trans::N, mat_mut(dcat));
   gemm(mat(dx), Trans::T, mat(ctx.cat), Trans::N, mat_mut(eh_proj.grad), true);
@@ -94,7 +114,7 @@ std::pair<Tensor, Tensor> MtpLayer::backward(Context& ctx, const Tensor& dout) {
     std::copy_n(src + (2 * t + 1) * row, row, static_cast<std::byte*>(dn.raw()) + t * row);
   }
   std::pair<Tensor, Tensor> out{norm_backward(ctx.h, hnorm, ctx.h_rstd, dn), norm_backward(ctx.emb, enorm, ctx.emb_rstd, de)};
-  ctx = Context{};
+  ctx.h = ctx.h_rstd = ctx.emb = ctx.emb_rstd = ctx.cat = Tensor();
   return out;
 }
 

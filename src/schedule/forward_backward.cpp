@@ -48,7 +48,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
     }
     Pass* f = next ? &*next : nullptr;
     Pass* b = prev ? &*prev : nullptr;
-    if (b) b->x = model.head_backward(b->ctx, dloss);
+    if (b) b->x = model.head_backward(b->ctx, dloss, true);  // the MTP layers in the merged step
     merged_step(&model, f, &model, b, options.delay_wgrad);
     if (f) model.head_forward(f->x, f->ctx);  // the loss lands in f->ctx
     if (b) model.embed_backward(b->ctx, b->x);

@@ -15,27 +15,26 @@ using trace::Track;
 // stream, so each exchange is started as soon as its input exists and the compute that can cover
 // it runs after (megatron/core/models/common/model_chunk_schedule_plan.py).
 void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad) {
-  const int nf = f ? fm->num_local_layers() : 0, nb = b ? bm->num_local_layers() : 0;
+  // The chunks' decoder layers, then (in the loss's chunk) the MTP layers: GPTModel::scheduled_layer.
+  const int nf = f ? fm->num_scheduled_layers() : 0, nb = b ? bm->num_scheduled_layers() : 0;
   int deferred_dw = -1;  // a backward layer whose attention wgrad waits (delay_wgrad)
+  const auto layer_done = [&](int bi) {
+    bm->release_scheduled(bi, b->ctx);
+    if (bm->completes_grad_group(bi)) bm->grads_ready(bm->scheduled_grad_group(bi));
+  };
   const auto run_deferred_dw = [&] {
     if (deferred_dw < 0) return;
     Scope s(Track::compute, "attention + router wgrad", bm->global_layer(deferred_dw));
-    auto& c = b->ctx.layers[static_cast<std::size_t>(deferred_dw)];
-    bm->layers[static_cast<std::size_t>(deferred_dw)]->backward_attn_wgrad(*c);
-    c.reset();
-    bm->grads_ready(bm->layer_grad_group(deferred_dw));
+    bm->scheduled_layer(deferred_dw).backward_attn_wgrad(*bm->scheduled_context(deferred_dw, b->ctx));
+    layer_done(deferred_dw);
     deferred_dw = -1;
   };
   for (int i = 0; i < std::max(nf, nb); ++i) {
     const int bi = nb - 1 - i;  // the backward's layer
-    TransformerLayer* fl = i < nf ? fm->layers[static_cast<std::size_t>(i)].get() : nullptr;
-    TransformerLayer* bl = bi >= 0 ? bm->layers[static_cast<std::size_t>(bi)].get() : nullptr;
-    TransformerLayer::Context* fc = nullptr;
-    TransformerLayer::Context* bc = bl ? b->ctx.layers[static_cast<std::size_t>(bi)].get() : nullptr;
-    if (fl) {
-      f->ctx.layers[static_cast<std::size_t>(i)] = std::make_unique<TransformerLayer::Context>();
-      fc = f->ctx.layers[static_cast<std::size_t>(i)].get();
-    }
+    TransformerLayer* fl = i < nf ? &fm->scheduled_layer(i) : nullptr;
+    TransformerLayer* bl = bi >= 0 ? &bm->scheduled_layer(bi) : nullptr;
+    TransformerLayer::Context* fc = fl ? fm->scheduled_context(i, f->ctx, true) : nullptr;
+    TransformerLayer::Context* bc = bl ? bm->scheduled_context(bi, b->ctx) : nullptr;
 
     if (bl) {
       Scope s(Track::compute, "unpermute backward", bm->global_layer(bi));
@@ -47,7 +46,8 @@ void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad)
         Scope s(Track::compute, "unpermute + residual", fm->global_layer(i - 1));
         f->x = fm->layer_output(i - 1, f->ctx);  // the previous layer's combine
       }
-      fm->params_needed(fm->layer_grad_group(i));
+      f->x = fm->scheduled_input(i, std::move(f->x), f->ctx);  // an MTP layer's input
+      fm->params_needed(fm->scheduled_grad_group(i));
       {
         Scope s(Track::compute, fl->moe ? "attention + router forward" : "attention forward", fm->global_layer(i));
         fl->forward_attn(f->x, *fc);
@@ -74,14 +74,15 @@ void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad)
       fl->launch_moe_combine(*fc);  // ‖ the backward's attention dgrad
     }
     if (bl) {
-      Scope s(Track::compute, delay_wgrad ? "attention dgrad" : "attention dgrad + wgrad", bm->global_layer(bi));
-      b->x = bl->backward_attn(*bc, !delay_wgrad);
-      if (delay_wgrad) {
-        deferred_dw = bi;
-      } else {
-        b->ctx.layers[static_cast<std::size_t>(bi)].reset();
-        bm->grads_ready(bm->layer_grad_group(bi));
+      {
+        Scope s(Track::compute, delay_wgrad ? "attention dgrad" : "attention dgrad + wgrad", bm->global_layer(bi));
+        b->x = bl->backward_attn(*bc, !delay_wgrad);
       }
+      b->x = bm->scheduled_input_backward(bi, std::move(b->x), b->ctx);  // an MTP layer's input, back
+      if (delay_wgrad)
+        deferred_dw = bi;
+      else
+        layer_done(bi);
     }
   }
   run_deferred_dw();

@@ -17,7 +17,9 @@ struct Pass {
 // The forward of `f` through chunk `fm` and the backward of `b` through chunk `bm` (either may be
 // absent). On entry f->x is the chunk's input and b->x the gradient of the chunk's output (the
 // caller ran the embedding / head backward, or received them from the neighbouring stage); on
-// return f->x is the chunk's output and b->x the gradient of its input.
+// return f->x is the chunk's output and b->x the gradient of its input. In the loss's chunk the MTP
+// layers run as layers after the decoder's (GPTModel::scheduled_layer): f->x is then the last MTP
+// layer's output for head_forward, and b->x on entry head_backward's with schedule_mtp.
 void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad);
 
 }  // namespace epx

@@ -131,7 +131,8 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
     if (bm) {
       const auto [v, j] = *step.backward;
       b = &passes.at({v, j});
-      b->x = pipeline.last_virtual(stage, v) ? bm->head_backward(b->ctx, dloss) : transfers.gradient(v, j);
+      // Merged with a forward, the step runs the MTP layers node by node.
+      b->x = pipeline.last_virtual(stage, v) ? bm->head_backward(b->ctx, dloss, f != nullptr) : transfers.gradient(v, j);
     }
 
     if (f && b)

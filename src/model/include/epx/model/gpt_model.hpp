@@ -11,8 +11,8 @@
 // LM head, and adds mtp_loss_scale times its token-mean cross-entropy over the S - k positions
 // that have a target (0 where none) to the objective (Megatron's process_mtp_loss and
 // MTPLossAutoScaler); the LM loss returned stays the main one.
-// Its layers run whole (not node by node under EP overlap); under full uniform recompute each
-// reruns its forward before its backward (mtp_layer.hpp).
+// Its layers run whole, or node by node in the EP-overlap schedule (scheduled_layer); under full
+// uniform recompute each reruns its forward before its backward (mtp_layer.hpp).
 #pragma once
 
 #include <functional>
@@ -53,6 +53,11 @@ class GPTModel {
     std::vector<Tensor> mtp_tokens, mtp_out, mtp_logits, mtp_lse, mtp_demb;
     std::vector<MtpLayer::Context> mtp;
     std::vector<double> mtp_losses;
+    // The MTP layers in the schedule: the forward ran them (scheduled_input); in the backward,
+    // each depth's output gradient so far and the final norm's output's.
+    bool mtp_in_schedule = false;
+    std::vector<Tensor> mtp_dout;
+    Tensor mtp_dn;
   };
 
   // The whole model (pre and post process): tokens, targets [S * B] (I64, Megatron's [S, B]
@@ -79,8 +84,25 @@ class GPTModel {
   Tensor embed(const Tensor& tokens, const Tensor& targets, Context& ctx);
   Tensor layer_output(int i, Context& ctx);
   double head_forward(const Tensor& x, Context& ctx);
-  Tensor head_backward(Context& ctx, float dloss);
+  // `schedule_mtp`: the schedule runs the MTP layers node by node next (scheduled_layer), so this
+  // returns the gradient of the last MTP layer's output, not the decoder's.
+  Tensor head_backward(Context& ctx, float dloss, bool schedule_mtp = false);
   void embed_backward(Context& ctx, const Tensor& dx);
+
+  // The layers a schedule runs node by node (the EP-overlap schedule): the chunk's decoder layers,
+  // then the MTP layers' transformer layers (Megatron's MTP schedule nodes; the loss's chunk
+  // only). An MTP layer's input comes from scheduled_input (the final norm, or the previous
+  // depth's, and the depth's eh_proj), and scheduled_input_backward takes the gradient of it back
+  // to the previous layer's output; layer_output finishes any of them. Decoder layer i completes
+  // gradient group layer_grad_group(i); the MTP layers complete the head's (0) with depth 0.
+  int num_scheduled_layers() const { return num_local_layers() + static_cast<int>(mtp.size()); }
+  TransformerLayer& scheduled_layer(int i);
+  TransformerLayer::Context* scheduled_context(int i, Context& ctx, bool fresh = false);
+  void release_scheduled(int i, Context& ctx);
+  Tensor scheduled_input(int i, Tensor x, Context& ctx);
+  Tensor scheduled_input_backward(int i, Tensor dx, Context& ctx);
+  int scheduled_grad_group(int i) const { return i < num_local_layers() ? layer_grad_group(i) : 0; }
+  bool completes_grad_group(int i) const { return i <= num_local_layers(); }
   bool has_full_recompute() const;
 
   // The groups of weights whose gradients complete together in a backward, in the order they
@@ -142,8 +164,12 @@ class GPTModel {
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
   void record_router(int i, Context& ctx);  // layer i's aux / z losses and random draw
   Tensor embedding_rows(const Tensor& tokens) const;  // the embedding's rows of `tokens` [T] -> [T, H]
+  void final_norm(const Tensor& x, Context& ctx);
+  Tensor final_norm_backward(Context& ctx, const Tensor& dn);  // (with the copy's MTP rows)
+  void record_mtp_router(std::size_t k, Context& ctx);  // depth k's aux / z losses
   void mtp_forward(Context& ctx);
-  Tensor mtp_backward(Context& ctx, float dloss);  // the gradient of the decoder's output (after its final norm)
+  void mtp_head_backward(Context& ctx, float dloss);  // each depth's output gradient through the LM head
+  Tensor mtp_backward(Context& ctx);  // the gradient of the decoder's output (after its final norm)
 
   ModelSpec spec_;
   ModelChunk chunk_;

@@ -37,6 +37,15 @@ class MtpLayer {
   // dout [T, H] -> the gradients of h and emb; every weight gradient accumulated.
   std::pair<Tensor, Tensor> backward(Context& ctx, const Tensor& dout);
 
+  // The pieces around the transformer layer, for a schedule that runs it node by node (the
+  // EP-overlap schedule): forward_in returns its input, forward_out takes its output y and returns
+  // the depth's output; backward_out returns the gradient of y, backward_in takes that of the
+  // layer's input and returns the gradients of h and emb (the layer's context left to the caller).
+  Tensor forward_in(const Tensor& h, const Tensor& emb, Context& ctx);
+  Tensor forward_out(Tensor y, Context& ctx);
+  Tensor backward_out(Context& ctx, const Tensor& dout);
+  std::pair<Tensor, Tensor> backward_in(Context& ctx, const Tensor& dx);
+
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();
 
