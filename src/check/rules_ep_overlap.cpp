@@ -132,6 +132,18 @@ void add_ep_overlap_rules(RuleTable& add) {
                        "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm.",
                        "model.mtp_num_layers=1");
       });
+  // The MTP layer is built as the decoder's last (Megatron's MTP block spec), so it is MoE where
+  // that layer is; the EP-overlap schedule builds its nodes for an MoE MTP layer only.
+  add("ep_overlap.mtp_moe", E,
+      {"comm_overlap.overlap_moe_expert_parallel_comm", "model.mtp_num_layers", "model.moe_layer_freq",
+       "model.num_moe_experts"},
+      "Megatron-Core models/common/fine_grained_callables.py", "EP overlap needs an MoE MTP layer",
+      [](const CheckContext& c) {
+        const ModelConfig& m = c.cfg.model;
+        const bool moe = m.num_moe_experts && *m.num_moe_experts >= 1 && m.moe_layer_freq.is_moe(m.num_layers - 1);
+        return fail_if(ep_overlap(c) && m.mtp_num_layers.value_or(0) > 0 && !moe,
+                       "MTP layer in a2a overlap only supports MoE layer for now.", "model.mtp_num_layers=null");
+      });
   // Megatron-Core's extra EP-overlap checks (TransformerConfig.__post_init__).
   add("ep_overlap.cuda_graph_moe_scope", E,
       {"comm_overlap.overlap_moe_expert_parallel_comm", "model.cuda_graph_impl",

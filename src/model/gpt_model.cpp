@@ -312,7 +312,9 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
     mtp_head_backward(ctx, dloss);
     if (schedule_mtp) {  // the schedule runs the MTP layers; the gradient of the last one's output
       ctx.mtp_dn = std::move(dn);
-      return mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+      Tensor dy = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+      ctx.mtp_dout.back() = Tensor();
+      return dy;
     }
     add(dn, mtp_backward(ctx), dn);  // the MTP's gradient of the final norm's output
   }

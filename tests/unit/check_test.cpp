@@ -465,6 +465,8 @@ const std::vector<Case>& cases() {
        OV},
       {"ep_overlap.mtp_layers", OV + Overrides{"model.mtp_num_layers=2"},
        OV + Overrides{"model.mtp_num_layers=1"}},
+      {"ep_overlap.mtp_moe", OV + Overrides{"model.mtp_num_layers=1", "model.moe_layer_freq=[1,0]"},
+       OV + Overrides{"model.mtp_num_layers=1", "model.moe_layer_freq=[0,1]"}},
       {"ep_overlap.cuda_graph_moe_scope",
        OV + Overrides{"model.cuda_graph_impl=transformer_engine", "model.cuda_graph_modules=[mlp]"},
        OV + Overrides{"model.cuda_graph_impl=transformer_engine",

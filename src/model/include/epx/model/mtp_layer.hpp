@@ -3,7 +3,8 @@
 // at depth 1) and the embedding of the input tokens rolled one more position left,
 //   x = eh_proj([enorm(embedding) | hnorm(h)]),  out = final_layernorm(TransformerLayer(x)).
 // The transformer layer is built as the decoder's last (MoE where it is one). GPTModel runs the
-// layers in its head, with the shared LM head and the rolled targets (gpt_model.hpp). Under full
+// layers in its head, with the shared LM head and the rolled targets, or node by node in the
+// EP-overlap schedule through the pieces below (gpt_model.hpp). Under full
 // recompute with the uniform method the layer keeps only its inputs and reruns its forward just
 // before its backward (Megatron's MTP _checkpointed_forward; the block method recomputes none).
 #pragma once
