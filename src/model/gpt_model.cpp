@@ -243,11 +243,9 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
 void GPTModel::mtp_forward(Context& ctx) {
   if (!spec_.tie_embeddings) params_needed(embedding_grad_group());  // the rolled tokens' rows
   trace::Scope scope(trace::Track::compute, "mtp forward");
-  const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, V = spec_.vocab;
+  const std::int64_t T = ctx.tokens.numel(), V = spec_.vocab;
   for (std::size_t k = 0; k < mtp.size(); ++k) {
-    // Depth k + 1: tokens and targets rolled k + 1 positions left. In [S, B] order that is
-    // (k + 1) * B rows; the last k + 1 positions of each sequence take token 0 and no target.
-    const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
+    const std::int64_t shift = mtp_shift(k, T), R = T - shift;
     if (!ctx.mtp_in_schedule) {  // else the schedule ran the layer (scheduled_input, layer_output)
       ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
       const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
@@ -265,10 +263,10 @@ void GPTModel::mtp_forward(Context& ctx) {
 
 void GPTModel::mtp_head_backward(Context& ctx, float dloss) {
   trace::Scope scope(trace::Track::compute, "mtp head backward");
-  const std::int64_t T = ctx.tokens.numel(), B = spec_.micro_batch, H = spec_.hidden;
+  const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
   ctx.mtp_dout.assign(mtp.size(), Tensor());
   for (std::size_t k = mtp.size(); k-- > 0;) {
-    const std::int64_t shift = std::min(static_cast<std::int64_t>(k + 1) * B, T), R = T - shift;
+    const std::int64_t shift = mtp_shift(k, T), R = T - shift;
     Tensor& dout = ctx.mtp_dout[k] = Tensor({T, H}, spec_.dtype);  // zero past the positions with a target
     if (R > 0) {
       Tensor dlogits32 = Tensor::uninitialized(ctx.mtp_logits[k].shape(), DType::F32);
@@ -373,8 +371,8 @@ Tensor GPTModel::scheduled_input(int i, Tensor x, Context& ctx) {
   else
     ctx.mtp_out[k - 1] = mtp[k - 1]->forward_out(std::move(x), ctx.mtp[k - 1]);
   ctx.mtp_in_schedule = true;
-  const std::int64_t T = ctx.tokens.numel(), shift = std::min(static_cast<std::int64_t>(k + 1) * spec_.micro_batch, T);
-  ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
+  const std::int64_t T = ctx.tokens.numel();
+  ctx.mtp_tokens[k] = rolled(ctx.tokens, mtp_shift(k, T), T);
   return mtp[k]->forward_in(k == 0 ? ctx.final_out : ctx.mtp_out[k - 1], embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
 }
 

@@ -18,6 +18,7 @@
 #include "epx/model/gpt_model.hpp"
 #include "epx/schedule/pipeline.hpp"
 #include "epx/schedule/schedule.hpp"
+#include "epx/tensor/random.hpp"
 #include "epx/trace/trace.hpp"
 #include "epx/train/job_spec.hpp"
 #include "epx/train/optimizer.hpp"
@@ -213,9 +214,9 @@ std::unique_ptr<Communicator> Trainer::embedding_stages() {
 // a difference is a bug in epx (exit 3), and would otherwise only show as a slow drift of the loss.
 void Trainer::check_shared_embedding() {
   if (!embedding_stages_ || !shared_embedding_ || embedding_stages_->size() == 1) return;
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the weights the forward reads
-  const auto* b = static_cast<const unsigned char*>(shared_embedding_->compute.raw());
-  for (std::size_t i = 0, n = shared_embedding_->compute.nbytes(); i < n; ++i) hash = (hash ^ b[i]) * 1099511628211ULL;
+  // FNV-1a (random.hpp's) over the bytes of the weights the forward reads.
+  const Tensor& w = shared_embedding_->compute;
+  std::uint64_t hash = stream_of(std::string_view(static_cast<const char*>(w.raw()), w.nbytes()));
   std::uint64_t both[2] = {};
   embedding_stages_->allgatherv(&hash, both, std::vector<std::int64_t>{1, 1}, DType::I64);
   if (both[0] != both[1])

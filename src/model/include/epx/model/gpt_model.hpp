@@ -15,6 +15,7 @@
 // uniform recompute each reruns its forward before its backward (mtp_layer.hpp).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -167,6 +168,11 @@ class GPTModel {
   void final_norm(const Tensor& x, Context& ctx);
   Tensor final_norm_backward(Context& ctx, const Tensor& dn);  // (with the copy's MTP rows)
   void record_mtp_router(std::size_t k, Context& ctx);  // depth k's aux / z losses
+  // Depth k + 1 rolls tokens and targets k + 1 positions left: in [S, B] order, (k + 1) * B of
+  // the T rows; the last k + 1 positions of each sequence take token 0 and no target.
+  std::int64_t mtp_shift(std::size_t k, std::int64_t T) const {
+    return std::min(static_cast<std::int64_t>(k + 1) * spec_.micro_batch, T);
+  }
   void mtp_forward(Context& ctx);
   void mtp_head_backward(Context& ctx, float dloss);  // each depth's output gradient through the LM head
   Tensor mtp_backward(Context& ctx);  // the gradient of the decoder's output (after its final norm)
