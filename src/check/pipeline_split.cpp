@@ -52,7 +52,17 @@ PipelineSplit from_layout(const ModelConfig& m, const std::string& text, int pp)
                                   "{}, {} and {} (check rule pipeline.layout)",
                                   field, m.num_layers, opt(m.mtp_num_layers), embeddings, losses, decoders,
                                   mtp_layers));
-  if (mtp_layers == 0) s.mtp_stage = s.loss_stage;
+  if (mtp_layers == 0) {
+    s.mtp_stage = s.loss_stage;
+    return s;
+  }
+  // Megatron's validate_layer_layout: the MTP layers in one stage, the last of its rank, after every decoder layer.
+  const std::string& mtp = stages[static_cast<std::size_t>(s.mtp_stage)];
+  if (std::count(mtp.begin(), mtp.end(), 'm') != mtp_layers || order.find('t', order.find('m')) != std::string::npos ||
+      s.mtp_stage / pp != s.chunks - 1)
+    throw ConfigError(fmt::format("{}: a layout puts every MTP layer (m) in one stage, after every decoder layer (t), "
+                                  "in the last model chunk of its pipeline rank (check rule pipeline.layout)",
+                                  field));
   return s;
 }
 

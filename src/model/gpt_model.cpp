@@ -26,27 +26,44 @@ ModelChunk resolved(ModelChunk c, int num_layers) {
   if (c.layers.first < 0 || c.layers.first > c.layers.end || c.layers.end > num_layers)
     throw std::invalid_argument(fmt::format("model: chunk layers [{}, {}) outside the model's {}", c.layers.first,
                                             c.layers.end, num_layers));
+  if ((c.mtp_stage && c.post_process) || (c.mtp_before && !c.post_process))
+    throw std::logic_error("model: a standalone MTP stage is a chunk before the loss's");
   return c;
+}
+
+// Rows [k T, (k + 1) T) of x: the k-th of the MTP stage's concatenated hidden states.
+Tensor rows_of(const Tensor& x, std::int64_t k, std::int64_t T) {
+  Tensor out = Tensor::uninitialized({T, x.dim(1)}, x.dtype());
+  const std::size_t n = static_cast<std::size_t>(T * x.dim(1)) * dtype_size(x.dtype());
+  std::copy_n(static_cast<const std::byte*>(x.raw()) + static_cast<std::size_t>(k) * n, n, static_cast<std::byte*>(out.raw()));
+  return out;
+}
+
+Tensor concatenated(const std::vector<const Tensor*>& parts) {
+  const std::int64_t T = parts.front()->dim(0);
+  Tensor out = Tensor::uninitialized({T * static_cast<std::int64_t>(parts.size()), parts.front()->dim(1)}, parts.front()->dtype());
+  std::byte* o = static_cast<std::byte*>(out.raw());
+  for (const Tensor* p : parts) o = std::copy_n(static_cast<const std::byte*>(p->raw()), p->nbytes(), o);
+  return out;
 }
 
 }  // namespace
 
 GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<TokenDispatcher>()>& make_dispatcher,
                    const MoELayerOptions& moe_options, ModelChunk chunk)
-    : embedding("embedding.word_embeddings.weight",
-                {chunk.pre_process || (chunk.post_process && (spec.tie_embeddings || spec.mtp_layers > 0)) ? spec.vocab : 0,
-                 spec.hidden},
-                spec.dtype),
-      final_layernorm("decoder.final_layernorm.weight", {chunk.post_process ? spec.hidden : 0}, DType::F32),
-      output_layer("output_layer.weight", {spec.tie_embeddings || !chunk.post_process ? 0 : spec.vocab, spec.hidden},
+    : output_layer("output_layer.weight", {spec.tie_embeddings || !chunk.post_process ? 0 : spec.vocab, spec.hidden},
                    spec.dtype),
       spec_(spec),
       chunk_(resolved(chunk, spec.num_layers)),
       checkpoint_end_(static_cast<std::size_t>(chunk_.layers.size()), -1) {
+  embedding = Param("embedding.word_embeddings.weight",
+                    {chunk_.pre_process || (chunk_.post_process && spec.tie_embeddings) || runs_mtp() ? spec.vocab : 0, spec.hidden},
+                    spec.dtype);
+  final_layernorm = Param("decoder.final_layernorm.weight", {has_final_norm() ? spec.hidden : 0}, DType::F32);
   for (int i = chunk_.layers.first; i < chunk_.layers.end; ++i)
     layers.push_back(std::make_unique<TransformerLayer>(
         i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
-  if (chunk_.post_process && spec.mtp_layers > 0) {
+  if (runs_mtp()) {
     for (int k = 0; k < spec.mtp_layers; ++k)
       mtp.push_back(std::make_unique<MtpLayer>(
           k, spec, spec.is_moe[static_cast<std::size_t>(spec.num_layers + k)] ? make_dispatcher() : nullptr, moe_options));
@@ -61,7 +78,7 @@ std::vector<Param*> GPTModel::params() {
   if (has_embedding()) out.push_back(&embedding);
   for (auto& l : layers)
     for (Param* p : l->params()) out.push_back(p);
-  if (chunk_.post_process) out.push_back(&final_layernorm);
+  if (has_final_norm()) out.push_back(&final_layernorm);
   if (chunk_.post_process && !spec_.tie_embeddings) out.push_back(&output_layer);
   for (auto& m : mtp)
     for (Param* p : m->params()) out.push_back(p);
@@ -70,9 +87,10 @@ std::vector<Param*> GPTModel::params() {
 
 std::vector<std::vector<Param*>> GPTModel::grad_groups() {
   std::vector<std::vector<Param*>> out;
-  if (chunk_.post_process) {
-    out.push_back({&final_layernorm});
-    if (!spec_.tie_embeddings) out.front().push_back(&output_layer);
+  if (head_groups() > 0) {
+    out.emplace_back();
+    if (has_final_norm()) out.front().push_back(&final_layernorm);
+    if (chunk_.post_process && !spec_.tie_embeddings) out.front().push_back(&output_layer);
     for (auto& m : mtp)
       for (Param* p : m->params()) out.front().push_back(p);
     if (embedding_copy()) out.front().push_back(&embedding);
@@ -166,7 +184,7 @@ void GPTModel::begin(const Tensor& tokens, const Tensor& targets, Context& ctx) 
   ctx.router_replay.assign(L, RouterReplay{});
   ctx.aux_losses = {};
   ctx.z_loss = 0;
-  const auto D = mtp.size();
+  const auto D = mtp_depths();
   for (auto* v : {&ctx.mtp_tokens, &ctx.mtp_out, &ctx.mtp_logits, &ctx.mtp_lse, &ctx.mtp_demb}) v->assign(D, Tensor());
   ctx.mtp.clear();
   ctx.mtp.resize(D);
@@ -227,32 +245,43 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   params_needed(0);
   if (spec_.tie_embeddings) params_needed(embedding_grad_group());
   trace::Scope scope(trace::Track::compute, "lm head + loss forward");
-  const std::int64_t T = x.dim(0), V = spec_.vocab;
-  if (ctx.mtp_in_schedule)  // x: the last MTP layer's transformer output; the final norm ran before the first
+  const std::int64_t T = ctx.tokens.numel(), V = spec_.vocab;
+  if (chunk_.mtp_before) {  // x: the MTP stage's [final norm's output; each depth's]
+    ctx.final_out = rows_of(x, 0, T);
+    for (std::size_t k = 0; k < mtp_depths(); ++k) ctx.mtp_out[k] = rows_of(x, static_cast<std::int64_t>(k) + 1, T);
+  } else if (ctx.mtp_in_schedule) {  // x: the last MTP layer's transformer output; the final norm ran before the first
     ctx.mtp_out.back() = mtp.back()->forward_out(x, ctx.mtp.back());
-  else
+  } else {
     final_norm(x, ctx);
+    if (runs_mtp()) mtp_layers_forward(ctx);
+  }
   ctx.logits = Tensor::uninitialized({T, V}, DType::F32);
   gemm(mat(ctx.final_out), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.logits));
   ctx.lse = Tensor::uninitialized({T}, DType::F32);
   ctx.loss = cross_entropy_forward(ctx.logits, ctx.targets, ctx.lse);
-  if (!mtp.empty()) mtp_forward(ctx);
+  if (mtp_depths() > 0) mtp_losses_forward(ctx);
   return ctx.loss;
 }
 
-void GPTModel::mtp_forward(Context& ctx) {
-  if (!spec_.tie_embeddings) params_needed(embedding_grad_group());  // the rolled tokens' rows
+void GPTModel::mtp_layers_forward(Context& ctx) {
+  params_needed(0);
+  params_needed(embedding_grad_group());  // the rolled tokens' rows
   trace::Scope scope(trace::Track::compute, "mtp forward");
-  const std::int64_t T = ctx.tokens.numel(), V = spec_.vocab;
+  const std::int64_t T = ctx.tokens.numel();
   for (std::size_t k = 0; k < mtp.size(); ++k) {
+    ctx.mtp_tokens[k] = rolled(ctx.tokens, mtp_shift(k, T), T);
+    const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
+    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
+    record_mtp_router(k, ctx);
+    mtp[k]->checkpoint(ctx.mtp[k]);
+  }
+}
+
+void GPTModel::mtp_losses_forward(Context& ctx) {
+  trace::Scope scope(trace::Track::compute, "mtp loss forward");
+  const std::int64_t T = ctx.tokens.numel(), V = spec_.vocab;
+  for (std::size_t k = 0; k < mtp_depths(); ++k) {
     const std::int64_t shift = mtp_shift(k, T), R = T - shift;
-    if (!ctx.mtp_in_schedule) {  // else the schedule ran the layer (scheduled_input, layer_output)
-      ctx.mtp_tokens[k] = rolled(ctx.tokens, shift, T);
-      const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
-      ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
-      record_mtp_router(k, ctx);
-      mtp[k]->checkpoint(ctx.mtp[k]);
-    }
     if (R <= 0) continue;  // no target this deep in the sequence: a loss of 0, as Megatron's clamped count
     ctx.mtp_logits[k] = Tensor::uninitialized({R, V}, DType::F32);
     gemm(mat(ctx.mtp_out[k], 0, R), Trans::N, mat(lm_head().compute), Trans::T, mat_mut(ctx.mtp_logits[k]));
@@ -264,8 +293,8 @@ void GPTModel::mtp_forward(Context& ctx) {
 void GPTModel::mtp_head_backward(Context& ctx, float dloss) {
   trace::Scope scope(trace::Track::compute, "mtp head backward");
   const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden;
-  ctx.mtp_dout.assign(mtp.size(), Tensor());
-  for (std::size_t k = mtp.size(); k-- > 0;) {
+  ctx.mtp_dout.assign(mtp_depths(), Tensor());
+  for (std::size_t k = mtp_depths(); k-- > 0;) {
     const std::int64_t shift = mtp_shift(k, T), R = T - shift;
     Tensor& dout = ctx.mtp_dout[k] = Tensor({T, H}, spec_.dtype);  // zero past the positions with a target
     if (R > 0) {
@@ -306,8 +335,17 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
   Tensor dn = Tensor::uninitialized({T, H}, spec_.dtype);
   gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dn));
   gemm(mat(dlogits), Trans::T, mat(ctx.final_out), Trans::N, mat_mut(lm_head().grad), true);
+  if (mtp_depths() > 0) mtp_head_backward(ctx, dloss);
+  if (chunk_.mtp_before) {  // the gradient of the MTP stage's output, in its order
+    std::vector<const Tensor*> parts{&dn};
+    for (const Tensor& d : ctx.mtp_dout) parts.push_back(&d);
+    Tensor dy = concatenated(parts);
+    ctx.mtp_dout.clear();
+    ctx.final_out = Tensor();
+    grads_ready(0);
+    return dy;
+  }
   if (!mtp.empty()) {
-    mtp_head_backward(ctx, dloss);
     if (schedule_mtp) {  // the schedule runs the MTP layers; the gradient of the last one's output
       ctx.mtp_dn = std::move(dn);
       Tensor dy = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
@@ -316,6 +354,41 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
     }
     add(dn, mtp_backward(ctx), dn);  // the MTP's gradient of the final norm's output
   }
+  Tensor dx = final_norm_backward(ctx, dn);
+  grads_ready(0);
+  return dx;
+}
+
+Tensor GPTModel::mtp_stage_forward(Tensor x, Context& ctx) {
+  if (ctx.mtp_in_schedule) {
+    ctx.mtp_out.back() = mtp.back()->forward_out(std::move(x), ctx.mtp.back());
+  } else {
+    params_needed(0);
+    final_norm(x, ctx);
+    mtp_layers_forward(ctx);
+  }
+  trace::Scope scope(trace::Track::compute, "mtp stage output");
+  std::vector<const Tensor*> parts{&ctx.final_out};
+  for (const Tensor& h : ctx.mtp_out) parts.push_back(&h);
+  Tensor y = concatenated(parts);
+  ctx.final_out = Tensor();
+  ctx.mtp_out.assign(mtp.size(), Tensor());
+  return y;
+}
+
+Tensor GPTModel::mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedule_mtp) {
+  trace::Scope scope(trace::Track::compute, "mtp stage backward");
+  const std::int64_t T = ctx.tokens.numel();
+  Tensor dn = rows_of(dy, 0, T);
+  ctx.mtp_dout.resize(mtp.size());
+  for (std::size_t k = 0; k < mtp.size(); ++k) ctx.mtp_dout[k] = rows_of(dy, static_cast<std::int64_t>(k) + 1, T);
+  if (schedule_mtp) {  // as head_backward's
+    ctx.mtp_dn = std::move(dn);
+    Tensor d = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+    ctx.mtp_dout.back() = Tensor();
+    return d;
+  }
+  add(dn, mtp_backward(ctx), dn);
   Tensor dx = final_norm_backward(ctx, dn);
   grads_ready(0);
   return dx;

@@ -12,24 +12,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The activations and gradients in flight between this stage and its neighbours.
+// The activations and gradients in flight between this stage and its neighbours: [T, H] rows, or
+// (1 + D) times as many after a standalone MTP stage (Megatron's mtp_standalone, which sends the
+// shapes ahead; here each stage knows them from the layout).
 class StageTransfers {
  public:
-  StageTransfers(Communicator& pp, const PipelineSpec& pipeline, std::vector<std::int64_t> shape, DType dtype)
+  StageTransfers(Communicator& pp, const PipelineSpec& pipeline, std::int64_t rows, std::int64_t hidden, int mtp_depths,
+                 DType dtype)
       : pp_(pp),
         pipeline_(pipeline),
         stage_(pp.rank()),
         prev_((stage_ + pipeline.stages - 1) % pipeline.stages),
         next_((stage_ + 1) % pipeline.stages),
-        shape_(std::move(shape)),
+        rows_(rows),
+        hidden_(hidden),
+        mtp_depths_(mtp_depths),
         dtype_(dtype) {}
 
   // Posts the receives `step` needs (once each).
   void post(const PipelineStep& step) {
-    if (step.forward && !pipeline_.first_virtual(stage_, step.forward->chunk))
-      post_recv(tag(kForward, step.forward->chunk, step.forward->micro_batch), prev_);
-    if (step.backward && !pipeline_.last_virtual(stage_, step.backward->chunk))
-      post_recv(tag(kBackward, step.backward->chunk, step.backward->micro_batch), next_);
+    if (const auto f = step.forward; f && !pipeline_.first_virtual(stage_, f->chunk))  // the previous virtual stage's output
+      post_recv(tag(kForward, f->chunk, f->micro_batch), prev_, pipeline_.virtual_stage(stage_, f->chunk) - 1);
+    if (const auto b = step.backward; b && !pipeline_.last_virtual(stage_, b->chunk))  // this one's output's gradient
+      post_recv(tag(kBackward, b->chunk, b->micro_batch), next_, pipeline_.virtual_stage(stage_, b->chunk));
   }
   // Chunk `chunk`'s input activation / output gradient of a micro-batch (posted before).
   Tensor activation(int chunk, int micro_batch) { return take(tag(kForward, chunk, micro_batch)); }
@@ -53,9 +58,10 @@ class StageTransfers {
   // The receiver's chunk and the micro-batch: unique per transfer in an iteration.
   int tag(Direction d, int chunk, int micro_batch) const { return (micro_batch * pipeline_.chunks + chunk) * 2 + d; }
 
-  void post_recv(int tag, int peer) {
+  // `output_of`: the virtual stage whose output (or its gradient) this is.
+  void post_recv(int tag, int peer, int output_of) {
     if (incoming_.count(tag)) return;
-    Tensor buf = Tensor::uninitialized(shape_, dtype_);
+    Tensor buf = Tensor::uninitialized({rows_ * (pipeline_.carries_mtp(output_of) ? 1 + mtp_depths_ : 1), hidden_}, dtype_);
     Request r = pp_.start_recv(buf.raw(), buf.numel(), dtype_, peer, tag);
     incoming_.emplace(tag, std::make_pair(std::move(buf), std::move(r)));
   }
@@ -84,7 +90,8 @@ class StageTransfers {
   Communicator& pp_;
   const PipelineSpec& pipeline_;
   const int stage_, prev_, next_;
-  const std::vector<std::int64_t> shape_;
+  const std::int64_t rows_, hidden_;
+  const int mtp_depths_;
   const DType dtype_;
   std::map<int, std::pair<Tensor, Request>> incoming_;
   std::vector<std::pair<Tensor, Request>> outgoing_;
@@ -103,7 +110,7 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
   const float dloss = static_cast<float>(1.0 / num_micro_batches);
   const double moe_layers = std::max(1, spec.num_moe_layers());
   const std::vector<PipelineStep> steps = pipeline_order(pipeline, stage, num_micro_batches, options.ep_overlap);
-  StageTransfers transfers(pp, pipeline, {spec.seq_length * spec.micro_batch, spec.hidden}, spec.dtype);
+  StageTransfers transfers(pp, pipeline, spec.seq_length * spec.micro_batch, spec.hidden, spec.mtp_layers, spec.dtype);
   std::vector<MicroBatchLosses> out(static_cast<std::size_t>(num_micro_batches));
   std::map<std::pair<int, int>, Pass> passes;  // (chunk, micro-batch) between its forward and backward
 
@@ -132,7 +139,12 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
       const auto [v, j] = *step.backward;
       b = &passes.at({v, j});
       // Merged with a forward, the step runs the MTP layers node by node.
-      b->x = pipeline.last_virtual(stage, v) ? bm->head_backward(b->ctx, dloss, f != nullptr) : transfers.gradient(v, j);
+      if (pipeline.last_virtual(stage, v))
+        b->x = bm->head_backward(b->ctx, dloss, f != nullptr);
+      else if (bm->chunk().mtp_stage)
+        b->x = bm->mtp_stage_backward(b->ctx, transfers.gradient(v, j), f != nullptr);
+      else
+        b->x = transfers.gradient(v, j);
     }
 
     if (f && b)
@@ -148,8 +160,10 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
       if (pipeline.last_virtual(stage, v)) {
         l.lm_loss = fm->head_forward(f->x, f->ctx);
         l.mtp_losses = f->ctx.mtp_losses;
-      } else
+      } else {
+        if (fm->chunk().mtp_stage) f->x = fm->mtp_stage_forward(std::move(f->x), f->ctx);
         transfers.send_activation(f->x, v, j);
+      }
       f->x = Tensor();
       for (AuxLoss k : kAuxLosses)  // this chunk's MoE layers' share of the mean
         at(l.aux_losses, k) += at(f->ctx.aux_losses, k) / moe_layers;

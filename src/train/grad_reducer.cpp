@@ -21,7 +21,7 @@ const char* gather_name(bool expert) { return expert ? "parameter all-gather (ED
 constexpr const char* kRowsName = "embedding gradient rows all-gather (DP)";
 // Over the pipeline's ends, not DP, but counted with the gradient reduction it follows
 // (trace::is_dp_reduction; Megatron's finalize_model_grads), as the planner does.
-constexpr const char* kSharedName = "embedding gradient all-reduce (first and last stage)";
+constexpr const char* kSharedName = "embedding gradient all-reduce (pipeline stages)";
 
 // A weight the all-gather sends as its BF16 compute copy; the rest (FP32 models, norms, the
 // router) go as their FP32 masters, which the forward reads. In 2-byte units per element.
@@ -246,7 +246,7 @@ void GradReducer::sum_shared_embedding(Communicator& stages) {
     lo = b.shard_begin, hi = b.shard_end;
   }
   float* g = shared_embedding_->grad.data<float>() + lo;
-  // a + b and b + a are the same float: both stages keep bitwise the same gradient.
+  // Every rank gets the same sum (epx run checks that the copies stay bitwise equal).
   stream_.run([&] { stages.allreduce(g, hi - lo, DType::F32); }, kSharedName);
 }
 

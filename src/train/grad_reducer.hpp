@@ -58,10 +58,10 @@ class GradReducer {
   // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
   // over the group times `scale` (distributed: in this rank's shard; zero elsewhere).
   void finish(float scale);
-  // After finish: the shared embedding's gradient summed with its other stage's over `stages`
-  // (the first and last stage's ranks of this pipeline; Megatron's _allreduce_word_embedding_grads),
-  // in FP32. With the distributed optimizer the shared embedding is a bucket of its own on both
-  // stages (as Megatron buckets a shared_embedding param), so both hold the same shard of it: only
+  // After finish: the shared embedding's gradient summed with its copies' over `stages` (the
+  // ranks of this pipeline that hold one; Megatron's _allreduce_word_embedding_grads), in FP32.
+  // With the distributed optimizer the shared embedding is a bucket of its own on every such
+  // stage (as Megatron buckets a shared_embedding param), so all hold the same shard of it: only
   // that is summed.
   void sum_shared_embedding(Communicator& stages);
   // Distributed optimizer: the params' elements in this rank's shards (for Adam), and, after

@@ -615,9 +615,14 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
         "last stage; move E into the layout's first stage and L into its last");
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
-  if (split.mtp_stage != split.loss_stage)
+  if (m.mtp_num_layers.value_or(0) > 0) p.mtp_stage = split.mtp_stage;
+  // A standalone MTP stage keeps a copy of the embedding; epx keeps one per pipeline stage.
+  if (split.mtp_stage != split.loss_stage && split.mtp_stage > 0 && split.stage_of(split.mtp_stage) == 0)
     bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
-        "epx runs the MTP layers in the loss's model chunk; put every m just before the layout's L");
+        fmt::format("its MTP layers sit in model chunk {} of the first pipeline stage, whose first chunk holds the "
+                    "embedding: epx keeps one embedding per stage; put the m in another stage's last chunk or just "
+                    "before the layout's L",
+                    split.mtp_stage / split.stages));
   // Bridge asserts this before Megatron-Core takes a VPP from the layout, so the VPP as given.
   if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !m.virtual_pipeline_model_parallel_size)
     bad(c, "model.virtual_pipeline_model_parallel_size", "None",

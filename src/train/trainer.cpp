@@ -107,8 +107,9 @@ class Trainer {
   std::vector<int> group_chunks();  // each of grad_groups()'s chunk
   int embedding_group();            // the token embedding's in grad_groups(), or -1 (not on this stage)
   Param* shared_embedding();        // GPTModel::shared_embedding of this stage's chunks, or null
-  // The first and last pipeline stage's ranks of this pipeline where tied embeddings or MTP keep
-  // the embedding on both (Megatron's embedding group); null where not (every rank agrees).
+  // The ranks of this pipeline whose stages keep the embedding or a copy of it where tied
+  // embeddings or MTP need it: the first, the last (tied) and the MTP's (Megatron's embedding
+  // group, pretrain_gpt's get_embedding_ranks); null where not (every rank agrees).
   std::unique_ptr<Communicator> embedding_stages();
   void check_shared_embedding();  // after the run: the first stage's embedding and the copy are the same bits
   std::vector<MoELayer*> moe_layers();
@@ -163,14 +164,16 @@ class Trainer {
 std::vector<std::unique_ptr<GPTModel>> Trainer::build_chunks() {
   const PipelineSpec& pl = job_.pipeline;
   std::vector<std::unique_ptr<GPTModel>> out;
-  for (int v = 0; v < pl.chunks; ++v)
+  for (int v = 0; v < pl.chunks; ++v) {
+    const bool last = pl.last_virtual(stage_, v), standalone_mtp = pl.mtp_stage >= 0 && pl.mtp_stage != pl.virtual_stages() - 1;
     out.push_back(std::make_unique<GPTModel>(
         job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
         MoELayerOptions{.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
                         .rank = static_cast<std::uint64_t>(world_.rank()),
                         .global_aux_group = &groups_.router_counts()},
         ModelChunk{pl.layers[static_cast<std::size_t>(stage_)][static_cast<std::size_t>(v)], pl.first_virtual(stage_, v),
-                   pl.last_virtual(stage_, v)}));
+                   last, standalone_mtp && pl.mtp_virtual(stage_, v), standalone_mtp && last}));
+  }
   return out;
 }
 
@@ -206,21 +209,24 @@ std::unique_ptr<Communicator> Trainer::embedding_stages() {
   const int stages = job_.pipeline.stages;
   if (stages == 1 || !(job_.model.tie_embeddings || job_.model.mtp_layers > 0)) return nullptr;
   Communicator& pp = groups_.get(GroupKind::pp);
-  const bool end = pp.rank() == 0 || pp.rank() == stages - 1;  // the middle stages' group goes unused
-  return pp.split(end ? 0 : 1, pp.rank(), pp.name() + " embedding");
+  const int mtp = job_.pipeline.mtp_stage;
+  const bool holds = pp.rank() == 0 || (job_.model.tie_embeddings && pp.rank() == stages - 1) ||
+                     (mtp >= 0 && mtp % stages == pp.rank());
+  return pp.split(holds ? 0 : 1, pp.rank(), pp.name() + " embedding");  // the others' group goes unused
 }
 
-// Both stages step the same weights on the same summed gradient, so the two stay bitwise equal;
+// The stages step the same weights on the same summed gradient, so the two stay bitwise equal;
 // a difference is a bug in epx (exit 3), and would otherwise only show as a slow drift of the loss.
 void Trainer::check_shared_embedding() {
   if (!embedding_stages_ || !shared_embedding_ || embedding_stages_->size() == 1) return;
   // FNV-1a (random.hpp's) over the bytes of the weights the forward reads.
   const Tensor& w = shared_embedding_->compute;
   std::uint64_t hash = stream_of(std::string_view(static_cast<const char*>(w.raw()), w.nbytes()));
-  std::uint64_t both[2] = {};
-  embedding_stages_->allgatherv(&hash, both, std::vector<std::int64_t>{1, 1}, DType::I64);
-  if (both[0] != both[1])
-    throw std::logic_error(fmt::format("the first pipeline stage's {} and the last stage's copy of it differ after the "
+  const auto n = static_cast<std::size_t>(embedding_stages_->size());
+  std::vector<std::uint64_t> all(n);
+  embedding_stages_->allgatherv(&hash, all.data(), std::vector<std::int64_t>(n, 1), DType::I64);
+  if (std::adjacent_find(all.begin(), all.end(), std::not_equal_to<>()) != all.end())
+    throw std::logic_error(fmt::format("the first pipeline stage's {} and another stage's copy of it differ after the "
                                        "run (they step on the same summed gradient)",
                                        shared_embedding_->name));
 }
@@ -300,7 +306,7 @@ Trainer::ExpertLoad Trainer::update_routers() {
 }
 
 // Megatron's finalize_model_grads and clipping: gradients summed over DP (experts over EDP) and
-// scaled by 1 / DP, then the shared embedding's over its first and last stage. Returns the gradient norm before clipping (over
+// scaled by 1 / DP, then the shared embedding's over the stages that hold it. Returns the gradient norm before clipping (over
 // every stage's weights).
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);

@@ -141,6 +141,55 @@ TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
   }
 }
 
+// Megatron's standalone MTP stage (a layout's m in a chunk before the loss's): that chunk runs the
+// final norm and the MTP layers and sends the decoder's hidden states with each depth's to the
+// loss's chunk, and keeps a copy of the embedding for the MTP inputs, summed with the first
+// stage's (and, tied, the last's). The single-rank LM and MTP losses and gradient norms, within
+// the pipeline's FP32 bound: the MTP in the first stage's only chunk (with the embedding), in a
+// middle stage's last chunk with an empty chunk after it, tied over three stages, under the
+// overlapped distributed optimizer and under EP overlap.
+TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
+  const int world = mpi().size();
+  if (world < 2) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
+  const auto curve = [](Communicator& w, const std::vector<std::string>& o) {
+    std::vector<double> l;
+    for (const auto& it : train_with(w, o).iterations) {
+      l.insert(l.end(), {it.lm_loss, it.grad_norm});
+      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+    }
+    return l;
+  };
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  for (const std::vector<std::string>& mtp :
+       {std::vector<std::string>{"model.mtp_num_layers=1"},
+        std::vector<std::string>{"model.mtp_num_layers=2", "model.share_embeddings_and_output_weights=true"}}) {
+    std::vector<std::string> model{"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+    model.insert(model.end(), mtp.begin(), mtp.end());
+    std::vector<std::string> one = model;
+    one.push_back("model.expert_model_parallel_size=1");
+    const std::vector<double> single = curve(*self, one);
+    const std::string m = mtp.front() == "model.mtp_num_layers=1" ? "m" : "mm";
+    std::vector<std::vector<std::string>> runs{{"model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout=Etttt" + m + "|L"}};
+    if (world == 4) {
+      const std::vector<std::string> vpp{"model.pipeline_model_parallel_size=4", "model.pipeline_model_parallel_layout=E|t|t|t|t|" + m + "||L"};
+      runs.push_back(vpp);
+      runs.push_back({"model.pipeline_model_parallel_size=4", "model.pipeline_model_parallel_layout=Et|t|tt" + m + "|L",
+                      "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000",
+                      "ddp.overlap_param_gather=true"});
+      std::vector<std::string> overlap = vpp;
+      overlap.insert(overlap.end(), {"model.virtual_pipeline_model_parallel_size=2", "model.overlap_moe_expert_parallel_comm=true",
+                                     "model.delay_wgrad_compute=true"});
+      runs.push_back(overlap);
+    }
+    for (const std::vector<std::string>& knobs : runs) {
+      std::vector<std::string> o = model;
+      o.insert(o.end(), knobs.begin(), knobs.end());
+      o.push_back(fmt::format("model.expert_model_parallel_size={}", knobs.front().ends_with("=2") ? world / 2 : world / 4));
+      expect_losses_near(curve(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
+    }
+  }
+}
+
 TEST(Training, EpOverlapAcrossPipelineStagesGivesTheSameLossesBitwise) {
   // The interleaved schedule with merged steps (one chunk's forward with another's backward):
   // every weight still accumulates its micro-batches' gradients in the same order.

@@ -535,14 +535,31 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
             }).find("[ep_overlap.pp_needs_vpp]"),
             std::string::npos);
   // Tied embeddings and MTP run over stages (the last keeps a copy of the embedding); the MTP
-  // layers in the loss's chunk.
+  // layers in the loss's chunk, or in a standalone MTP stage: another rank's last chunk, or the
+  // first stage's only one (which holds the embedding), not a later chunk of the first stage.
   EXPECT_EQ(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"})));
             }),
             "");
+  EXPECT_EQ(pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1"}))).mtp_stage, 1);
+  EXPECT_EQ(pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Ettttm|L"})))
+                .mtp_stage,
+            0);
+  EXPECT_EQ(pipeline_spec_from_config(resolved({"model.num_layers=4", "model.pipeline_model_parallel_size=4",
+                                                "model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=E|t|t|t|t|m||L"}))
+                .mtp_stage,
+            5);
+  EXPECT_NE(error_of([&] {
+              pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=E|t|tttm|||L"})));
+            }).find("after every decoder layer (t), in the last model chunk of its pipeline rank"),
+            std::string::npos);
   EXPECT_NE(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Et|tm|t|tL"})));
-            }).find("put every m just before the layout's L"),
+            }).find("(check rule pipeline.layout)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Et|ttt|m|L"})));
+            }).find("epx keeps one embedding per stage"),
             std::string::npos);
   // VPP without PP: refused, citing the check rule (and epx layer refuses PP).
   EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved({"model.virtual_pipeline_model_parallel_size=2"})); })

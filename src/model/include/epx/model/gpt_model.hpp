@@ -12,7 +12,10 @@
 // that have a target (0 where none) to the objective (Megatron's process_mtp_loss and
 // MTPLossAutoScaler); the LM loss returned stays the main one.
 // Its layers run whole, or node by node in the EP-overlap schedule (scheduled_layer); under full
-// uniform recompute each reruns its forward before its backward (mtp_layer.hpp).
+// uniform recompute each reruns its forward before its backward (mtp_layer.hpp). With Megatron's
+// standalone MTP stage (a layout's m in a chunk before the loss's), that chunk runs the final norm
+// and the MTP layers and sends the decoder's hidden states with each depth's after them
+// (mtp_stage_forward); the loss's chunk takes the LM and MTP losses of those rows.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +35,11 @@ struct ModelChunk {
   LayerRange layers{0, -1};  // end -1: every layer
   bool pre_process = true;   // the embedding
   bool post_process = true;  // the final norm, the LM head and the loss
+  // Megatron's standalone MTP stage (not the loss's chunk): the final norm and the MTP layers run
+  // here, after the chunk's layers.
+  bool mtp_stage = false;
+  // The loss's chunk after a standalone MTP stage: its input carries the MTP depths' hidden states.
+  bool mtp_before = false;
 };
 
 class GPTModel {
@@ -89,6 +97,13 @@ class GPTModel {
   // returns the gradient of the last MTP layer's output, not the decoder's.
   Tensor head_backward(Context& ctx, float dloss, bool schedule_mtp = false);
   void embed_backward(Context& ctx, const Tensor& dx);
+  // The standalone MTP stage (chunk().mtp_stage), after its layers: the final norm and the MTP
+  // layers (unless the schedule ran them: then x is the last one's transformer output), returning
+  // [final norm's output; depth 1's; ...] ([(1 + D) T, H], Megatron's concatenation). The backward
+  // takes that output's gradient and returns the gradient of the chunk's last layer's output, or
+  // with `schedule_mtp` of the last MTP layer's transformer output (as head_backward).
+  Tensor mtp_stage_forward(Tensor x, Context& ctx);
+  Tensor mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedule_mtp);
 
   // The layers a schedule runs node by node (the EP-overlap schedule): the chunk's decoder layers,
   // then the MTP layers' transformer layers (Megatron's MTP schedule nodes; the loss's chunk
@@ -104,12 +119,14 @@ class GPTModel {
   Tensor scheduled_input_backward(int i, Tensor dx, Context& ctx);
   int scheduled_grad_group(int i) const { return i < num_local_layers() ? layer_grad_group(i) : 0; }
   bool completes_grad_group(int i) const { return i <= num_local_layers(); }
+  // This chunk runs the MTP layers (the loss's, or the standalone MTP stage).
+  bool runs_mtp() const { return spec_.mtp_layers > 0 && (chunk_.mtp_stage || (chunk_.post_process && !chunk_.mtp_before)); }
   bool has_full_recompute() const;
 
   // The groups of weights whose gradients complete together in a backward, in the order they
   // complete (Megatron registers its DDP grad hooks per parameter; epx per group): the head
   // (final norm, the output layer unless tied, the MTP layers, the embedding's copy; post_process
-  // only), the chunk's layers last to first, the embedding (with the tied output layer;
+  // or the MTP stage only), the chunk's layers last to first, the embedding (with the tied output layer;
   // pre_process only). Schedules call
   // grads_ready(k) when group k's gradients of the micro-batch being run backward are complete;
   // the hook (the trainer's gradient reducer) may start reducing them.
@@ -118,13 +135,14 @@ class GPTModel {
   // The word embedding's group: its own after the layers, or, for the last stage's copy, the head's.
   int embedding_grad_group() const { return chunk_.pre_process ? head_groups() + num_local_layers() : 0; }
   // With tied embeddings or MTP over pipeline stages, the word embedding is kept on the first
-  // stage and copied on the last (Megatron's shared_embedding): the gradients of the two are
-  // summed over the first and last stage after the DP reduction, so the copies step alike. The
-  // copy draws the same initial values (same name, same seed; Megatron zeroes it and all-reduces).
-  // Returns this chunk's embedding or copy where it is one of the two, else null.
+  // stage and copied where the tied head or the MTP layers run (Megatron's shared_embedding): the
+  // gradients of the copies are summed over those stages after the DP reduction, so they step
+  // alike. A copy draws the same initial values (same name, same seed; Megatron zeroes it and
+  // all-reduces). Returns this chunk's embedding or copy where another chunk has one too, else null.
   Param* shared_embedding() {
-    const bool shared = (spec_.tie_embeddings || spec_.mtp_layers > 0) && chunk_.pre_process != chunk_.post_process;
-    return shared && has_embedding() ? &embedding : nullptr;
+    const bool alone = chunk_.pre_process && (!spec_.tie_embeddings || chunk_.post_process) &&
+                       (spec_.mtp_layers == 0 || runs_mtp());
+    return has_embedding() && !alone ? &embedding : nullptr;
   }
   bool embedding_copy() const { return has_embedding() && !chunk_.pre_process; }
   void set_grads_ready_hook(std::function<void(int group)> hook) { grads_ready_hook_ = std::move(hook); }
@@ -153,13 +171,19 @@ class GPTModel {
 
   Param embedding;  // embedding.word_embeddings.weight [V, H]; empty without pre_process or a copy
   std::vector<std::unique_ptr<TransformerLayer>> layers;  // the chunk's, in order
-  Param final_layernorm;  // decoder.final_layernorm.weight [H]; empty without post_process
+  Param final_layernorm;  // decoder.final_layernorm.weight [H]; only where has_final_norm()
   Param output_layer;     // output_layer.weight [V, H]; unused with tied embeddings
-  std::vector<std::unique_ptr<MtpLayer>> mtp;  // the MTP layers, in the head's chunk
+  std::vector<std::unique_ptr<MtpLayer>> mtp;  // the MTP layers, where runs_mtp()
 
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
-  int head_groups() const { return chunk_.post_process ? 1 : 0; }
+  int head_groups() const { return chunk_.post_process || runs_mtp() ? 1 : 0; }
+  // The decoder's final norm: with MTP where its layers run (before them), else in the loss's chunk.
+  bool has_final_norm() const { return spec_.mtp_layers > 0 ? runs_mtp() : chunk_.post_process; }
+  // The MTP depths whose hidden states or losses this chunk handles.
+  std::size_t mtp_depths() const {
+    return chunk_.post_process || chunk_.mtp_stage ? static_cast<std::size_t>(spec_.mtp_layers) : 0;
+  }
   bool has_embedding() const { return embedding.grad.numel() > 0; }  // (the distributed optimizer may drop the master)
   void add_embedding_grad(const Tensor& tokens, const Tensor& rows);  // rows [T, H] scatter-added at `tokens` [T]
   Tensor run_layer(int i, const Tensor& x, Context& ctx, bool recompute);
@@ -173,7 +197,8 @@ class GPTModel {
   std::int64_t mtp_shift(std::size_t k, std::int64_t T) const {
     return std::min(static_cast<std::int64_t>(k + 1) * spec_.micro_batch, T);
   }
-  void mtp_forward(Context& ctx);
+  void mtp_layers_forward(Context& ctx);  // each depth's output, the layers run whole
+  void mtp_losses_forward(Context& ctx);  // each depth's logits and loss
   void mtp_head_backward(Context& ctx, float dloss);  // each depth's output gradient through the LM head
   Tensor mtp_backward(Context& ctx);  // the gradient of the decoder's output (after its final norm)
 

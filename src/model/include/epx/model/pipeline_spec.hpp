@@ -21,6 +21,10 @@ struct PipelineSpec {
   int group = 0;             // its microbatch_group_size_per_vp_stage; 0: PP
   int micro_batch_group() const { return group > 0 ? group : stages; }
   std::vector<std::vector<LayerRange>> layers;  // [stage][chunk]
+  // The virtual stage holding the MTP layers (-1: none). Before the last, it is Megatron's
+  // standalone MTP stage: its output, and every later virtual stage's, is the decoder's hidden
+  // states with each MTP depth's after them (1 + depths times the rows).
+  int mtp_stage = -1;
 
   // The spec of `layers_per_virtual_stage` (PP x `chunks` counts, in virtual-stage order: the
   // layers run through them in order). The config's split is the check layer's pipeline_split.
@@ -30,6 +34,10 @@ struct PipelineSpec {
   int virtual_stages() const { return stages * chunks; }
   bool first_virtual(int stage, int chunk) const { return stage == 0 && chunk == 0; }
   bool last_virtual(int stage, int chunk) const { return stage == stages - 1 && chunk == chunks - 1; }
+  int virtual_stage(int stage, int chunk) const { return chunk * stages + stage; }
+  bool mtp_virtual(int stage, int chunk) const { return virtual_stage(stage, chunk) == mtp_stage; }
+  // Whether virtual stage v's output carries the MTP depths' hidden states too.
+  bool carries_mtp(int v) const { return mtp_stage >= 0 && v >= mtp_stage; }
   std::string describe() const;  // "PP 2 x VPP 2: stage 0 [0,2) [4,6), stage 1 [2,4) [6,8)"
 };
 
