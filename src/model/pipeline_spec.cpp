@@ -29,7 +29,11 @@ std::string PipelineSpec::describe() const {
   std::vector<std::string> stage_text;
   for (int p = 0; p < stages; ++p) {
     std::vector<std::string> chunk_text;
-    for (const LayerRange& r : layers[static_cast<std::size_t>(p)]) chunk_text.push_back(fmt::format("[{},{})", r.first, r.end));
+    for (int c = 0; c < chunks; ++c) {
+      const LayerRange& r = layers[static_cast<std::size_t>(p)][static_cast<std::size_t>(c)];
+      const bool standalone_mtp = mtp_virtual(p, c) && !last_virtual(p, c);
+      chunk_text.push_back(fmt::format("[{},{}){}", r.first, r.end, standalone_mtp ? "+MTP" : ""));
+    }
     stage_text.push_back(fmt::format("stage {} {}", p, fmt::join(chunk_text, " ")));
   }
   return fmt::format("PP {}{}: {}", stages, interleaved ? fmt::format(" x VPP {}", chunks) : "", fmt::join(stage_text, ", "));

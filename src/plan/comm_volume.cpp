@@ -5,6 +5,7 @@
 // NVLink). Routing is taken as uniform (force-balanced benchmarks), so the expected number of
 // distinct destinations comes from the hypergeometric draw of k experts out of E.
 #include <algorithm>
+#include <set>
 #include <cmath>
 
 #include "epx/plan/plan.hpp"
@@ -104,12 +105,16 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const double sbh = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) * row;
   if (l.tp > 1) out.tp_cp_s += 8 * stage_layers * sbh / l.cp * (l.tp - 1) / l.tp / link(GroupKind::tp);
   if (l.cp > 1) out.tp_cp_s += 4 * stage_layers * sbh / l.tp * (l.cp - 1) / l.cp / link(GroupKind::cp);
-  if (l.pp > 1 && (m.share_embeddings_and_output_weights || m.mtp_num_layers.value_or(0) > 0)) {
-    // Megatron's _allreduce_word_embedding_grads: the whole main_grad in its dtype, between 2
-    // ranks (each sends and receives it once).
+  // Megatron's _allreduce_word_embedding_grads: the whole main_grad in its dtype, over the
+  // stages that hold the embedding or a copy (get_embedding_ranks: the first, the last where
+  // tied, the MTP layers'); a ring all-reduce over k of them sends 2 (k - 1) / k of it.
+  std::set<int> holders{0};
+  if (m.share_embeddings_and_output_weights) holders.insert(static_cast<int>(l.pp) - 1);
+  if (m.mtp_num_layers.value_or(0) > 0) holders.insert(lp.split.stage_of(lp.split.mtp_stage));
+  if (const auto k = static_cast<double>(holders.size()); k > 1) {
     const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m);
-    out.embedding_stages_s = static_cast<double>(padded_vocab_size(m)) * static_cast<double>(m.hidden_size) / l.tp * grad /
-                                 link(GroupKind::pp) +
+    out.embedding_stages_s = 2 * (k - 1) / k * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(m.hidden_size) /
+                                 l.tp * grad / link(GroupKind::pp) +
                              latency(crosses_nodes(GroupKind::pp));
   }
   // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.

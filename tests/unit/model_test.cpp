@@ -519,6 +519,50 @@ TEST(GPTModel, TheLastStagesEmbeddingCopyCarriesTheHeadsPartOfTheGradient) {
   }
 }
 
+// Megatron's standalone MTP stage: a chunk before the loss's runs the final norm and the MTP
+// layers and hands on [decoder's hidden states; each depth's]; the loss's chunk takes the losses of
+// those rows. The losses are the whole model's bit for bit, the MTP layers' gradients too, and the
+// embedding's three parts (first stage, MTP stage's copy, tied head's copy) add up to the whole's.
+TEST(GPTModel, AStandaloneMtpStageHandsTheLossItsDepthsHiddenStates) {
+  const ModelSpec spec = model_spec_from_config(tiny({"model.mtp_num_layers=2", "model.share_embeddings_and_output_weights=true"}));
+  GPTModel whole = make_model(spec);
+  const auto chunk = [&](ModelChunk c) {
+    auto m = std::make_unique<GPTModel>(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); }, MoELayerOptions{}, c);
+    m->init_weights(7);
+    m->zero_grad();
+    return m;
+  };
+  const auto first = chunk({{0, 1}, true, false}), mtp = chunk({{1, 2}, false, false, true}),
+             loss = chunk({{2, 2}, false, true, false, true});
+  ASSERT_EQ(mtp->mtp.size(), 2u);
+  ASSERT_TRUE(loss->mtp.empty());
+  for (GPTModel* c : {first.get(), mtp.get(), loss.get()}) ASSERT_EQ(c->shared_embedding(), &c->embedding);
+  const Batch b = batch(spec);
+  whole.zero_grad();
+  GPTModel::Context cw, c1, c2, c3;
+  const double want = whole.forward(b.tokens, b.targets, cw);
+  whole.backward(cw, 1.f);
+  const Tensor x = first->forward_layers(first->embed(b.tokens, b.targets, c1), c1);
+  mtp->begin(b.tokens, b.targets, c2);
+  const Tensor y = mtp->mtp_stage_forward(mtp->forward_layers(x, c2), c2);
+  ASSERT_EQ(y.dim(0), 3 * x.dim(0));
+  loss->begin(b.tokens, b.targets, c3);
+  EXPECT_EQ(loss->head_forward(y, c3), want);
+  EXPECT_EQ(c3.mtp_losses, cw.mtp_losses);
+  const Tensor dy = loss->head_backward(c3, 1.f);
+  first->embed_backward(c1, first->backward_layers(c1, mtp->backward_layers(c2, mtp->mtp_stage_backward(c2, dy, false))));
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::vector<Param*> got = mtp->mtp[k]->params(), ref = whole.mtp[k]->params();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i]->grad.raw(), ref[i]->grad.raw(), ref[i]->grad.nbytes()), 0) << got[i]->name;
+  }
+  Tensor sum = first->embedding.grad.clone();
+  add(sum, mtp->embedding.grad, sum);
+  add(sum, loss->embedding.grad, sum);
+  EXPECT_LT(test::rel_l2(sum, whole.embedding.grad), 1e-6);
+  EXPECT_LT(test::rel_l2(mtp->final_layernorm.grad, whole.final_layernorm.grad), 1e-6);
+}
+
 // A sliding window as long as the sequence is no window, and the off-by-one sink is the learned
 // one at 0, bit for bit (loss and every shared gradient); a short window, the sinks and their
 // layer pattern each change the model. GPT-OSS's pattern: window_attn_skip_freq 2 puts the window

@@ -1114,6 +1114,19 @@ TEST(Plan, TiedEmbeddingsAndMtpOverStagesSumTheEmbeddingsGradientBetweenThem) {
     EXPECT_NEAR(s, 4096.0 * 256 * 2 / net + lat, 1e-12) << shared;
     EXPECT_NEAR(dp, untied_dp + s, 1e-12) << shared;
   }
+  // A standalone MTP stage holds a copy too (get_embedding_ranks): in the first stage's one chunk
+  // there is nothing to sum untied; tied over PP 4 with the MTP in stage 2, a ring over 3 stages
+  // sends 4/3 of the gradient.
+  EXPECT_EQ(costs({"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Ettm|L"}).first, 0);
+  EXPECT_GT(costs({"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true",
+                   "model.pipeline_model_parallel_layout=Ettm|L"}).first, 0);
+  const std::vector<std::string> pp4{"target.num_gpus=4", "model.pipeline_model_parallel_size=4",
+                                     "model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"};
+  std::vector<std::string> standalone = pp4;
+  standalone.push_back("model.pipeline_model_parallel_layout=Et|t|m|L");
+  EXPECT_NEAR(costs(standalone).first, 4.0 / 3 * 4096.0 * 256 * 2 / net + lat, 1e-12);
+  standalone.back() = "model.pipeline_model_parallel_layout=Et|t||mL";  // the MTP beside the loss: 2 stages
+  EXPECT_NEAR(costs(standalone).first, 4096.0 * 256 * 2 / net + lat, 1e-12);
 }
 
 }  // namespace

@@ -545,10 +545,12 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
   EXPECT_EQ(pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Ettttm|L"})))
                 .mtp_stage,
             0);
-  EXPECT_EQ(pipeline_spec_from_config(resolved({"model.num_layers=4", "model.pipeline_model_parallel_size=4",
-                                                "model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=E|t|t|t|t|m||L"}))
-                .mtp_stage,
-            5);
+  const PipelineSpec standalone = pipeline_spec_from_config(resolved(
+      {"model.num_layers=4", "model.pipeline_model_parallel_size=4", "model.mtp_num_layers=1",
+       "model.pipeline_model_parallel_layout=E|t|t|t|t|m||L"}));
+  EXPECT_EQ(standalone.mtp_stage, 5);
+  EXPECT_EQ(standalone.describe(), "PP 4 x VPP 2: stage 0 [0,0) [3,4), stage 1 [0,1) [4,4)+MTP, stage 2 [1,2) [4,4), stage 3 [2,3) [4,4)");
+  EXPECT_TRUE(standalone.carries_mtp(6) && !standalone.carries_mtp(4));
   EXPECT_NE(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=E|t|tttm|||L"})));
             }).find("after every decoder layer (t), in the last model chunk of its pipeline rank"),

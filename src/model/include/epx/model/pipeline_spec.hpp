@@ -38,7 +38,8 @@ struct PipelineSpec {
   bool mtp_virtual(int stage, int chunk) const { return virtual_stage(stage, chunk) == mtp_stage; }
   // Whether virtual stage v's output carries the MTP depths' hidden states too.
   bool carries_mtp(int v) const { return mtp_stage >= 0 && v >= mtp_stage; }
-  std::string describe() const;  // "PP 2 x VPP 2: stage 0 [0,2) [4,6), stage 1 [2,4) [6,8)"
+  // "PP 2 x VPP 2: stage 0 [0,2) [4,6), stage 1 [2,4) [6,8)" ("[4,6)+MTP": a standalone MTP stage)
+  std::string describe() const;
 };
 
 }  // namespace epx

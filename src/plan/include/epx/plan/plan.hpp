@@ -103,8 +103,8 @@ struct CommPlan {
   // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
-  // Tied embeddings or MTP over pipeline stages: the embedding's gradient all-reduced between the
-  // first and last stage after the DP reduction, exposed (per iteration).
+  // Tied embeddings or MTP over pipeline stages: the embedding's gradient all-reduced over the
+  // stages that hold it after the DP reduction, exposed (per iteration).
   double embedding_stages_s = 0;
   double tp_cp_s = 0, pp_s = 0;             // per micro-batch
   bool dp_inter = false;
