@@ -245,6 +245,33 @@ void add_layout_rules(RuleTable& add) {
                                    "it); move E into the layout's first stage and L into its last",
                                    split.embedding_stage, split.loss_stage, split.virtual_stages()));
       });
+  // A standalone MTP stage builds its own embedding, zeroed and then synced over the embedding
+  // group (language_module.py setup_embeddings_and_output_layer), whose ranks are the first, the
+  // last where tied, and the MTP's (pretrain_gpt / Bridge get_embedding_ranks), each once. In a
+  // later chunk of the first rank, the MTP's copy shares its rank with chunk 0's embedding:
+  // untied the group is that rank alone, so the copy stays zero, and finalize_model_grads sums
+  // only model[0]'s gradient on the first stage; tied, the first rank all-reduces twice at build
+  // against the last rank's once.
+  add("pipeline.mtp_first_rank_chunk", E,
+      {"model.pipeline_model_parallel_layout", "model.pipeline_model_parallel_size", "model.mtp_num_layers"}, kMcore,
+      "a standalone MTP stage is not a later model chunk of the first pipeline rank",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        if (!m.pipeline_model_parallel_layout || m.mtp_num_layers.value_or(0) == 0 || !layers_split(m)) return pass();
+        const PipelineSplit split = pipeline_split(m);
+        if (split.mtp_stage == split.loss_stage || split.mtp_stage == 0 || split.stage_of(split.mtp_stage) != 0) return pass();
+        std::vector<std::string> stages = parse_pipeline_layout(*m.pipeline_model_parallel_layout);
+        std::erase(stages[static_cast<std::size_t>(split.mtp_stage)], 'm');
+        stages.back().insert(stages.back().size() - 1, static_cast<std::size_t>(*m.mtp_num_layers), 'm');
+        return fail(fmt::format("the layout puts the MTP layers in model chunk {} of the first pipeline rank, whose "
+                                "chunk 0 holds the embedding: Megatron-Core's embedding group holds that rank once, "
+                                "so the MTP chunk's own embedding copy (zeroed at build) is never synced with it: "
+                                "untied it stays zero and trains apart (finalize_model_grads sums model[0]'s), "
+                                "tied the first rank's two all-reduces at build meet the last rank's one (and epx "
+                                "run refuses it); put the m in another rank's last chunk or beside the L",
+                                split.mtp_stage / split.stages),
+                    fmt::format("{}", fmt::join(layout_overrides(m, fmt::format("{}", fmt::join(stages, "|"))), " ")));
+      });
   add("parallel.layers_divisible_by_pp", E,
       {"model.num_layers", "model.pipeline_model_parallel_size",
        "model.virtual_pipeline_model_parallel_size", "model.pipeline_model_parallel_layout",

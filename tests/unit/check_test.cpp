@@ -115,6 +115,10 @@ const std::vector<Case>& cases() {
       // Megatron builds the embedding on stage 0's first chunk whatever the layout says.
       {"pipeline.layout_embedding_loss_stages", PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout='|Etttt|L|'"},
        PP2 + Overrides{"model.num_layers=4", "model.pipeline_model_parallel_layout='Et|tt|t|L'"}},
+      // A standalone MTP stage in the first rank's second chunk: its embedding copy never syncs.
+      {"pipeline.mtp_first_rank_chunk", PP2 + Overrides{"model.num_layers=4", "model.mtp_num_layers=1",
+                                                        "model.pipeline_model_parallel_layout='Et|ttt|m|L'"},
+       PP2 + Overrides{"model.num_layers=4", "model.mtp_num_layers=1", "model.pipeline_model_parallel_layout='Et|ttt||mL'"}},
       {"parallel.layers_divisible_by_pp",  // fix: the embedding and loss counted
        PP2 + Overrides{"model.virtual_pipeline_model_parallel_size=2"}, PP2},
       {"parallel.layers_divisible_by_pp",  // fix: a smaller VPP
