@@ -31,11 +31,17 @@ ModelChunk resolved(ModelChunk c, int num_layers) {
   return c;
 }
 
-// Rows [k T, (k + 1) T) of x: the k-th of the MTP stage's concatenated hidden states.
-Tensor rows_of(const Tensor& x, std::int64_t k, std::int64_t T) {
-  Tensor out = Tensor::uninitialized({T, x.dim(1)}, x.dtype());
+// The blocks of T rows of a standalone MTP stage's output (or its gradient): the decoder's
+// hidden states, then each depth's.
+std::vector<Tensor> blocks_of(const Tensor& x, std::int64_t T, std::size_t blocks) {
+  if (x.dim(0) != static_cast<std::int64_t>(blocks) * T)
+    throw std::logic_error(fmt::format("model: {} rows from a standalone MTP stage, expected {} blocks of {}", x.dim(0), blocks, T));
   const std::size_t n = static_cast<std::size_t>(T * x.dim(1)) * dtype_size(x.dtype());
-  std::copy_n(static_cast<const std::byte*>(x.raw()) + static_cast<std::size_t>(k) * n, n, static_cast<std::byte*>(out.raw()));
+  std::vector<Tensor> out;
+  for (std::size_t k = 0; k < blocks; ++k) {
+    out.push_back(Tensor::uninitialized({T, x.dim(1)}, x.dtype()));
+    std::copy_n(static_cast<const std::byte*>(x.raw()) + k * n, n, static_cast<std::byte*>(out.back().raw()));
+  }
   return out;
 }
 
@@ -247,8 +253,9 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   trace::Scope scope(trace::Track::compute, "lm head + loss forward");
   const std::int64_t T = ctx.tokens.numel(), V = spec_.vocab;
   if (chunk_.mtp_before) {  // x: the MTP stage's [final norm's output; each depth's]
-    ctx.final_out = rows_of(x, 0, T);
-    for (std::size_t k = 0; k < mtp_depths(); ++k) ctx.mtp_out[k] = rows_of(x, static_cast<std::int64_t>(k) + 1, T);
+    std::vector<Tensor> blocks = blocks_of(x, T, 1 + mtp_depths());
+    ctx.final_out = std::move(blocks.front());
+    std::move(blocks.begin() + 1, blocks.end(), ctx.mtp_out.begin());
   } else if (ctx.mtp_in_schedule) {  // x: the last MTP layer's transformer output; the final norm ran before the first
     ctx.mtp_out.back() = mtp.back()->forward_out(x, ctx.mtp.back());
   } else {
@@ -379,9 +386,9 @@ Tensor GPTModel::mtp_stage_forward(Tensor x, Context& ctx) {
 Tensor GPTModel::mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedule_mtp) {
   trace::Scope scope(trace::Track::compute, "mtp stage backward");
   const std::int64_t T = ctx.tokens.numel();
-  Tensor dn = rows_of(dy, 0, T);
-  ctx.mtp_dout.resize(mtp.size());
-  for (std::size_t k = 0; k < mtp.size(); ++k) ctx.mtp_dout[k] = rows_of(dy, static_cast<std::int64_t>(k) + 1, T);
+  std::vector<Tensor> blocks = blocks_of(dy, T, 1 + mtp.size());
+  Tensor dn = std::move(blocks.front());
+  ctx.mtp_dout.assign(std::make_move_iterator(blocks.begin() + 1), std::make_move_iterator(blocks.end()));
   if (schedule_mtp) {  // as head_backward's
     ctx.mtp_dn = std::move(dn);
     Tensor d = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());

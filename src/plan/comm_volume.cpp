@@ -117,8 +117,20 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
                                  l.tp * grad / link(GroupKind::pp) +
                              latency(crosses_nodes(GroupKind::pp));
   }
-  // PP: one activation forward and one gradient back per micro-batch and model chunk boundary.
-  if (l.pp > 1) out.pp_s = 2 * lp.split.chunks * sbh / (l.tp * l.cp) / link(GroupKind::pp);
+  // PP: one activation forward and one gradient back per micro-batch and model chunk boundary;
+  // from a standalone MTP stage on, each carries the MTP depths' hidden states too (the stage
+  // that sends the most).
+  if (l.pp > 1) {
+    const bool standalone_mtp = m.mtp_num_layers.value_or(0) > 0 && lp.split.mtp_stage != lp.split.loss_stage;
+    double boundaries = 0;
+    for (int p = 0; p < lp.split.stages; ++p) {
+      double here = 0;
+      for (int v = 0; v < lp.split.chunks; ++v)
+        here += standalone_mtp && v * lp.split.stages + p >= lp.split.mtp_stage ? 1.0 + static_cast<double>(*m.mtp_num_layers) : 1.0;
+      boundaries = std::max(boundaries, here);
+    }
+    out.pp_s = 2 * boundaries * sbh / (l.tp * l.cp) / link(GroupKind::pp);
+  }
   return out;
 }
 

@@ -15,7 +15,7 @@ using trace::Track;
 // stream, so each exchange is started as soon as its input exists and the compute that can cover
 // it runs after (megatron/core/models/common/model_chunk_schedule_plan.py).
 void merged_step(GPTModel* fm, Pass* f, GPTModel* bm, Pass* b, bool delay_wgrad) {
-  // The chunks' decoder layers, then (in the loss's chunk) the MTP layers: GPTModel::scheduled_layer.
+  // The chunks' decoder layers, then (where the chunk runs them) the MTP layers: GPTModel::scheduled_layer.
   const int nf = f ? fm->num_scheduled_layers() : 0, nb = b ? bm->num_scheduled_layers() : 0;
   int deferred_dw = -1;  // a backward layer whose attention wgrad waits (delay_wgrad)
   const auto layer_done = [&](int bi) {

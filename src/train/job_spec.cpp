@@ -616,12 +616,13 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
   PipelineSpec p = PipelineSpec::from_layer_counts(pp, split.chunks, split.interleaved, split.layers);
   p.group = static_cast<int>(m.microbatch_group_size_per_vp_stage.value_or(0));
   if (m.mtp_num_layers.value_or(0) > 0) p.mtp_stage = split.mtp_stage;
-  // A standalone MTP stage keeps a copy of the embedding; epx keeps one per pipeline stage.
+  // A standalone MTP stage keeps a copy of the embedding, which Megatron never syncs beside the
+  // first stage's own (epx keeps one embedding per stage).
   if (split.mtp_stage != split.loss_stage && split.mtp_stage > 0 && split.stage_of(split.mtp_stage) == 0)
     bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
-        fmt::format("its MTP layers sit in model chunk {} of the first pipeline stage, whose first chunk holds the "
-                    "embedding: epx keeps one embedding per stage; put the m in another stage's last chunk or just "
-                    "before the layout's L",
+        fmt::format("[pipeline.mtp_first_rank_chunk] its MTP layers sit in model chunk {} of the first pipeline "
+                    "stage, whose first chunk holds the embedding, where Megatron-Core never syncs the MTP chunk's "
+                    "copy of it; put the m in another stage's last chunk or just before the layout's L",
                     split.mtp_stage / split.stages));
   // Bridge asserts this before Megatron-Core takes a VPP from the layout, so the VPP as given.
   if (pp > 1 && c.model.overlap_moe_expert_parallel_comm && !m.virtual_pipeline_model_parallel_size)

@@ -215,7 +215,7 @@ std::unique_ptr<Communicator> Trainer::embedding_stages() {
   return pp.split(holds ? 0 : 1, pp.rank(), pp.name() + " embedding");  // the others' group goes unused
 }
 
-// The stages step the same weights on the same summed gradient, so the two stay bitwise equal;
+// The stages step the same weights on the same summed gradient, so the copies stay bitwise equal;
 // a difference is a bug in epx (exit 3), and would otherwise only show as a slow drift of the loss.
 void Trainer::check_shared_embedding() {
   if (!embedding_stages_ || !shared_embedding_ || embedding_stages_->size() == 1) return;

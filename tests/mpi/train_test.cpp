@@ -147,7 +147,7 @@ TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
 // stage's (and, tied, the last's). The single-rank LM and MTP losses and gradient norms, within
 // the pipeline's FP32 bound: the MTP in the first stage's only chunk (with the embedding), in a
 // middle stage's last chunk with an empty chunk after it, tied over three stages, under the
-// overlapped distributed optimizer and under EP overlap.
+// overlapped distributed optimizer, under EP overlap and under full recompute.
 TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
   const int world = mpi().size();
   if (world < 2) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
@@ -170,7 +170,9 @@ TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
     const std::vector<double> single = curve(*self, one);
     const std::string m = mtp.front() == "model.mtp_num_layers=1" ? "m" : "mm";
     std::vector<std::vector<std::string>> runs{{"model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout=Etttt" + m + "|L"}};
-    if (world == 4) {
+    if (world == 4) {  // (PP 2 x DP 2; PP 4 x DP 1)
+      runs.push_back({"model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout=Etttt" + m + "|L",
+                      "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
       const std::vector<std::string> vpp{"model.pipeline_model_parallel_size=4", "model.pipeline_model_parallel_layout=E|t|t|t|t|" + m + "||L"};
       runs.push_back(vpp);
       runs.push_back({"model.pipeline_model_parallel_size=4", "model.pipeline_model_parallel_layout=Et|t|tt" + m + "|L",
@@ -180,6 +182,9 @@ TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
       overlap.insert(overlap.end(), {"model.virtual_pipeline_model_parallel_size=2", "model.overlap_moe_expert_parallel_comm=true",
                                      "model.delay_wgrad_compute=true"});
       runs.push_back(overlap);
+      std::vector<std::string> full = vpp;  // the MTP stage reruns its MTP layers' forward
+      full.insert(full.end(), {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"});
+      runs.push_back(full);
     }
     for (const std::vector<std::string>& knobs : runs) {
       std::vector<std::string> o = model;

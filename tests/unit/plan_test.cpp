@@ -1105,28 +1105,31 @@ TEST(Plan, TiedEmbeddingsAndMtpOverStagesSumTheEmbeddingsGradientBetweenThem) {
     const LayoutPlan lp = plan_layout(c, gpu);
     const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
     const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
-    return std::pair{comm.embedding_stages_s, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall).dp};
+    return std::tuple{comm.embedding_stages_s, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall).dp, comm.pp_s};
   };
-  const auto [untied_s, untied_dp] = costs({});
+  const auto [untied_s, untied_dp, untied_pp] = costs({});
   EXPECT_EQ(untied_s, 0);
   for (const char* shared : {"model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"}) {
-    const auto [s, dp] = costs({shared});
+    const auto [s, dp, pp] = costs({shared});
     EXPECT_NEAR(s, 4096.0 * 256 * 2 / net + lat, 1e-12) << shared;
     EXPECT_NEAR(dp, untied_dp + s, 1e-12) << shared;
   }
   // A standalone MTP stage holds a copy too (get_embedding_ranks): in the first stage's one chunk
   // there is nothing to sum untied; tied over PP 4 with the MTP in stage 2, a ring over 3 stages
   // sends 4/3 of the gradient.
-  EXPECT_EQ(costs({"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Ettm|L"}).first, 0);
-  EXPECT_GT(costs({"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true",
-                   "model.pipeline_model_parallel_layout=Ettm|L"}).first, 0);
+  const auto [first_s, first_dp, first_pp] = costs({"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Ettm|L"});
+  EXPECT_EQ(first_s, 0);
+  EXPECT_DOUBLE_EQ(first_pp, 2 * untied_pp);  // the stage's one boundary carries the depth's rows too
+  EXPECT_GT(std::get<0>(costs({"model.mtp_num_layers=1", "model.share_embeddings_and_output_weights=true",
+                               "model.pipeline_model_parallel_layout=Ettm|L"})),
+            0);
   const std::vector<std::string> pp4{"target.num_gpus=4", "model.pipeline_model_parallel_size=4",
                                      "model.share_embeddings_and_output_weights=true", "model.mtp_num_layers=1"};
   std::vector<std::string> standalone = pp4;
   standalone.push_back("model.pipeline_model_parallel_layout=Et|t|m|L");
-  EXPECT_NEAR(costs(standalone).first, 4.0 / 3 * 4096.0 * 256 * 2 / net + lat, 1e-12);
+  EXPECT_NEAR(std::get<0>(costs(standalone)), 4.0 / 3 * 4096.0 * 256 * 2 / net + lat, 1e-12);
   standalone.back() = "model.pipeline_model_parallel_layout=Et|t||mL";  // the MTP beside the loss: 2 stages
-  EXPECT_NEAR(costs(standalone).first, 4096.0 * 256 * 2 / net + lat, 1e-12);
+  EXPECT_NEAR(std::get<0>(costs(standalone)), 4096.0 * 256 * 2 / net + lat, 1e-12);
 }
 
 }  // namespace

@@ -561,7 +561,7 @@ TEST(JobSpec, PipelineSplitAndItsRefusals) {
             std::string::npos);
   EXPECT_NE(error_of([&] {
               pipeline_spec_from_config(resolved(with(pp2, {"model.mtp_num_layers=1", "model.pipeline_model_parallel_layout=Et|ttt|m|L"})));
-            }).find("epx keeps one embedding per stage"),
+            }).find("[pipeline.mtp_first_rank_chunk]"),
             std::string::npos);
   // VPP without PP: refused, citing the check rule (and epx layer refuses PP).
   EXPECT_NE(error_of([&] { pipeline_spec_from_config(resolved({"model.virtual_pipeline_model_parallel_size=2"})); })

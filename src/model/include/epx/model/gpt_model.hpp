@@ -1,8 +1,8 @@
 // The GPT model `epx run` trains (Megatron-Core's GPTModel): token embedding, the transformer
 // layers, a final RMSNorm, the LM head and the token-mean cross-entropy. With pipeline
 // parallelism one GPTModel is one model chunk: a range of the layers, with the embedding only on
-// the first virtual stage (pre_process) and the head and loss only on the last (post_process),
-// which keeps a copy of the embedding where tied embeddings or MTP need it (shared_embedding).
+// the first virtual stage (pre_process) and the head and loss only on the last (post_process);
+// the chunks where tied embeddings or MTP need the embedding keep a copy (shared_embedding).
 // Full recompute keeps only the input of each checkpointed run of the chunk's layers and
 // recomputes their forward in the backward (Megatron's CheckpointFunction).
 // Multi-token prediction (mtp_num_layers) runs in the head: depth k (1-based) takes the previous
@@ -34,7 +34,7 @@ namespace epx {
 struct ModelChunk {
   LayerRange layers{0, -1};  // end -1: every layer
   bool pre_process = true;   // the embedding
-  bool post_process = true;  // the final norm, the LM head and the loss
+  bool post_process = true;  // the LM head and the loss (and the final norm, unless a standalone MTP stage has it)
   // Megatron's standalone MTP stage (not the loss's chunk): the final norm and the MTP layers run
   // here, after the chunk's layers.
   bool mtp_stage = false;
@@ -106,8 +106,8 @@ class GPTModel {
   Tensor mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedule_mtp);
 
   // The layers a schedule runs node by node (the EP-overlap schedule): the chunk's decoder layers,
-  // then the MTP layers' transformer layers (Megatron's MTP schedule nodes; the loss's chunk
-  // only). An MTP layer's input comes from scheduled_input (the final norm, or the previous
+  // then the MTP layers' transformer layers where the chunk runs them (Megatron's MTP schedule
+  // nodes: the loss's chunk, or a standalone MTP stage). An MTP layer's input comes from scheduled_input (the final norm, or the previous
   // depth's, and the depth's eh_proj), and scheduled_input_backward takes the gradient of it back
   // to the previous layer's output; layer_output finishes any of them. Decoder layer i completes
   // gradient group layer_grad_group(i); the MTP layers complete the head's (0) with depth 0.
