@@ -70,9 +70,14 @@ GPTModel::GPTModel(const ModelSpec& spec, const std::function<std::unique_ptr<To
     layers.push_back(std::make_unique<TransformerLayer>(
         i, spec, spec.is_moe[static_cast<std::size_t>(i)] ? make_dispatcher() : nullptr, moe_options));
   if (runs_mtp()) {
-    for (int k = 0; k < spec.mtp_layers; ++k)
+    // mtp_use_repeated_layer: one layer for every depth; its router's aux losses count 1 / D per
+    // call, so that the D calls add up to one layer's (Megatron's router; its z-loss's value only).
+    MoELayerOptions mtp_options = moe_options;
+    if (spec.mtp_repeated) mtp_options.aux_loss_share = 1.0 / spec.mtp_layers;
+    for (int k = 0; k < (spec.mtp_repeated ? 1 : spec.mtp_layers); ++k)
       mtp.push_back(std::make_unique<MtpLayer>(
-          k, spec, spec.is_moe[static_cast<std::size_t>(spec.num_layers + k)] ? make_dispatcher() : nullptr, moe_options));
+          k, spec, spec.is_moe[static_cast<std::size_t>(spec.num_layers + k)] ? make_dispatcher() : nullptr, mtp_options));
+    for (int k = 0; k < spec.mtp_layers; ++k) depth_.push_back(mtp[spec.mtp_repeated ? 0 : static_cast<std::size_t>(k)].get());
   }
   // Megatron checkpoints within each chunk: its recompute_num_layers count the chunk's layers.
   for (const auto& [first, last] : spec.recompute.checkpoints(num_local_layers()))
@@ -151,7 +156,7 @@ void GPTModel::record_router(int i, Context& ctx) {
 
 Tensor GPTModel::layer_output(int i, Context& ctx) {
   if (const int k = i - num_local_layers(); k >= 0) {  // an MTP layer's (scheduled_layer)
-    Tensor y = mtp[static_cast<std::size_t>(k)]->layer.forward_output(ctx.mtp[static_cast<std::size_t>(k)].layer);
+    Tensor y = depth_[static_cast<std::size_t>(k)]->layer.forward_output(ctx.mtp[static_cast<std::size_t>(k)].layer);
     record_mtp_router(static_cast<std::size_t>(k), ctx);
     return y;
   }
@@ -257,7 +262,7 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
     ctx.final_out = std::move(blocks.front());
     std::move(blocks.begin() + 1, blocks.end(), ctx.mtp_out.begin());
   } else if (ctx.mtp_in_schedule) {  // x: the last MTP layer's transformer output; the final norm ran before the first
-    ctx.mtp_out.back() = mtp.back()->forward_out(x, ctx.mtp.back());
+    ctx.mtp_out.back() = depth_.back()->forward_out(x, ctx.mtp.back());
   } else {
     final_norm(x, ctx);
     if (runs_mtp()) mtp_layers_forward(ctx);
@@ -275,12 +280,12 @@ void GPTModel::mtp_layers_forward(Context& ctx) {
   params_needed(embedding_grad_group());  // the rolled tokens' rows
   trace::Scope scope(trace::Track::compute, "mtp forward");
   const std::int64_t T = ctx.tokens.numel();
-  for (std::size_t k = 0; k < mtp.size(); ++k) {
+  for (std::size_t k = 0; k < depth_.size(); ++k) {
     ctx.mtp_tokens[k] = rolled(ctx.tokens, mtp_shift(k, T), T);
     const Tensor& h = k == 0 ? ctx.final_out : ctx.mtp_out[k - 1];
-    ctx.mtp_out[k] = mtp[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
+    ctx.mtp_out[k] = depth_[k]->forward(h, embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
     record_mtp_router(k, ctx);
-    mtp[k]->checkpoint(ctx.mtp[k]);
+    depth_[k]->checkpoint(ctx.mtp[k]);
   }
 }
 
@@ -320,10 +325,10 @@ void GPTModel::mtp_head_backward(Context& ctx, float dloss) {
 Tensor GPTModel::mtp_backward(Context& ctx) {
   trace::Scope scope(trace::Track::compute, "mtp backward");
   Tensor carry;  // the next depth's gradient of this depth's output
-  for (std::size_t k = mtp.size(); k-- > 0;) {
+  for (std::size_t k = depth_.size(); k-- > 0;) {
     Tensor& dout = ctx.mtp_dout[k];
     if (carry.defined()) add(dout, carry, dout);
-    auto [dh, demb] = mtp[k]->backward(ctx.mtp[k], dout);
+    auto [dh, demb] = depth_[k]->backward(ctx.mtp[k], dout);
     dout = Tensor();
     carry = std::move(dh);
     ctx.mtp_demb[k] = std::move(demb);
@@ -352,10 +357,10 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
     grads_ready(0);
     return dy;
   }
-  if (!mtp.empty()) {
+  if (!depth_.empty()) {
     if (schedule_mtp) {  // the schedule runs the MTP layers; the gradient of the last one's output
       ctx.mtp_dn = std::move(dn);
-      Tensor dy = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+      Tensor dy = depth_.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
       ctx.mtp_dout.back() = Tensor();
       return dy;
     }
@@ -368,7 +373,7 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
 
 Tensor GPTModel::mtp_stage_forward(Tensor x, Context& ctx) {
   if (ctx.mtp_in_schedule) {
-    ctx.mtp_out.back() = mtp.back()->forward_out(std::move(x), ctx.mtp.back());
+    ctx.mtp_out.back() = depth_.back()->forward_out(std::move(x), ctx.mtp.back());
   } else {
     params_needed(0);
     final_norm(x, ctx);
@@ -379,19 +384,19 @@ Tensor GPTModel::mtp_stage_forward(Tensor x, Context& ctx) {
   for (const Tensor& h : ctx.mtp_out) parts.push_back(&h);
   Tensor y = concatenated(parts);
   ctx.final_out = Tensor();
-  ctx.mtp_out.assign(mtp.size(), Tensor());
+  ctx.mtp_out.assign(depth_.size(), Tensor());
   return y;
 }
 
 Tensor GPTModel::mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedule_mtp) {
   trace::Scope scope(trace::Track::compute, "mtp stage backward");
   const std::int64_t T = ctx.tokens.numel();
-  std::vector<Tensor> blocks = blocks_of(dy, T, 1 + mtp.size());
+  std::vector<Tensor> blocks = blocks_of(dy, T, 1 + depth_.size());
   Tensor dn = std::move(blocks.front());
   ctx.mtp_dout.assign(std::make_move_iterator(blocks.begin() + 1), std::make_move_iterator(blocks.end()));
   if (schedule_mtp) {  // as head_backward's
     ctx.mtp_dn = std::move(dn);
-    Tensor d = mtp.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
+    Tensor d = depth_.back()->backward_out(ctx.mtp.back(), ctx.mtp_dout.back());
     ctx.mtp_dout.back() = Tensor();
     return d;
   }
@@ -402,8 +407,8 @@ Tensor GPTModel::mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedul
 }
 
 Tensor GPTModel::final_norm_backward(Context& ctx, const Tensor& dn) {
-  if (embedding_copy() && !mtp.empty()) {  // the rolled tokens' rows, into the copy (embed_backward's at PP 1)
-    for (std::size_t k = 0; k < mtp.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
+  if (embedding_copy() && !depth_.empty()) {  // the rolled tokens' rows, into the copy (embed_backward's at PP 1)
+    for (std::size_t k = 0; k < depth_.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
     ctx.mtp_tokens.clear();
     ctx.mtp_demb.clear();
   }
@@ -416,7 +421,7 @@ Tensor GPTModel::final_norm_backward(Context& ctx, const Tensor& dn) {
 
 TransformerLayer& GPTModel::scheduled_layer(int i) {
   const int L = num_local_layers();
-  return i < L ? *layers[static_cast<std::size_t>(i)] : mtp[static_cast<std::size_t>(i - L)]->layer;
+  return i < L ? *layers[static_cast<std::size_t>(i)] : depth_[static_cast<std::size_t>(i - L)]->layer;
 }
 
 TransformerLayer::Context* GPTModel::scheduled_context(int i, Context& ctx, bool fresh) {
@@ -449,11 +454,11 @@ Tensor GPTModel::scheduled_input(int i, Tensor x, Context& ctx) {
   if (k == 0)
     final_norm(x, ctx);
   else
-    ctx.mtp_out[k - 1] = mtp[k - 1]->forward_out(std::move(x), ctx.mtp[k - 1]);
+    ctx.mtp_out[k - 1] = depth_[k - 1]->forward_out(std::move(x), ctx.mtp[k - 1]);
   ctx.mtp_in_schedule = true;
   const std::int64_t T = ctx.tokens.numel();
   ctx.mtp_tokens[k] = rolled(ctx.tokens, mtp_shift(k, T), T);
-  return mtp[k]->forward_in(k == 0 ? ctx.final_out : ctx.mtp_out[k - 1], embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
+  return depth_[k]->forward_in(k == 0 ? ctx.final_out : ctx.mtp_out[k - 1], embedding_rows(ctx.mtp_tokens[k]), ctx.mtp[k]);
 }
 
 Tensor GPTModel::scheduled_input_backward(int i, Tensor dx, Context& ctx) {
@@ -461,12 +466,12 @@ Tensor GPTModel::scheduled_input_backward(int i, Tensor dx, Context& ctx) {
   if (i < L) return dx;
   const auto k = static_cast<std::size_t>(i - L);
   trace::Scope scope(trace::Track::compute, "mtp input backward", global_layer(i));
-  auto [dh, demb] = mtp[k]->backward_in(ctx.mtp[k], dx);
+  auto [dh, demb] = depth_[k]->backward_in(ctx.mtp[k], dx);
   ctx.mtp_demb[k] = std::move(demb);
   if (k > 0) {  // the previous depth's output, as mtp_backward's carry
     Tensor& dout = ctx.mtp_dout[k - 1];
     add(dout, dh, dout);
-    Tensor dy = mtp[k - 1]->backward_out(ctx.mtp[k - 1], dout);
+    Tensor dy = depth_[k - 1]->backward_out(ctx.mtp[k - 1], dout);
     dout = Tensor();
     return dy;
   }
@@ -506,8 +511,8 @@ Tensor GPTModel::backward_layers(Context& ctx, Tensor dx) {
 void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   trace::Scope scope(trace::Track::compute, "embedding backward");
   Tensor tokens = ctx.tokens, rows = dx;
-  if (!mtp.empty()) {  // the input's rows, then each MTP depth's rolled tokens' rows
-    const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden, D = static_cast<std::int64_t>(mtp.size());
+  if (!depth_.empty()) {  // the input's rows, then each MTP depth's rolled tokens' rows
+    const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden, D = static_cast<std::int64_t>(depth_.size());
     const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
     tokens = Tensor::uninitialized({T * (1 + D)}, DType::I64);
     rows = Tensor::uninitialized({T * (1 + D), H}, spec_.dtype);

@@ -79,7 +79,7 @@ void MoELayer::forward_route(Context& ctx, const Tensor& x, bool training,
   if (shared_experts && !spec_.shared_expert_overlap) forward_shared(ctx);
   {
     Scope s(Track::compute, trace::kRouter);
-    ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay);
+    ctx.routing = router.forward(ctx.x, seq, training, options_.aux_loss_scale, options_.rank, replay, options_.aux_loss_share);
   }
   Scope s(Track::compute, trace::kPermute);  // with a dispatcher's counts exchange (a wait), if it has one
   dispatcher_->dispatch_preprocess(ctx.dispatch, ctx.x, {ctx.routing.routing_map, ctx.routing.probs});

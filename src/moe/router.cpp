@@ -56,7 +56,7 @@ Router::Router(const MoESpec& spec)
 }
 
 Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
-                        double aux_loss_scale, std::uint64_t rank, const RouterReplay* replay) {
+                        double aux_loss_scale, std::uint64_t rank, const RouterReplay* replay, double aux_share) {
   if (seq_length < 1 || x.dim(0) % seq_length != 0)
     throw std::invalid_argument("router: the token count must be a multiple of seq_length");
   Routing r;
@@ -69,7 +69,11 @@ Routing Router::forward(const Tensor& x, std::int64_t seq_length, bool training,
   score_and_select(r, logits.data<float>());
   if (spec_.capacity_factor) apply_capacity(r);
   count_tokens(r, /*counted=*/training && !replay);
-  if (training) apply_aux_losses(r, logits.data<float>(), seq_length, aux_loss_scale, replay);
+  if (training) apply_aux_losses(r, logits.data<float>(), seq_length, aux_loss_scale * aux_share, replay);
+  if (aux_share != 1.0) {
+    for (AuxLoss k : kAuxLosses) at(r.aux_losses, k) *= aux_share;
+    r.z_loss *= aux_share;
+  }
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include "epx/base/to_lower.hpp"
 #include "epx/check/check.hpp"
+#include "epx/config/kept_fields.hpp"
 #include "epx/plan/plan.hpp"
 
 namespace epx {
@@ -120,15 +121,18 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // the embedding on the first stage, the output layer (or the tied embedding's copy) on the
   // last, MTP's projection there too. The MTP's stage keeps an embedding of its own (Megatron's
   // mtp_process), and allocates its output layer even when tied (the copy that it then leaves unused).
-  out.dense_params = ((st.layers + mtp) * lay.attention + dense_layers * lay.dense_mlp + moe_layers * lay.shared +
-                      mtp * 2 * h * h) / tp +
-                     (st.layers + mtp) * lay.duplicated + moe_layers * lay.router;
+  // mtp_use_repeated_layer builds one MTP layer for every depth (its activations stay per depth).
+  const double mtp_weights = kept_flag(c, "model", "mtp_use_repeated_layer") ? std::min(mtp, 1.0) : mtp;
+  const double moe_weights = moe_layers - (mtp > 0 && mtp_moe_layers(m) > 0 ? mtp - mtp_weights : 0);
+  out.dense_params = ((st.layers + mtp_weights) * lay.attention + (st.layers + mtp_weights - moe_weights) * lay.dense_mlp +
+                      moe_weights * lay.shared + mtp_weights * 2 * h * h) / tp +
+                     (st.layers + mtp_weights) * lay.duplicated + moe_weights * lay.router;
   if (st.first) out.embedding_params = V * h / tp;
   const double mtp_embedding = st.mtp_layers > 0 && !st.first ? V * h / tp : 0;
   out.dense_params += out.embedding_params + mtp_embedding;
   const double output_params = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
   out.dense_params += output_params;
-  out.expert_params = moe_layers * lay.experts / (l.etp * l.ep);
+  out.expert_params = moe_weights * lay.experts / (l.etp * l.ep);
 
   // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the main grad, and the
   // FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed

@@ -18,12 +18,19 @@ namespace {
 using test::mpi;
 
 
+const std::string kRepeatedMtp = "mtp_use_repeated_layer";
+
 TrainResult train_with(Communicator& world, const std::vector<std::string>& overrides,
                        MockData::Mode data = MockData::Mode::random) {
   Config c = load_config_text(test::kSmallGpt, "small");
   c.target.num_gpus = world.size();
   apply_override(c, "model.expert_model_parallel_size=" + std::to_string(world.size()));
-  for (const auto& o : overrides) apply_override(c, o);
+  for (const auto& o : overrides) {
+    if (o == kRepeatedMtp)  // a field only a Bridge dump carries (a kept field)
+      c.extra_fields.node["model"]["mtp_use_repeated_layer"] = "true";
+    else
+      apply_override(c, o);
+  }
   TrainOptions options;
   options.log = false;
   options.data = data;
@@ -460,6 +467,37 @@ TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
     reduced.push_back("ddp.reduce_embedding_rows=true");
     expect_losses_near(curve(mpi().world(), reduced), dense, 1e-6, "MTP, embedding rows");
   }
+}
+
+// mtp_use_repeated_layer: one MTP layer at both depths follows the single-rank curve, and EP
+// overlap (over 2 pipeline stages with VPP where the ranks allow) and full recompute change no bit.
+TEST(Training, ARepeatedMtpLayerUnderEveryScheduleAndLayout) {
+  const auto curve = [](Communicator& world, const std::vector<std::string>& o) {
+    std::vector<double> l;
+    for (const auto& it : train_with(world, o).iterations) {
+      l.insert(l.end(), {it.lm_loss, it.grad_norm});
+      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+    }
+    return l;
+  };
+  const std::vector<std::string> o{"model.mtp_num_layers=2", kRepeatedMtp, "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<double> plain = curve(mpi().world(), o);
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  std::vector<std::string> one = o;
+  one.push_back("model.expert_model_parallel_size=1");
+  expect_losses_near(plain, curve(*self, one), 2e-4, "repeated MTP");
+  // A second depth's layer of its own changes the curve.
+  EXPECT_NE(plain, curve(mpi().world(), {"model.mtp_num_layers=2", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
+  std::vector<std::string> full = o;
+  full.insert(full.end(), {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"});
+  EXPECT_EQ(plain, curve(mpi().world(), full));
+  std::vector<std::string> base = o;
+  if (mpi().size() % 2 == 0)
+    base.insert(base.end(), {"model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2",
+                             fmt::format("model.expert_model_parallel_size={}", mpi().size() / 2)});
+  std::vector<std::string> overlap = base;
+  overlap.insert(overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
+  EXPECT_EQ(curve(mpi().world(), base), curve(mpi().world(), overlap));
 }
 
 // recompute_modules' moe: the whole MoE layer reruns before its backward, its tokens exchanged

@@ -480,6 +480,71 @@ TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
   }
 }
 
+// mtp_use_repeated_layer: one MTP layer runs at every depth. Against two separate layers holding
+// the same weights, the losses are the same bits and the one layer's gradient is the two's sum
+// (FP32 accumulation order); its router's aux losses count half per call (Megatron's router), so
+// the MTP part of the logged aux loss is half the two layers'. Finite differences check the
+// shared weights' gradients.
+TEST(GPTModel, ARepeatedMtpLayerRunsAtEveryDepth) {
+  // Two separate layers with the same weights, and the one layer repeated (with an aux loss
+  // or without, whose gradient reaches every weight before the router).
+  const auto models = [](const std::vector<std::string>& o) {
+    const ModelSpec two = model_spec_from_config(tiny(o));
+    ModelSpec one = two;
+    one.mtp_repeated = true;
+    auto pair = std::make_pair(make_model(two), make_model(one));
+    const std::vector<Param*> p0 = pair.first.mtp[0]->params(), p1 = pair.first.mtp[1]->params();
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      p1[i]->master.copy_from(p0[i]->master);
+      p1[i]->refresh();
+    }
+    return pair;
+  };
+  auto [separate, repeated] = models({"model.mtp_num_layers=2"});
+  ASSERT_EQ(repeated.mtp.size(), 1u);
+  EXPECT_EQ(repeated.params().size() + separate.mtp[1]->params().size(), separate.params().size());
+  const Batch b = batch(separate.spec());
+  GPTModel::Context cs, cr;
+  separate.zero_grad(), repeated.zero_grad();
+  EXPECT_EQ(separate.forward(b.tokens, b.targets, cs), repeated.forward(b.tokens, b.targets, cr));
+  EXPECT_EQ(cs.mtp_losses, cr.mtp_losses);
+  separate.backward(cs, 1.f), repeated.backward(cr, 1.f);
+  const std::vector<Param*> p0 = separate.mtp[0]->params(), p1 = separate.mtp[1]->params(), pr = repeated.mtp[0]->params();
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    Tensor sum = p0[i]->grad.clone();
+    add(sum, p1[i]->grad, sum);
+    EXPECT_LT(test::rel_l2(pr[i]->grad, sum), 1e-5) << pr[i]->name;
+  }
+  // With an aux loss, the MTP layer's part of the logged aux loss (against the model without
+  // MTP) is half the two layers'.
+  auto [separate_aux, repeated_aux] = models({"model.mtp_num_layers=2", "model.moe_aux_loss_coeff=0.1"});
+  GPTModel no_mtp = make_model(model_spec_from_config(tiny({"model.moe_aux_loss_coeff=0.1"})));
+  GPTModel::Context ca, cb, cn;
+  separate_aux.forward(b.tokens, b.targets, ca);
+  repeated_aux.forward(b.tokens, b.targets, cb);
+  no_mtp.forward(b.tokens, b.targets, cn);
+  const double decoder = at(cn.aux_losses, AuxLoss::aux_loss), mtp_part = at(ca.aux_losses, AuxLoss::aux_loss) - decoder;
+  EXPECT_GT(mtp_part, 0);
+  EXPECT_NEAR(at(cb.aux_losses, AuxLoss::aux_loss), decoder + mtp_part / 2, 1e-12);
+  // The shared weights' gradients, where the aux losses have none (every expert routed).
+  ModelSpec all = model_spec_from_config(tiny({"model.mtp_num_layers=2", "model.moe_router_topk=8"}));
+  all.mtp_repeated = true;
+  GPTModel model = make_model(all);
+  model.zero_grad();
+  GPTModel::Context ctx;
+  model.forward(b.tokens, b.targets, ctx);
+  model.backward(ctx, 1.f);
+  const auto f = [&] {
+    GPTModel::Context c;
+    double loss = model.forward(b.tokens, b.targets, c);
+    for (double l : c.mtp_losses) loss += all.mtp_loss_scale * l;
+    return loss;
+  };
+  std::uint64_t seed = 700;
+  for (Param* p : model.mtp[0]->params())
+    expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4, [p] { p->refresh(); });
+}
+
 // Over two pipeline stages, tied embeddings and MTP keep a copy of the embedding in the last
 // stage's chunk, drawn as the first stage's: the two chunks' losses are the whole model's, and
 // the first stage's embedding gradient plus the copy's is the whole model's (which adds the two

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "epx/check/pipeline_split.hpp"
+#include "epx/dispatch/dispatcher.hpp"
+#include "epx/model/gpt_model.hpp"
 #include "epx/plan/diagnose.hpp"
 #include "epx/plan/pipeline_balance.hpp"
 #include "epx/plan/run_evidence.hpp"
@@ -580,6 +582,24 @@ TEST(Plan, MlaDownProjectionsAreWholeOnEveryTpRank) {
   const double h = static_cast<double>(c.model.hidden_size), layers = static_cast<double>(c.model.num_layers);
   const double router = static_cast<double>(*c.model.num_moe_experts) * h;
   EXPECT_NEAR(dense(2) - split / 2, layers * (h * (64 + 32 + 16) + router), 1);
+}
+
+// The planner's parameters are the runtime model's matrices (it leaves out the norms' and other
+// vectors), with two MTP layers or one repeated (mtp_use_repeated_layer, a Bridge dump's field:
+// one layer's weights for both depths).
+TEST(Plan, ParametersAreTheRuntimeModelsWithARepeatedMtpLayer) {
+  for (const bool repeated : {false, true}) {
+    Config c = resolved("deepseek_v3_proxy", {"model.mtp_num_layers=2", "target.num_gpus=1", "model.expert_model_parallel_size=1"});
+    if (repeated) c.extra_fields.node["model"]["mtp_use_repeated_layer"] = "true";
+    const MemoryPlan mem = plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false);
+    const ModelSpec spec = model_spec_from_config(c);
+    ASSERT_EQ(spec.mtp_repeated, repeated);
+    GPTModel model(spec, [&] { return make_local_dispatcher(spec.moe->num_experts); });
+    double n = 0;
+    for (const Param* p : model.params())
+      if (p->master.shape().size() >= 2) n += static_cast<double>(p->master.numel());
+    EXPECT_DOUBLE_EQ(mem.dense_params + mem.expert_params, n) << repeated;
+  }
 }
 
 TEST(Plan, CpuAttentionKeepsNoScores) {

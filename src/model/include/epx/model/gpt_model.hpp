@@ -111,7 +111,7 @@ class GPTModel {
   // depth's, and the depth's eh_proj), and scheduled_input_backward takes the gradient of it back
   // to the previous layer's output; layer_output finishes any of them. Decoder layer i completes
   // gradient group layer_grad_group(i); the MTP layers complete the head's (0) with depth 0.
-  int num_scheduled_layers() const { return num_local_layers() + static_cast<int>(mtp.size()); }
+  int num_scheduled_layers() const { return num_local_layers() + static_cast<int>(depth_.size()); }
   TransformerLayer& scheduled_layer(int i);
   TransformerLayer::Context* scheduled_context(int i, Context& ctx, bool fresh = false);
   void release_scheduled(int i, Context& ctx);
@@ -173,7 +173,7 @@ class GPTModel {
   std::vector<std::unique_ptr<TransformerLayer>> layers;  // the chunk's, in order
   Param final_layernorm;  // decoder.final_layernorm.weight [H]; only where has_final_norm()
   Param output_layer;     // output_layer.weight [V, H]; unused with tied embeddings
-  std::vector<std::unique_ptr<MtpLayer>> mtp;  // the MTP layers, where runs_mtp()
+  std::vector<std::unique_ptr<MtpLayer>> mtp;  // the MTP layers, where runs_mtp() (one with mtp_use_repeated_layer)
 
  private:
   Param& lm_head() { return spec_.tie_embeddings ? embedding : output_layer; }
@@ -207,6 +207,7 @@ class GPTModel {
   std::function<void(int)> grads_ready_hook_, params_needed_hook_;
   std::function<bool(const Tensor&, const Tensor&)> embedding_rows_hook_;
   std::vector<int> checkpoint_end_;  // per local layer: the end of the checkpoint starting there, or -1
+  std::vector<MtpLayer*> depth_;     // per MTP depth this chunk runs: its layer (mtp's)
 };
 
 }  // namespace epx

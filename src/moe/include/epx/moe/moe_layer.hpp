@@ -25,6 +25,9 @@ class ProcessGroups;
 // How one MoE layer runs in its job, fixed at construction.
 struct MoELayerOptions {
   double aux_loss_scale = 1.0;  // gradient scale of the aux and z losses (1 / micro-batches)
+  // A repeated MTP layer's 1 / mtp_num_layers: its aux losses' gradient and value, and its
+  // z-loss's value, per call (Megatron's router; the z-loss's gradient keeps its scale).
+  double aux_loss_share = 1.0;
   std::uint64_t rank = 0;       // picks the random stream under force load balancing
   Communicator* global_aux_group = nullptr;  // the global aux loss's counts sum over it (Router)
   GroupedMlp::Recompute experts_recompute = GroupedMlp::Recompute::none;  // "moe_act"

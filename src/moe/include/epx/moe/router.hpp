@@ -77,9 +77,10 @@ class Router {
   // `rank` (and the forward count) pick the random stream under force load balancing.
   // `replay`: a recompute of an earlier forward (activation recompute) that gave this: the same
   // random logits and global-aux counts, and nothing is counted again (expert bias, global aux
-  // loss, quantile balancing).
+  // loss, quantile balancing). `aux_share` scales the aux losses (their gradient and value) and
+  // the z-loss's value: a repeated MTP layer's 1 / mtp_num_layers (MoELayerOptions).
   Routing forward(const Tensor& x, std::int64_t seq_length, bool training, double aux_loss_scale = 1.0,
-                  std::uint64_t rank = 0, const RouterReplay* replay = nullptr);
+                  std::uint64_t rank = 0, const RouterReplay* replay = nullptr, double aux_share = 1.0);
   // dprobs [T, E] F32: returns dx [T, H] in `dx_dtype`; keeps dlogits for wgrad.
   Tensor backward_dgrad(Routing& r, const Tensor& dprobs, DType dx_dtype) const;
   // weight.grad += dlogits^T x.
