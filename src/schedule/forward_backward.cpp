@@ -12,7 +12,7 @@ std::vector<MicroBatchLosses> forward_backward(GPTModel& model, int num_micro_ba
                                                const std::function<void(int, Tensor&, Tensor&)>& micro_batch,
                                                const ScheduleOptions& options) {
   const float dloss = static_cast<float>(1.0 / num_micro_batches);
-  const double moe_layers = std::max(1, model.spec().num_moe_layers());
+  const double moe_layers = std::max(1, model.spec().num_moe_loss_layers());
   std::vector<MicroBatchLosses> out(static_cast<std::size_t>(num_micro_batches));
   const auto record = [&](int j, const GPTModel::Context& ctx) {
     MicroBatchLosses& l = out[static_cast<std::size_t>(j)];

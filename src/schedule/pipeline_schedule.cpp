@@ -108,7 +108,7 @@ std::vector<MicroBatchLosses> forward_backward_pipelining(const std::vector<GPTM
   const int stage = pp.rank();
   const ModelSpec& spec = chunks.front()->spec();
   const float dloss = static_cast<float>(1.0 / num_micro_batches);
-  const double moe_layers = std::max(1, spec.num_moe_layers());
+  const double moe_layers = std::max(1, spec.num_moe_loss_layers());
   const std::vector<PipelineStep> steps = pipeline_order(pipeline, stage, num_micro_batches, options.ep_overlap);
   StageTransfers transfers(pp, pipeline, spec.seq_length * spec.micro_batch, spec.hidden, spec.mtp_layers, spec.dtype);
   std::vector<MicroBatchLosses> out(static_cast<std::size_t>(num_micro_batches));

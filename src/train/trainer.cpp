@@ -420,8 +420,8 @@ IterationLog Trainer::train_step(int it) {
     if (cfg_.model.moe_z_loss_coeff)
       log.moe_losses.emplace_back("z_loss", reduced[1 + kAuxLosses.size()] / (static_cast<double>(micro_batches) * replicas) /
                                                 *cfg_.model.moe_z_loss_coeff);
-    log.expert_load = reduced[std::size(reduced) - 2] / (replicas * job_.model.num_moe_layers());
-    log.ep_rank_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_layers());
+    log.expert_load = reduced[std::size(reduced) - 2] / (replicas * job_.model.num_moe_loss_layers());
+    log.ep_rank_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_loss_layers());
   }
   log.grad_norm = grad_norm;
   const MemoryStats mem = memory_stats();

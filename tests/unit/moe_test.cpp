@@ -358,9 +358,6 @@ NaiveScores naive_scores(const Router& router, const Tensor& x, int k) {
   return s;
 }
 
-// Megatron's global_aux_loss: micro-batch j weighs each expert by the mean of the global batch's
-// counts so far (micro-batches 1..j), N the micro-batch's tokens; one micro-batch after a restart
-// is the plain aux loss. A recompute reuses the counts and counts nothing again.
 // A repeated MTP layer's share (1 / mtp_num_layers per call, Megatron's router): its aux losses'
 // value and injected gradient scale by it, its z-loss's value does and its gradient does not.
 TEST(Router, AuxLossShareScalesTheAuxLossesAndTheZLossesValue) {
@@ -377,18 +374,27 @@ TEST(Router, AuxLossShareScalesTheAuxLossesAndTheZLossesValue) {
       if (a.data<float>()[i] * static_cast<float>(f) != b.data<float>()[i]) return false;
     return true;
   };
-  MoESpec aux = spec, z = spec;
-  aux.z_loss_coeff = 0;
+  for (AuxLoss k : kAuxLosses) {  // aux, seq-aux and global-aux: the same attach
+    MoESpec aux = spec;
+    aux.z_loss_coeff = 0;
+    aux.aux_loss_coeff = {};
+    at(aux.aux_loss_coeff, k) = 0.1;
+    const Routing a1 = routed(aux, 1.0), a2 = routed(aux, 0.5);
+    EXPECT_GT(at(a1.aux_losses, k), 0) << aux_loss_log_name(k);
+    EXPECT_EQ(at(a2.aux_losses, k), 0.5 * at(a1.aux_losses, k)) << aux_loss_log_name(k);
+    EXPECT_TRUE(scaled(a1.aux_grad, 0.5, a2.aux_grad)) << aux_loss_log_name(k);
+  }
+  MoESpec z = spec;
   z.aux_loss_coeff = {};
-  const Routing a1 = routed(aux, 1.0), a2 = routed(aux, 0.5), z1 = routed(z, 1.0), z2 = routed(z, 0.5);
-  EXPECT_GT(at(a1.aux_losses, AuxLoss::aux_loss), 0);
-  EXPECT_EQ(at(a2.aux_losses, AuxLoss::aux_loss), 0.5 * at(a1.aux_losses, AuxLoss::aux_loss));
-  EXPECT_TRUE(scaled(a1.aux_grad, 0.5, a2.aux_grad));
+  const Routing z1 = routed(z, 1.0), z2 = routed(z, 0.5);
   EXPECT_GT(z1.z_loss, 0);
   EXPECT_EQ(z2.z_loss, 0.5 * z1.z_loss);
   EXPECT_TRUE(scaled(z1.aux_grad, 1.0, z2.aux_grad));
 }
 
+// Megatron's global_aux_loss: micro-batch j weighs each expert by the mean of the global batch's
+// counts so far (micro-batches 1..j), N the micro-batch's tokens; one micro-batch after a restart
+// is the plain aux loss. A recompute reuses the counts and counts nothing again.
 TEST(Router, GlobalAuxLossAveragesTheCountsOfTheGlobalBatchSoFar) {
   MoESpec spec = small_spec();
   spec.aux_loss_coeff = {0, 0, 0.1};

@@ -516,6 +516,11 @@ TEST(JobSpec, MultiTokenPredictionFromTheConfig) {
   EXPECT_DOUBLE_EQ(s.mtp_loss_scale, 0.15);
   EXPECT_EQ(s.is_moe, (std::vector<bool>{false, true, true, true}));
   EXPECT_EQ(s.num_moe_layers(), 3);  // as Megatron's MoE metrics count them
+  EXPECT_EQ(s.num_moe_loss_layers(), 3);
+  ModelSpec repeated = s;  // one MTP layer built: training.py divides the MoE losses by 2
+  repeated.mtp_repeated = true;
+  EXPECT_EQ(repeated.num_moe_layers(), 3);  // (the FLOPs count each depth)
+  EXPECT_EQ(repeated.num_moe_loss_layers(), 2);
   EXPECT_EQ(model_spec_from_config(resolved({"model.mtp_num_layers=1", "model.moe_layer_freq=[1,0]", "model.num_layers=2"})).is_moe,
             (std::vector<bool>{true, false, false}));
   EXPECT_NE(error_of([&] { model_spec_from_config(resolved({"model.mtp_num_layers=1", "model.window_size=[4,0]"})); })

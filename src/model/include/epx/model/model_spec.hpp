@@ -59,6 +59,11 @@ struct ModelSpec {
   RecomputeSpec recompute;
 
   int num_moe_layers() const;
+  // The MoE layers as built: a repeated MTP layer once (Megatron's training_log divides the MoE
+  // losses by this; epx's expert-load mean too).
+  int num_moe_loss_layers() const {
+    return num_moe_layers() - (mtp_repeated && mtp_layers > 1 && is_moe.back() ? mtp_layers - 1 : 0);
+  }
   AttentionSpec attention_of(int layer) const;  // layer's attention: the window or none
   // Model FLOPs of one token's forward and backward (3x the forward's multiply-adds x 2), as
   // Megatron's num_floating_point_operations counts them for TFLOP/s/GPU: every GEMM, causal
