@@ -9,7 +9,6 @@
 
 #include "epx/base/to_lower.hpp"
 #include "epx/check/check.hpp"
-#include "epx/config/kept_fields.hpp"
 #include "epx/plan/plan.hpp"
 
 namespace epx {
@@ -122,7 +121,7 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   // last, MTP's projection there too. The MTP's stage keeps an embedding of its own (Megatron's
   // mtp_process), and allocates its output layer even when tied (the copy that it then leaves unused).
   // mtp_use_repeated_layer builds one MTP layer for every depth (its activations stay per depth).
-  const double mtp_weights = kept_flag(c, "model", "mtp_use_repeated_layer") ? std::min(mtp, 1.0) : mtp;
+  const double mtp_weights = m.mtp_use_repeated_layer ? std::min(mtp, 1.0) : mtp;
   const double moe_weights = moe_layers - (mtp > 0 && mtp_moe_layers(m) > 0 ? mtp - mtp_weights : 0);
   out.dense_params = ((st.layers + mtp_weights) * lay.attention + (st.layers + mtp_weights - moe_weights) * lay.dense_mlp +
                       moe_weights * lay.shared + mtp_weights * 2 * h * h) / tp +

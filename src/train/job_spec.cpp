@@ -15,7 +15,6 @@
 #include "epx/base/to_lower.hpp"
 #include "epx/check/group_limited_routing.hpp"
 #include "epx/check/pipeline_split.hpp"
-#include "epx/config/kept_fields.hpp"
 #include "epx/config/mixed_precision.hpp"
 #include "epx/config/schema.hpp"
 #include "epx/config/scheduler_steps.hpp"
@@ -558,7 +557,7 @@ ModelSpec model_spec_from_config(const Config& c) {
           "epx does not model which MTP layers take the sliding window; set model.mtp_num_layers=null or "
           "model.window_size=null");
     s.mtp_loss_scale = m.mtp_loss_scaling_factor / s.mtp_layers;
-    s.mtp_repeated = kept_flag(c, "model", "mtp_use_repeated_layer");
+    s.mtp_repeated = m.mtp_use_repeated_layer;
     s.is_moe.insert(s.is_moe.end(), static_cast<std::size_t>(s.mtp_layers), s.is_moe.back());
   }
   return s;

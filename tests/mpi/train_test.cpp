@@ -18,19 +18,12 @@ namespace {
 using test::mpi;
 
 
-const std::string kRepeatedMtp = "mtp_use_repeated_layer";
-
 TrainResult train_with(Communicator& world, const std::vector<std::string>& overrides,
                        MockData::Mode data = MockData::Mode::random) {
   Config c = load_config_text(test::kSmallGpt, "small");
   c.target.num_gpus = world.size();
   apply_override(c, "model.expert_model_parallel_size=" + std::to_string(world.size()));
-  for (const auto& o : overrides) {
-    if (o == kRepeatedMtp)  // a field only a Bridge dump carries (a kept field)
-      c.extra_fields.node["model"]["mtp_use_repeated_layer"] = "true";
-    else
-      apply_override(c, o);
-  }
+  for (const auto& o : overrides) apply_override(c, o);
   TrainOptions options;
   options.log = false;
   options.data = data;
@@ -480,7 +473,7 @@ TEST(Training, ARepeatedMtpLayerUnderEveryScheduleAndLayout) {
     }
     return l;
   };
-  const std::vector<std::string> o{"model.mtp_num_layers=2", kRepeatedMtp, "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
+  const std::vector<std::string> o{"model.mtp_num_layers=2", "model.mtp_use_repeated_layer=true", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
   const std::vector<double> plain = curve(mpi().world(), o);
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   std::vector<std::string> one = o;

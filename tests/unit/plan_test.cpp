@@ -585,12 +585,12 @@ TEST(Plan, MlaDownProjectionsAreWholeOnEveryTpRank) {
 }
 
 // The planner's parameters are the runtime model's matrices (it leaves out the norms' and other
-// vectors), with two MTP layers or one repeated (mtp_use_repeated_layer, a Bridge dump's field:
-// one layer's weights for both depths).
+// vectors), with two MTP layers or one repeated (mtp_use_repeated_layer: one layer's weights for
+// both depths).
 TEST(Plan, ParametersAreTheRuntimeModelsWithARepeatedMtpLayer) {
   for (const bool repeated : {false, true}) {
-    Config c = resolved("deepseek_v3_proxy", {"model.mtp_num_layers=2", "target.num_gpus=1", "model.expert_model_parallel_size=1"});
-    if (repeated) c.extra_fields.node["model"]["mtp_use_repeated_layer"] = "true";
+    const Config c = resolved("deepseek_v3_proxy", {"model.mtp_num_layers=2", "target.num_gpus=1", "model.expert_model_parallel_size=1",
+                                                    fmt::format("model.mtp_use_repeated_layer={}", repeated)});
     const MemoryPlan mem = plan_memory(c, plan_layout(c, target_gpu(c)), Dispatcher::alltoall, false);
     const ModelSpec spec = model_spec_from_config(c);
     ASSERT_EQ(spec.mtp_repeated, repeated);

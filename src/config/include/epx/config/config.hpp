@@ -221,6 +221,7 @@ struct ModelConfig {
   // Multi-token prediction.
   OptInt mtp_num_layers;
   double mtp_loss_scaling_factor = 0.1;  // the MTP losses' weight, split over the MTP layers
+  bool mtp_use_repeated_layer = false;   // one MTP layer run at every depth (EXAONE-MoE)
 
   // CUDA graphs (Bridge keeps the legacy `cuda_graph_scope` beside MCore's modules list;
   // an empty list means "full").
