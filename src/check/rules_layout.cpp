@@ -253,7 +253,8 @@ void add_layout_rules(RuleTable& add) {
   // only model[0]'s gradient on the first stage; tied, the first rank all-reduces twice at build
   // against the last rank's once.
   add("pipeline.mtp_first_rank_chunk", E,
-      {"model.pipeline_model_parallel_layout", "model.pipeline_model_parallel_size", "model.mtp_num_layers"}, kMcore,
+      {"model.pipeline_model_parallel_layout", "model.pipeline_model_parallel_size", "model.mtp_num_layers"},
+      "epx, from Megatron-Core language_module.py / finalize_model_grads.py",
       "a standalone MTP stage is not a later model chunk of the first pipeline rank",
       [](const CheckContext& c) {
         const auto& m = c.cfg.model;

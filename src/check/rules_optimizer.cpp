@@ -55,10 +55,13 @@ void add_optimizer_rules(RuleTable& add) {
       [](const CheckContext& c) {
         const auto& d = c.cfg.ddp;
         if (!d.reduce_embedding_rows) return pass();
+        // With the distributed optimizer a comm_overlap section sets ddp's from its own (Bridge's
+        // CommOverlapConfig), so the fix goes there.
         if (!d.overlap_grad_reduce)
           return fail_if(true, "reduce_embedding_rows splits the overlapped reduction of the embedding's gradient, "
                                "and overlap_grad_reduce is off",
-                         "ddp.overlap_grad_reduce=true");
+                         c.user.comm_overlap && d.use_distributed_optimizer ? "comm_overlap.overlap_grad_reduce=true"
+                                                                            : "ddp.overlap_grad_reduce=true");
         // Over pipeline stages the head's part is the last stage's copy's: the first stage's is rows.
         return fail_if(c.cfg.model.share_embeddings_and_output_weights && c.cfg.model.pipeline_model_parallel_size == 1,
                        "with share_embeddings_and_output_weights on one pipeline stage the embedding's gradient also "

@@ -77,8 +77,10 @@ PipelineStage pipeline_stage(const ModelConfig& m, const PipelineSplit& split, i
     st.moe_layers += moe_layers_in(m, first, end);
     st.window_layers += window_layers_in(m, first, end);
   }
-  st.first = split.stage_of(split.embedding_stage) == stage;
-  st.last = split.stage_of(split.loss_stage) == stage;
+  // Megatron builds the embedding and the loss on the first chunk of the first stage and the last
+  // of the last (pre_process / post_process), wherever a layout's E and L sit.
+  st.first = stage == 0;
+  st.last = stage == split.stages - 1;
   if (split.stage_of(split.mtp_stage) == stage) {
     // MTP layers sit after the last layer and count as MoE layers when it is one (as FLOPs do).
     st.mtp_layers = static_cast<double>(m.mtp_num_layers.value_or(0));

@@ -620,6 +620,13 @@ const std::vector<Case>& cases() {
       {"advice.few_microbatches", OV + Overrides{"train.global_batch_size=2"}, OV},
       {"ddp.embedding_rows", {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=false"},
        {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true"}},
+      // With the distributed optimizer the comm_overlap section's value replaces ddp's: the fix goes there.
+      // (its default at DP 1 is off).
+      {"ddp.embedding_rows",
+       {"target.num_gpus=1", "model.expert_model_parallel_size=1", "ddp.reduce_embedding_rows=true",
+        "ddp.overlap_grad_reduce=true", "ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"},
+       {"target.num_gpus=1", "model.expert_model_parallel_size=1", "ddp.reduce_embedding_rows=true",
+        "comm_overlap.overlap_grad_reduce=true", "ddp.use_distributed_optimizer=true", "optimizer.use_distributed_optimizer=true"}},
       // Tied on one stage the table holds the head's gradient too; over stages the copy does.
       {"ddp.embedding_rows",
        {"ddp.reduce_embedding_rows=true", "ddp.overlap_grad_reduce=true", "model.share_embeddings_and_output_weights=true"},

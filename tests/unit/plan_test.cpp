@@ -82,6 +82,16 @@ TEST(Plan, StagesFollowTheConfigsSplit) {
   EXPECT_EQ(last.layers, 6);
   EXPECT_EQ(last.mtp_layers, 1);
   EXPECT_TRUE(last.last && !last.first);
+  // Megatron builds the loss on the last stage wherever a layout's L sits (check warns
+  // pipeline.layout_embedding_loss_stages): the planner counts it there too.
+  const ModelConfig moved = resolved("deepseek_v3_mla_proxy", {"target.num_gpus=4", "model.expert_model_parallel_size=1",
+                                                               "model.pipeline_model_parallel_size=4",
+                                                               "model.pipeline_model_parallel_layout=Ettt|m|L|"})
+                                .model;
+  const PipelineSplit moved_split = pipeline_split(moved);
+  EXPECT_FALSE(pipeline_stage(moved, moved_split, 2).last);
+  EXPECT_TRUE(pipeline_stage(moved, moved_split, 3).last);
+  EXPECT_EQ(pipeline_stage(moved, moved_split, 1).mtp_layers, 1);
   // A lighter first stage holds less at the peak.
   const std::vector<std::string> pp4 = {"model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=1",
                                         "target.num_gpus=64"};
