@@ -39,6 +39,16 @@ std::vector<double> losses(Communicator& world, const std::vector<std::string>& 
   return l;
 }
 
+// Per iteration: the LM loss, the gradient norm and each MTP depth's loss.
+std::vector<double> losses_and_norms(Communicator& world, const std::vector<std::string>& overrides) {
+  std::vector<double> l;
+  for (const auto& it : train_with(world, overrides).iterations) {
+    l.insert(l.end(), {it.lm_loss, it.grad_norm});
+    l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+  }
+  return l;
+}
+
 // Every iteration's loss within `rel` of the reference's (relative to the reference).
 void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double rel, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -103,14 +113,6 @@ TEST(Training, PipelineGivesTheSingleRankLossCurve) {
 TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
   const int world = mpi().size();
   if (world < 2) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
-  const auto curve = [](Communicator& w, const std::vector<std::string>& o) {
-    std::vector<double> l;
-    for (const auto& it : train_with(w, o).iterations) {
-      l.insert(l.end(), {it.lm_loss, it.grad_norm});
-      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
-    }
-    return l;
-  };
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   for (const std::vector<std::string>& shared :
        {std::vector<std::string>{"model.share_embeddings_and_output_weights=true"},
@@ -120,7 +122,7 @@ TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
     model.insert(model.end(), shared.begin(), shared.end());
     std::vector<std::string> one = model;
     one.push_back("model.expert_model_parallel_size=1");
-    const std::vector<double> single = curve(*self, one);
+    const std::vector<double> single = losses_and_norms(*self, one);
     for (const int pp : {2, 4}) {
       if (world % pp != 0) continue;
       const std::string vpp = "model.virtual_pipeline_model_parallel_size=" + std::string(pp == 2 ? "2" : "1");
@@ -135,7 +137,7 @@ TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
         o.insert(o.end(), {"model.pipeline_model_parallel_size=" + std::to_string(pp),
                            "model.expert_model_parallel_size=" + std::to_string(world / pp)});
         o.insert(o.end(), knobs.begin(), knobs.end());
-        expect_losses_near(curve(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
+        expect_losses_near(losses_and_norms(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
       }
     }
   }
@@ -151,14 +153,6 @@ TEST(Training, SharedEmbeddingOverPipelineStagesGivesTheSingleRankCurve) {
 TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
   const int world = mpi().size();
   if (world < 2) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
-  const auto curve = [](Communicator& w, const std::vector<std::string>& o) {
-    std::vector<double> l;
-    for (const auto& it : train_with(w, o).iterations) {
-      l.insert(l.end(), {it.lm_loss, it.grad_norm});
-      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
-    }
-    return l;
-  };
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   for (const std::vector<std::string>& mtp :
        {std::vector<std::string>{"model.mtp_num_layers=1"},
@@ -167,7 +161,7 @@ TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
     model.insert(model.end(), mtp.begin(), mtp.end());
     std::vector<std::string> one = model;
     one.push_back("model.expert_model_parallel_size=1");
-    const std::vector<double> single = curve(*self, one);
+    const std::vector<double> single = losses_and_norms(*self, one);
     const std::string m = mtp.front() == "model.mtp_num_layers=1" ? "m" : "mm";
     std::vector<std::vector<std::string>> runs{{"model.pipeline_model_parallel_size=2", "model.pipeline_model_parallel_layout=Etttt" + m + "|L"}};
     if (world == 4) {  // (PP 2 x DP 2; PP 4 x DP 1)
@@ -190,7 +184,7 @@ TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
       std::vector<std::string> o = model;
       o.insert(o.end(), knobs.begin(), knobs.end());
       o.push_back(fmt::format("model.expert_model_parallel_size={}", knobs.front().ends_with("=2") ? world / 2 : world / 4));
-      expect_losses_near(curve(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
+      expect_losses_near(losses_and_norms(mpi().world(), o), single, 2e-4, testing::PrintToString(o));
     }
   }
 }
@@ -465,32 +459,24 @@ TEST(Training, MultiTokenPredictionUnderEveryScheduleAndLayout) {
 // mtp_use_repeated_layer: one MTP layer at both depths follows the single-rank curve, and EP
 // overlap (over 2 pipeline stages with VPP where the ranks allow) and full recompute change no bit.
 TEST(Training, ARepeatedMtpLayerUnderEveryScheduleAndLayout) {
-  const auto curve = [](Communicator& world, const std::vector<std::string>& o) {
-    std::vector<double> l;
-    for (const auto& it : train_with(world, o).iterations) {
-      l.insert(l.end(), {it.lm_loss, it.grad_norm});
-      l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
-    }
-    return l;
-  };
   const std::vector<std::string> o{"model.mtp_num_layers=2", "model.mtp_use_repeated_layer=true", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"};
-  const std::vector<double> plain = curve(mpi().world(), o);
+  const std::vector<double> plain = losses_and_norms(mpi().world(), o);
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   std::vector<std::string> one = o;
   one.push_back("model.expert_model_parallel_size=1");
-  expect_losses_near(plain, curve(*self, one), 2e-4, "repeated MTP");
+  expect_losses_near(plain, losses_and_norms(*self, one), 2e-4, "repeated MTP");
   // A second depth's layer of its own changes the curve.
-  EXPECT_NE(plain, curve(mpi().world(), {"model.mtp_num_layers=2", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
+  EXPECT_NE(plain, losses_and_norms(mpi().world(), {"model.mtp_num_layers=2", "model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]"}));
   std::vector<std::string> full = o;
   full.insert(full.end(), {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"});
-  EXPECT_EQ(plain, curve(mpi().world(), full));
+  EXPECT_EQ(plain, losses_and_norms(mpi().world(), full));
   std::vector<std::string> base = o;
   if (mpi().size() % 2 == 0)
     base.insert(base.end(), {"model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2",
                              fmt::format("model.expert_model_parallel_size={}", mpi().size() / 2)});
   std::vector<std::string> overlap = base;
   overlap.insert(overlap.end(), {"model.overlap_moe_expert_parallel_comm=true", "model.delay_wgrad_compute=true"});
-  EXPECT_EQ(curve(mpi().world(), base), curve(mpi().world(), overlap));
+  EXPECT_EQ(losses_and_norms(mpi().world(), base), losses_and_norms(mpi().world(), overlap));
 }
 
 // recompute_modules' moe: the whole MoE layer reruns before its backward, its tokens exchanged

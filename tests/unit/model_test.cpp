@@ -436,6 +436,19 @@ TEST(GPTModel, WholeModelGradientsMatchFiniteDifferences) {
 // one and two depths, an MoE and a dense MTP layer (built as the decoder's last), tied embeddings,
 // and more depths than the sequence has positions.
 // The LM loss itself is the model's without MTP, bit for bit.
+// The gradients `params` hold (after a backward of dloss 1) against finite differences of the
+// objective: the LM loss plus each MTP depth's loss weighted mtp_loss_scale.
+void expect_mtp_objective_gradients(GPTModel& model, const Batch& b, const std::vector<Param*>& params, std::uint64_t seed) {
+  const auto f = [&] {
+    GPTModel::Context c;
+    double loss = model.forward(b.tokens, b.targets, c);
+    for (double l : c.mtp_losses) loss += model.spec().mtp_loss_scale * l;
+    return loss;
+  };
+  for (Param* p : params)
+    expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4, [p] { p->refresh(); });
+}
+
 TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"model.mtp_num_layers=1"},
@@ -467,16 +480,7 @@ TEST(GPTModel, MtpGradientsMatchFiniteDifferences) {
       GPTModel::Context c;
       EXPECT_EQ(without.forward(b.tokens, b.targets, c), lm);
     }
-    const auto f = [&] {
-      GPTModel::Context c;
-      double loss = model.forward(b.tokens, b.targets, c);
-      for (double l : c.mtp_losses) loss += spec.mtp_loss_scale * l;
-      return loss;
-    };
-    std::uint64_t seed = 300;
-    for (Param* p : model.params())
-      expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4,
-                                    [p] { p->refresh(); });
+    expect_mtp_objective_gradients(model, b, model.params(), 300);
   }
 }
 
@@ -534,15 +538,7 @@ TEST(GPTModel, ARepeatedMtpLayerRunsAtEveryDepth) {
   GPTModel::Context ctx;
   model.forward(b.tokens, b.targets, ctx);
   model.backward(ctx, 1.f);
-  const auto f = [&] {
-    GPTModel::Context c;
-    double loss = model.forward(b.tokens, b.targets, c);
-    for (double l : c.mtp_losses) loss += all.mtp_loss_scale * l;
-    return loss;
-  };
-  std::uint64_t seed = 700;
-  for (Param* p : model.mtp[0]->params())
-    expect_directional_derivative(f, p->master, p->grad, ++seed, p->name.c_str(), 1e-3, 5e-3, 2e-4, [p] { p->refresh(); });
+  expect_mtp_objective_gradients(model, b, model.mtp[0]->params(), 700);
 }
 
 // Over two pipeline stages, tied embeddings and MTP keep a copy of the embedding in the last
