@@ -260,7 +260,7 @@ void add_layout_rules(RuleTable& add) {
         const auto& m = c.cfg.model;
         if (!m.pipeline_model_parallel_layout || m.mtp_num_layers.value_or(0) == 0 || !layers_split(m)) return pass();
         const PipelineSplit split = pipeline_split(m);
-        if (split.mtp_stage == split.loss_stage || split.mtp_stage == 0 || split.stage_of(split.mtp_stage) != 0) return pass();
+        if (!split.mtp_beside_first_chunk()) return pass();
         std::vector<std::string> stages = parse_pipeline_layout(*m.pipeline_model_parallel_layout);
         std::erase(stages[static_cast<std::size_t>(split.mtp_stage)], 'm');
         stages.back().insert(stages.back().size() - 1, static_cast<std::size_t>(*m.mtp_num_layers), 'm');

@@ -275,8 +275,7 @@ double GPTModel::head_forward(const Tensor& x, Context& ctx) {
   return ctx.loss;
 }
 
-void GPTModel::mtp_layers_forward(Context& ctx) {
-  params_needed(0);
+void GPTModel::mtp_layers_forward(Context& ctx) {  // (the callers needed group 0 for the final norm)
   params_needed(embedding_grad_group());  // the rolled tokens' rows
   trace::Scope scope(trace::Track::compute, "mtp forward");
   const std::int64_t T = ctx.tokens.numel();

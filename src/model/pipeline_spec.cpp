@@ -31,8 +31,7 @@ std::string PipelineSpec::describe() const {
     std::vector<std::string> chunk_text;
     for (int c = 0; c < chunks; ++c) {
       const LayerRange& r = layers[static_cast<std::size_t>(p)][static_cast<std::size_t>(c)];
-      const bool standalone_mtp = mtp_virtual(p, c) && !last_virtual(p, c);
-      chunk_text.push_back(fmt::format("[{},{}){}", r.first, r.end, standalone_mtp ? "+MTP" : ""));
+      chunk_text.push_back(fmt::format("[{},{}){}", r.first, r.end, standalone_mtp(p, c) ? "+MTP" : ""));
     }
     stage_text.push_back(fmt::format("stage {} {}", p, fmt::join(chunk_text, " ")));
   }

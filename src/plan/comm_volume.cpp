@@ -5,8 +5,8 @@
 // NVLink). Routing is taken as uniform (force-balanced benchmarks), so the expected number of
 // distinct destinations comes from the hypergeometric draw of k experts out of E.
 #include <algorithm>
-#include <set>
 #include <cmath>
+#include <set>
 
 #include "epx/plan/plan.hpp"
 

@@ -618,7 +618,7 @@ PipelineSpec pipeline_spec_from_config(const Config& c) {
   if (m.mtp_num_layers.value_or(0) > 0) p.mtp_stage = split.mtp_stage;
   // A standalone MTP stage keeps a copy of the embedding, which Megatron never syncs beside the
   // first stage's own (epx keeps one embedding per stage).
-  if (split.mtp_stage != split.loss_stage && split.mtp_stage > 0 && split.stage_of(split.mtp_stage) == 0)
+  if (split.mtp_beside_first_chunk())
     bad(c, "model.pipeline_model_parallel_layout", *m.pipeline_model_parallel_layout,
         fmt::format("[pipeline.mtp_first_rank_chunk] its MTP layers sit in model chunk {} of the first pipeline "
                     "stage, whose first chunk holds the embedding, where Megatron-Core never syncs the MTP chunk's "

@@ -165,14 +165,14 @@ std::vector<std::unique_ptr<GPTModel>> Trainer::build_chunks() {
   const PipelineSpec& pl = job_.pipeline;
   std::vector<std::unique_ptr<GPTModel>> out;
   for (int v = 0; v < pl.chunks; ++v) {
-    const bool last = pl.last_virtual(stage_, v), standalone_mtp = pl.mtp_stage >= 0 && pl.mtp_stage != pl.virtual_stages() - 1;
+    const bool last = pl.last_virtual(stage_, v);
     out.push_back(std::make_unique<GPTModel>(
         job_.model, [this] { return make_dispatcher(job_.dispatcher, job_.model.moe->num_experts, groups_, stream_); },
         MoELayerOptions{.aux_loss_scale = 1.0 / static_cast<double>(job_.micro_batches),
                         .rank = static_cast<std::uint64_t>(world_.rank()),
                         .global_aux_group = &groups_.router_counts()},
         ModelChunk{pl.layers[static_cast<std::size_t>(stage_)][static_cast<std::size_t>(v)], pl.first_virtual(stage_, v),
-                   last, standalone_mtp && pl.mtp_virtual(stage_, v), standalone_mtp && last}));
+                   last, pl.standalone_mtp(stage_, v), last && pl.mtp_before_loss()}));
   }
   return out;
 }

@@ -26,6 +26,9 @@ struct PipelineSplit {
 
   int virtual_stages() const { return stages * chunks; }
   int stage_of(int virtual_stage) const { return virtual_stage % stages; }
+  // A standalone MTP stage (before the loss's) in a later chunk of the first stage, beside the
+  // embedding's chunk (check rule pipeline.mtp_first_rank_chunk; epx run refuses it).
+  bool mtp_beside_first_chunk() const { return mtp_stage != loss_stage && mtp_stage > 0 && stage_of(mtp_stage) == 0; }
   // Stage p's layers, chunk by chunk: {first, end}.
   std::vector<std::pair<int, int>> ranges_on(int stage) const;
 };

@@ -35,7 +35,11 @@ struct PipelineSpec {
   bool first_virtual(int stage, int chunk) const { return stage == 0 && chunk == 0; }
   bool last_virtual(int stage, int chunk) const { return stage == stages - 1 && chunk == chunks - 1; }
   int virtual_stage(int stage, int chunk) const { return chunk * stages + stage; }
-  bool mtp_virtual(int stage, int chunk) const { return virtual_stage(stage, chunk) == mtp_stage; }
+  // Chunk `chunk` of `stage` is a standalone MTP stage; the loss's chunk comes after one.
+  bool standalone_mtp(int stage, int chunk) const {
+    return virtual_stage(stage, chunk) == mtp_stage && !last_virtual(stage, chunk);
+  }
+  bool mtp_before_loss() const { return mtp_stage >= 0 && mtp_stage != virtual_stages() - 1; }
   // Whether virtual stage v's output carries the MTP depths' hidden states too.
   bool carries_mtp(int v) const { return mtp_stage >= 0 && v >= mtp_stage; }
   // "PP 2 x VPP 2: stage 0 [0,2) [4,6), stage 1 [2,4) [6,8)" ("[4,6)+MTP": a standalone MTP stage)
