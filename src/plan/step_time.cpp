@@ -10,6 +10,7 @@
 // stage times per step.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "epx/plan/step_time.hpp"
 
@@ -44,12 +45,13 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const HardwareRates& hw = gpu.rates;
   // A cpu's rates are per core, and each rank runs on at most one: epx's runtime gains little
   // from a second thread (bench/RESULTS.md: one rank on two cores runs at one core's speed),
-  // ranks beyond the cores time-share them, and ranks side by side run at the measured
-  // shared-core efficiency.
+  // and ranks side by side run at the measured shared-core efficiency. Ranks beyond the cores
+  // time-share them: the stages' compute below is on a core each, slowed afterwards.
   const double ranks_here = std::min<double>(l.world, lp.gpus_per_node);
-  const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) * (ranks_here > 1 ? hw.shared_core_efficiency : 1)
-                                    : 1;
-  const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * cores, hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
+  const double side_by_side = hw.cores > 0 && ranks_here > 1 ? hw.shared_core_efficiency : 1;
+  const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) * side_by_side : 1;
+  const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * side_by_side, hbm_one = std::max(1e-9, hw.hbm_tb_s) * 1e12 * side_by_side,
+               hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
   const double h = static_cast<double>(m.hidden_size), k = routed_rows_per_token(m);
   const double padding = k / std::max(1.0, static_cast<double>(m.moe_router_topk));  // rows computed per model row
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
@@ -83,15 +85,23 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs, at its own window cost
       other -= (1 + core_again) * core;
       const double blocked_layers = all_layers - st.window_layers * (1 - blocked_window_core_share(m));
-      stage = (1 + core_again) * cpu_attention_s(m, blocked_layers, per_rank, hw.attention_tflops * 1e12 * cores);
+      stage = (1 + core_again) * cpu_attention_s(m, blocked_layers, per_rank, hw.attention_tflops * 1e12 * side_by_side);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
     const double layers = st.layers + st.mtp_layers;
     if (full && layers > 0) stage *= 1 + full_recompute(m, st.layers, st.mtp_layers, lp.split.chunks).recomputed / layers / 3;
     s.stage_compute.push_back(stage);
-    s.compute = std::max(s.compute, stage);
   }
+  // Time-sharing (a cpu with more ranks than cores): balanced ranks each get cores / ranks. A
+  // pipeline whose stages differ lends its slowest stage the time the lighter ones spend waiting
+  // on it, so the pace is the slowest stage on a core of its own or the node's work over its
+  // cores, whichever is longer (a fluid model; bench/RESULTS.md "Time-shared pipeline stages").
+  const double slowest = *std::max_element(s.stage_compute.begin(), s.stage_compute.end());
+  const double mean = std::accumulate(s.stage_compute.begin(), s.stage_compute.end(), 0.0) / static_cast<double>(s.stage_compute.size());
+  const double slow_down = hw.cores > 0 && slowest > 0 ? std::max(1.0, ranks_here * mean / hw.cores / slowest) : 1;
+  for (double& stage : s.stage_compute) stage *= slow_down;
+  s.compute = slowest * slow_down;
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
@@ -105,8 +115,9 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
                                ? full_recompute(m, stage.layers, stage.mtp_layers, lp.split.chunks).recomputed / stage_layers
                            : selective("moe")      ? 1
                                                    : 0;
-  s.memory_bound = (1 + moe_again / 2) * stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm * (fused ? 0.5 : 1) +
-                   stage_layers * kElementwiseBytes * tokens * h / l.tp / hbm;
+  s.memory_bound = (1 + moe_again / 2) * stage_moe * 4 * tokens * k * row * 2 / l.tp / hbm_one * (fused ? 0.5 : 1) +
+                   stage_layers * kElementwiseBytes * tokens * h / l.tp / hbm_one;
+  s.memory_bound *= slow_down;
   const bool graphed = m.cuda_graph_impl != "none";
   s.host = stage_moe * (graphed || dispatcher != Dispatcher::alltoall ? kHostPerMoeLayerGraphedS : kHostPerMoeLayerS);
   s.exchange = (1 + moe_again / 2) * comm.token_exchange_s;

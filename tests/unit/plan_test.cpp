@@ -276,6 +276,30 @@ TEST(Plan, EachPipelineStageIsTimedFromItsOwnLayers) {
   EXPECT_TRUE(make_plan(resolved("qwen3_30b_a3b", {})).stage_compute_s.empty());  // PP 1: no stage table
 }
 
+TEST(Plan, TimeSharedStagesLendTheSlowestOneTheirWaits) {
+  // PP 4 on 4 ranks of a 2-core cpu: the head's stage is the slowest. It runs on a core of its own
+  // while the three lighter stages share the other, so only its neighbours' contention slows it:
+  // its compute is the one it takes with a node (and a core) to itself, over the shared-core
+  // efficiency. With the stages even, all four share: the node's work over its two cores.
+  const auto plan = [](const std::string& vocab, const std::string& per_node) {
+    return make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=" + per_node,
+                                                      "model.num_layers=8", "model.expert_model_parallel_size=1",
+                                                      "model.pipeline_model_parallel_size=4", "model.vocab_size=" + vocab}));
+  };
+  const GpuInfo& cpu = *find_gpu("cpu");
+  ASSERT_EQ(cpu.rates.cores, 2);
+  const double e = cpu.rates.shared_core_efficiency;
+  const Plan heavy = plan("16384", "4"), heavy_apart = plan("16384", "1");
+  ASSERT_EQ(heavy.stage_compute_s.size(), 4u);
+  ASSERT_GT(heavy_apart.stage_compute_s[3], 2 * heavy_apart.stage_compute_s[0]);
+  for (int p = 0; p < 4; ++p) EXPECT_NEAR(heavy.stage_compute_s[p], heavy_apart.stage_compute_s[p] / e, 1e-12) << p;
+  const Plan even = plan("1024", "4"), even_apart = plan("1024", "1");
+  const std::vector<double>& a = even_apart.stage_compute_s;
+  const double slow_down = 4 * (a[0] + a[1] + a[2] + a[3]) / 4 / 2 / *std::max_element(a.begin(), a.end());
+  ASSERT_GT(slow_down, 1.5);
+  for (int p = 0; p < 4; ++p) EXPECT_NEAR(even.stage_compute_s[p], a[p] * slow_down / e, 1e-12) << p;
+}
+
 TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   // PP 2 without VPP: every EP-overlap row is one Bridge refuses as it stands.
   const Config c = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.pipeline_model_parallel_size=2",
