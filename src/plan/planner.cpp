@@ -175,7 +175,7 @@ Plan make_plan(const Config& c) {
       v.delay_wgrad = delay;
       v.as_configured = !exchanges || (d == configured && overlap == m.overlap_moe_expert_parallel_comm &&
                                        (overlap ? delay == m.delay_wgrad_compute : true));
-      const StepTime t = step_time(costs, static_cast<double>(p.micro_batches), l.pp, vpp, overlap, delay);
+      const StepTime t = step_time(costs, static_cast<double>(p.micro_batches), vpp, overlap, delay);
       const MemoryPlan& mem = overlap ? mem_overlap : mem_plain;
       v.step_time_s = t.total;
       v.tflops_per_gpu = p.flops_per_step / t.total / l.world / 1e12;

@@ -6,8 +6,8 @@
 // merged 1F1B pairs one micro-batch's forward with another's backward layer by layer, so a pair
 // costs the larger of compute and exchanges plus an interference share of the smaller (the
 // exchanges' copies and the NIC compete with the GEMMs for SMs and memory bandwidth), and the
-// first forward and last backward of a step run alone. PP adds the 1F1B bubble, (PP-1)/VPP
-// stage times per step.
+// first forward and last backward of a step run alone. PP adds the 1F1B bubble: the other
+// stages' fill and drain around the slowest, over VPP ((PP-1)/VPP stage times where they are even).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -102,6 +102,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   const double slow_down = hw.cores > 0 && slowest > 0 ? std::max(1.0, ranks_here * mean / hw.cores / slowest) : 1;
   for (double& stage : s.stage_compute) stage *= slow_down;
   s.compute = slowest * slow_down;
+  // The bubble in the slowest stage's times: the others' forward ahead of its first micro-batch
+  // and backward after its last (PP - 1 of them where the stages are even).
+  if (slowest > 0)
+    s.bubble_stages = std::accumulate(s.stage_compute.begin(), s.stage_compute.end(), 0.0) / s.compute - 1;
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
@@ -147,7 +151,7 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   return s;
 }
 
-StepTime step_time(const StepCosts& s, double micro_batches, int pp, int vpp, bool ep_overlap, bool delay_wgrad) {
+StepTime step_time(const StepCosts& s, double micro_batches, int vpp, bool ep_overlap, bool delay_wgrad) {
   const double compute = s.compute + s.memory_bound + s.host;  // the compute stream, per micro-batch
   const double alone = compute + s.exchange + s.tp_cp_pp;
   StepTime t;
@@ -158,7 +162,7 @@ StepTime step_time(const StepCosts& s, double micro_batches, int pp, int vpp, bo
     const double pair = std::max(compute, s.exchange) + kappa * std::min(compute, s.exchange) + s.tp_cp_pp;
     t.layers = alone + (micro_batches - 1) * pair;
   }
-  t.bubble = pp > 1 ? (pp - 1) / static_cast<double>(std::max(1, vpp)) * alone : 0;
+  t.bubble = s.bubble_stages / static_cast<double>(std::max(1, vpp)) * alone;
   t.exposed_dp = ep_overlap && micro_batches >= 2 ? s.dp_merged : s.dp;
   t.total = t.layers + t.bubble + t.exposed_dp + s.optimizer;
   t.compute = micro_batches * compute + s.optimizer;

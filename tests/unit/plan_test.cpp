@@ -300,6 +300,39 @@ TEST(Plan, TimeSharedStagesLendTheSlowestOneTheirWaits) {
   for (int p = 0; p < 4; ++p) EXPECT_NEAR(even.stage_compute_s[p], a[p] * slow_down / e, 1e-12) << p;
 }
 
+TEST(Plan, TheBubbleIsTheOtherStagesFillAndDrain) {
+  // 1F1B's bubble is the other stages' forward before the slowest stage's first micro-batch and
+  // backward after its last: (PP - 1) of its times where the stages are even, less where they
+  // are lighter (a heavy head), and over VPP interleaved.
+  const GpuInfo gpu = *find_gpu("h100");
+  const auto bubble = [&](const std::string& vocab, int vpp, StepCosts* out = nullptr) {
+    std::vector<std::string> o{"target.num_gpus=4", "target.gpu=h100", "model.num_layers=8", "model.expert_model_parallel_size=1",
+                               "model.pipeline_model_parallel_size=4", "model.vocab_size=" + vocab};
+    if (vpp > 1) o.push_back(fmt::format("model.virtual_pipeline_model_parallel_size={}", vpp));
+    const Config c = resolved("qwen3_30b_a3b_proxy", o);
+    const LayoutPlan lp = plan_layout(c, gpu);
+    const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+    const StepCosts costs = step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall, mem), mem, Dispatcher::alltoall);
+    if (out) *out = costs;
+    const StepTime t = step_time(costs, 8, vpp, false, false), one = step_time(costs, 1, vpp, false, false);
+    return std::pair{t.bubble, one.layers};  // the bubble, and one micro-batch on the slowest stage
+  };
+  StepCosts heavy;
+  const auto [heavy_bubble, heavy_one] = bubble("262144", 1, &heavy);
+  const std::vector<double>& st = heavy.stage_compute;
+  ASSERT_EQ(st.size(), 4u);
+  ASSERT_GT(st[3], 2 * st[0]);
+  EXPECT_NEAR(heavy.bubble_stages, (st[0] + st[1] + st[2]) / st[3], 1e-12);
+  EXPECT_NEAR(heavy_bubble, heavy.bubble_stages * heavy_one, 1e-12 * heavy_one);
+  EXPECT_LT(heavy_bubble, 3 * heavy_one * 0.7);
+  StepCosts even;
+  const auto [even_bubble, even_one] = bubble("8", 1, &even);
+  EXPECT_NEAR(even.bubble_stages, 3, 0.05);  // the head of an 8-token vocabulary is nearly free
+  EXPECT_NEAR(even_bubble, even.bubble_stages * even_one, 1e-12 * even_one);
+  const auto [interleaved, one] = bubble("262144", 2);
+  EXPECT_NEAR(interleaved, heavy.bubble_stages / 2 * one, 1e-12 * one);
+}
+
 TEST(Plan, RowsTheCheckerRefusesAreMarked) {
   // PP 2 without VPP: every EP-overlap row is one Bridge refuses as it stands.
   const Config c = resolved("qwen3_30b_a3b", {"target.gpu=h100", "model.pipeline_model_parallel_size=2",

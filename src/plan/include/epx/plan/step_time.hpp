@@ -11,6 +11,7 @@ namespace epx {
 struct StepCosts {
   double compute = 0;       // GEMMs and attention at the size-dependent efficiency (the slowest stage's)
   std::vector<double> stage_compute;  // the same per pipeline stage, per micro-batch
+  double bubble_stages = 0;  // the other stages' compute over the slowest's (PP - 1 when even)
   double memory_bound = 0;  // permutation and elementwise at HBM bandwidth
   double host = 0;          // launches and host syncs per MoE layer
   double exchange = 0;      // the token exchanges (plan_comm)
@@ -31,6 +32,6 @@ struct StepTime {
   double total = 0, layers = 0, bubble = 0, compute = 0, exposed_comm = 0;
   double exposed_dp = 0;  // the part of exposed_comm that is the DP reduction after the backward
 };
-StepTime step_time(const StepCosts& costs, double micro_batches, int pp, int vpp, bool ep_overlap, bool delay_wgrad);
+StepTime step_time(const StepCosts& costs, double micro_batches, int vpp, bool ep_overlap, bool delay_wgrad);
 
 }  // namespace epx
