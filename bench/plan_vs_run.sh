@@ -89,6 +89,14 @@ if [[ $sections == *,pipeline,* ]]; then  # PP 4 on 4 ranks time-shares the 2 co
   row "2 local ranks, PP 2, vocab 16384" 2 2 launch -n 2 -- -pp 2 "${pp[@]}" model.vocab_size=16384
   row "2 local ranks, PP 2, vocab 16384, Et*6|ttL" 2 2 launch -n 2 -- -pp 2 "${pp[@]}" model.vocab_size=16384 \
     "model.pipeline_model_parallel_layout=Et*6|ttL"
+  recipe=deepseek_v3_mla_proxy  # cut to 4 layers, the MTP layer beside the loss and in a stage of its own
+  mla=(model.pipeline_model_parallel_size=4 -ep 1 model.num_layers=4 "model.moe_layer_freq=[0,1,1,1]"
+    model.vocab_size=4096 train.global_batch_size=8)
+  row "4 local ranks, MLA proxy, PP 4 x VPP 2, E|t|t|t|t|||mL" 4 4 launch -n 4 -- "${mla[@]}" \
+    "model.pipeline_model_parallel_layout=E|t|t|t|t|||mL"
+  row "4 local ranks, MLA proxy, PP 4 x VPP 2, E|t|t|t|t||m|L" 4 4 launch -n 4 -- "${mla[@]}" \
+    "model.pipeline_model_parallel_layout=E|t|t|t|t||m|L"
+  recipe=qwen3_30b_a3b_proxy
 fi
 if [[ $sections == *,cluster,* ]]; then
   bash scripts/cluster.sh up --nodes 2 --ranks-per-node 1 --link-gbit 0.15 >/dev/null

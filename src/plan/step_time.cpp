@@ -23,9 +23,10 @@ namespace {
 // elementwise traffic per token and hidden unit and layer (norms, residuals, SwiGLU, softmax,
 // forward and backward), and the host cost of an MoE layer per micro-batch (kernel launches, and
 // alltoall's host sync on the token counts; CUDA graphs over the router and preprocess remove
-// most of it).
+// most of it). On cpu, the bytes per logit of epx's cross-entropy, forward and backward (about
+// 2 ns a logit on one core, bench/RESULTS.md "Time-shared pipeline stages").
 constexpr double kInterference = 0.45, kInterferenceDelayed = 0.40;
-constexpr double kElementwiseBytes = 60;
+constexpr double kElementwiseBytes = 60, kLogitBytes = 64;
 constexpr double kHostPerMoeLayerS = 0.6e-3, kHostPerMoeLayerGraphedS = 0.25e-3;
 
 double efficiency(const HardwareRates& hw, double rows) {
@@ -86,6 +87,12 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
       other -= (1 + core_again) * core;
       const double blocked_layers = all_layers - st.window_layers * (1 - blocked_window_core_share(m));
       stage = (1 + core_again) * cpu_attention_s(m, blocked_layers, per_rank, hw.attention_tflops * 1e12 * side_by_side);
+      // The output layer's GEMMs are large ones and run at the measured peak (a 1024^3 GEMM's
+      // rate), and its cross-entropy passes over the FP32 logits (write, softmax, its gradient,
+      // the BF16 copy, fresh pages) at memory bandwidth; gemm_efficiency is then fitted to the
+      // layers alone, their small GEMMs and what runs between them.
+      other -= f.logits;
+      stage += per_rank * (f.logits / peak + f.logits / (6 * h) * kLogitBytes / hbm_one);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));

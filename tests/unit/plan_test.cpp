@@ -289,7 +289,7 @@ TEST(Plan, TimeSharedStagesLendTheSlowestOneTheirWaits) {
   const GpuInfo& cpu = *find_gpu("cpu");
   ASSERT_EQ(cpu.rates.cores, 2);
   const double e = cpu.rates.shared_core_efficiency;
-  const Plan heavy = plan("16384", "4"), heavy_apart = plan("16384", "1");
+  const Plan heavy = plan("65536", "4"), heavy_apart = plan("65536", "1");
   ASSERT_EQ(heavy.stage_compute_s.size(), 4u);
   ASSERT_GT(heavy_apart.stage_compute_s[3], 2 * heavy_apart.stage_compute_s[0]);
   for (int p = 0; p < 4; ++p) EXPECT_NEAR(heavy.stage_compute_s[p], heavy_apart.stage_compute_s[p] / e, 1e-12) << p;
