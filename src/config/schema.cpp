@@ -685,6 +685,7 @@ std::vector<FieldInfo> build_schema() {
       EPX_FIELD(kModel, mtp_num_layers),
       EPX_FIELD(kModel, mtp_loss_scaling_factor),
       EPX_FIELD(kModel, mtp_use_repeated_layer),
+      EPX_FIELD(kModel, mtp_detach_heads),
       EPX_FIELD(kModel, cuda_graph_impl, {"none", "local", "transformer_engine", "full_iteration"}),
       EPX_FIELD(kModel, use_te_rng_tracker),
       EPX_FIELD(kModel, cuda_graph_scope, kCudaGraphScopes),

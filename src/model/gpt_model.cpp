@@ -91,8 +91,7 @@ std::vector<Param*> GPTModel::params() {
     for (Param* p : l->params()) out.push_back(p);
   if (has_final_norm()) out.push_back(&final_layernorm);
   if (chunk_.post_process && !spec_.tie_embeddings) out.push_back(&output_layer);
-  for (auto& m : mtp)
-    for (Param* p : m->params()) out.push_back(p);
+  for (Param* p : mtp_params()) out.push_back(p);
   return out;
 }
 
@@ -115,6 +114,13 @@ std::vector<Param*> GPTModel::expert_params() {
   std::vector<Param*> out;
   for (Param* p : params())
     if (p->expert) out.push_back(p);
+  return out;
+}
+
+std::vector<Param*> GPTModel::mtp_params() {
+  std::vector<Param*> out;
+  for (auto& m : mtp)
+    for (Param* p : m->params()) out.push_back(p);
   return out;
 }
 
@@ -315,7 +321,8 @@ void GPTModel::mtp_head_backward(Context& ctx, float dloss) {
       ctx.mtp_logits[k] = ctx.mtp_lse[k] = Tensor();
       const Tensor dlogits = dlogits32.to(spec_.dtype);
       gemm(mat(dlogits), Trans::N, mat(lm_head().compute), Trans::N, mat_mut(dout, 0, R));
-      gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
+      if (!spec_.mtp_detached)  // mtp_detach_heads: the output weight is a constant to the MTP losses
+        gemm(mat(dlogits), Trans::T, mat(ctx.mtp_out[k], 0, R), Trans::N, mat_mut(lm_head().grad), true);
     }
     ctx.mtp_out[k] = Tensor();
   }
@@ -363,7 +370,7 @@ Tensor GPTModel::head_backward(Context& ctx, float dloss, bool schedule_mtp) {
       ctx.mtp_dout.back() = Tensor();
       return dy;
     }
-    add(dn, mtp_backward(ctx), dn);  // the MTP's gradient of the final norm's output
+    add_mtp_hidden_grad(dn, mtp_backward(ctx));
   }
   Tensor dx = final_norm_backward(ctx, dn);
   grads_ready(0);
@@ -399,15 +406,20 @@ Tensor GPTModel::mtp_stage_backward(Context& ctx, const Tensor& dy, bool schedul
     ctx.mtp_dout.back() = Tensor();
     return d;
   }
-  add(dn, mtp_backward(ctx), dn);
+  add_mtp_hidden_grad(dn, mtp_backward(ctx));
   Tensor dx = final_norm_backward(ctx, dn);
   grads_ready(0);
   return dx;
 }
 
+void GPTModel::add_mtp_hidden_grad(Tensor& dn, const Tensor& dh) const {
+  if (!spec_.mtp_detached) add(dn, dh, dn);
+}
+
 Tensor GPTModel::final_norm_backward(Context& ctx, const Tensor& dn) {
   if (embedding_copy() && !depth_.empty()) {  // the rolled tokens' rows, into the copy (embed_backward's at PP 1)
-    for (std::size_t k = 0; k < depth_.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
+    if (!spec_.mtp_detached)
+      for (std::size_t k = 0; k < depth_.size(); ++k) add_embedding_grad(ctx.mtp_tokens[k], ctx.mtp_demb[k]);
     ctx.mtp_tokens.clear();
     ctx.mtp_demb.clear();
   }
@@ -474,7 +486,7 @@ Tensor GPTModel::scheduled_input_backward(int i, Tensor dx, Context& ctx) {
     dout = Tensor();
     return dy;
   }
-  add(ctx.mtp_dn, dh, ctx.mtp_dn);  // as head_backward's, then its final norm's backward
+  add_mtp_hidden_grad(ctx.mtp_dn, dh);  // as head_backward's, then its final norm's backward
   ctx.mtp_dout.clear();
   const Tensor dn = std::move(ctx.mtp_dn);
   return final_norm_backward(ctx, dn);
@@ -510,7 +522,7 @@ Tensor GPTModel::backward_layers(Context& ctx, Tensor dx) {
 void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
   trace::Scope scope(trace::Track::compute, "embedding backward");
   Tensor tokens = ctx.tokens, rows = dx;
-  if (!depth_.empty()) {  // the input's rows, then each MTP depth's rolled tokens' rows
+  if (!depth_.empty() && !spec_.mtp_detached) {  // the input's rows, then each MTP depth's rolled tokens' rows
     const std::int64_t T = ctx.tokens.numel(), H = spec_.hidden, D = static_cast<std::int64_t>(depth_.size());
     const std::size_t row = static_cast<std::size_t>(H) * dtype_size(spec_.dtype);
     tokens = Tensor::uninitialized({T * (1 + D)}, DType::I64);
@@ -522,9 +534,9 @@ void GPTModel::embed_backward(Context& ctx, const Tensor& dx) {
       std::copy_n(static_cast<const std::byte*>(d.raw()), static_cast<std::size_t>(T) * row,
                   static_cast<std::byte*>(rows.raw()) + static_cast<std::size_t>(k * T) * row);
     }
-    ctx.mtp_tokens.clear();
-    ctx.mtp_demb.clear();
   }
+  ctx.mtp_tokens.clear();
+  ctx.mtp_demb.clear();
   if (!embedding_rows_hook_ || !embedding_rows_hook_(tokens, rows)) add_embedding_grad(tokens, rows);
   grads_ready(embedding_grad_group());
 }

@@ -55,7 +55,6 @@ void refuse_unmodelled_math(const Config& c) {
       {"moe_apply_probs_on_input", is_false, "epx applies the routing probability after the activation, not to fc1's input"},
       {"rotary_interleaved", is_false, "epx's RoPE rotates halves, not interleaved pairs"},
       {"qk_l2_norm", is_false, "epx's QK-norm is an RMSNorm, not an L2 norm"},
-      {"mtp_detach_heads", is_false, "epx's MTP losses train the embedding and the LM head too"},
       {"mtp_hsm", is_false, "epx's MTP depths take the previous depth's output unmixed"},
       // Megatron's default is 0.1; Bridge's providers set 0.0, as MoE pretraining runs without it.
       {"hidden_dropout", zero_probability, "epx trains without dropout, and Megatron's dropout takes a probability "
@@ -558,6 +557,7 @@ ModelSpec model_spec_from_config(const Config& c) {
           "model.window_size=null");
     s.mtp_loss_scale = m.mtp_loss_scaling_factor / s.mtp_layers;
     s.mtp_repeated = m.mtp_use_repeated_layer;
+    s.mtp_detached = m.mtp_detach_heads;
     s.is_moe.insert(s.is_moe.end(), static_cast<std::size_t>(s.mtp_layers), s.is_moe.back());
   }
   return s;

@@ -1,12 +1,14 @@
 #include "epx/train/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <numeric>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -34,9 +36,11 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // A NaN as Python prints it, without the sign bit fmt would show ("-nan").
 double python_nan(double x) { return std::isnan(x) ? std::fabs(x) : x; }
 
-double grad_sum_of_squares(const std::vector<Param*>& params) {
-  double s = 0;
-  for (const Param* p : params) s += sum_of_squares(p->grad.data<float>(), p->grad.numel());
+// The gradients' sum of squares per norm group: [0] the main one, [1] the MTP layers' where
+// mtp_detach_heads makes them a group of their own (`mtp`, else empty).
+std::array<double, 2> grad_sums_of_squares(const std::vector<Param*>& params, const std::unordered_set<const Param*>& mtp) {
+  std::array<double, 2> s{};
+  for (const Param* p : params) s[mtp.count(p)] += sum_of_squares(p->grad.data<float>(), p->grad.numel());
   return s;
 }
 
@@ -83,6 +87,8 @@ class Trainer {
     }
     for (Param* p : params_)  // the norm counts the shared embedding once, on the first stage (Megatron's `shared`)
       if (!p->expert && !(p == shared_embedding_ && stage_ > 0)) dense_.push_back(p);
+    if (job_.model.mtp_detached)
+      for (Param* p : all_of(&GPTModel::mtp_params)) mtp_norm_group_.insert(p);
     // The distributed optimizer keeps FP32 masters for this rank's shard only, in Adam; a BF16
     // weight's full master goes (the forward reads its BF16 copy, the all-gather refreshes it).
     if (job_.grad_reduce.distributed) {
@@ -154,6 +160,9 @@ class Trainer {
   const std::unique_ptr<Communicator> embedding_stages_;
   GradReducer reducer_;
   std::vector<Param*> dense_;                   // the rest: reduced over DP (in the norm: the embedding's copy left out)
+  // mtp_detach_heads: the MTP layers' weights, a norm group of their own (Megatron's
+  // grad_norm_group "mtp": left out of the logged norm and clipped by theirs); else empty.
+  std::unordered_set<const Param*> mtp_norm_group_;
   Adam adam_;
   const MockData data_;
   const double flops_per_iteration_;
@@ -306,8 +315,9 @@ Trainer::ExpertLoad Trainer::update_routers() {
 }
 
 // Megatron's finalize_model_grads and clipping: gradients summed over DP (experts over EDP) and
-// scaled by 1 / DP, then the shared embedding's over the stages that hold it. Returns the gradient norm before clipping (over
-// every stage's weights).
+// scaled by 1 / DP, then the shared embedding's over the stages that hold it. Returns the gradient
+// norm before clipping (over every stage's weights; with mtp_detach_heads, all but the MTP
+// layers', which are clipped by their own norm as Megatron's separate grad-norm group).
 double Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
@@ -315,33 +325,38 @@ double Trainer::finalize_gradients() {
   if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
-  float expert_sq = static_cast<float>(grad_sum_of_squares(experts_));
-  double dense_sq = grad_sum_of_squares(dense_);
+  // Each sum carries one value per norm group.
+  const int groups = mtp_norm_group_.empty() ? 1 : 2;
+  const std::array<double, 2> experts = grad_sums_of_squares(experts_, mtp_norm_group_);
+  std::array<float, 2> expert_sq{static_cast<float>(experts[0]), static_cast<float>(experts[1])};
+  std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_);
   if (job_.grad_reduce.distributed) {
     Communicator& edp_group = groups_.get(GroupKind::edp);
-    float shard_sq = static_cast<float>(dense_sq);
-    if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(&shard_sq, 1, DType::F32); }, "grad norm (DP)");
-    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(&expert_sq, 1, DType::F32); }, "grad norm (EDP)");
-    dense_sq = shard_sq;
+    std::array<float, 2> shard_sq{static_cast<float>(dense_sq[0]), static_cast<float>(dense_sq[1])};
+    if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(shard_sq.data(), groups, DType::F32); }, "grad norm (DP)");
+    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), groups, DType::F32); }, "grad norm (EDP)");
+    dense_sq = {shard_sq[0], shard_sq[1]};
   }
-  if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(&expert_sq, 1, DType::F32); }, "grad norm (EP)");
-  double sq = dense_sq + expert_sq;
+  if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(expert_sq.data(), groups, DType::F32); }, "grad norm (EP)");
+  std::array<double, 2> sq{dense_sq[0] + expert_sq[0], dense_sq[1] + expert_sq[1]};
   if (Communicator& pp_group = groups_.get(GroupKind::pp); pp_group.size() > 1) {  // each stage's weights
-    float stage_sq = static_cast<float>(sq);
-    stream_.run([&] { pp_group.allreduce(&stage_sq, 1, DType::F32); }, "grad norm (PP)");
-    sq = stage_sq;
+    std::array<float, 2> stage_sq{static_cast<float>(sq[0]), static_cast<float>(sq[1])};
+    stream_.run([&] { pp_group.allreduce(stage_sq.data(), groups, DType::F32); }, "grad norm (PP)");
+    sq = {stage_sq[0], stage_sq[1]};
   }
-  const double grad_norm = std::sqrt(sq);
+  const std::array<double, 2> norm{std::sqrt(sq[0]), std::sqrt(sq[1])};
   const double clip = cfg_.optimizer.clip_grad;
-  if (clip > 0 && grad_norm > clip) {
-    const float c = static_cast<float>(clip / (grad_norm + 1e-6));
+  for (int group = 0; group < groups; ++group) {
+    if (!(clip > 0 && norm[group] > clip)) continue;
+    const float c = static_cast<float>(clip / (norm[group] + 1e-6));
     for (Param* p : params_) {
+      if (static_cast<int>(mtp_norm_group_.count(p)) != group) continue;
       float* g = p->grad.data<float>();
       const std::int64_t n = p->grad.numel();
       for (std::int64_t i = 0; i < n; ++i) g[i] *= c;
     }
   }
-  return grad_norm;
+  return norm[0];
 }
 
 IterationLog Trainer::train_step(int it) {

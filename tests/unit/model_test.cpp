@@ -541,6 +541,38 @@ TEST(GPTModel, ARepeatedMtpLayerRunsAtEveryDepth) {
   expect_mtp_objective_gradients(model, b, model.mtp[0]->params(), 700);
 }
 
+// mtp_detach_heads: the MTP takes the decoder's hidden states, the embedding's rows and the output
+// weight as constants. Its layers' gradients are the attached model's, bit for bit; every other
+// weight's are those of the model whose MTP losses weigh 0 (which add exact zeros), tied or not.
+TEST(GPTModel, DetachedMtpHeadsTrainTheMtpLayersAlone) {
+  for (const char* tied : {"false", "true"}) {
+    const ModelSpec attached = model_spec_from_config(
+        tiny({"model.mtp_num_layers=2", fmt::format("model.share_embeddings_and_output_weights={}", tied)}));
+    ModelSpec detached = attached, weightless = attached;
+    detached.mtp_detached = true;
+    weightless.mtp_loss_scale = 0;
+    GPTModel a = make_model(attached), d = make_model(detached), w = make_model(weightless);
+    const Batch b = batch(attached);
+    GPTModel::Context ca, cd, cw;
+    for (auto [m, c] : {std::pair{&a, &ca}, std::pair{&d, &cd}, std::pair{&w, &cw}}) m->zero_grad();
+    EXPECT_EQ(a.forward(b.tokens, b.targets, ca), d.forward(b.tokens, b.targets, cd));
+    EXPECT_EQ(ca.mtp_losses, cd.mtp_losses);
+    w.forward(b.tokens, b.targets, cw);
+    a.backward(ca, 1.f), d.backward(cd, 1.f), w.backward(cw, 1.f);
+    const std::vector<Param*> pa = a.params(), pd = d.params(), pw = w.params(), mtp = d.mtp_params();
+    ASSERT_EQ(pa.size(), pd.size());
+    ASSERT_FALSE(mtp.empty());
+    for (std::size_t i = 0; i < pd.size(); ++i) {
+      const bool in_mtp = std::find(mtp.begin(), mtp.end(), pd[i]) != mtp.end();
+      const Param& ref = in_mtp ? *pa[i] : *pw[i];
+      EXPECT_EQ(std::memcmp(pd[i]->grad.raw(), ref.grad.raw(), ref.grad.nbytes()), 0) << tied << " " << pd[i]->name;
+      // ... and differ from the attached model's outside the MTP layers, where its losses reach.
+      if (!in_mtp && (pd[i] == &d.embedding || pd[i] == &d.output_layer || pd[i] == &d.final_layernorm))
+        EXPECT_GT(test::rel_l2(pa[i]->grad, pd[i]->grad), 1e-6) << tied << " " << pd[i]->name;
+    }
+  }
+}
+
 // Over two pipeline stages, tied embeddings and MTP keep a copy of the embedding in the last
 // stage's chunk, drawn as the first stage's: the two chunks' losses are the whole model's, and
 // the first stage's embedding gradient plus the copy's is the whole model's (which adds the two

@@ -222,6 +222,7 @@ struct ModelConfig {
   OptInt mtp_num_layers;
   double mtp_loss_scaling_factor = 0.1;  // the MTP losses' weight, split over the MTP layers
   bool mtp_use_repeated_layer = false;   // one MTP layer run at every depth (EXAONE-MoE)
+  bool mtp_detach_heads = false;  // the MTP losses train the MTP layers alone, clipped as a group of their own
 
   // CUDA graphs (Bridge keeps the legacy `cuda_graph_scope` beside MCore's modules list;
   // an empty list means "full").

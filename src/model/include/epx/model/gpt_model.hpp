@@ -10,7 +10,9 @@
 // positions left (0 past the sequence's end), predicts the targets rolled k left with the shared
 // LM head, and adds mtp_loss_scale times its token-mean cross-entropy over the S - k positions
 // that have a target (0 where none) to the objective (Megatron's process_mtp_loss and
-// MTPLossAutoScaler); the LM loss returned stays the main one.
+// MTPLossAutoScaler); the LM loss returned stays the main one. With mtp_detach_heads the MTP
+// takes the decoder's hidden states, the embedding's rows and the output weight as constants:
+// its losses train the MTP layers alone (the trainer clips those as a group of their own).
 // Its layers run whole, or node by node in the EP-overlap schedule (scheduled_layer); under full
 // uniform recompute each reruns its forward before its backward (mtp_layer.hpp). With Megatron's
 // standalone MTP stage (a layout's m in a chunk before the loss's), that chunk runs the final norm
@@ -165,6 +167,7 @@ class GPTModel {
   void init_weights(std::uint64_t seed);
   std::vector<Param*> params();         // every weight of this chunk, each once
   std::vector<Param*> expert_params();  // the routed experts' (reduced over EDP)
+  std::vector<Param*> mtp_params();     // the MTP layers' (a gradient-norm group of their own with mtp_detach_heads)
   std::vector<MoELayer*> moe_layers();
   void zero_grad();
   const ModelSpec& spec() const { return spec_; }
@@ -191,6 +194,9 @@ class GPTModel {
   Tensor embedding_rows(const Tensor& tokens) const;  // the embedding's rows of `tokens` [T] -> [T, H]
   void final_norm(const Tensor& x, Context& ctx);
   Tensor final_norm_backward(Context& ctx, const Tensor& dn);  // (with the copy's MTP rows)
+  // The first MTP depth's gradient of the decoder's hidden states, into `dn` (mtp_detach_heads:
+  // dropped, the hidden states being a constant to the MTP).
+  void add_mtp_hidden_grad(Tensor& dn, const Tensor& dh) const;
   void record_mtp_router(std::size_t k, Context& ctx);  // depth k's aux / z losses
   // Depth k + 1 rolls tokens and targets k + 1 positions left: in [S, B] order, (k + 1) * B of
   // the T rows; the last k + 1 positions of each sequence take token 0 and no target.

@@ -46,6 +46,9 @@ struct ModelSpec {
   int mtp_layers = 0;            // mtp_num_layers: MTP depths after the decoder (gpt_model.hpp)
   double mtp_loss_scale = 0;     // each depth's loss weight: mtp_loss_scaling_factor / mtp_layers
   bool mtp_repeated = false;     // mtp_use_repeated_layer: one MTP layer run at every depth
+  // mtp_detach_heads: the MTP layers take the decoder's hidden states, the embedding's rows and
+  // the output weight as constants, so the MTP losses train the MTP layers alone.
+  bool mtp_detached = false;
   AttentionSpec attention;   // its window applies on the layers is_window marks
   std::vector<bool> is_window;  // per layer (window_attn_skip_freq); empty: none
   std::optional<MoESpec> moe;  // when any layer is MoE
