@@ -325,8 +325,8 @@ double Trainer::finalize_gradients() {
   if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
-  // Each sum carries one value per norm group.
-  const int groups = mtp_norm_group_.empty() ? 1 : 2;
+  // Each sum carries one value per norm group (two on every rank where any has the MTP's).
+  const int groups = job_.model.mtp_detached ? 2 : 1;
   const std::array<double, 2> experts = grad_sums_of_squares(experts_, mtp_norm_group_);
   std::array<float, 2> expert_sq{static_cast<float>(experts[0]), static_cast<float>(experts[1])};
   std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_);

@@ -189,6 +189,54 @@ TEST(Training, StandaloneMtpStageGivesTheSingleRankCurve) {
   }
 }
 
+// mtp_detach_heads, with a clip that both norm groups exceed: the LM losses and gradient norms
+// are those of the run whose MTP losses weigh 0 (the MTP's gradients leave the rest alone, and
+// the logged norm and the rest's clip leave out the MTP layers, as Megatron's grad_norm_group),
+// bit for bit, while the MTP layers still train. Each layout follows the single-rank curve: the
+// MTP group's norm is summed over the ranks and stages like the main one's.
+TEST(Training, DetachedMtpHeadsTrainTheMtpLayersAlone) {
+  const int world = mpi().size();
+  const std::vector<std::string> model{"model.num_layers=4", "model.moe_layer_freq=[0,1,0,1]", "model.mtp_num_layers=2",
+                                       "model.moe_aux_loss_coeff=0", "optimizer.clip_grad=0.01"};
+  std::vector<std::string> detached = model, weightless = model;
+  detached.push_back("model.mtp_detach_heads=true");
+  weightless.push_back("model.mtp_loss_scaling_factor=0");
+  const auto lm_and_norm = [](const std::vector<double>& curve) {  // per iteration: LM loss, norm, 2 MTP losses
+    std::vector<double> out;
+    for (std::size_t i = 0; i < curve.size(); i += 4) out.insert(out.end(), {curve[i], curve[i + 1]});
+    return out;
+  };
+  const std::vector<double> d = losses_and_norms(mpi().world(), detached), w = losses_and_norms(mpi().world(), weightless);
+  EXPECT_EQ(lm_and_norm(d), lm_and_norm(w));
+  EXPECT_NE(d[d.size() - 1], w[w.size() - 1]);  // the last MTP loss: trained, against untrained
+  auto self = mpi().world().split(mpi().rank(), 0, "self");
+  std::vector<std::string> one = detached;
+  one.push_back("model.expert_model_parallel_size=1");
+  const std::vector<double> single = losses_and_norms(*self, one);
+  expect_losses_near(d, single, 2e-4, "detached MTP heads");
+  std::vector<std::vector<std::string>> runs;
+  if (world % 2 == 0) {  // the MTP in the last stage's chunk beside an embedding copy, and a stage of its own
+    const std::string ep = fmt::format("model.expert_model_parallel_size={}", world / 2);
+    runs.push_back({"model.pipeline_model_parallel_size=2", ep, "model.virtual_pipeline_model_parallel_size=2",
+                    "ddp.use_distributed_optimizer=true", "ddp.overlap_grad_reduce=true", "ddp.bucket_size=2000"});
+    runs.push_back({"model.pipeline_model_parallel_size=2", ep, "model.pipeline_model_parallel_layout=Etttt|mmL",
+                    "model.share_embeddings_and_output_weights=true"});
+    runs.push_back({"model.pipeline_model_parallel_size=2", ep, "model.pipeline_model_parallel_layout=Ettttmm|L"});
+  }
+  if (world == 4)
+    runs.push_back({"model.pipeline_model_parallel_size=2", "model.expert_model_parallel_size=2",
+                    "model.virtual_pipeline_model_parallel_size=2", "model.overlap_moe_expert_parallel_comm=true",
+                    "model.delay_wgrad_compute=true", "model.mtp_num_layers=1"});
+  for (const std::vector<std::string>& knobs : runs) {
+    std::vector<std::string> o = detached, ref = one;
+    o.insert(o.end(), knobs.begin(), knobs.end());
+    for (const std::string& k : knobs)  // the model's own knobs on the single rank too
+      if (k.starts_with("model.share_") || k.starts_with("model.mtp_")) ref.push_back(k);
+    expect_losses_near(losses_and_norms(mpi().world(), o), ref == one ? single : losses_and_norms(*self, ref), 2e-4,
+                       testing::PrintToString(o));
+  }
+}
+
 TEST(Training, EpOverlapAcrossPipelineStagesGivesTheSameLossesBitwise) {
   // The interleaved schedule with merged steps (one chunk's forward with another's backward):
   // every weight still accumulates its micro-batches' gradients in the same order.
