@@ -122,7 +122,7 @@ class Trainer {
   std::string schedule_name() const;
   void log_start(const TrainResult& r) const;
   IterationLog train_step(int it);
-  double finalize_gradients();
+  std::array<double, 2> finalize_gradients();
   void training_log(const IterationLog& log) const;
   struct ExpertLoad {
     double expert = 0, ep_rank = 0;  // busiest / mean, summed over this stage's MoE layers
@@ -316,9 +316,9 @@ Trainer::ExpertLoad Trainer::update_routers() {
 
 // Megatron's finalize_model_grads and clipping: gradients summed over DP (experts over EDP) and
 // scaled by 1 / DP, then the shared embedding's over the stages that hold it. Returns the gradient
-// norm before clipping (over every stage's weights; with mtp_detach_heads, all but the MTP
-// layers', which are clipped by their own norm as Megatron's separate grad-norm group).
-double Trainer::finalize_gradients() {
+// norms before clipping, over every stage's weights: [0] all of them, or with mtp_detach_heads all
+// but the MTP layers', and [1] those, clipped by their own norm (Megatron's grad_norm_group).
+std::array<double, 2> Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
   reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
@@ -356,7 +356,7 @@ double Trainer::finalize_gradients() {
       for (std::int64_t i = 0; i < n; ++i) g[i] *= c;
     }
   }
-  return norm[0];
+  return norm;
 }
 
 IterationLog Trainer::train_step(int it) {
@@ -386,10 +386,10 @@ IterationLog Trainer::train_step(int it) {
     for (std::size_t k = 0; k < kAuxLosses.size(); ++k) sums[k + 1] += l.aux_losses[k];
     sums[1 + kAuxLosses.size()] += l.z_loss;
   }
-  double grad_norm = 0;
+  std::array<double, 2> grad_norms{};
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
-    grad_norm = finalize_gradients();
+    grad_norms = finalize_gradients();
     const ExpertLoad load = update_routers();
     sums[std::size(sums) - 2] = load.expert;
     sums[std::size(sums) - 1] = load.ep_rank;
@@ -438,7 +438,8 @@ IterationLog Trainer::train_step(int it) {
     log.expert_load = reduced[std::size(reduced) - 2] / (replicas * job_.model.num_moe_loss_layers());
     log.ep_rank_load = reduced[std::size(reduced) - 1] / (replicas * job_.model.num_moe_loss_layers());
   }
-  log.grad_norm = grad_norm;
+  log.grad_norm = grad_norms[0];
+  if (job_.model.mtp_detached) log.mtp_grad_norm = grad_norms[1];
   const MemoryStats mem = memory_stats();
   log.mem_allocated = mem.allocated_bytes;
   log.mem_max_allocated = mem.max_allocated_bytes;
@@ -650,6 +651,7 @@ nlohmann::json TrainResult::to_json() const {
     for (const auto& [name, value] : i.moe_losses)
       if (value >= 0) its.back()[name] = value;
     for (std::size_t k = 0; k < i.mtp_losses.size(); ++k) its.back()[fmt::format("mtp_{}_loss", k + 1)] = i.mtp_losses[k];
+    if (i.mtp_grad_norm) its.back()["mtp_grad_norm"] = *i.mtp_grad_norm;
     if (i.expert_load > 0) {
       its.back()["expert_load_max_over_mean"] = i.expert_load;
       its.back()["ep_rank_load_max_over_mean"] = i.ep_rank_load;

@@ -39,12 +39,14 @@ std::vector<double> losses(Communicator& world, const std::vector<std::string>& 
   return l;
 }
 
-// Per iteration: the LM loss, the gradient norm and each MTP depth's loss.
+// Per iteration: the LM loss, the gradient norm, each MTP depth's loss and (with
+// mtp_detach_heads) the MTP layers' gradient norm.
 std::vector<double> losses_and_norms(Communicator& world, const std::vector<std::string>& overrides) {
   std::vector<double> l;
   for (const auto& it : train_with(world, overrides).iterations) {
     l.insert(l.end(), {it.lm_loss, it.grad_norm});
     l.insert(l.end(), it.mtp_losses.begin(), it.mtp_losses.end());
+    if (it.mtp_grad_norm) l.push_back(*it.mtp_grad_norm);
   }
   return l;
 }
@@ -201,14 +203,16 @@ TEST(Training, DetachedMtpHeadsTrainTheMtpLayersAlone) {
   std::vector<std::string> detached = model, weightless = model;
   detached.push_back("model.mtp_detach_heads=true");
   weightless.push_back("model.mtp_loss_scaling_factor=0");
-  const auto lm_and_norm = [](const std::vector<double>& curve) {  // per iteration: LM loss, norm, 2 MTP losses
-    std::vector<double> out;
-    for (std::size_t i = 0; i < curve.size(); i += 4) out.insert(out.end(), {curve[i], curve[i + 1]});
+  const auto every = [](const std::vector<double>& curve, std::size_t n, std::size_t first, std::size_t count) {
+    std::vector<double> out;  // per iteration's n values, `count` from `first`
+    for (std::size_t i = 0; i < curve.size(); i += n) out.insert(out.end(), curve.begin() + i + first, curve.begin() + i + first + count);
     return out;
   };
+  // Per iteration, detached: LM loss, norm, 2 MTP losses, the MTP's norm; weightless without the last.
   const std::vector<double> d = losses_and_norms(mpi().world(), detached), w = losses_and_norms(mpi().world(), weightless);
-  EXPECT_EQ(lm_and_norm(d), lm_and_norm(w));
-  EXPECT_NE(d[d.size() - 1], w[w.size() - 1]);  // the last MTP loss: trained, against untrained
+  EXPECT_EQ(every(d, 5, 0, 2), every(w, 4, 0, 2));
+  EXPECT_NE(every(d, 5, 2, 2).back(), every(w, 4, 2, 2).back());  // the last MTP loss: trained, against untrained
+  for (double mtp_norm : every(d, 5, 4, 1)) EXPECT_GT(mtp_norm, 0.01);  // the clip reaches it
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   std::vector<std::string> one = detached;
   one.push_back("model.expert_model_parallel_size=1");
