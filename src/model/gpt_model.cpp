@@ -337,7 +337,7 @@ Tensor GPTModel::mtp_backward(Context& ctx) {
     auto [dh, demb] = depth_[k]->backward(ctx.mtp[k], dout);
     dout = Tensor();
     carry = std::move(dh);
-    ctx.mtp_demb[k] = std::move(demb);
+    if (!spec_.mtp_detached) ctx.mtp_demb[k] = std::move(demb);  // (detached: the embedding's a constant)
   }
   return carry;
 }
@@ -478,7 +478,7 @@ Tensor GPTModel::scheduled_input_backward(int i, Tensor dx, Context& ctx) {
   const auto k = static_cast<std::size_t>(i - L);
   trace::Scope scope(trace::Track::compute, "mtp input backward", global_layer(i));
   auto [dh, demb] = depth_[k]->backward_in(ctx.mtp[k], dx);
-  ctx.mtp_demb[k] = std::move(demb);
+  if (!spec_.mtp_detached) ctx.mtp_demb[k] = std::move(demb);
   if (k > 0) {  // the previous depth's output, as mtp_backward's carry
     Tensor& dout = ctx.mtp_dout[k - 1];
     add(dout, dh, dout);

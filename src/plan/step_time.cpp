@@ -23,8 +23,9 @@ namespace {
 // elementwise traffic per token and hidden unit and layer (norms, residuals, SwiGLU, softmax,
 // forward and backward), and the host cost of an MoE layer per micro-batch (kernel launches, and
 // alltoall's host sync on the token counts; CUDA graphs over the router and preprocess remove
-// most of it). On cpu, the bytes per logit of epx's cross-entropy, forward and backward (about
-// 2 ns a logit on one core, bench/RESULTS.md "Time-shared pipeline stages").
+// most of it). On cpu, the bytes per logit of epx's cross-entropy, forward and backward (2.0-2.4
+// ns a logit measured on one core of an AVX-512 EPYC, 1.6 ns at the catalog's bandwidth;
+// bench/RESULTS.md "Time-shared pipeline stages").
 constexpr double kInterference = 0.45, kInterferenceDelayed = 0.40;
 constexpr double kElementwiseBytes = 60, kLogitBytes = 64;
 constexpr double kHostPerMoeLayerS = 0.6e-3, kHostPerMoeLayerGraphedS = 0.25e-3;
@@ -50,9 +51,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // time-share them: the stages' compute below is on a core each, slowed afterwards.
   const double ranks_here = std::min<double>(l.world, lp.gpus_per_node);
   const double side_by_side = hw.cores > 0 && ranks_here > 1 ? hw.shared_core_efficiency : 1;
-  const double cores = hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) * side_by_side : 1;
-  const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * side_by_side, hbm_one = std::max(1e-9, hw.hbm_tb_s) * 1e12 * side_by_side,
-               hbm = std::max(1e-9, hw.hbm_tb_s) * 1e12 * cores;
+  const double peak = std::max(1e-9, hw.bf16_tflops) * 1e12 * side_by_side, hbm_one = std::max(1e-9, hw.hbm_tb_s) * 1e12 * side_by_side;
+  const double hbm = hbm_one * (hw.cores > 0 ? std::min(1.0, hw.cores / ranks_here) : 1);  // every rank at once
   const double h = static_cast<double>(m.hidden_size), k = routed_rows_per_token(m);
   const double padding = k / std::max(1.0, static_cast<double>(m.moe_router_topk));  // rows computed per model row
   const double tokens = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
@@ -82,37 +82,49 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     const double core_layers = all_layers - st.window_layers * (1 - window_core_share(m));
     const double core = all_layers > 0 ? f.attention_core * core_layers / all_layers : 0;
     double other = f.per_token() - f.routed_experts - (f.attention_core - core) + core_again * core + mlp_again / 3,
-           stage = 0;
+           stage = 0, head = 0;
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs, at its own window cost
       other -= (1 + core_again) * core;
       const double blocked_layers = all_layers - st.window_layers * (1 - blocked_window_core_share(m));
       stage = (1 + core_again) * cpu_attention_s(m, blocked_layers, per_rank, hw.attention_tflops * 1e12 * side_by_side);
-      // The output layer's GEMMs are large ones and run at the measured peak (a 1024^3 GEMM's
-      // rate), and its cross-entropy passes over the FP32 logits (write, softmax, its gradient,
-      // the BF16 copy, fresh pages) at memory bandwidth; gemm_efficiency is then fitted to the
-      // layers alone, their small GEMMs and what runs between them.
+    }
+    if (!gpu.cuda()) {
+      // epx's output layer: its GEMMs are large ones and run at the measured peak (a 1024^3
+      // GEMM's rate), its cross-entropy passes over the FP32 logits (write, softmax, its
+      // gradient, the BF16 copy, fresh pages) at memory bandwidth, and no recompute reruns it;
+      // gemm_efficiency is fitted to the layers alone, their small GEMMs and what runs between them.
       other -= f.logits;
-      stage += per_rank * (f.logits / peak + f.logits / (6 * h) * kLogitBytes / hbm_one);
+      head = per_rank * (f.logits / peak + f.logits / (6 * h) * kLogitBytes / hbm_one);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));
     const double layers = st.layers + st.mtp_layers;
     if (full && layers > 0) stage *= 1 + full_recompute(m, st.layers, st.mtp_layers, lp.split.chunks).recomputed / layers / 3;
-    s.stage_compute.push_back(stage);
+    s.stage_compute.push_back(stage + head);
   }
   // Time-sharing (a cpu with more ranks than cores): balanced ranks each get cores / ranks. A
   // pipeline whose stages differ lends its slowest stage the time the lighter ones spend waiting
-  // on it, so the pace is the slowest stage on a core of its own or the node's work over its
-  // cores, whichever is longer (a fluid model; bench/RESULTS.md "Time-shared pipeline stages").
-  const double slowest = *std::max_element(s.stage_compute.begin(), s.stage_compute.end());
-  const double mean = std::accumulate(s.stage_compute.begin(), s.stage_compute.end(), 0.0) / static_cast<double>(s.stage_compute.size());
-  const double slow_down = hw.cores > 0 && slowest > 0 ? std::max(1.0, ranks_here * mean / hw.cores / slowest) : 1;
+  // on it, so the pace is the slowest stage on a core of its own or the busiest node's work over
+  // its cores, whichever is longer (a fluid model; bench/RESULTS.md "Time-shared pipeline
+  // stages"). PP is the outermost rank dimension: rank r holds stage r / (world / PP).
+  const double slowest = s.stage_compute.empty() ? 0 : *std::max_element(s.stage_compute.begin(), s.stage_compute.end());
+  double pace = slowest;
+  if (hw.cores > 0) {
+    const int per_stage = std::max(1, l.world / std::max(1, l.pp)), per_node = static_cast<int>(ranks_here);
+    for (int first = 0; first < l.world; first += per_node) {
+      double work = 0;
+      for (int r = first; r < std::min(l.world, first + per_node); ++r)
+        work += s.stage_compute[static_cast<std::size_t>(std::min(r / per_stage, lp.split.stages - 1))];
+      pace = std::max(pace, work / hw.cores);
+    }
+  }
+  const double slow_down = slowest > 0 ? pace / slowest : 1;
   for (double& stage : s.stage_compute) stage *= slow_down;
-  s.compute = slowest * slow_down;
-  // The bubble in the slowest stage's times: the others' forward ahead of its first micro-batch
-  // and backward after its last (PP - 1 of them where the stages are even).
-  if (slowest > 0)
-    s.bubble_stages = std::accumulate(s.stage_compute.begin(), s.stage_compute.end(), 0.0) / s.compute - 1;
+  s.compute = pace;
+  // The bubble: the other stages' forward ahead of the slowest's first micro-batch and backward
+  // after its last.
+  s.stages = lp.split.stages;
+  s.other_stages = std::accumulate(s.stage_compute.begin(), s.stage_compute.end(), 0.0) - s.compute;
 
   // Memory-bound work per micro-batch: permutation (4 passes of k rows, read and write; fused
   // into the kernels around it with moe_permute_fusion), elementwise, and the host cost.
@@ -169,7 +181,9 @@ StepTime step_time(const StepCosts& s, double micro_batches, int vpp, bool ep_ov
     const double pair = std::max(compute, s.exchange) + kappa * std::min(compute, s.exchange) + s.tp_cp_pp;
     t.layers = alone + (micro_batches - 1) * pair;
   }
-  t.bubble = s.bubble_stages / static_cast<double>(std::max(1, vpp)) * alone;
+  // The other stages' compute, and the rest of a stage's micro-batch (exchanges, memory-bound
+  // work) as even over the stages: (PP - 1) stage times where the stages are even.
+  t.bubble = (s.other_stages + (s.stages - 1) * (alone - s.compute)) / static_cast<double>(std::max(1, vpp));
   t.exposed_dp = ep_overlap && micro_batches >= 2 ? s.dp_merged : s.dp;
   t.total = t.layers + t.bubble + t.exposed_dp + s.optimizer;
   t.compute = micro_batches * compute + s.optimizer;

@@ -326,27 +326,27 @@ std::array<double, 2> Trainer::finalize_gradients() {
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
   // Each sum carries one value per norm group (two on every rank where any has the MTP's).
-  const int groups = job_.model.mtp_detached ? 2 : 1;
-  const std::array<double, 2> experts = grad_sums_of_squares(experts_, mtp_norm_group_);
-  std::array<float, 2> expert_sq{static_cast<float>(experts[0]), static_cast<float>(experts[1])};
+  const int norm_groups = job_.model.mtp_detached ? 2 : 1;
+  const auto as_float = [](const std::array<double, 2>& v) { return std::array<float, 2>{static_cast<float>(v[0]), static_cast<float>(v[1])}; };
+  std::array<float, 2> expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_));
   std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_);
   if (job_.grad_reduce.distributed) {
     Communicator& edp_group = groups_.get(GroupKind::edp);
-    std::array<float, 2> shard_sq{static_cast<float>(dense_sq[0]), static_cast<float>(dense_sq[1])};
-    if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(shard_sq.data(), groups, DType::F32); }, "grad norm (DP)");
-    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), groups, DType::F32); }, "grad norm (EDP)");
+    std::array<float, 2> shard_sq = as_float(dense_sq);
+    if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(shard_sq.data(), norm_groups, DType::F32); }, "grad norm (DP)");
+    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EDP)");
     dense_sq = {shard_sq[0], shard_sq[1]};
   }
-  if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(expert_sq.data(), groups, DType::F32); }, "grad norm (EP)");
+  if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EP)");
   std::array<double, 2> sq{dense_sq[0] + expert_sq[0], dense_sq[1] + expert_sq[1]};
   if (Communicator& pp_group = groups_.get(GroupKind::pp); pp_group.size() > 1) {  // each stage's weights
-    std::array<float, 2> stage_sq{static_cast<float>(sq[0]), static_cast<float>(sq[1])};
-    stream_.run([&] { pp_group.allreduce(stage_sq.data(), groups, DType::F32); }, "grad norm (PP)");
+    std::array<float, 2> stage_sq = as_float(sq);
+    stream_.run([&] { pp_group.allreduce(stage_sq.data(), norm_groups, DType::F32); }, "grad norm (PP)");
     sq = {stage_sq[0], stage_sq[1]};
   }
   const std::array<double, 2> norm{std::sqrt(sq[0]), std::sqrt(sq[1])};
   const double clip = cfg_.optimizer.clip_grad;
-  for (int group = 0; group < groups; ++group) {
+  for (int group = 0; group < norm_groups; ++group) {
     if (!(clip > 0 && norm[group] > clip)) continue;
     const float c = static_cast<float>(clip / (norm[group] + 1e-6));
     for (Param* p : params_) {

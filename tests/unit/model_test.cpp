@@ -554,7 +554,7 @@ TEST(GPTModel, DetachedMtpHeadsTrainTheMtpLayersAlone) {
     GPTModel a = make_model(attached), d = make_model(detached), w = make_model(weightless);
     const Batch b = batch(attached);
     GPTModel::Context ca, cd, cw;
-    for (auto [m, c] : {std::pair{&a, &ca}, std::pair{&d, &cd}, std::pair{&w, &cw}}) m->zero_grad();
+    for (GPTModel* m : {&a, &d, &w}) m->zero_grad();
     EXPECT_EQ(a.forward(b.tokens, b.targets, ca), d.forward(b.tokens, b.targets, cd));
     EXPECT_EQ(ca.mtp_losses, cd.mtp_losses);
     w.forward(b.tokens, b.targets, cw);
@@ -567,8 +567,9 @@ TEST(GPTModel, DetachedMtpHeadsTrainTheMtpLayersAlone) {
       const Param& ref = in_mtp ? *pa[i] : *pw[i];
       EXPECT_EQ(std::memcmp(pd[i]->grad.raw(), ref.grad.raw(), ref.grad.nbytes()), 0) << tied << " " << pd[i]->name;
       // ... and differ from the attached model's outside the MTP layers, where its losses reach.
-      if (!in_mtp && (pd[i] == &d.embedding || pd[i] == &d.output_layer || pd[i] == &d.final_layernorm))
+      if (!in_mtp && (pd[i] == &d.embedding || pd[i] == &d.output_layer || pd[i] == &d.final_layernorm)) {
         EXPECT_GT(test::rel_l2(pa[i]->grad, pd[i]->grad), 1e-6) << tied << " " << pd[i]->name;
+      }
     }
   }
 }

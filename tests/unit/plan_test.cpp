@@ -298,12 +298,23 @@ TEST(Plan, TimeSharedStagesLendTheSlowestOneTheirWaits) {
   const double slow_down = 4 * (a[0] + a[1] + a[2] + a[3]) / 4 / 2 / *std::max_element(a.begin(), a.end());
   ASSERT_GT(slow_down, 1.5);
   for (int p = 0; p < 4; ++p) EXPECT_NEAR(even.stage_compute_s[p], a[p] * slow_down / e, 1e-12) << p;
+  // PP 2 x DP 4 on two nodes of 4 ranks: the second node holds the head's stage only, its four
+  // ranks on the two cores.
+  const auto two_nodes = [](const std::string& per_node) {
+    return make_plan(resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu", "target.num_gpus=8", "target.gpus_per_node=" + per_node,
+                                                      "model.num_layers=8", "model.expert_model_parallel_size=1",
+                                                      "model.pipeline_model_parallel_size=2", "model.vocab_size=65536"}));
+  };
+  const Plan nodes = two_nodes("4"), nodes_apart = two_nodes("1");
+  ASSERT_EQ(nodes.stage_compute_s.size(), 2u);
+  EXPECT_NEAR(nodes.stage_compute_s[1], nodes_apart.stage_compute_s[1] * 4 / 2 / e, 1e-12);
 }
 
 TEST(Plan, TheBubbleIsTheOtherStagesFillAndDrain) {
   // 1F1B's bubble is the other stages' forward before the slowest stage's first micro-batch and
-  // backward after its last: (PP - 1) of its times where the stages are even, less where they
-  // are lighter (a heavy head), and over VPP interleaved.
+  // backward after its last: their compute, and the rest of a micro-batch (exchanges,
+  // memory-bound work) as even over the stages; (PP - 1) of the slowest's times where the stages
+  // are even, less where they are lighter (a heavy head), and over VPP interleaved.
   const GpuInfo gpu = *find_gpu("h100");
   const auto bubble = [&](const std::string& vocab, int vpp, StepCosts* out = nullptr) {
     std::vector<std::string> o{"target.num_gpus=4", "target.gpu=h100", "model.num_layers=8", "model.expert_model_parallel_size=1",
@@ -318,19 +329,20 @@ TEST(Plan, TheBubbleIsTheOtherStagesFillAndDrain) {
     return std::pair{t.bubble, one.layers};  // the bubble, and one micro-batch on the slowest stage
   };
   StepCosts heavy;
-  const auto [heavy_bubble, heavy_one] = bubble("262144", 1, &heavy);
+  const auto [heavy_bubble, heavy_one] = bubble("262144", 1, &heavy);  // (GPU: no time-sharing)
   const std::vector<double>& st = heavy.stage_compute;
   ASSERT_EQ(st.size(), 4u);
   ASSERT_GT(st[3], 2 * st[0]);
-  EXPECT_NEAR(heavy.bubble_stages, (st[0] + st[1] + st[2]) / st[3], 1e-12);
-  EXPECT_NEAR(heavy_bubble, heavy.bubble_stages * heavy_one, 1e-12 * heavy_one);
+  EXPECT_EQ(heavy.stages, 4);
+  EXPECT_DOUBLE_EQ(heavy.compute, st[3]);
+  EXPECT_NEAR(heavy.other_stages, st[0] + st[1] + st[2], 1e-15);
+  const double rest = heavy_one - heavy.compute;  // one micro-batch beyond the slowest stage's compute
+  EXPECT_NEAR(heavy_bubble, st[0] + st[1] + st[2] + 3 * rest, 1e-12 * heavy_one);
   EXPECT_LT(heavy_bubble, 3 * heavy_one * 0.7);
-  StepCosts even;
-  const auto [even_bubble, even_one] = bubble("8", 1, &even);
-  EXPECT_NEAR(even.bubble_stages, 3, 0.05);  // the head of an 8-token vocabulary is nearly free
-  EXPECT_NEAR(even_bubble, even.bubble_stages * even_one, 1e-12 * even_one);
+  const auto [even_bubble, even_one] = bubble("8", 1);
+  EXPECT_NEAR(even_bubble, 3 * even_one, 0.02 * even_one);  // the head of an 8-token vocabulary is nearly free
   const auto [interleaved, one] = bubble("262144", 2);
-  EXPECT_NEAR(interleaved, heavy.bubble_stages / 2 * one, 1e-12 * one);
+  EXPECT_NEAR(interleaved, (st[0] + st[1] + st[2] + 3 * (one - heavy.compute)) / 2, 1e-12 * one);
 }
 
 TEST(Plan, RowsTheCheckerRefusesAreMarked) {

@@ -11,7 +11,8 @@ namespace epx {
 struct StepCosts {
   double compute = 0;       // GEMMs and attention at the size-dependent efficiency (the slowest stage's)
   std::vector<double> stage_compute;  // the same per pipeline stage, per micro-batch
-  double bubble_stages = 0;  // the other stages' compute over the slowest's (PP - 1 when even)
+  double other_stages = 0;  // the other stages' compute summed (the bubble's fill and drain)
+  int stages = 1;           // pipeline stages
   double memory_bound = 0;  // permutation and elementwise at HBM bandwidth
   double host = 0;          // launches and host syncs per MoE layer
   double exchange = 0;      // the token exchanges (plan_comm)

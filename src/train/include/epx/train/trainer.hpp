@@ -37,7 +37,8 @@ struct IterationLog {
   int iteration = 0;
   std::int64_t consumed_samples = 0;
   double step_s = 0, tflops_per_rank = 0, lr = 0, lm_loss = 0, grad_norm = 0;
-  // With mtp_detach_heads: the MTP layers' own gradient norm, which clips them (grad_norm leaves them out).
+  // With mtp_detach_heads: the MTP layers' own gradient norm, which clips them (grad_norm leaves
+  // them out). epx's figure: Megatron computes it to clip and logs only grad_norm.
   std::optional<double> mtp_grad_norm;
   // The MoE losses Megatron's training log tracks, by its names ("load_balancing_loss", ...,
   // "z_loss"), each without its coefficient.
