@@ -213,6 +213,16 @@ TEST(Training, DetachedMtpHeadsTrainTheMtpLayersAlone) {
   EXPECT_EQ(every(d, 5, 0, 2), every(w, 4, 0, 2));
   EXPECT_NE(every(d, 5, 2, 2).back(), every(w, 4, 2, 2).back());  // the last MTP loss: trained, against untrained
   for (double mtp_norm : every(d, 5, 4, 1)) EXPECT_GT(mtp_norm, 0.01);  // the clip reaches it
+  // Clipped by their own norm, the MTP layers' gradients lose the MTP losses' weight: twice the
+  // weight trains them the same (to rounding). A large adam_eps makes Adam's step follow the
+  // gradient's size, which clipping by the main norm would then leave doubled.
+  std::vector<std::string> linear = detached;
+  linear.push_back("optimizer.adam_eps=1");
+  std::vector<std::string> heavier = linear;
+  heavier.push_back("model.mtp_loss_scaling_factor=0.2");
+  const std::vector<double> base_mtp = every(losses_and_norms(mpi().world(), linear), 5, 2, 2),
+                            heavier_mtp = every(losses_and_norms(mpi().world(), heavier), 5, 2, 2);
+  expect_losses_near(heavier_mtp, base_mtp, 1e-6, "MTP losses, twice the weight");
   auto self = mpi().world().split(mpi().rank(), 0, "self");
   std::vector<std::string> one = detached;
   one.push_back("model.expert_model_parallel_size=1");
