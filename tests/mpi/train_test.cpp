@@ -215,9 +215,10 @@ TEST(Training, DetachedMtpHeadsTrainTheMtpLayersAlone) {
   for (double mtp_norm : every(d, 5, 4, 1)) EXPECT_GT(mtp_norm, 0.01);  // the clip reaches it
   // Clipped by their own norm, the MTP layers' gradients lose the MTP losses' weight: twice the
   // weight trains them the same (to rounding). A large adam_eps makes Adam's step follow the
-  // gradient's size, which clipping by the main norm would then leave doubled.
+  // gradient's size (and a large learning rate makes it show), which clipping by the main norm
+  // would then leave doubled.
   std::vector<std::string> linear = detached;
-  linear.push_back("optimizer.adam_eps=1");
+  linear.insert(linear.end(), {"optimizer.adam_eps=1", "optimizer.lr=30"});
   std::vector<std::string> heavier = linear;
   heavier.push_back("model.mtp_loss_scaling_factor=0.2");
   const std::vector<double> base_mtp = every(losses_and_norms(mpi().world(), linear), 5, 2, 2),
