@@ -11,6 +11,7 @@
 
 #include "epx/check/pipeline_split.hpp"
 #include "epx/config/schema.hpp"
+#include "epx/plan/flops.hpp"
 #include "epx/plan/pipeline_balance.hpp"
 #include "epx/plan/plan.hpp"
 
@@ -296,12 +297,20 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     host.evidence = "rate unknown: the log has no throughput (Megatron's --log-throughput) and there is no config "
                     "to count the FLOPs (--config)";
   } else if (gpu && gpu->rates.bf16_tflops > 0) {
-    const double attainable = gpu->rates.bf16_tflops * gpu->rates.gemm_efficiency;
+    const double peak = gpu->rates.bf16_tflops, layers_rate = peak * gpu->rates.gemm_efficiency;
+    double attainable = layers_rate;
+    std::string basis = fmt::format("{:.3g} peak x gemm_efficiency {:.2g}", peak, gpu->rates.gemm_efficiency);
+    if (!gpu->cuda() && config) {
+      // On cpu the planner times the output layer's GEMMs at the peak (gemm_efficiency is fitted
+      // to the layers alone): the attainable rate is the model's FLOPs over that time.
+      const ModelFlops f = model_flops(*config);
+      const double head = f.logits / std::max(1e-30, f.per_token());
+      attainable = 1 / ((1 - head) / layers_rate + head / peak);
+      basis += fmt::format(", the output layer's {:.0f}% of the FLOPs at the peak", 100 * head);
+    }
     rate_share = achieved / attainable;
-    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU {}, {:.0f}% of the attainable {:.3g} ({:.3g} peak x "
-                                "gemm_efficiency {:.2g}){}",
-                                achieved, while_computing, 100 * rate_share, attainable, gpu->rates.bf16_tflops,
-                                gpu->rates.gemm_efficiency, rate_basis);
+    host.evidence = fmt::format("{:.3g} TFLOP/s/GPU {}, {:.0f}% of the attainable {:.3g} ({}){}", achieved, while_computing,
+                                100 * rate_share, attainable, basis, rate_basis);
     if (config && config->model.fp8)
       host.evidence += "; the run computes its GEMMs in FP8, above this BF16 rate";
     // One efficiency for every model: calibrated on a narrower one (the cpu catalog entry's proxy),
