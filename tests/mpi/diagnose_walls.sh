@@ -38,8 +38,14 @@ if [[ $judge_normal == 1 ]]; then
   [[ $(field "$dir/normal.d.json" 'd["binding_wall"]') == compute/host ]]
   [[ $(field "$dir/normal.d.json" 'd["why"].split(":")[0]') == compute ]]
 fi
-[[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "compute below its attainable rate (small or unfused kernels)" ]]
-[[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
+# The tiny run's rate against the calibrated one (18-22% here) is not judged under sanitizers
+# either: their instrumented elementwise code runs ten times slower beside oneDNN's uninstrumented
+# GEMMs, the calibration puts it all in the layers' efficiency (0.0085), and the small kernels'
+# run then reads 59% of it.
+if [[ $judge_normal == 1 ]]; then
+  [[ $(field "$dir/tiny.d.json" 'd["why"].split(":")[0]') == "compute below its attainable rate (small or unfused kernels)" ]]
+  [[ $(field "$dir/tiny.d.json" 'd["fixes"][0]["overrides"][0]') == train.micro_batch_size=2 ]]
+fi
 # At EP 1 the dispatch and combine are copies within the rank, and say so.
 python3 - "$dir/tiny.d.json" "$dir/normal.d.json" <<'PY'
 import json, sys
