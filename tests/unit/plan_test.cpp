@@ -749,6 +749,16 @@ TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
     ASSERT_EQ(host.wall, "compute/host");
     EXPECT_EQ(host.evidence.find("--calibrate") != std::string::npos, share > 1) << host.evidence;
   }
+  // With the config, the attainable rate times the output layer's FLOPs at the peak, as the
+  // planner does on cpu: a run at that rate reads 100%.
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.gpu=cpu", "target.num_gpus=1", "model.expert_model_parallel_size=1"});
+  const ModelFlops f = model_flops(c);
+  const double head = f.logits / f.per_token(), peak = cpu.rates.bf16_tflops;
+  ASSERT_GT(head, 0.05);
+  run.tflops_per_gpu = 1 / ((1 - head) / attainable + head / peak);
+  const std::string evidence = diagnose(run, c, &cpu).walls.back().evidence;
+  EXPECT_NE(evidence.find(fmt::format("100% of the attainable {:.3g}", run.tflops_per_gpu)), std::string::npos) << evidence;
+  EXPECT_NE(evidence.find("the output layer's"), std::string::npos) << evidence;
 }
 
 TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
