@@ -44,17 +44,20 @@ void add_layout_rules(RuleTable& add) {
       });
   // The harness asks Slurm (or Kubeflow) for -(num_gpus // -gpus_per_node) nodes of
   // gpus_per_node tasks each (setup_experiment.py, utils/executors.py): a world that does not
-  // fill its nodes runs on more ranks than -ng says.
+  // fill its nodes runs on more ranks than -ng says. The emulated cluster is whole nodes too
+  // (epx launch --cluster runs nodes x ranks-per-node).
   add("target.world_fills_nodes", W, {"target.num_gpus", "target.gpus_per_node", "target.gpu"},
       "Megatron-Bridge scripts/performance/setup_experiment.py", "the world is whole nodes, as the harness launches it", [](const CheckContext& c) {
         const OptInt gpn = gpus_per_node(c.cfg);
-        if (!c.gpu.cuda() || !c.world() || !gpn || *gpn < 1 || *c.world() % *gpn == 0) return pass();
+        if (!c.world() || !gpn || *gpn < 1 || *c.world() % *gpn == 0) return pass();
         const Int world = *c.world(), nodes = (world + *gpn - 1) / *gpn;
         Int fits = *gpn;  // the most GPUs per node that the world fills
         while (world % fits != 0) --fits;
-        return fail(fmt::format("num_gpus {} is not a multiple of {} GPUs per node: the harness launches -(num_gpus // "
-                                "-gpus_per_node) = {} node(s) of {} tasks, a world of {} ranks, not {}",
-                                world, *gpn, nodes, *gpn, nodes * *gpn, world),
+        const std::string launcher = c.gpu.cuda() ? "the harness launches -(num_gpus // -gpus_per_node) = "
+                                                  : "the emulated cluster (epx launch --cluster) runs whole nodes: ";
+        return fail(fmt::format("num_gpus {} is not a multiple of {} GPUs per node: {}{} node(s) of {} ranks, a world of "
+                                "{} ranks, not {}",
+                                world, *gpn, launcher, nodes, *gpn, nodes * *gpn, world),
                     fmt::format("target.gpus_per_node={}", fits));
       });
   add("parallel.experts_divisible_by_ep", E,
@@ -205,8 +208,15 @@ void add_layout_rules(RuleTable& add) {
         if (n('L') != 1) return fail("Loss must be specified exactly once", fix);
         if (n('t') != m.num_layers)
           return fail(fmt::format("Number of decoder layers {}must match num_layers {}", n('t'), m.num_layers), fix);
-        if (n('m') != m.mtp_num_layers.value_or(0))
-          return fail("Number of mtp layers in layout must match mtp_num_layers", fix);
+        if (n('m') != m.mtp_num_layers.value_or(0)) {
+          // The layout's m are the user's placement: offer the count that matches them when they
+          // all sit in one stage (as the rule asks below), else the layout-free fix.
+          const bool one_stage = std::any_of(stages.begin(), stages.end(), [&](const std::string& st) {
+            return static_cast<Int>(std::count(st.begin(), st.end(), 'm')) == n('m');
+          });
+          return fail("Number of mtp layers in layout must match mtp_num_layers",
+                      one_stage ? (n('m') ? fmt::format("model.mtp_num_layers={}", n('m')) : "model.mtp_num_layers=null") : fix);
+        }
         const auto first_mtp = layers.find('m');
         if (first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos)
           return fail("decoder layers must be placed before MTP layers", fix);

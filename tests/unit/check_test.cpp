@@ -410,6 +410,9 @@ const std::vector<Case>& cases() {
       {"optimizer.known_optimizer", {"optimizer.optimizer=Adam"}, {"optimizer.optimizer=dist_muon"}},
       {"target.world_fills_nodes", {"target.gpu=h100", "target.num_gpus=4"},
        {"target.gpu=h100", "target.num_gpus=4", "target.gpus_per_node=4"}},
+      {"target.world_fills_nodes",  // the emulated cluster runs whole nodes too
+       {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=3"},
+       {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=2"}},
       {"moe.expert_bias_score_function", {"model.moe_router_enable_expert_bias=true"},
        {"model.moe_router_enable_expert_bias=true", "model.moe_router_score_function=sigmoid"}},
       {"moe.capacity_settings", {"model.moe_pad_expert_input_to_capacity=true"},
@@ -572,6 +575,8 @@ const std::vector<Case>& cases() {
         "model.recompute_num_layers=2"},
        {"model.mtp_num_layers=1", "model.recompute_granularity=full", "model.recompute_method=uniform",
         "model.recompute_num_layers=1"}},
+      {"mtp.depth_past_sequence", {"model.mtp_num_layers=3", "model.seq_length=3"},
+       {"model.mtp_num_layers=2", "model.seq_length=3"}},
       {"mixed_precision.fp4_not_modelled", {"mixed_precision=bf16_with_nvfp4_mixed"}, {"mixed_precision=bf16_mixed"}},
       {"mixed_precision.overwrites_model", {"model.bf16=false", "model.fp16=true", "mixed_precision=bf16_mixed"},
        {"mixed_precision=bf16_mixed"}},
@@ -771,6 +776,16 @@ TEST(CheckRules, MtpLayersSitInTheLastChunkOfOneRank) {
   EXPECT_EQ(layout_error("Ett|tt|m|mL", 2), "All of the MTP layers must be in the same one virtual pipeline stage");
   EXPECT_EQ(layout_error("Ett|tt||mL", 1), "(none)");
   EXPECT_EQ(layout_error("Ett|ttmL", 1), "(none)");
+  // A count that misses the layout's m: the fix is the layout's count where the m share a stage.
+  const auto count_fix = [](const std::string& layout, const std::string& mtp) {
+    const CheckReport r = check({"model.pipeline_model_parallel_size=2", "target.num_gpus=4", "model.num_layers=4",
+                                 "model.mtp_num_layers=" + mtp, "model.pipeline_model_parallel_layout=" + layout});
+    const Finding* f = find(r, "pipeline.layout");
+    return f ? f->fix : std::string("(none)");
+  };
+  EXPECT_EQ(count_fix("Ett|ttmmL", "null"), "model.mtp_num_layers=2");
+  EXPECT_EQ(count_fix("Ett|ttL", "1"), "model.mtp_num_layers=null");
+  EXPECT_EQ(count_fix("Ett|tt|m|mL", "1").rfind("model.pipeline_model_parallel_layout=", 0), 0u) << count_fix("Ett|tt|m|mL", "1");
 }
 
 TEST(CheckRules, AMisspeltFieldOfABridgeDumpIsFlagged) {
