@@ -101,6 +101,19 @@ void check_size_ranges(const Config& cfg) {
       throw ConfigError(fmt::format("{}={} is out of range: it must be at least {}{}", cfg.cite(key),
                                     v, min, zero_is_unset ? " (0: not given)" : ""));
   }
+  // The shape is given whole or not at all: one 0 beside the others is a size left out, which
+  // the FLOPs, the memory and the runtime all need.
+  const ModelConfig& m = cfg.model;
+  const std::pair<const char*, Int> shape[] = {
+      {"model.num_layers", m.num_layers}, {"model.hidden_size", m.hidden_size}, {"model.num_attention_heads", m.num_attention_heads}};
+  const auto given = std::count_if(std::begin(shape), std::end(shape), [](const auto& f) { return f.second > 0; });
+  if (given > 0 && given < 3)
+    for (const auto& [key, v] : shape)
+      if (v == 0)
+        throw ConfigError(fmt::format("{}=0 (not given) while the model's other sizes are: a model shape needs "
+                                      "num_layers, hidden_size and num_attention_heads all set; set {} to the model's "
+                                      "size (or all three to 0 for a parallelism-only check)",
+                                      cfg.cite(key), key));
 }
 
 // Rates, coefficients and scales outside what they can mean (a negative learning rate or weight

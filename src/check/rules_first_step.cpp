@@ -140,6 +140,15 @@ void add_first_step_rules(RuleTable& add) {
                            m.recompute_method == std::optional<std::string>("uniform") && m.recompute_num_layers != 1,
                        "recompute_num_layers must be 1 for MTP recompute", "model.recompute_num_layers=1");
       });
+  add("mtp.detach_heads_without_mtp", W, {"model.mtp_detach_heads", "model.mtp_num_layers"},
+      "Megatron-Core transformer/multi_token_prediction.py", "mtp_detach_heads acts on MTP layers only",
+      [](const CheckContext& c) {
+        const auto& m = c.cfg.model;
+        return fail_if(m.mtp_detach_heads && m.mtp_num_layers.value_or(0) == 0,
+                       "mtp_detach_heads is set but the model has no MTP layers (mtp_num_layers is 0 or unset): it "
+                       "changes nothing",
+                       "model.mtp_detach_heads=false");
+      });
   add("mtp.depth_past_sequence", W, {"model.mtp_num_layers", "model.seq_length"},
       "Megatron-Core transformer/multi_token_prediction.py", "an MTP depth at or past seq_length has no labels to learn",
       [](const CheckContext& c) {

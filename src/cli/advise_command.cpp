@@ -8,6 +8,7 @@
 #include "epx/base/output_file.hpp"
 #include "epx/check/check.hpp"
 #include "epx/plan/advise.hpp"
+#include "check_warnings.hpp"
 
 namespace epx::cli {
 
@@ -39,10 +40,12 @@ int run_advise_command(const AdviseArgs& args) {
   }
   const Advice advice = advise(report.resolved, have);
   if (args.json) {
-    std::cout << json_text(advice_json(advice), 2) << "\n";
+    nlohmann::json j = advice_json(advice);
+    j["check_warnings"] = check_warning_ids(report);
+    std::cout << json_text(j, 2) << "\n";
     return kExitOk;
   }
-  std::cout << format_advice(advice);
+  std::cout << format_advice(advice) << check_warnings_line(report, "advise");
   return kExitOk;
 }
 

@@ -10,6 +10,7 @@
 #include "epx/check/check.hpp"
 #include "epx/plan/plan.hpp"
 #include "epx/plan/search.hpp"
+#include "check_warnings.hpp"
 #include "number_validators.hpp"
 
 namespace epx::cli {
@@ -88,11 +89,14 @@ int run_plan_command(const PlanArgs& args, MpiSession* mpi) {
   Plan plan = make_plan(report.resolved);
   check_variants(plan, report.resolved);
   if (args.json) {
-    std::cout << json_text(plan_json(plan), 2) << "\n";
+    nlohmann::json j = plan_json(plan);
+    j["check_warnings"] = check_warning_ids(report);
+    std::cout << json_text(j, 2) << "\n";
     return kExitOk;
   }
   std::cout << fmt::format("epx plan: {}\n", report.resolved.source) << format_plan(plan);
   if (args.ranks) std::cout << format_rank_map(plan.layout, *args.ranks);
+  std::cout << check_warnings_line(report, "plan");
   return kExitOk;
 }
 

@@ -81,6 +81,13 @@ std::string location(const std::string& source, const YAML::Node& n) {
   return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
 }
 
+// A field's value where it is written; an empty one (`key:` and nothing) has its mark at the
+// next token, so it is cited at its key.
+std::string location(const std::string& source, const YAML::Node& key, const YAML::Node& value) {
+  const bool empty = value.IsNull() && !value.Mark().is_null() && !key.Mark().is_null() && value.Mark().line != key.Mark().line;
+  return location(source, empty ? key : value);
+}
+
 std::string did_you_mean(const std::vector<std::string>& options) {
   if (options.empty()) return "";
   return fmt::format(" (did you mean {}?)", fmt::join(options, " or "));
@@ -124,7 +131,7 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
       // force_insert: no search of the fields kept so far, so a long section stays linear.
       if (!c.extra_fields.node[sec].IsMap()) c.extra_fields.node[sec] = YAML::Node(YAML::NodeType::Map);
       c.extra_fields.node[sec].force_insert(name, kv.second);
-      c.file_locations[key] = location(c.source, kv.second);  // a refusal of it names the line
+      c.file_locations[key] = location(c.source, kv.first, kv.second);  // a refusal of it names the line
       continue;
     }
     const FieldInfo* f = find_field(key);
@@ -133,16 +140,16 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
                                     did_you_mean(suggest_keys(key))));
     if (bridge_dump && take_none_moe_field(c, key, kv.second)) {
       c.explicit_keys[key] = Config::Origin::file;
-      c.file_locations[key] = location(c.source, kv.second);
+      c.file_locations[key] = location(c.source, kv.first, kv.second);
       continue;
     }
     try {
       f->set(c, kv.second);
     } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("{}: {}", location(c.source, kv.second), e.what()));
+      throw ConfigError(fmt::format("{}: {}", location(c.source, kv.first, kv.second), e.what()));
     }
     c.explicit_keys[f->key()] = Config::Origin::file;
-    c.file_locations[f->key()] = location(c.source, kv.second);
+    c.file_locations[f->key()] = location(c.source, kv.first, kv.second);
   }
 }
 
@@ -230,7 +237,7 @@ Config load_config_yaml(const std::string& text, const std::string& source_name)
       if (sec == "mixed_precision") {  // read at finalize, from a copy without marks
         c.file_locations[sec] = location(source_name, body);
         if (body.IsMap())
-          for (const auto& field : body) c.file_locations[sec + "." + field.first.Scalar()] = location(source_name, field.second);
+          for (const auto& field : body) c.file_locations[sec + "." + field.first.Scalar()] = location(source_name, field.first, field.second);
       }
     } else {
       throw ConfigError(fmt::format("{}: unknown section '{}'{}; epx models {} and keeps "

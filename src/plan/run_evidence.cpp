@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -64,12 +65,38 @@ std::size_t line_of(const std::string& text, std::size_t at) {
   return 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + static_cast<long>(std::min(at, text.size())), '\n'));
 }
 
+// A key given twice in one object is refused: JSON parsers keep one of the two, silently.
 nlohmann::json parse_json(const std::string& text, const std::string& path, const char* what) {
+  std::vector<std::set<std::string>> keys;  // the open objects' keys, innermost last
+  std::optional<std::string> twice;
+  const auto once = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) keys.emplace_back();
+    if (event == Event::object_end && !keys.empty()) keys.pop_back();
+    if (event == Event::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && !twice)
+      twice = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, once);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(fmt::format("{}:{}: not a valid {} (JSON): {}", path, line_of(text, e.byte), what, e.what()));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number beyond a double (1e999): the parser names the literal but not its place.
+    const std::string message = e.what();
+    const auto open = message.find('\''), close = message.rfind('\'');
+    const std::string literal = open < close ? message.substr(open + 1, close - open - 1) : "";
+    const std::size_t at = literal.empty() ? std::string::npos : text.find(literal);
+    throw InputError(fmt::format("{}{}: not a valid {}: the number {} is beyond a double's range (about 1.8e308)", path,
+                                 at == std::string::npos ? "" : fmt::format(":{}", line_of(text, at)), what,
+                                 literal.empty() ? "(unnamed)" : literal));
   }
+  if (twice)
+    throw InputError(fmt::format("{}: not a valid {}: the key \"{}\" appears twice in one object (which one counts "
+                                 "is unspecified); keep one",
+                                 path, what, *twice));
+  return j;
 }
 
 // `object` (as "summary" or "iterations[3]") names where `key` sits in the file: JSON has no
@@ -333,9 +360,10 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
     p.throughput_logged = has("throughput per GPU") && std::regex_search(line, m, tflops);
     if (p.throughput_logged) p.tflops_per_gpu = value(m[1], "throughput per GPU (TFLOP/s/GPU)", 0, 1e9);
-    if (has("lm loss") && std::regex_search(line, m, loss))
-      p.lm_loss = m[1].str().find_first_of("nNiI") == std::string::npos ? value(m[1], "lm loss", -1e300, 1e300)
-                                                                        : std::numeric_limits<double>::quiet_NaN();
+    if (has("lm loss") && std::regex_search(line, m, loss)) {
+      p.loss_not_finite = m[1].str().find_first_of("nNiI") != std::string::npos;
+      p.lm_loss = p.loss_not_finite ? std::numeric_limits<double>::quiet_NaN() : value(m[1], "lm loss", -1e300, 1e300);
+    }
     if (has("skipped") && std::regex_search(line, m, skipped)) p.skipped = count(m[1], "number of skipped iterations", 0);
     if (has("global batch") && std::regex_search(line, m, global_batch))
       run.global_batch_size = static_cast<std::int64_t>(value(m[1], "global batch size", 1, 1e15));
@@ -415,8 +443,11 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   run.steady_last = its.back().iteration;
   run.first_iteration = first_averaged(0);
   // After a restart, the resumed process warms up again: its first two iterations are left out too.
+  // A log too short for that keeps the first process's steady state, then every line.
   const int warm = std::max(run.first_iteration, run.restarted_at) + 2;
-  const int steady_from = warm <= run.steady_last ? warm : its.front().iteration;
+  const int steady_from = warm <= run.steady_last                       ? warm
+                          : run.first_iteration + 2 <= run.steady_last ? run.first_iteration + 2
+                                                                        : its.front().iteration;
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line
@@ -440,6 +471,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   for (auto& [name, ranks] : run.timers_by_rank_ms)
     for (auto& [rank, ms] : ranks) ms /= n;
   run.final_loss = run.iterations.back().lm_loss;
+  // A NaN loss now and then is a skipped fp16 step (the loss scaler); to the log's end, divergence.
+  for (auto it = run.iterations.rbegin(); it != run.iterations.rend() && it->loss_not_finite; ++it)
+    run.diverged_at = it->iteration;
 }
 
 void read_trace(const std::string& path, RunEvidence& run) {

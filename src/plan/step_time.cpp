@@ -81,7 +81,12 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
     const double all_layers = st.layers + st.mtp_layers;
     const double core_layers = all_layers - st.window_layers * (1 - window_core_share(m));
     const double core = all_layers > 0 ? f.attention_core * core_layers / all_layers : 0;
-    double other = f.per_token() - f.routed_experts - (f.attention_core - core) + core_again * core + mlp_again / 3,
+    // mtp_detach_heads: each MTP depth's output layer computes no weight gradient (a third of its
+    // GEMMs); its cross-entropy still runs.
+    const double depths = static_cast<double>(m.mtp_num_layers.value_or(0));
+    const double head_wgrad_skipped = m.mtp_detach_heads ? f.logits * depths / (depths + 1) / 3 : 0;
+    double other = f.per_token() - f.routed_experts - (f.attention_core - core) + core_again * core + mlp_again / 3 -
+                   head_wgrad_skipped,
            stage = 0, head = 0;
     if (hw.attention_tflops > 0) {  // epx's blocked attention, apart from the GEMMs, at its own window cost
       other -= (1 + core_again) * core;
@@ -93,8 +98,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
       // GEMM's rate), its cross-entropy passes over the FP32 logits (write, softmax, its
       // gradient, the BF16 copy, fresh pages) at memory bandwidth, and no recompute reruns it;
       // gemm_efficiency is fitted to the layers alone, their small GEMMs and what runs between them.
-      other -= f.logits;
-      head = per_rank * (f.logits / peak + f.logits / (6 * h) * kLogitBytes / hbm_one);
+      other -= f.logits - head_wgrad_skipped;
+      head = per_rank * ((f.logits - head_wgrad_skipped) / peak + f.logits / (6 * h) * kLogitBytes / hbm_one);
     }
     stage += per_rank * (other / (peak * efficiency(hw, tokens)) +
                          (1 + experts_again) * padding * f.routed_experts / (peak * efficiency(hw, expert_rows)));

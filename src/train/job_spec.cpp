@@ -144,7 +144,7 @@ YarnSpec yarn_from_config(const Config& c) {
 void check_shared_fields(const Config& c) {
   refuse_unmodelled_math(c);
   const ModelConfig& m = c.model;
-  if (m.hidden_size < 1) bad(c, "model.hidden_size", std::to_string(m.hidden_size), "must be positive");
+  if (m.hidden_size < 1) bad(c, "model.hidden_size", std::to_string(m.hidden_size), "must be positive: epx run builds the model (0 is a parallelism-only config); set the model's width");
   if (m.seq_length < 1) bad(c, "model.seq_length", std::to_string(m.seq_length), "must be positive");
   if (c.train.micro_batch_size.value_or(1) < 1)
     bad(c, "train.micro_batch_size", std::to_string(*c.train.micro_batch_size), "must be positive");
@@ -422,7 +422,7 @@ ModelSpec model_spec_from_config(const Config& c) {
   AttentionSpec& a = s.attention;
   a.hidden = s.hidden;
   a.heads = m.num_attention_heads;
-  if (a.heads < 1) bad(c, "model.num_attention_heads", std::to_string(a.heads), "must be positive");
+  if (a.heads < 1) bad(c, "model.num_attention_heads", std::to_string(a.heads), "must be positive: epx run builds the model (0 is a parallelism-only config); set the model's head count");
   a.groups = m.num_query_groups.value_or(a.heads);
   if (a.groups < 1 || a.heads % a.groups != 0)
     bad(c, "model.num_query_groups", std::to_string(a.groups),

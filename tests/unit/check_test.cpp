@@ -575,6 +575,8 @@ const std::vector<Case>& cases() {
         "model.recompute_num_layers=2"},
        {"model.mtp_num_layers=1", "model.recompute_granularity=full", "model.recompute_method=uniform",
         "model.recompute_num_layers=1"}},
+      {"mtp.detach_heads_without_mtp", {"model.mtp_detach_heads=true"},
+       {"model.mtp_detach_heads=true", "model.mtp_num_layers=1"}},
       {"mtp.depth_past_sequence", {"model.mtp_num_layers=3", "model.seq_length=3"},
        {"model.mtp_num_layers=2", "model.seq_length=3"}},
       {"mixed_precision.fp4_not_modelled", {"mixed_precision=bf16_with_nvfp4_mixed"}, {"mixed_precision=bf16_mixed"}},
@@ -929,7 +931,18 @@ TEST(CheckRules, ValuesOutOfRangeAreRefused) {
   EXPECT_THROW(load_with(kBase, {"comm_overlap.tp_comm_bootstrap_backend=abc"}), ConfigError);  // nccl|mpi|gloo
   // A subnormal is a number (std::stod refused it: an internal error).
   EXPECT_NO_THROW(check({"optimizer.lr=1e-320", "optimizer.min_lr=0", "model.layernorm_epsilon=1e-310"}));
-  EXPECT_NO_THROW(check({"model.num_layers=0"}));
+  // The shape is all three sizes or none: one left 0 beside the others is a size left out.
+  EXPECT_NO_THROW(check({"model.num_layers=0", "model.hidden_size=0", "model.num_attention_heads=0"}));
+  for (const char* left_out : {"model.num_layers=0", "model.hidden_size=0", "model.num_attention_heads=0"}) {
+    try {
+      check({left_out});
+      ADD_FAILURE() << left_out << " passed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("a model shape needs num_layers, hidden_size and num_attention_heads all set"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 TEST(PipelineLayout, ParsedAsMegatronCore) {
   // DeepSeek-V3's: the embedding and one layer, 30 stages of two, then the MTP layer and the loss.

@@ -223,6 +223,9 @@ TEST(ConfigYaml, ErrorsNameFileLineAndKey) {
             0u);
   EXPECT_EQ(error_of([] { load_config_text("model:\n  num_layers: 2\n  hidden_size: big\n", "f.yaml"); }),
             "f.yaml:3:16: model.hidden_size expects an integer, got big");
+  // An empty value is cited at its key, not at the next line's.
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  hidden_size:\n  num_layers: 2\n", "f.yaml"); }),
+            "f.yaml:2:3: model.hidden_size expects an integer, got null");
   const std::string unknown =
       error_of([] { load_config_text("model:\n  num_layer: 2\n", "f.yaml"); });
   EXPECT_NE(unknown.find("f.yaml:2:3: unknown key 'model.num_layer'"), std::string::npos)

@@ -814,6 +814,18 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("iterations[1].step_time_s is 1e+300: beyond any run's"), std::string::npos) << e.what();
   }
+  // Past a double, or a key given twice: input errors naming the file, not the parser's exceptions.
+  for (const auto& [step, message] : {std::pair<std::string, std::string>{"1e999", ":2: not a valid epx results file: the "
+                                                                                   "number 1e999 is beyond a double's range"},
+                                      {"1, \"step_time_s\": 2", ": not a valid epx results file: the key \"step_time_s\" "
+                                                                "appears twice"}}) {
+    try {
+      read_run(results("8", step), std::nullopt);
+      ADD_FAILURE() << step << " was read";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(path.string() + message, 0), 0u) << e.what();
+    }
+  }
   std::filesystem::remove(path);
 }
 
@@ -929,6 +941,20 @@ TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
   run = read(line(10, 1000).replace(line(10, 1000).find("lm loss"), 14, "") + line(20, 1000) + line(30, 1000));
   EXPECT_TRUE(std::isnan(run.iterations.front().lm_loss));
   EXPECT_EQ(run.diverged_at, 0);
+  // A loss printed NAN (Megatron before it printed only losses >= 0): a passing one is a skipped
+  // step; to the log's end, the run diverged from its first such line.
+  const auto nan_at = [&](int it) {
+    std::string l = line(it, 1000);
+    const auto at = l.find("lm loss: ") + 9;
+    return l.replace(at, l.find(' ', at) - at, "NAN");
+  };
+  run = read(line(10, 1000) + nan_at(20) + line(30, 1000));
+  EXPECT_EQ(run.diverged_at, 0);
+  run = read(line(10, 1000) + nan_at(20) + nan_at(30));
+  EXPECT_EQ(run.diverged_at, 20);
+  notes.clear();
+  for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) notes += n + "\n";
+  EXPECT_NE(notes.find("the LM loss is NaN or infinite from iteration 20: the training diverged"), std::string::npos) << notes;
   std::filesystem::remove(path);
 }
 
@@ -1071,6 +1097,11 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("the log goes back to iteration 3"),
             std::string::npos);
+  // Too short for the resumed process's steady state: the first process's, not its warm-up.
+  std::ofstream(path) << line(1, 30000) << line(2, 9000) << line(3, 9000) << line(3, 9000) << line(4, 9000);
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.steady_first, 3);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   // log_interval 1: the first iteration's counts are not reset either, so the second line's
   // include them (1, 2, 1 is three skipped iterations).
   std::ofstream(path) << counted(1, 9000, 1) << counted(2, 9000, 2) << counted(3, 9000, 1) << counted(4, 9000, 0);
@@ -1198,6 +1229,30 @@ TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
   EXPECT_LE(sr.dp, sd.dp + cr.embedding_rows_s);
   EXPECT_GE(sr.dp_merged, sr.dp);
   EXPECT_GE(sr.dp, cr.embedding_rows_s);
+}
+
+TEST(Plan, DetachedMtpHeadsSkipTheirOutputWeightsGradient) {
+  // mtp_detach_heads: each MTP depth's output layer skips its wgrad, 2hV of its 6hV FLOPs a token
+  // (timed at the peak on cpu, with the layers' GEMMs on a GPU); the cross-entropy still runs.
+  for (const char* gpu_name : {"cpu", "h100"}) {
+    const GpuInfo gpu = *find_gpu(gpu_name);
+    const auto compute = [&](const char* detach) {
+      const Config c = resolved("deepseek_v3_mla_proxy", {"target.num_gpus=2", std::string("target.gpu=") + gpu_name,
+                                                          "model.mtp_num_layers=2", detach});
+      const LayoutPlan lp = plan_layout(c, gpu);
+      const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+      return step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall, mem), mem, Dispatcher::alltoall).compute;
+    };
+    const Config c = resolved("deepseek_v3_mla_proxy", {"target.num_gpus=2", "model.mtp_num_layers=2"});
+    const double skipped = 2 * 2.0 * static_cast<double>(c.model.hidden_size) * static_cast<double>(padded_vocab_size(c.model)) *
+                           static_cast<double>(c.model.seq_length) * c.train.micro_batch_size.value_or(1);
+    const double attached = compute("model.mtp_detach_heads=false"), detached = compute("model.mtp_detach_heads=true");
+    if (std::string(gpu_name) == "cpu")
+      EXPECT_NEAR(attached - detached, skipped / (gpu.rates.bf16_tflops * 1e12 * gpu.rates.shared_core_efficiency), 1e-12 + 1e-9 * attached);
+    else
+      EXPECT_GT(attached - detached, skipped / (gpu.rates.bf16_tflops * 1e12)) << gpu_name;  // at below the peak
+    EXPECT_LT(detached, attached) << gpu_name;
+  }
 }
 
 TEST(Plan, TiedEmbeddingsAndMtpOverStagesSumTheEmbeddingsGradientBetweenThem) {

@@ -22,6 +22,7 @@ struct IterationPoint {
   double lm_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not logged, or logged as nan
   double mem_max_allocated_gb = 0;  // GiB, Megatron's "gigabytes"; 0: not logged
   int skipped = 0, nans = 0;        // a Megatron log line's skipped and NaN iteration counts
+  bool loss_not_finite = false;     // a Megatron log line's loss printed as NAN or INF (older versions)
   bool throughput_logged = true;    // a Megatron log's rate (its line's, or Bridge's Step Time line)
   // Megatron's timers after the line (--timing-log-level 1 or 2): ms per iteration, max over ranks;
   // the min over ranks (--timing-log-option minmax, Megatron's default, or all); and with `all`
@@ -80,9 +81,9 @@ struct RunEvidence {
   // (cut short or run into by another rank's output): left out; the first one's line number.
   int unread_lines = 0;
   std::size_t first_unread_line = 0;
-  // epx results: the first iteration whose loss is NaN or infinite (written as null), 0 if none. A
-  // Megatron log never prints such a loss (training_log shows only losses >= 0): its NaN
-  // iterations are counted instead.
+  // epx results: the first iteration whose loss is NaN or infinite (written as null), 0 if none.
+  // Megatron's training_log today prints only losses >= 0 (its NaN iterations are counted
+  // instead); a log whose loss is NAN or INF to its end diverged from the first of those lines.
   int diverged_at = 0;
   // A Megatron log of more than one process: one whose iterations go back (a requeued run
   // appended to its log: the later lines replace the earlier ones from that iteration on,

@@ -1,0 +1,22 @@
+#include "check_warnings.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace epx::cli {
+
+nlohmann::json check_warning_ids(const CheckReport& report) {
+  nlohmann::json ids = nlohmann::json::array();
+  for (const Finding& f : report.findings)
+    if (f.severity == Severity::warning) ids.push_back(f.rule_id);
+  return ids;
+}
+
+std::string check_warnings_line(const CheckReport& report, const char* command) {
+  const nlohmann::json ids = check_warning_ids(report);
+  if (ids.empty()) return "";
+  return fmt::format("epx {}: epx check warns on this config ({}): run epx check with the same arguments to read {}\n",
+                     command, fmt::join(ids.get<std::vector<std::string>>(), ", "), ids.size() == 1 ? "it" : "them");
+}
+
+}  // namespace epx::cli
