@@ -153,16 +153,17 @@ void add_first_step_rules(RuleTable& add) {
       "Megatron-Core transformer/multi_token_prediction.py", "an MTP depth at or past seq_length has no labels to learn",
       [](const CheckContext& c) {
         // Depth d predicts the token d + 1 ahead: its labels and loss mask roll d places, so it
-        // keeps seq_length - d tokens. From d = seq_length on none are left; Megatron clamps the
-        // token count to 1 and the depth's loss is 0, its layer trains on nothing.
+        // keeps at most seq_length - d tokens (packed sequences roll within each one). From
+        // d = seq_length on none are left; Megatron clamps the token count to 1 and the depth's
+        // loss is 0, its layer trains on nothing.
         const auto& m = c.cfg.model;
         const Int depths = m.mtp_num_layers.value_or(0);
         if (depths < m.seq_length) return pass();
-        return fail(fmt::format("mtp_num_layers={} with seq_length={}: MTP depth d keeps seq_length - d tokens, so "
-                                "depth{} {}{} {} no labels and train{} nothing (their loss reads 0)",
-                                depths, m.seq_length, depths > m.seq_length ? "s" : "", m.seq_length,
-                                depths > m.seq_length ? fmt::format("..{}", depths) : "",
-                                depths > m.seq_length ? "have" : "has", depths > m.seq_length ? "" : "s"),
+        const std::string which = depths > m.seq_length ? fmt::format("depths {}..{} have", m.seq_length, depths)
+                                                        : fmt::format("depth {} has", depths);
+        return fail(fmt::format("mtp_num_layers={} with seq_length={}: MTP depth d keeps at most seq_length - d tokens, "
+                                "so {} no labels and train nothing (the loss reads 0)",
+                                depths, m.seq_length, which),
                     m.seq_length > 1 ? fmt::format("model.mtp_num_layers={}", m.seq_length - 1) : "model.mtp_num_layers=null");
       });
 }

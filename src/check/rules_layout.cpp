@@ -44,8 +44,8 @@ void add_layout_rules(RuleTable& add) {
       });
   // The harness asks Slurm (or Kubeflow) for -(num_gpus // -gpus_per_node) nodes of
   // gpus_per_node tasks each (setup_experiment.py, utils/executors.py): a world that does not
-  // fill its nodes runs on more ranks than -ng says. The emulated cluster is whole nodes too
-  // (epx launch --cluster runs nodes x ranks-per-node).
+  // fill its nodes runs on more ranks than -ng says. On cpu a world within one node is one
+  // machine's ranks; over several, the emulated cluster's nodes are whole too.
   add("target.world_fills_nodes", W, {"target.num_gpus", "target.gpus_per_node", "target.gpu"},
       "Megatron-Bridge scripts/performance/setup_experiment.py", "the world is whole nodes, as the harness launches it", [](const CheckContext& c) {
         const OptInt gpn = gpus_per_node(c.cfg);
@@ -53,12 +53,17 @@ void add_layout_rules(RuleTable& add) {
         const Int world = *c.world(), nodes = (world + *gpn - 1) / *gpn;
         Int fits = *gpn;  // the most GPUs per node that the world fills
         while (world % fits != 0) --fits;
-        const std::string launcher = c.gpu.cuda() ? "the harness launches -(num_gpus // -gpus_per_node) = "
-                                                  : "the emulated cluster (epx launch --cluster) runs whole nodes: ";
-        return fail(fmt::format("num_gpus {} is not a multiple of {} GPUs per node: {}{} node(s) of {} ranks, a world of "
-                                "{} ranks, not {}",
-                                world, *gpn, launcher, nodes, *gpn, nodes * *gpn, world),
-                    fmt::format("target.gpus_per_node={}", fits));
+        const std::string fix = fmt::format("target.gpus_per_node={}", fits);
+        if (!c.gpu.cuda())  // one machine's ranks, or the emulated cluster's nodes of --ranks-per-node
+          return fail_if(world > *gpn,
+                         fmt::format("num_gpus {} over nodes of {}: the plan's last node holds {} rank(s), which the "
+                                     "emulated cluster (epx launch --cluster, --nodes x --ranks-per-node) cannot run",
+                                     world, *gpn, world - (nodes - 1) * *gpn),
+                         fix);
+        return fail(fmt::format("num_gpus {} is not a multiple of {} GPUs per node: the harness launches -(num_gpus // "
+                                "-gpus_per_node) = {} node(s) of {} tasks, a world of {} ranks, not {}",
+                                world, *gpn, nodes, *gpn, nodes * *gpn, world),
+                    fix);
       });
   add("parallel.experts_divisible_by_ep", E,
       {"model.num_moe_experts", "model.expert_model_parallel_size"}, kMcore,
@@ -208,20 +213,23 @@ void add_layout_rules(RuleTable& add) {
         if (n('L') != 1) return fail("Loss must be specified exactly once", fix);
         if (n('t') != m.num_layers)
           return fail(fmt::format("Number of decoder layers {}must match num_layers {}", n('t'), m.num_layers), fix);
-        if (n('m') != m.mtp_num_layers.value_or(0)) {
-          // The layout's m are the user's placement: offer the count that matches them when they
-          // all sit in one stage (as the rule asks below), else the layout-free fix.
-          const bool one_stage = std::any_of(stages.begin(), stages.end(), [&](const std::string& st) {
-            return static_cast<Int>(std::count(st.begin(), st.end(), 'm')) == n('m');
-          });
-          return fail("Number of mtp layers in layout must match mtp_num_layers",
-                      one_stage ? (n('m') ? fmt::format("model.mtp_num_layers={}", n('m')) : "model.mtp_num_layers=null") : fix);
-        }
-        const auto first_mtp = layers.find('m');
-        if (first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos)
-          return fail("decoder layers must be placed before MTP layers", fix);
         // Virtual stage v * PP + p is chunk v of rank p: MTP only in a rank's last chunk, all of it there.
         const Int chunks = count / pp;
+        const auto first_mtp = layers.find('m');
+        const bool decoder_first = first_mtp == std::string::npos || layers.find('t', first_mtp) == std::string::npos;
+        if (n('m') != m.mtp_num_layers.value_or(0)) {
+          // The layout's m are the user's placement: where it is one the rule takes (after the
+          // decoder, all in one last chunk of a rank), the fix is its count, else the layout's.
+          bool placed = decoder_first;
+          for (Int k = 0; k < count; ++k) {
+            const std::string& st = stages[static_cast<std::size_t>(k)];
+            const auto here = static_cast<Int>(std::count(st.begin(), st.end(), 'm'));
+            if (here > 0) placed = placed && here == n('m') && k / pp == chunks - 1;
+          }
+          return fail("Number of mtp layers in layout must match mtp_num_layers",
+                      !placed ? fix : n('m') ? fmt::format("model.mtp_num_layers={}", n('m')) : "model.mtp_num_layers=null");
+        }
+        if (!decoder_first) return fail("decoder layers must be placed before MTP layers", fix);
         for (Int k = 0; k < count; ++k) {
           const std::string& stage = stages[static_cast<std::size_t>(k)];
           const auto mtp = static_cast<Int>(std::count(stage.begin(), stage.end(), 'm'));

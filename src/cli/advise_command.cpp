@@ -14,7 +14,7 @@ namespace epx::cli {
 
 void AdviseArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_flag("--json", json, "one JSON object: recommended, why, dispatchers, tuning, harness_ab, epx_ab; on check errors {check, advice: null}");
+  app.add_flag("--json", json, "one JSON object: recommended, why, dispatchers, tuning, harness_ab, epx_ab, check_warnings (the rules that warned); on check errors {check, advice: null}");
   app.add_option("--have", have,
                  "the flex backends the target container has, e.g. deepep,hybridep or none (default: not stated)");
   app.add_option("--probe", probe,

@@ -15,7 +15,8 @@ nlohmann::json check_warning_ids(const CheckReport& report) {
 std::string check_warnings_line(const CheckReport& report, const char* command) {
   const nlohmann::json ids = check_warning_ids(report);
   if (ids.empty()) return "";
-  return fmt::format("epx {}: epx check warns on this config ({}): run epx check with the same arguments to read {}\n",
+  return fmt::format("epx {}: epx check warns on this config ({}): epx check with the same config, target flags and "
+                     "overrides explains {}\n",
                      command, fmt::join(ids.get<std::vector<std::string>>(), ", "), ids.size() == 1 ? "it" : "them");
 }
 

@@ -17,7 +17,7 @@ namespace epx::cli {
 
 void PlanArgs::add_to(CLI::App& app) {
   config.add_to(app);
-  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb (GiB), variants; with --search the ranked rows; on check errors {check, plan: null}");
+  app.add_flag("--json", json, "one JSON object: layout, flops_per_token, fits, memory_gb (GiB), variants, check_warnings (the rules that warned); with --search the ranked rows; on check errors {check, plan: null}");
   app.add_option("--ranks", ranks, "print every rank's node and its index in each group (the first N ranks)")
       ->expected(0, 1)
       ->default_str("256")

@@ -213,7 +213,11 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.dispatcher = text_or(s, "dispatcher");
   run.schedule = text_or(s, "schedule");
   run.recompute = text_or(s, "recompute");
-  if (j.contains("ranks") && j["ranks"].is_number_integer()) run.ranks = j["ranks"].get<int>();
+  if (const auto ranks = j.find("ranks"); ranks != j.end()) {
+    if (!ranks->is_number_integer() || ranks->get<std::int64_t>() < 1 || ranks->get<std::int64_t>() > 1000000)
+      throw bad(fmt::format("'ranks' is {}, not a rank count from 1", shorten(ranks->dump())));
+    run.ranks = ranks->get<int>();
+  }
   if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, path);
   if (j.contains("config") && !j["config"].is_object()) throw bad("'config' is not a mapping of the config's sections");
   if (j.contains("config")) {
@@ -443,17 +447,18 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   run.steady_last = its.back().iteration;
   run.first_iteration = first_averaged(0);
   // After a restart, the resumed process warms up again: its first two iterations are left out too.
-  // A log too short for that keeps the first process's steady state, then every line.
-  const int warm = std::max(run.first_iteration, run.restarted_at) + 2;
-  const int steady_from = warm <= run.steady_last                       ? warm
-                          : run.first_iteration + 2 <= run.steady_last ? run.first_iteration + 2
-                                                                        : its.front().iteration;
+  // A log too short for that keeps the first process's steady state before the restart, if any.
+  const int warm = std::max(run.first_iteration, run.restarted_at) + 2, last = run.steady_last;
+  const bool before_restart = warm > last && run.restarted_at > 0 && run.first_iteration + 2 < run.restarted_at;
+  const int steady_from = warm <= last ? warm : before_restart ? run.first_iteration + 2 : its.front().iteration;
+  const int steady_to = before_restart ? run.restarted_at - 1 : last;
   double sum = 0, flops = 0;
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line
     // (but a first line the next one covers again)
     for (std::size_t k = fallback && first_not_reset && its.size() > 1 ? 1 : 0; k < its.size(); ++k) {
-      if (!fallback && first_averaged(k) < steady_from) continue;
+      if (!fallback && (first_averaged(k) < steady_from || its[k].iteration > steady_to)) continue;
+      if (!fallback) run.steady_last = steady_to;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;
       run.throughput_logged = run.throughput_logged && its[k].throughput_logged;  // over the lines averaged
@@ -471,7 +476,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   for (auto& [name, ranks] : run.timers_by_rank_ms)
     for (auto& [rank, ms] : ranks) ms /= n;
   run.final_loss = run.iterations.back().lm_loss;
-  // A NaN loss now and then is a skipped fp16 step (the loss scaler); to the log's end, divergence.
+  // Megatron-LM of 2020 printed a NaN mean loss as NAN (later ones leave it out). A passing one
+  // was a skipped fp16 step (the loss scaler); to the log's end it is divergence, within the
+  // log_interval up to its first such line.
   for (auto it = run.iterations.rbegin(); it != run.iterations.rend() && it->loss_not_finite; ++it)
     run.diverged_at = it->iteration;
 }

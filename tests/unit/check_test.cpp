@@ -410,9 +410,9 @@ const std::vector<Case>& cases() {
       {"optimizer.known_optimizer", {"optimizer.optimizer=Adam"}, {"optimizer.optimizer=dist_muon"}},
       {"target.world_fills_nodes", {"target.gpu=h100", "target.num_gpus=4"},
        {"target.gpu=h100", "target.num_gpus=4", "target.gpus_per_node=4"}},
-      {"target.world_fills_nodes",  // the emulated cluster runs whole nodes too
+      {"target.world_fills_nodes",  // the emulated cluster runs whole nodes too; one machine's ranks pass
        {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=3"},
-       {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=2"}},
+       {"target.gpu=cpu", "target.num_gpus=4", "target.gpus_per_node=8"}},
       {"moe.expert_bias_score_function", {"model.moe_router_enable_expert_bias=true"},
        {"model.moe_router_enable_expert_bias=true", "model.moe_router_score_function=sigmoid"}},
       {"moe.capacity_settings", {"model.moe_pad_expert_input_to_capacity=true"},
@@ -788,6 +788,9 @@ TEST(CheckRules, MtpLayersSitInTheLastChunkOfOneRank) {
   EXPECT_EQ(count_fix("Ett|ttmmL", "null"), "model.mtp_num_layers=2");
   EXPECT_EQ(count_fix("Ett|ttL", "1"), "model.mtp_num_layers=null");
   EXPECT_EQ(count_fix("Ett|tt|m|mL", "1").rfind("model.pipeline_model_parallel_layout=", 0), 0u) << count_fix("Ett|tt|m|mL", "1");
+  // Misplaced m (before a decoder layer; in chunk 0 of rank 1 under VPP 2): the layout's fix.
+  for (const char* misplaced : {"Emtt|ttL", "Et|tm|t|tL"})
+    EXPECT_EQ(count_fix(misplaced, "null").rfind("model.pipeline_model_parallel_layout=", 0), 0u) << count_fix(misplaced, "null");
 }
 
 TEST(CheckRules, AMisspeltFieldOfABridgeDumpIsFlagged) {

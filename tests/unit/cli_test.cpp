@@ -410,7 +410,19 @@ TEST(Cli, PlanPrintsTheTableAndJson) {
   int configured = 0;
   for (const auto& v : j["variants"]) configured += v["as_configured"].get<bool>();
   EXPECT_EQ(configured, 1);
+  EXPECT_TRUE(j["check_warnings"].is_array());
   EXPECT_TRUE(has(run("plan qwen3_30b_a3b --ranks 3"), "... 13 more ranks"));
+  // A config the check warns on: plan and advise go on, and name the rules.
+  for (const char* command : {"plan", "advise"}) {
+    EXPECT_FALSE(has(run(fmt::format("{} qwen3_30b_a3b_proxy -g cpu -ng 4", command)), "epx check warns"));
+    const Result warned = run(fmt::format("{} qwen3_30b_a3b_proxy -g cpu -ng 4 -gn 3", command));
+    EXPECT_EQ(warned.code, 0) << warned.out;
+    EXPECT_TRUE(has(warned, fmt::format("epx {}: epx check warns on this config (target.world_fills_nodes)", command)))
+        << warned.out;
+    const Result as_json = run(fmt::format("{} qwen3_30b_a3b_proxy -g cpu -ng 4 -gn 3 --json", command));
+    ASSERT_EQ(as_json.code, 0) << as_json.out;
+    EXPECT_EQ(nlohmann::json::parse(as_json.out)["check_warnings"], nlohmann::json::array({"target.world_fills_nodes"}));
+  }
 }
 
 TEST(Cli, AdviseDiagnoseAndReportRefuseBadInputClearly) {

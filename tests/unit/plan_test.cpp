@@ -1097,11 +1097,18 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
   EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   EXPECT_NE(format_diagnosis(run, diagnose(run, std::nullopt, find_gpu("h100"))).find("the log goes back to iteration 3"),
             std::string::npos);
-  // Too short for the resumed process's steady state: the first process's, not its warm-up.
-  std::ofstream(path) << line(1, 30000) << line(2, 9000) << line(3, 9000) << line(3, 9000) << line(4, 9000);
+  // Too short for the resumed process's steady state: the first process's before the restart,
+  // not the resumed one's warm-up; with none, every line.
+  std::ofstream(path) << line(1, 30000) << line(2, 9000) << line(3, 9000) << line(4, 9000) << line(4, 20000)
+                      << line(5, 9000);
   run = read_run(path.string(), std::nullopt);
   EXPECT_EQ(run.steady_first, 3);
+  EXPECT_EQ(run.steady_last, 3);
   EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
+  std::ofstream(path) << line(1, 30000) << line(2, 9000) << line(3, 9000) << line(3, 9000) << line(4, 9000);
+  run = read_run(path.string(), std::nullopt);
+  EXPECT_EQ(run.steady_first, 1);
+  EXPECT_DOUBLE_EQ(run.mean_step_s, (30.0 + 9 + 9 + 9) / 4);
   // log_interval 1: the first iteration's counts are not reset either, so the second line's
   // include them (1, 2, 1 is three skipped iterations).
   std::ofstream(path) << counted(1, 9000, 1) << counted(2, 9000, 2) << counted(3, 9000, 1) << counted(4, 9000, 0);

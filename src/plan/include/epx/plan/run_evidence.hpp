@@ -82,8 +82,9 @@ struct RunEvidence {
   int unread_lines = 0;
   std::size_t first_unread_line = 0;
   // epx results: the first iteration whose loss is NaN or infinite (written as null), 0 if none.
-  // Megatron's training_log today prints only losses >= 0 (its NaN iterations are counted
-  // instead); a log whose loss is NAN or INF to its end diverged from the first of those lines.
+  // Megatron's training_log today prints only losses >= 0 (a skipped fp16 step's NaN is counted
+  // as a NaN iteration); a log of 2020's whose loss is NAN or INF to its end diverged at the
+  // first of those lines.
   int diverged_at = 0;
   // A Megatron log of more than one process: one whose iterations go back (a requeued run
   // appended to its log: the later lines replace the earlier ones from that iteration on,
