@@ -1,5 +1,7 @@
 // YAML in and out: epx recipes, `epx config show` dumps and Megatron-Bridge config dumps.
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <charconv>
 #include <cstdlib>
@@ -191,10 +193,10 @@ YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source
 
 std::string read_config_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the file", path.string()));
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the file: {}", path.string(), std::strerror(errno)));
   std::string text(kMaxConfigBytes + 1, '\0');  // one byte more than allowed: too long is seen
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the file", path.string()));
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the file: {}", path.string(), std::strerror(errno)));
   text.resize(static_cast<std::size_t>(in.gcount()));
   return text;
 }

@@ -585,8 +585,12 @@ RunEvidence read_run(const std::string& run_path, const std::optional<std::strin
   RunEvidence run;
   run.source = run_path;
   const std::string text = read_text(run_path, "run file");
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && text[first] == '{') read_epx_results(text, run_path, run);
+  const std::size_t bom = text.starts_with("\xEF\xBB\xBF") ? 3 : 0;  // a UTF-8 byte-order mark (the JSON parser skips it)
+  const auto first = text.find_first_not_of(" \t\r\n", bom);
+  if (first == std::string::npos)
+    throw InputError(fmt::format("{}: the file is empty: give an `epx run --results` JSON or a Megatron training log",
+                                 run_path));
+  if (text[first] == '{') read_epx_results(text, run_path, run);  // '[' starts launchers' prefixes too
   else read_megatron_log(text, run_path, run);
   // A trace is `epx run --trace`'s, of the run whose results it goes with; a Megatron run has none.
   if (trace_path && run.kind != "epx results")

@@ -814,6 +814,20 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("iterations[1].step_time_s is 1e+300: beyond any run's"), std::string::npos) << e.what();
   }
+  // A byte-order mark before the JSON is read past; an empty file is named so.
+  const std::string plain = [&] {
+    std::ifstream in(results("8", "1"));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  std::ofstream(path) << "\xEF\xBB\xBF" << plain;
+  EXPECT_EQ(read_run(path.string(), std::nullopt).kind, "epx results");
+  std::ofstream(path) << " \n";
+  try {
+    read_run(path.string(), std::nullopt);
+    ADD_FAILURE() << "an empty file was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(": the file is empty"), std::string::npos) << e.what();
+  }
   // Past a double, or a key given twice: input errors naming the file, not the parser's exceptions.
   for (const auto& [step, message] : {std::pair<std::string, std::string>{"1e999", ":2: not a valid epx results file: the "
                                                                                    "number 1e999 is beyond a double's range"},
