@@ -371,6 +371,11 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
         coeff > 0 ? fmt::format("a larger aux-loss coefficient (moe_aux_loss_coeff {})", field_text(*run.config, "model.moe_aux_loss_coeff"))
                   : "a load-balancing loss (moe_aux_loss_coeff)"));
   }
+  // An epx run names its layout: a config (or --override) that plans another is not the run's.
+  if (plan && run.layout.starts_with("world ") && plan->layout.layout.describe() != run.layout)
+    d.notes.push_back(fmt::format("the run's layout is {}, the config plans {}: the planner's figures are for the "
+                                  "config's",
+                                  run.layout, plan->layout.layout.describe()));
   // A log names its own world and batch: a config that says otherwise is not the run's.
   if (config && run.ranks > 0 && config->target.num_gpus && *config->target.num_gpus != run.ranks)
     d.notes.push_back(fmt::format("the run had {} ranks (its arguments dump), the config plans {}: the planner's figures "

@@ -761,6 +761,23 @@ TEST(Diagnose, ARateAboveTheAttainableSaysTheEfficiencyIsFromElsewhere) {
   EXPECT_NE(evidence.find("the output layer's"), std::string::npos) << evidence;
 }
 
+TEST(Diagnose, AConfigThatPlansAnotherLayoutThanTheRunsIsNoted) {
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=2", "target.gpu=cpu"});
+  RunEvidence run;
+  run.mean_step_s = 1;
+  const auto notes = [&](const std::string& layout) {
+    run.layout = layout;
+    std::string all;
+    for (const std::string& n : diagnose(run, c, find_gpu("cpu")).notes) all += n + "\n";
+    return all;
+  };
+  const std::string planned = make_plan(c).layout.layout.describe();
+  EXPECT_EQ(notes(planned).find("the run's layout is"), std::string::npos) << notes(planned);
+  const std::string other = "world 2 = TP1 CP1 DP1 PP2 | ETP1 EP1 EDP1 PP2";
+  EXPECT_NE(notes(other).find(fmt::format("the run's layout is {}, the config plans {}", other, planned)), std::string::npos)
+      << notes(other);
+}
+
 TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
   // An epx run bound by its DP reduction with overlap_grad_reduce already on: the next fix is
   // epx's own rows split; once it is on, or with a tied head on one stage, it is not offered.
