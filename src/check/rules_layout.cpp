@@ -213,35 +213,32 @@ void add_layout_rules(RuleTable& add) {
         if (n('L') != 1) return fail("Loss must be specified exactly once", fix);
         if (n('t') != m.num_layers)
           return fail(fmt::format("Number of decoder layers {}must match num_layers {}", n('t'), m.num_layers), fix);
-        // Virtual stage v * PP + p is chunk v of rank p: MTP only in a rank's last chunk, all of it there.
-        const Int chunks = count / pp;
-        const auto first_mtp = layers.find('m');
-        const bool decoder_first = first_mtp == std::string::npos || layers.find('t', first_mtp) == std::string::npos;
-        if (n('m') != m.mtp_num_layers.value_or(0)) {
-          // The layout's m are the user's placement: where it is one the rule takes (after the
-          // decoder, all in one last chunk of a rank), the fix is its count, else the layout's.
-          bool placed = decoder_first;
+        // Where the layout's m sit, in Megatron's order of checks: after the decoder, then (virtual
+        // stage v * PP + p is chunk v of rank p) only in a rank's last chunk, all of them there.
+        const auto misplaced = [&]() -> std::string {
+          const auto first_mtp = layers.find('m');
+          if (first_mtp != std::string::npos && layers.find('t', first_mtp) != std::string::npos)
+            return "decoder layers must be placed before MTP layers";
           for (Int k = 0; k < count; ++k) {
-            const std::string& st = stages[static_cast<std::size_t>(k)];
-            const auto here = static_cast<Int>(std::count(st.begin(), st.end(), 'm'));
-            if (here > 0) placed = placed && here == n('m') && k / pp == chunks - 1;
+            const std::string& stage = stages[static_cast<std::size_t>(k)];
+            const auto mtp = static_cast<Int>(std::count(stage.begin(), stage.end(), 'm'));
+            if (mtp == 0) continue;
+            if (k / pp < count / pp - 1)
+              return fmt::format("Currently we restrict that the MTP should be always in the last virtual pipeline "
+                                 "stage of that rank. But got {}",
+                                 stage);
+            if (mtp != n('m')) return "All of the MTP layers must be in the same one virtual pipeline stage";
           }
+          return "";
+        }();
+        // The layout's m are the user's placement: where the rule takes it, the fix for a count
+        // that misses it is the layout's count, else the layout's fix.
+        if (n('m') != m.mtp_num_layers.value_or(0))
           return fail("Number of mtp layers in layout must match mtp_num_layers",
-                      !placed ? fix : n('m') ? fmt::format("model.mtp_num_layers={}", n('m')) : "model.mtp_num_layers=null");
-        }
-        if (!decoder_first) return fail("decoder layers must be placed before MTP layers", fix);
-        for (Int k = 0; k < count; ++k) {
-          const std::string& stage = stages[static_cast<std::size_t>(k)];
-          const auto mtp = static_cast<Int>(std::count(stage.begin(), stage.end(), 'm'));
-          if (mtp == 0) continue;
-          if (k / pp < chunks - 1)
-            return fail(fmt::format("Currently we restrict that the MTP should be always in the last virtual pipeline "
-                                    "stage of that rank. But got {}",
-                                    stage),
-                        fix);
-          if (mtp != m.mtp_num_layers.value_or(0))
-            return fail("All of the MTP layers must be in the same one virtual pipeline stage", fix);
-        }
+                      !misplaced.empty() ? fix
+                      : n('m')           ? fmt::format("model.mtp_num_layers={}", n('m'))
+                                         : "model.mtp_num_layers=null");
+        if (!misplaced.empty()) return fail(misplaced, fix);
         return pass();
       });
   // Megatron-Core builds the embedding where pre_process holds (the first chunk of the first

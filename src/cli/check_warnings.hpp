@@ -3,16 +3,15 @@
 #pragma once
 
 #include <string>
-
-#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "epx/check/check.hpp"
 
 namespace epx::cli {
 
+// The warnings' rule ids (--json's check_warnings).
+std::vector<std::string> check_warning_ids(const CheckReport& report);
 // "" when the check found no warning, else one line naming each warning's rule.
 std::string check_warnings_line(const CheckReport& report, const char* command);
-// The warnings' rule ids, for --json.
-nlohmann::json check_warning_ids(const CheckReport& report);
 
 }  // namespace epx::cli

@@ -456,9 +456,9 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
   int n = 0;
   for (const bool fallback : {false, true}) {  // no line in the steady state: every line
     // (but a first line the next one covers again)
+    run.steady_last = fallback ? last : steady_to;
     for (std::size_t k = fallback && first_not_reset && its.size() > 1 ? 1 : 0; k < its.size(); ++k) {
       if (!fallback && (first_averaged(k) < steady_from || its[k].iteration > steady_to)) continue;
-      if (!fallback) run.steady_last = steady_to;
       if (n == 0) run.steady_first = fallback ? its.front().iteration : first_averaged(k);
       sum += its[k].step_s, flops += its[k].tflops_per_gpu * its[k].step_s, ++n;
       run.throughput_logged = run.throughput_logged && its[k].throughput_logged;  // over the lines averaged
