@@ -76,28 +76,71 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   // ddp.grad_reduce_in_fp32), and with the distributed optimizer the parameter all-gather back:
   // ring volumes 2(d-1)/d of the bytes for an all-reduce, (d-1)/d for a reduce-scatter or an
   // all-gather.
-  const auto reduce = [&](double params, double d) {
+  const bool distributed = c.ddp.use_distributed_optimizer;
+  const auto grads = [&](double params, double d) {
     if (d <= 1) return 0.0;
-    const double share = (d - 1) / d;
-    // The weights go back in their compute dtype (epx's runtime too; its FP32 norms and router
-    // are a rounding error of the bytes).
-    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m), param = element_bytes(m);
-    return c.ddp.use_distributed_optimizer ? share * params * (grad + param) : 2 * share * params * grad;
+    const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m);
+    return (distributed ? 1 : 2) * (d - 1) / d * params * grad;
   };
+  // The weights go back in their compute dtype (epx's runtime too; its FP32 norms and router
+  // are a rounding error of the bytes).
+  const auto gather = [&](double params, double d) { return distributed && d > 1 ? (d - 1) / d * params * element_bytes(m) : 0.0; };
+  const auto reduce = [&](double params, double d) { return grads(params, d) + gather(params, d); };
   const double dp = l.dp * l.cp;
   out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
   out.dp_inter = crosses_nodes(GroupKind::dp_cp) || crosses_nodes(GroupKind::edp);
   // Fixed costs: a bucket per group that reduces, and the step's two small all-reduces over the
   // world (the grad norm and the logged loss).
   const int reductions = (dp > 1) + (l.edp > 1);
-  out.dp_s = out.dp_bytes / (out.dp_inter ? net : nvl) +
-             (reductions + (l.world > 1 ? 2 : 0)) * latency(out.dp_inter || lp.nodes > 1);
+  const double rate = out.dp_inter ? net : nvl, fixed = latency(out.dp_inter || lp.nodes > 1);
+  out.step_allreduces_s = (l.world > 1 ? 2 : 0) * fixed;
+  out.dp_gather_s = (gather(memory.dense_params, dp) + gather(memory.expert_params, l.edp)) / rate;
+  out.dp_s = out.dp_bytes / rate + reductions * fixed + out.step_allreduces_s;
   if (c.ddp.reduce_embedding_rows && memory.embedding_params > 0 && dp > 1) {
     const double rate = crosses_nodes(GroupKind::dp_cp) ? net : nvl;
     const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
     out.embedding_dp_s = reduce(memory.embedding_params, dp) / rate;
     out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +
                            2 * latency(crosses_nodes(GroupKind::dp_cp));
+  }
+
+  if (c.ddp.overlap_grad_reduce) {
+    // Megatron's buckets (param_and_grad_buffer.py), per kind, in the order the backward completes
+    // the weights: a bucket closes once it holds bucket_size elements (default max(40M, 1M x DP)),
+    // the rest is the last bucket, with the embedding. Stages after the first keep one bucket,
+    // whose reduction runs under the first stage's cooldown: only the first stage's are timed.
+    // Megatron's interleaved schedule with align_grad_reduce (its default) launches a chunk's
+    // buckets together after its last backward (schedules.py grad_sync_func); epx's runtime
+    // launches each as it completes. The rows split's table is a bucket of its own, complete
+    // before the last micro-batch, and its rows are reduced after the backward.
+    const double size = c.ddp.bucket_size ? static_cast<double>(*c.ddp.bucket_size) : std::max(40e6, 1e6 * l.dp);
+    const bool aligned = target_gpu(c).cuda() && lp.split.chunks > 1;
+    const bool rows = out.embedding_dp_s > 0 && micro_batches_per_dp_rank(c, l) >= 2;
+    for (const bool expert : {false, true}) {
+      const double d = expert ? l.edp : dp, bw = link(expert ? GroupKind::edp : GroupKind::dp_cp);
+      if (d <= 1) continue;
+      const auto add = [&](double params, double ready) {
+        out.first_stage_buckets.push_back({ready, grads(params, d) / bw + latency(crosses_nodes(expert ? GroupKind::edp : GroupKind::dp_cp)),
+                                           gather(params, d) / bw});
+      };
+      double held = 0, ready = 0;
+      for (const GradGroup& g : first_stage_grad_groups(c, lp)) {
+        if (rows && !expert && g.embedding) {
+          if (held > 0) add(held, ready), held = 0;
+          add(g.dense, CommPlan::kBeforeLastMicroBatch);
+          out.first_stage_buckets.push_back({1, out.embedding_rows_s, 0});
+          continue;
+        }
+        const double params = expert ? g.expert : g.dense;
+        if (params <= 0) continue;
+        held += params;
+        ready = aligned && g.chunk == 0 ? 1 : g.done;
+        if (held >= size) add(held, ready), held = 0;
+      }
+      if (held > 0) add(held, ready);
+    }
+    std::stable_sort(out.first_stage_buckets.begin(), out.first_stage_buckets.end(),
+                     [](const CommPlan::Bucket& a, const CommPlan::Bucket& b) { return a.ready < b.ready; });
   }
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and

@@ -100,17 +100,21 @@ PipelineStage busiest_moe_stage(const ModelConfig& m, const PipelineSplit& split
 
 namespace {
 
+// The embedding's rows: Bridge's setup pads the vocabulary only where it takes it from the
+// tokenizer (tokenizer.use_tokenizer_vocab_size, as from-scratch recipes set it), and keeps a
+// preset vocab_size as it is, as epx's configs have; its FLOPs formula pads it either way
+// (flops.cpp).
+double embedding_rows(const Config& c) {
+  const YAML::Node from_tokenizer = c.extra_sections.child_map("tokenizer")["use_tokenizer_vocab_size"];
+  const Int padded_vocab = padded_vocab_size(c.model);  // refuses a config without a vocabulary
+  const bool padded = from_tokenizer.IsScalar() && to_lower(from_tokenizer.Scalar()) == "true";
+  return static_cast<double>(padded ? padded_vocab : *c.model.vocab_size);
+}
+
 MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
-  // The embedding's rows: Bridge's setup pads the vocabulary only where it takes it from the
-  // tokenizer (tokenizer.use_tokenizer_vocab_size, as from-scratch recipes set it), and keeps a
-  // preset vocab_size as it is, as epx's configs have; its FLOPs formula pads it either way
-  // (flops.cpp).
-  const YAML::Node from_tokenizer = c.extra_sections.child_map("tokenizer")["use_tokenizer_vocab_size"];
-  const Int padded_vocab = padded_vocab_size(m);  // refuses a config without a vocabulary
-  const bool padded = from_tokenizer.IsScalar() && to_lower(from_tokenizer.Scalar()) == "true";
-  const double h = static_cast<double>(m.hidden_size), V = static_cast<double>(padded ? padded_vocab : *m.vocab_size);
+  const double h = static_cast<double>(m.hidden_size), V = embedding_rows(c);
   const double tp = l.tp, pp = l.pp, vpp = lp.split.chunks;
   const PipelineStage st = pipeline_stage(m, lp.split, stage);
   const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
@@ -271,6 +275,34 @@ bool recomputes_module(const ModelConfig& m, std::string_view module) {
   if (m.recompute_granularity != std::optional<std::string>("selective")) return false;
   if (!m.recompute_modules) return module == "core_attn";
   return std::find(m.recompute_modules->begin(), m.recompute_modules->end(), module) != m.recompute_modules->end();
+}
+
+std::vector<GradGroup> first_stage_grad_groups(const Config& c, const LayoutPlan& lp) {
+  const ModelConfig& m = c.model;
+  const ParallelLayout& l = lp.layout;
+  const PipelineSplit& split = lp.split;
+  const LayerParams lay = layer_params(m);
+  const double tp = l.tp, h = static_cast<double>(m.hidden_size), V = embedding_rows(c);
+  const int mtp = split.stage_of(split.mtp_stage) == 0 ? static_cast<int>(m.mtp_num_layers.value_or(0)) : 0;
+  const auto ranges = split.ranges_on(0);
+  double layers = mtp;
+  for (const auto& [first, end] : ranges) layers += end - first;
+  std::vector<GradGroup> out;
+  // The head's, at the backward's start (its share of the time is left out).
+  if (split.stages == 1 && !m.share_embeddings_and_output_weights) out.push_back({V * h / tp, 0, 0, split.chunks - 1, false});
+  double done = 0;
+  const auto layer = [&](bool moe, double extra, int chunk) {
+    done += 1;
+    const double dense = (lay.attention + (moe ? lay.shared : lay.dense_mlp) + extra) / tp + lay.duplicated + (moe ? lay.router : 0);
+    out.push_back({dense, moe ? lay.experts / (l.etp * l.ep) : 0, done / std::max(1.0, layers), chunk, false});
+  };
+  // The MTP layers run after the decoder's, so their backward comes first.
+  for (int d = 0; d < mtp; ++d) layer(mtp_moe_layers(m) > 0, 2 * h * h, split.chunks - 1);
+  for (int v = static_cast<int>(ranges.size()) - 1; v >= 0; --v)
+    for (int i = ranges[static_cast<std::size_t>(v)].second - 1; i >= ranges[static_cast<std::size_t>(v)].first; --i)
+      layer(moe_layers_in(m, i, i + 1) > 0, 0, v);
+  out.push_back({V * h / tp, 0, 1, 0, true});
+  return out;
 }
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {

@@ -275,7 +275,7 @@ nlohmann::json variant_json(const Variant& v) {
   return {{"dispatcher", to_string(v.dispatcher)}, {"ep_overlap", v.ep_overlap}, {"delay_wgrad", v.delay_wgrad},
           {"step_time_s", v.step_time_s}, {"tflops_per_gpu", v.tflops_per_gpu},
           {"tokens_per_s_per_gpu", v.tokens_per_s_per_gpu}, {"peak_memory_gb", v.peak_memory_gb},
-          {"exposed_comm_s", v.exposed_comm_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
+          {"exposed_comm_s", v.exposed_comm_s}, {"exposed_dp_s", v.exposed_dp_s}, {"wall", v.wall}, {"as_configured", v.as_configured},
           {"override", fmt::format("{}", fmt::join(v.overrides, " "))}, {"refusal", v.refusal.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.refusal)}};
 }
 

@@ -152,25 +152,30 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
   // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
   s.optimizer = 30 * memory.optimizer_params / hbm;
-  // overlap_grad_reduce starts the buckets under the last micro-batch's backward (about two
-  // thirds of its compute) and nowhere else: what does not fit there stays exposed (measured on
-  // epx's runtime, bench/RESULTS.md "issue 20").
+  // The DP reduction after the last backward. Without overlap_grad_reduce all of it. With it, the
+  // first stage's buckets go out one after another on the comm stream as the last backward
+  // (about two thirds of a micro-batch's compute) completes them, the rows split's table under
+  // the last micro-batch (the plain schedule) or only its backward (the EP-overlap schedule merged
+  // its forward with the previous backward): what runs past the backward's end is exposed, at
+  // least the last bucket, the embedding's (measured on epx's runtime, bench/RESULTS.md "The
+  // exposed DP reduction against the model's depth"). The other stages' reduction is timed as
+  // all of it under one last backward. The distributed optimizer's all-gather follows the
+  // optimizer step, or with overlap_param_gather runs under the next forward but for the first
+  // bucket it needs, the embedding's.
   const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
-  s.dp = s.dp_merged = c.ddp.overlap_grad_reduce ? std::max(0.0, comm.dp_s - last_backward) : comm.dp_s;
-  const double micro_batches = micro_batches_per_dp_rank(c, l);
-  if (c.ddp.overlap_grad_reduce && comm.embedding_dp_s > 0 && micro_batches >= 2) {
-    // ddp.reduce_embedding_rows (with two or more micro-batches): the embedding's table goes
-    // first, as soon as the micro-batch before the last is done with it (the plain schedule: under
-    // the whole last micro-batch; the EP-overlap schedule merged that one's forward with the
-    // previous backward, so only under the last backward), the other buckets after it on the
-    // same stream, and the last micro-batch's rows after the backward.
-    const double rest = comm.dp_s - comm.embedding_dp_s;
-    const auto exposed = [&](double window) {
-      return std::max(0.0, std::max(comm.embedding_dp_s - window, -last_backward) + rest) + comm.embedding_rows_s;
-    };
-    s.dp = exposed(micro_batch);
-    s.dp_merged = exposed(last_backward);
-  }
+  const double grads = comm.dp_s - comm.dp_gather_s - comm.step_allreduces_s;
+  const bool gather_overlapped = c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty();
+  const double gather = gather_overlapped ? comm.first_stage_buckets.back().gather_s : comm.dp_gather_s;
+  const auto exposed = [&](double table_window) {
+    if (!c.ddp.overlap_grad_reduce) return grads;
+    double done = -table_window;
+    for (const CommPlan::Bucket& b : comm.first_stage_buckets)
+      done = std::max(done, b.ready == CommPlan::kBeforeLastMicroBatch ? -table_window : b.ready * last_backward) + b.reduce_s;
+    const double others = l.pp > 1 ? std::max(0.0, grads - last_backward) : 0;
+    return std::max({0.0, done - last_backward, others});
+  };
+  s.dp = exposed(micro_batch - last_backward) + gather + comm.step_allreduces_s;
+  s.dp_merged = exposed(0) + gather + comm.step_allreduces_s;
   s.dp += comm.embedding_stages_s, s.dp_merged += comm.embedding_stages_s;  // after the DP reduction
   return s;
 }

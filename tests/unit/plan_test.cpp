@@ -1269,6 +1269,65 @@ TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
   EXPECT_GE(sr.dp, cr.embedding_rows_s);
 }
 
+TEST(Plan, OverlappedReductionLeavesItsLastBucketsExposed) {
+  // overlap_grad_reduce on 2 nodes: the buckets go out as the last backward completes them, so
+  // what it cannot hide is the tail, the buckets it completes last (layer 0's, the embedding's);
+  // the same at any depth, where the whole reduction grows with the layers.
+  const GpuInfo gpu = *find_gpu("cpu");
+  const auto plan = [&](int layers, std::vector<std::string> more) {
+    std::vector<std::string> o{"target.num_gpus=2", "target.gpu=cpu", "target.gpus_per_node=1", "train.global_batch_size=32",
+                               "ddp.overlap_grad_reduce=true", "ddp.bucket_size=100000", "model.num_layers=" + std::to_string(layers)};
+    o.insert(o.end(), more.begin(), more.end());
+    const Config c = resolved("qwen3_30b_a3b_proxy", o);
+    const LayoutPlan lp = plan_layout(c, gpu);
+    const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+    return std::pair{comm, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall)};
+  };
+  const auto [shallow, s4] = plan(4, {});
+  const auto [deep, s16] = plan(16, {});
+  ASSERT_FALSE(deep.first_stage_buckets.empty());
+  EXPECT_TRUE(std::is_sorted(deep.first_stage_buckets.begin(), deep.first_stage_buckets.end(),
+                             [](const auto& a, const auto& b) { return a.ready < b.ready; }));
+  EXPECT_GT(deep.first_stage_buckets.size(), shallow.first_stage_buckets.size());
+  // The last, with the embedding's 4096 x 256 BF16 gradient (ring all-reduce over 2 ranks).
+  const double net = gpu.rates.network_gb_s * gpu.rates.network_efficiency * 1e9;
+  const CommPlan::Bucket& last = deep.first_stage_buckets.back();
+  EXPECT_EQ(last.ready, 1);
+  EXPECT_GE(last.reduce_s, 2 * 0.5 * 4096 * 256 * 2 / net);
+  EXPECT_GE(s16.dp, last.reduce_s + deep.step_allreduces_s);
+  EXPECT_GT(deep.dp_s - shallow.dp_s, 2 * (s16.dp - s4.dp));
+  EXPECT_LT(s16.dp, 0.5 * deep.dp_s);
+  // The distributed optimizer's all-gather: after the optimizer step, or under the next forward
+  // but for the first bucket it needs, the embedding's.
+  const auto [sharded, after] = plan(16, {"ddp.use_distributed_optimizer=true", "ddp.overlap_param_gather=false"});
+  const auto [same, under] = plan(16, {"ddp.use_distributed_optimizer=true", "ddp.overlap_param_gather=true"});
+  EXPECT_GT(sharded.dp_gather_s, 0);
+  EXPECT_GT(sharded.first_stage_buckets.back().gather_s, 0);
+  EXPECT_NEAR(after.dp - under.dp, sharded.dp_gather_s - sharded.first_stage_buckets.back().gather_s, 1e-12);
+}
+
+TEST(Plan, InterleavedGpuRunsLaunchAChunksBucketsAtItsEnd) {
+  // Megatron's interleaved schedule with align_grad_reduce (its default) starts a chunk's buckets
+  // after the chunk's last backward: on the first stage, chunk 0's at the very end. epx's runtime
+  // starts each bucket as it completes.
+  for (const char* name : {"h100", "cpu"}) {
+    const GpuInfo gpu = *find_gpu(name);
+    const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=8", std::string("target.gpu=") + name,
+                                                      "model.num_layers=8", "model.pipeline_model_parallel_size=2",
+                                                      "model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=32",
+                                                      "ddp.overlap_grad_reduce=true", "ddp.bucket_size=1"});
+    const LayoutPlan lp = plan_layout(c, gpu);
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, plan_memory(c, lp, Dispatcher::alltoall, false));
+    // Bucket size 1: a bucket per weight group, 4 layers and the embedding, each kind.
+    ASSERT_EQ(comm.first_stage_buckets.size(), 5u + 4u) << name;
+    const auto at_end = std::count_if(comm.first_stage_buckets.begin(), comm.first_stage_buckets.end(),
+                                      [](const CommPlan::Bucket& b) { return b.ready == 1; });
+    // Chunk 0's two layers (dense and expert buckets) and the embedding, or layer 0's and the embedding.
+    EXPECT_EQ(at_end, std::string(name) == "h100" ? 2 * 2 + 1 : 2 + 1) << name;
+  }
+}
+
 TEST(Plan, DetachedMtpHeadsSkipTheirOutputWeightsGradient) {
   // mtp_detach_heads: each MTP depth's output layer skips its wgrad, 2hV of its 6hV FLOPs a token
   // (timed at the peak on cpu, with the layers' GEMMs on a GPU); the cross-entropy still runs.

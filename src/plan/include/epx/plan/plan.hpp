@@ -91,6 +91,19 @@ struct MemoryPlan {
   double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
+// The first pipeline stage's weights (the stage whose backward ends a step) in the order its
+// last backward completes their gradients: the head where it is the last stage too, the MTP
+// layers, the decoder layers last to first, chunk after chunk, then the token embedding. Per
+// group, the dense and expert parameters on this rank, the share of the stage's layers whose
+// backward is done by then, and its model chunk. Megatron's DDP and epx's runtime bucket them
+// in this order.
+struct GradGroup {
+  double dense = 0, expert = 0, done = 0;
+  int chunk = 0;
+  bool embedding = false;
+};
+std::vector<GradGroup> first_stage_grad_groups(const Config& resolved, const LayoutPlan& layout);
+
 enum class Dispatcher { alltoall, deepep, hybridep };
 const char* to_string(Dispatcher d);
 MemoryPlan plan_memory(const Config& resolved, const LayoutPlan& layout, Dispatcher dispatcher, bool ep_overlap);
@@ -100,6 +113,17 @@ struct CommPlan {
   double token_intra = 0, token_inter = 0;  // dispatch + combine, forward + backward
   double token_exchange_s = 0;              // per micro-batch, all MoE layers
   double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
+  double dp_gather_s = 0;                   // of dp_s, the distributed optimizer's parameter all-gather
+  double step_allreduces_s = 0;             // of dp_s, the grad norm's and the logged loss's, after the step
+  // ddp.overlap_grad_reduce: the first stage's buckets (first_stage_grad_groups, Megatron's
+  // bucketing) in launch order. `ready`: the share of that stage's last backward done when the
+  // bucket starts; kBeforeLastMicroBatch for the rows split's table. `reduce_s` on the wire,
+  // `gather_s` the distributed optimizer's all-gather of the bucket's weights.
+  struct Bucket {
+    double ready = 0, reduce_s = 0, gather_s = 0;
+  };
+  static constexpr double kBeforeLastMicroBatch = -1;
+  std::vector<Bucket> first_stage_buckets;
   // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
