@@ -360,6 +360,10 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
     const std::string iteration_text = iteration_match[1];
     IterationPoint p;
     p.iteration = count(iteration_text, "the iteration", 1);  // Megatron counts from 1
+    if (const int total = count(iteration_match[2], "the iterations' total", 1); p.iteration > total)
+      throw InputError(fmt::format("{}:{}: iteration {}/{}: past the run's {} iterations (train_iters); lines of two "
+                                   "runs or ranks run together? In this line: {}",
+                                   path, line_no, p.iteration, total, total, line.substr(0, 120)));
     // A step takes some time: 0 ms is a broken timer, and would make every rate infinite.
     p.step_s = value(m[1], "elapsed time per iteration (ms)", 1e-6, 1e12) / 1000;
     p.throughput_logged = has("throughput per GPU") && std::regex_search(line, m, tflops);
@@ -514,6 +518,11 @@ void read_trace(const std::string& path, RunEvidence& run) {
     if (!e["ts"].is_number() || !e["dur"].is_number() || e["dur"].get<double>() < 0)
       throw InputError(fmt::format("{}: event {} ('{}') has a ts or dur that is not a number, or a negative dur", path,
                                    index, s.name));
+    // epx's times count microseconds from the run's start: 1e14 is three years.
+    if (std::abs(e["ts"].get<double>()) > 1e14 || e["dur"].get<double>() > 1e14)
+      throw InputError(fmt::format("{}: event {} ('{}') has ts {} and dur {} (microseconds from the run's start): "
+                                   "past any run, not an `epx run --trace` time",
+                                   path, index, s.name, shorten(e["ts"].dump()), shorten(e["dur"].dump())));
     s.begin_s = e["ts"].get<double>() * 1e-6;
     s.end_s = s.begin_s + e["dur"].get<double>() * 1e-6;
     all.push_back(s);

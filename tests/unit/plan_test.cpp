@@ -857,6 +857,19 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
       EXPECT_EQ(std::string(e.what()).rfind(path.string() + message, 0), 0u) << e.what();
     }
   }
+  // A trace time past any run is named as such, not taken for another run's trace.
+  const auto trace = std::filesystem::temp_directory_path() / fmt::format("epx_trace_{}.json", getpid());
+  std::ofstream(trace) << R"([{"ph": "X", "pid": 0, "tid": 0, "name": "optimizer step", "cat": "compute", "ts": 1e300, "dur": 1}])";
+  try {
+    read_run(results("8", "1"), trace.string());
+    ADD_FAILURE() << "a ts of 1e300 was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("event 0 ('optimizer step') has ts 1e+300 and dur 1 (microseconds from the run's "
+                                         "start): past any run"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove(trace);
   std::filesystem::remove(path);
 }
 
@@ -1006,6 +1019,19 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
                          "reserved: 3000.0 | max reserved: 3000.0\n";
   RunEvidence run = read_run(path.string(), std::nullopt);
   EXPECT_EQ(run.steady_first, 11);
+  {
+    // An iteration past the run's total is two lines run together, not a run.
+    const auto bad = std::filesystem::temp_directory_path() / fmt::format("epx_megatron_{}_bad.log", getpid());
+    std::ofstream(bad) << line(10, 9000) << " iteration        4/       2 | elapsed time per iteration (ms): 9000 |\n";
+    try {
+      read_run(bad.string(), std::nullopt);
+      ADD_FAILURE() << "iteration 4/2 was read";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(":2: iteration 4/2: past the run's 2 iterations (train_iters)"), std::string::npos)
+          << e.what();
+    }
+    std::filesystem::remove(bad);
+  }
   EXPECT_EQ(run.ranks, 16);
   EXPECT_DOUBLE_EQ(run.mean_step_s, 9.0);
   EXPECT_DOUBLE_EQ(run.peak_memory_gb, 4.0);
