@@ -123,6 +123,7 @@ void add_hardware_file(const std::string& path) {
       it = catalog.insert(catalog.end(), std::move(fresh));
     }
     read_entry(kv.second, path, *it);
+    it->source = path;
     // The CPU runtime's fields time epx's own ranks; on a CUDA GPU they would slow its plans
     // silently (a GPU's rates are the whole GPU's, its attention the GEMMs' rate).
     const HardwareRates& r = it->rates;

@@ -138,9 +138,10 @@ Plan make_plan(const Config& c) {
                                   "times GEMMs at the BF16 rate only; plan on an Ampere or newer GPU (-g a100, -g h100, ...)",
                                   p.gpu.name, p.gpu.device_name, p.gpu.major));
   if (!missing.empty())
-    throw ConfigError(fmt::format("target.gpu={}: the hardware catalog has no {} for it (0: not known); give {} "
+    throw ConfigError(fmt::format("target.gpu={}: the hardware catalog{} has no {} for it (0: not known); give {} "
                                   "with --hardware FILE",
-                                  p.gpu.name, fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"));
+                                  p.gpu.name, p.gpu.source.empty() ? "" : fmt::format(" (with {})", p.gpu.source),
+                                  fmt::join(missing, ", "), missing.size() > 1 ? "them" : "it"));
   const ParallelLayout& l = p.layout.layout;
   p.flops = model_flops(c);
   const double gbs = static_cast<double>(c.train.global_batch_size.value_or(1));

@@ -581,7 +581,9 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
                                                "train.global_batch_size=16"}));
     FAIL() << "a plan across nodes without the network's rate was made";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("no network_gb_s for it"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the hardware catalog (with " + path.string() + ") has no network_gb_s for it"),
+              std::string::npos)
+        << e.what();
   }
   // Compute capability as torch reports it, MAJOR.MINOR: Ada's 8.9 runs FP8, Ampere's 8.6 does not.
   std::ofstream(path) << "ada:\n  compute_capability: 8.9\n  memory_gb: 48\nampere:\n  compute_capability: 8.6\n";

@@ -38,6 +38,7 @@ struct GpuInfo {
   int gpus_per_node = 8;
   int nvlink_domain = 8;    // GPUs in one NVLink domain
   HardwareRates rates;
+  std::string source;       // the --hardware file that last set fields of it (empty: the built-in catalog)
   bool cuda() const { return major != 0; }   // a GPU target, named or not
   bool named() const { return major >= 0; }  // cpu or a GPU from the catalog
 };
