@@ -6,6 +6,7 @@
 // distinct destinations comes from the hypergeometric draw of k experts out of E.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "epx/plan/plan.hpp"
@@ -104,43 +105,70 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
                            2 * latency(crosses_nodes(GroupKind::dp_cp));
   }
 
-  if (c.ddp.overlap_grad_reduce) {
-    // Megatron's buckets (param_and_grad_buffer.py), per kind, in the order the backward completes
-    // the weights: a bucket closes once it holds bucket_size elements (default max(40M, 1M x DP)),
-    // the rest is the last bucket, with the embedding. Stages after the first keep one bucket,
-    // whose reduction runs under the first stage's cooldown: only the first stage's are timed.
-    // Megatron's interleaved schedule with align_grad_reduce (its default) launches a chunk's
-    // buckets together after its last backward (schedules.py grad_sync_func); epx's runtime
-    // launches each as it completes. The rows split's table is a bucket of its own, complete
-    // before the last micro-batch, and its rows are reduced after the backward.
-    const double size = c.ddp.bucket_size ? static_cast<double>(*c.ddp.bucket_size) : std::max(40e6, 1e6 * l.dp);
-    const bool aligned = target_gpu(c).cuda() && lp.split.chunks > 1;
+  // Megatron's buckets (param_and_grad_buffer.py), per kind (experts in the dense buffer where EP
+  // is 1 and ETP is TP), in the order the backward completes the weights: a bucket closes once it
+  // holds bucket_size elements (default max(40M, 1M x DP x CP)) at any weight, taken here as
+  // fluid within a layer; the embedding is one weight, and its bucket is the last. Each model
+  // chunk has a DDP of its own, whose buckets end with it; on a GPU, only the first chunk is
+  // bucketed, and under VPP a chunk's buckets start together after its last backward (Megatron's
+  // align_grad_reduce, its default; schedules.py grad_sync_func). epx's runtime starts each as it
+  // completes. Without overlap_grad_reduce, one bucket per kind. The rows split's table is a
+  // bucket of its own, complete before the last micro-batch; its rows are reduced after the backward.
+  if (c.ddp.overlap_grad_reduce || (distributed && c.ddp.overlap_param_gather)) {
+    constexpr double kWhole = std::numeric_limits<double>::infinity();
+    const double size = !c.ddp.overlap_grad_reduce ? kWhole
+                        : c.ddp.bucket_size        ? static_cast<double>(*c.ddp.bucket_size)
+                                                   : std::max(40e6, 1e6 * dp);
+    const bool gpu = target_gpu(c).cuda(), aligned = gpu && lp.split.chunks > 1;
+    const bool experts_apart = l.ep > 1 || l.etp != l.tp;
     const bool rows = out.embedding_dp_s > 0 && micro_batches_per_dp_rank(c, l) >= 2;
     for (const bool expert : {false, true}) {
-      const double d = expert ? l.edp : dp, bw = link(expert ? GroupKind::edp : GroupKind::dp_cp);
-      if (d <= 1) continue;
-      const auto add = [&](double params, double ready) {
-        out.first_stage_buckets.push_back({ready, grads(params, d) / bw + latency(crosses_nodes(expert ? GroupKind::edp : GroupKind::dp_cp)),
-                                           gather(params, d) / bw});
+      const double d = expert ? l.edp : dp;
+      const GroupKind kind = expert ? GroupKind::edp : GroupKind::dp_cp;
+      if (d <= 1 || (expert && !experts_apart)) continue;
+      int needed = -1;  // the bucket the next forward waits for first
+      const auto add = [&](double params, double ready, int chunk, double buckets = 1) {
+        needed = static_cast<int>(out.first_stage_buckets.size());
+        out.first_stage_buckets.push_back(
+            {ready, grads(params, d) / link(kind) + buckets * latency(crosses_nodes(kind)), gather(params, d) / link(kind), chunk});
       };
       double held = 0, ready = 0;
+      int chunk = -1;
       for (const GradGroup& g : first_stage_grad_groups(c, lp)) {
-        if (rows && !expert && g.embedding) {
-          if (held > 0) add(held, ready), held = 0;
-          add(g.dense, CommPlan::kBeforeLastMicroBatch);
-          out.first_stage_buckets.push_back({1, out.embedding_rows_s, 0});
+        const double params = expert ? g.expert : g.dense + (experts_apart ? 0 : g.expert);
+        if (params <= 0) continue;
+        if (g.chunk != chunk && held > 0) add(held, ready, chunk), held = 0;
+        chunk = g.chunk;
+        if (rows && g.embedding) {
+          if (held > 0) add(held, ready, chunk), held = 0;
+          add(params, CommPlan::kBeforeLastMicroBatch, chunk);
+          out.first_stage_buckets.push_back({1, out.embedding_rows_s, 0, chunk});
           continue;
         }
-        const double params = expert ? g.expert : g.dense;
-        if (params <= 0) continue;
-        held += params;
         ready = aligned && g.chunk == 0 ? 1 : g.done;
-        if (held >= size) add(held, ready), held = 0;
+        const double limit = gpu && g.chunk > 0 ? kWhole : size;
+        held += params;
+        if (g.embedding) {
+          add(held, ready, chunk), held = 0;
+        } else if (held >= limit) {
+          const double full = std::floor(held / limit);
+          add(full * limit, ready, chunk, full);
+          held -= full * limit;
+        }
       }
-      if (held > 0) add(held, ready);
+      if (held > 0) add(held, ready, chunk);
+      if (needed >= 0) out.first_stage_buckets[static_cast<std::size_t>(needed)].first_needed = true;
     }
     std::stable_sort(out.first_stage_buckets.begin(), out.first_stage_buckets.end(),
                      [](const CommPlan::Bucket& a, const CommPlan::Bucket& b) { return a.ready < b.ready; });
+    for (int k = 1; k < l.pp; ++k) {
+      const MemoryPlan stage = plan_stage_memory(c, lp, dispatcher, false, k);
+      const double latencies = (dp > 1) * latency(crosses_nodes(GroupKind::dp_cp)) + (l.edp > 1) * latency(crosses_nodes(GroupKind::edp));
+      out.later_stage_reduce_s.push_back(grads(stage.dense_params, dp) / link(GroupKind::dp_cp) +
+                                         grads(stage.expert_params, l.edp) / link(GroupKind::edp) + latencies);
+      out.later_stage_gather_s.push_back(gather(stage.dense_params, dp) / link(GroupKind::dp_cp) +
+                                         gather(stage.expert_params, l.edp) / link(GroupKind::edp));
+    }
   }
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and

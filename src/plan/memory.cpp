@@ -111,7 +111,9 @@ double embedding_rows(const Config& c) {
   return static_cast<double>(padded ? padded_vocab : *c.model.vocab_size);
 }
 
-MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
+}  // namespace
+
+MemoryPlan plan_stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
   const double h = static_cast<double>(m.hidden_size), V = embedding_rows(c);
@@ -260,8 +262,6 @@ MemoryPlan stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispat
   return out;
 }
 
-}  // namespace
-
 FullRecompute full_recompute(const ModelConfig& m, double layers, double mtp, int chunks) {
   const double per_chunk = layers / std::max(1, chunks), n = std::max<double>(1, static_cast<double>(m.recompute_num_layers.value_or(1)));
   if (m.recompute_method == std::optional<std::string>("block")) {  // over 0 layers: none
@@ -290,14 +290,18 @@ std::vector<GradGroup> first_stage_grad_groups(const Config& c, const LayoutPlan
   std::vector<GradGroup> out;
   // The head's, at the backward's start (its share of the time is left out).
   if (split.stages == 1 && !m.share_embeddings_and_output_weights) out.push_back({V * h / tp, 0, 0, split.chunks - 1, false});
+  // A layer's backward runs its MLP's first (half its time, as taken here), then its attention's.
+  // Under VPP the layers of the chunks after the first are spread over the same backward, where
+  // they ran earlier in the cooldown: their buckets are timed late, not early.
   double done = 0;
   const auto layer = [&](bool moe, double extra, int chunk) {
-    done += 1;
-    const double dense = (lay.attention + (moe ? lay.shared : lay.dense_mlp) + extra) / tp + lay.duplicated + (moe ? lay.router : 0);
-    out.push_back({dense, moe ? lay.experts / (l.etp * l.ep) : 0, done / std::max(1.0, layers), chunk, false});
+    const double share = 0.5 / std::max(1.0, layers);
+    out.push_back({(moe ? lay.shared : lay.dense_mlp) / tp + (moe ? lay.router : 0), moe ? lay.experts / (l.etp * l.ep) : 0,
+                   (done += share), chunk, false});
+    out.push_back({(lay.attention + extra) / tp + lay.duplicated, 0, (done += share), chunk, false});
   };
   // The MTP layers run after the decoder's, so their backward comes first.
-  for (int d = 0; d < mtp; ++d) layer(mtp_moe_layers(m) > 0, 2 * h * h, split.chunks - 1);
+  for (int d = 0; d < mtp; ++d) layer(mtp_moe_layers(m) > 0, 2 * h * h, split.mtp_stage / split.stages);
   for (int v = static_cast<int>(ranges.size()) - 1; v >= 0; --v)
     for (int i = ranges[static_cast<std::size_t>(v)].second - 1; i >= ranges[static_cast<std::size_t>(v)].first; --i)
       layer(moe_layers_in(m, i, i + 1) > 0, 0, v);
@@ -306,9 +310,9 @@ std::vector<GradGroup> first_stage_grad_groups(const Config& c, const LayoutPlan
 }
 
 MemoryPlan plan_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap) {
-  MemoryPlan most = stage_memory(c, lp, dispatcher, ep_overlap, 0);
+  MemoryPlan most = plan_stage_memory(c, lp, dispatcher, ep_overlap, 0);
   for (int stage = 1; stage < lp.layout.pp; ++stage) {
-    MemoryPlan m = stage_memory(c, lp, dispatcher, ep_overlap, stage);
+    MemoryPlan m = plan_stage_memory(c, lp, dispatcher, ep_overlap, stage);
     if (m.peak() > most.peak()) most = m;
   }
   return most;

@@ -229,6 +229,12 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   }
 }
 
+// Whether `text` is a JSON array (a Chrome trace given as the run).
+bool json_array(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t\r\n\xEF\xBB\xBF");
+  return first != std::string::npos && text[first] == '[' && nlohmann::json::accept(text);
+}
+
 // Megatron-LM's training_log lines, as the seeds' harness prints them (epx run prints the same).
 void read_megatron_log(const std::string& text, const std::string& path, RunEvidence& run) {
   static const std::regex iteration(R"(iteration\s+(\d+)/\s*(\d+)\s*\|)");
@@ -396,6 +402,11 @@ void read_megatron_log(const std::string& text, const std::string& path, RunEvid
                           "... elapsed time per iteration (ms): T |' (cut, wrapped or run into by other output?), and no "
                           "line that does: give the log as the run wrote it",
                           path, run.first_unread_line)
+        : json_array(text)
+            ? fmt::format("{}: a JSON array, not an `epx run --results` file (an object with 'summary' and 'iterations') "
+                          "nor a Megatron training log; a trace (`epx run --trace`) goes with --trace, beside its run's "
+                          "results file",
+                          path)
             : fmt::format("{}: neither an `epx run --results` JSON nor a Megatron training log (no line with 'iteration "
                           "N/M | ... elapsed time per iteration (ms): T |')",
                           path));

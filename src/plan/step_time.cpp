@@ -158,22 +158,36 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // the last micro-batch (the plain schedule) or only its backward (the EP-overlap schedule merged
   // its forward with the previous backward): what runs past the backward's end is exposed, at
   // least the last bucket, the embedding's (measured on epx's runtime, bench/RESULTS.md "The
-  // exposed DP reduction against the model's depth"). The other stages' reduction is timed as
-  // all of it under one last backward. The distributed optimizer's all-gather follows the
-  // optimizer step, or with overlap_param_gather runs under the next forward but for the first
-  // bucket it needs, the embedding's.
+  // exposed DP reduction against the model's depth"). Stage k >= 1 reduces its one bucket after
+  // its own last backward, k cooldown slots before the first stage's ends.
+  // The distributed optimizer's all-gather follows the optimizer step; with overlap_param_gather
+  // it runs under the next forward, which waits for the first bucket of each kind (on a GPU under
+  // VPP with align_param_gather, for the first chunk's whole gather, dispatched at once), and
+  // stage k's, one bucket, under the k forward slots of the pipeline's fill.
   const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
+  const double chunks = lp.split.chunks, backward_slot = last_backward / chunks, forward_slot = (micro_batch - last_backward) / chunks;
   const double grads = comm.dp_s - comm.dp_gather_s - comm.step_allreduces_s;
-  const bool gather_overlapped = c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty();
-  const double gather = gather_overlapped ? comm.first_stage_buckets.back().gather_s : comm.dp_gather_s;
+  const auto later = [](const std::vector<double>& stages, double slot) {
+    double most = 0;
+    for (std::size_t k = 0; k < stages.size(); ++k) most = std::max(most, stages[k] - static_cast<double>(k + 1) * slot);
+    return most;
+  };
   const auto exposed = [&](double table_window) {
     if (!c.ddp.overlap_grad_reduce) return grads;
     double done = -table_window;
     for (const CommPlan::Bucket& b : comm.first_stage_buckets)
       done = std::max(done, b.ready == CommPlan::kBeforeLastMicroBatch ? -table_window : b.ready * last_backward) + b.reduce_s;
-    const double others = l.pp > 1 ? std::max(0.0, grads - last_backward) : 0;
-    return std::max({0.0, done - last_backward, others});
+    return std::max({0.0, done - last_backward, later(comm.later_stage_reduce_s, backward_slot)});
   };
+  double gather = comm.dp_gather_s;
+  if (c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty()) {
+    const bool whole_chunk = target_gpu(c).cuda() && c.ddp.align_param_gather && lp.split.chunks > 1;
+    gather = later(comm.later_stage_gather_s, forward_slot);
+    double first = 0;
+    for (const CommPlan::Bucket& b : comm.first_stage_buckets)
+      if (whole_chunk ? b.chunk == 0 : b.first_needed) first += b.gather_s;
+    gather = std::max(gather, first);
+  }
   s.dp = exposed(micro_batch - last_backward) + gather + comm.step_allreduces_s;
   s.dp_merged = exposed(0) + gather + comm.step_allreduces_s;
   s.dp += comm.embedding_stages_s, s.dp_merged += comm.embedding_stages_s;  // after the DP reduction

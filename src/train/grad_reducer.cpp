@@ -89,7 +89,9 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
       // The rows split's bucket, and the first stage's shared embedding (a group of its own).
       const std::vector<Param*>& group = groups[static_cast<std::size_t>(g)];
       const bool alone = !expert && (g == embedding_group_ || (distributed_ && group == std::vector<Param*>{shared_embedding_}));
-      if (alone) close(b, g - 1), n = 0;
+      // Megatron wraps each model chunk in a DDP of its own: no bucket spans two chunks.
+      const bool new_chunk = g > 0 && group_chunk_[static_cast<std::size_t>(g)] != group_chunk_[static_cast<std::size_t>(g - 1)];
+      if (alone || new_chunk) close(b, g - 1), n = 0;
       for (Param* p : group)
         if (p->expert == expert) add(p, g, g);
       if (alone || (options.bucket_size > 0 && n >= options.bucket_size)) close(b, g), n = 0;

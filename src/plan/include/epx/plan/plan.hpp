@@ -93,9 +93,9 @@ struct MemoryPlan {
 };
 // The first pipeline stage's weights (the stage whose backward ends a step) in the order its
 // last backward completes their gradients: the head where it is the last stage too, the MTP
-// layers, the decoder layers last to first, chunk after chunk, then the token embedding. Per
-// group, the dense and expert parameters on this rank, the share of the stage's layers whose
-// backward is done by then, and its model chunk. Megatron's DDP and epx's runtime bucket them
+// layers, the decoder layers last to first (each its MLP, then its attention), chunk after chunk,
+// then the token embedding. Per group, the dense and expert parameters on this rank, the share of
+// the stage's backward done by then, and its model chunk. Megatron's DDP and epx's runtime bucket them
 // in this order.
 struct GradGroup {
   double dense = 0, expert = 0, done = 0;
@@ -107,6 +107,8 @@ std::vector<GradGroup> first_stage_grad_groups(const Config& resolved, const Lay
 enum class Dispatcher { alltoall, deepep, hybridep };
 const char* to_string(Dispatcher d);
 MemoryPlan plan_memory(const Config& resolved, const LayoutPlan& layout, Dispatcher dispatcher, bool ep_overlap);
+// The same for one pipeline stage.
+MemoryPlan plan_stage_memory(const Config& resolved, const LayoutPlan& layout, Dispatcher dispatcher, bool ep_overlap, int stage);
 
 // Bytes one rank sends per step, by link class, and what they cost.
 struct CommPlan {
@@ -115,15 +117,22 @@ struct CommPlan {
   double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
   double dp_gather_s = 0;                   // of dp_s, the distributed optimizer's parameter all-gather
   double step_allreduces_s = 0;             // of dp_s, the grad norm's and the logged loss's, after the step
-  // ddp.overlap_grad_reduce: the first stage's buckets (first_stage_grad_groups, Megatron's
-  // bucketing) in launch order. `ready`: the share of that stage's last backward done when the
-  // bucket starts; kBeforeLastMicroBatch for the rows split's table. `reduce_s` on the wire,
-  // `gather_s` the distributed optimizer's all-gather of the bucket's weights.
+  // The first stage's buckets (first_stage_grad_groups, bucketed as Megatron's DDP does) in launch
+  // order, under ddp.overlap_grad_reduce (or one per kind, for the distributed optimizer's
+  // overlap_param_gather). `ready`: the share of that stage's last backward done when the bucket
+  // starts, kBeforeLastMicroBatch for the rows split's table; `reduce_s` on the wire; `gather_s`
+  // the distributed optimizer's all-gather of its weights; `first_needed`: the bucket of its kind
+  // (dense, expert) the next forward waits for first.
   struct Bucket {
     double ready = 0, reduce_s = 0, gather_s = 0;
+    int chunk = 0;
+    bool first_needed = false;
   };
   static constexpr double kBeforeLastMicroBatch = -1;
   std::vector<Bucket> first_stage_buckets;
+  // Stage k >= 1 (index k - 1): its one bucket's reduction (Megatron buckets only the first
+  // stage), and its all-gather.
+  std::vector<double> later_stage_reduce_s, later_stage_gather_s;
   // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
