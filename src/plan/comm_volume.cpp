@@ -97,23 +97,26 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   out.step_allreduces_s = (l.world > 1 ? 2 : 0) * fixed;
   out.dp_gather_s = (gather(memory.dense_params, dp) + gather(memory.expert_params, l.edp)) / rate;
   out.dp_s = out.dp_bytes / rate + reductions * fixed + out.step_allreduces_s;
-  if (c.ddp.reduce_embedding_rows && memory.embedding_params > 0 && dp > 1) {
+  // The first stage's weights in the order its backward completes them (the embedding last).
+  const std::vector<GradGroup> groups = first_stage_grad_groups(c, lp);
+  if (c.ddp.reduce_embedding_rows && dp > 1) {
     const double rate = crosses_nodes(GroupKind::dp_cp) ? net : nvl;
     const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
-    out.embedding_dp_s = reduce(memory.embedding_params, dp) / rate;
+    out.embedding_dp_s = reduce(groups.back().dense, dp) / rate;
     out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +
                            2 * latency(crosses_nodes(GroupKind::dp_cp));
   }
 
   // Megatron's buckets (param_and_grad_buffer.py), per kind (experts in the dense buffer where EP
   // is 1 and ETP is TP), in the order the backward completes the weights: a bucket closes once it
-  // holds bucket_size elements (default max(40M, 1M x DP x CP)) at any weight, taken here as
-  // fluid within a layer; the embedding is one weight, and its bucket is the last. Each model
-  // chunk has a DDP of its own, whose buckets end with it; on a GPU, only the first chunk is
-  // bucketed, and under VPP a chunk's buckets start together after its last backward (Megatron's
-  // align_grad_reduce, its default; schedules.py grad_sync_func). epx's runtime starts each as it
-  // completes. Without overlap_grad_reduce, one bucket per kind. The rows split's table is a
-  // bucket of its own, complete before the last micro-batch; its rows are reduced after the backward.
+  // holds bucket_size elements (default max(40M, 1M x DP x CP)) at any weight, taken here as fluid
+  // within a layer's half; the embedding is one weight, and its bucket is the last. Each model
+  // chunk has a DDP of its own, whose buckets end with it; only the first chunk is bucketed, and
+  // under VPP a chunk's buckets start together after its last backward (Megatron's
+  // align_grad_reduce, its default; schedules.py grad_sync_func). epx's runtime (cpu) closes a
+  // bucket after a whole weight group (a layer) and starts each as it completes. Without
+  // overlap_grad_reduce, one bucket per kind. The rows split's table is a bucket of its own,
+  // complete before the last micro-batch; its rows are reduced after the backward.
   if (c.ddp.overlap_grad_reduce || (distributed && c.ddp.overlap_param_gather)) {
     constexpr double kWhole = std::numeric_limits<double>::infinity();
     const double size = !c.ddp.overlap_grad_reduce ? kWhole
@@ -127,17 +130,18 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
       const GroupKind kind = expert ? GroupKind::edp : GroupKind::dp_cp;
       if (d <= 1 || (expert && !experts_apart)) continue;
       int needed = -1;  // the bucket the next forward waits for first
-      const auto add = [&](double params, double ready, int chunk, double buckets = 1) {
+      const auto add = [&](double params, double ready, int chunk) {
         needed = static_cast<int>(out.first_stage_buckets.size());
         out.first_stage_buckets.push_back(
-            {ready, grads(params, d) / link(kind) + buckets * latency(crosses_nodes(kind)), gather(params, d) / link(kind), chunk});
+            {ready, grads(params, d) / link(kind) + latency(crosses_nodes(kind)), gather(params, d) / link(kind), chunk});
       };
       double held = 0, ready = 0;
       int chunk = -1;
-      for (const GradGroup& g : first_stage_grad_groups(c, lp)) {
+      for (const GradGroup& g : groups) {
         const double params = expert ? g.expert : g.dense + (experts_apart ? 0 : g.expert);
         if (params <= 0) continue;
-        if (g.chunk != chunk && held > 0) add(held, ready, chunk), held = 0;
+        // epx's runtime keeps one bucket across the chunks without overlap_grad_reduce.
+        if (g.chunk != chunk && held > 0 && (gpu || size < kWhole)) add(held, ready, chunk), held = 0;
         chunk = g.chunk;
         if (rows && g.embedding) {
           if (held > 0) add(held, ready, chunk), held = 0;
@@ -148,12 +152,12 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
         ready = aligned && g.chunk == 0 ? 1 : g.done;
         const double limit = gpu && g.chunk > 0 ? kWhole : size;
         held += params;
-        if (g.embedding) {
+        if (g.embedding || (!gpu && held >= limit)) {
           add(held, ready, chunk), held = 0;
-        } else if (held >= limit) {
-          const double full = std::floor(held / limit);
-          add(full * limit, ready, chunk, full);
-          held -= full * limit;
+        } else if (held >= limit) {  // the full buckets, sent together; the rest stays open
+          const double full = std::floor(held / limit) * limit;
+          add(full, ready, chunk);
+          held -= full;
         }
       }
       if (held > 0) add(held, ready, chunk);
@@ -162,12 +166,12 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     std::stable_sort(out.first_stage_buckets.begin(), out.first_stage_buckets.end(),
                      [](const CommPlan::Bucket& a, const CommPlan::Bucket& b) { return a.ready < b.ready; });
     for (int k = 1; k < l.pp; ++k) {
-      const MemoryPlan stage = plan_stage_memory(c, lp, dispatcher, false, k);
-      const double latencies = (dp > 1) * latency(crosses_nodes(GroupKind::dp_cp)) + (l.edp > 1) * latency(crosses_nodes(GroupKind::edp));
-      out.later_stage_reduce_s.push_back(grads(stage.dense_params, dp) / link(GroupKind::dp_cp) +
-                                         grads(stage.expert_params, l.edp) / link(GroupKind::edp) + latencies);
-      out.later_stage_gather_s.push_back(gather(stage.dense_params, dp) / link(GroupKind::dp_cp) +
-                                         gather(stage.expert_params, l.edp) / link(GroupKind::edp));
+      const StageParams stage = stage_params(c, lp, k);
+      const double dense = stage.dense + (experts_apart ? 0 : stage.expert), expert = experts_apart ? stage.expert : 0;
+      out.later_stage_reduce_s.push_back(grads(dense, dp) / link(GroupKind::dp_cp) + grads(expert, l.edp) / link(GroupKind::edp) +
+                                         (dp > 1) * latency(crosses_nodes(GroupKind::dp_cp)) +
+                                         (expert > 0 && l.edp > 1) * latency(crosses_nodes(GroupKind::edp)));
+      out.later_stage_gather_s.push_back(gather(dense, dp) / link(GroupKind::dp_cp) + gather(expert, l.edp) / link(GroupKind::edp));
     }
   }
 

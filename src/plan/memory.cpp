@@ -113,6 +113,32 @@ double embedding_rows(const Config& c) {
 
 }  // namespace
 
+StageParams stage_params(const Config& c, const LayoutPlan& lp, int stage) {
+  const ModelConfig& m = c.model;
+  const ParallelLayout& l = lp.layout;
+  const double h = static_cast<double>(m.hidden_size), V = embedding_rows(c), tp = l.tp;
+  const PipelineStage st = pipeline_stage(m, lp.split, stage);
+  const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
+  const LayerParams lay = layer_params(m);
+  StageParams out;
+  // TP-sharded blocks, the replicated router, experts over ETP x EP; the embedding on the first
+  // stage, the output layer (or the tied embedding's copy) on the last, MTP's projection there
+  // too. The MTP's stage keeps an embedding of its own (Megatron's mtp_process), and allocates
+  // its output layer even when tied (the copy that it then leaves unused).
+  // mtp_use_repeated_layer builds one MTP layer for every depth (its activations stay per depth).
+  const double mtp_weights = m.mtp_use_repeated_layer ? std::min(mtp, 1.0) : mtp;
+  const double moe_weights = moe_layers - (mtp > 0 && mtp_moe_layers(m) > 0 ? mtp - mtp_weights : 0);
+  out.dense = ((st.layers + mtp_weights) * lay.attention + (st.layers + mtp_weights - moe_weights) * lay.dense_mlp +
+               moe_weights * lay.shared + mtp_weights * 2 * h * h) / tp +
+              (st.layers + mtp_weights) * lay.duplicated + moe_weights * lay.router;
+  if (st.first) out.embedding = V * h / tp;
+  out.mtp_embedding = st.mtp_layers > 0 && !st.first ? V * h / tp : 0;
+  out.output = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
+  out.dense += out.embedding + out.mtp_embedding + out.output;
+  out.expert = moe_weights * lay.experts / (l.etp * l.ep);
+  return out;
+}
+
 MemoryPlan plan_stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher dispatcher, bool ep_overlap, int stage) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
@@ -121,25 +147,12 @@ MemoryPlan plan_stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher d
   const PipelineStage st = pipeline_stage(m, lp.split, stage);
   const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
   const double dense_layers = st.layers + mtp - moe_layers;
-  const LayerParams lay = layer_params(m);
 
   MemoryPlan out;
-  // Parameters on this rank: TP-sharded blocks, the replicated router, experts over ETP x EP;
-  // the embedding on the first stage, the output layer (or the tied embedding's copy) on the
-  // last, MTP's projection there too. The MTP's stage keeps an embedding of its own (Megatron's
-  // mtp_process), and allocates its output layer even when tied (the copy that it then leaves unused).
-  // mtp_use_repeated_layer builds one MTP layer for every depth (its activations stay per depth).
-  const double mtp_weights = m.mtp_use_repeated_layer ? std::min(mtp, 1.0) : mtp;
-  const double moe_weights = moe_layers - (mtp > 0 && mtp_moe_layers(m) > 0 ? mtp - mtp_weights : 0);
-  out.dense_params = ((st.layers + mtp_weights) * lay.attention + (st.layers + mtp_weights - moe_weights) * lay.dense_mlp +
-                      moe_weights * lay.shared + mtp_weights * 2 * h * h) / tp +
-                     (st.layers + mtp_weights) * lay.duplicated + moe_weights * lay.router;
-  if (st.first) out.embedding_params = V * h / tp;
-  const double mtp_embedding = st.mtp_layers > 0 && !st.first ? V * h / tp : 0;
-  out.dense_params += out.embedding_params + mtp_embedding;
-  const double output_params = st.last && (!st.first || !m.share_embeddings_and_output_weights) ? V * h / tp : 0;
-  out.dense_params += output_params;
-  out.expert_params = moe_weights * lay.experts / (l.etp * l.ep);
+  const StageParams params = stage_params(c, lp, stage);
+  out.dense_params = params.dense;
+  out.expert_params = params.expert;
+  out.embedding_params = params.embedding;
 
   // Bytes per parameter: the compute copy (BF16, or FP32 without bf16), the main grad, and the
   // FP32 master + Adam m and v, sharded over DP (dense) and EDP (experts) by the distributed
@@ -168,7 +181,7 @@ MemoryPlan plan_stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher d
   out.optimizer = 12 * out.optimizer_params;
   if (name == "sgd" || name == "lion") out.optimizer = 8 * out.optimizer_params;
   if (name == "muon" || name == "adaptive_muon") {
-    const double adam_params = (out.embedding_params + mtp_embedding + output_params) / (sharded ? l.dp * l.cp : 1);
+    const double adam_params = (params.embedding + params.mtp_embedding + params.output) / (sharded ? l.dp * l.cp : 1);
     out.optimizer = 12 * adam_params + 8 * (out.optimizer_params - adam_params);
   }
   if (o.use_precision_aware_optimizer) {
@@ -284,27 +297,39 @@ std::vector<GradGroup> first_stage_grad_groups(const Config& c, const LayoutPlan
   const LayerParams lay = layer_params(m);
   const double tp = l.tp, h = static_cast<double>(m.hidden_size), V = embedding_rows(c);
   const int mtp = split.stage_of(split.mtp_stage) == 0 ? static_cast<int>(m.mtp_num_layers.value_or(0)) : 0;
+  const int mtp_chunk = split.mtp_stage / split.stages;
   const auto ranges = split.ranges_on(0);
   double layers = mtp;
   for (const auto& [first, end] : ranges) layers += end - first;
+  // On a GPU (Megatron's DDP) a layer's MLP weights complete half way through its backward (the
+  // share taken here), its attention's at the end; epx's runtime reports a whole layer, and the
+  // head with the MTP layers as one group (GPTModel::grad_groups). Under VPP the layers of the
+  // chunks after the first are spread over the same backward, where they ran earlier in the
+  // cooldown: their buckets are timed late, not early.
+  const bool halves = target_gpu(c).cuda();
   std::vector<GradGroup> out;
-  // The head's, at the backward's start (its share of the time is left out).
-  if (split.stages == 1 && !m.share_embeddings_and_output_weights) out.push_back({V * h / tp, 0, 0, split.chunks - 1, false});
-  // A layer's backward runs its MLP's first (half its time, as taken here), then its attention's.
-  // Under VPP the layers of the chunks after the first are spread over the same backward, where
-  // they ran earlier in the cooldown: their buckets are timed late, not early.
+  const double output = split.stages == 1 && !m.share_embeddings_and_output_weights ? V * h / tp : 0;
+  if (output > 0 || (!halves && mtp > 0)) out.push_back({output, 0, 0, mtp > 0 ? mtp_chunk : split.chunks - 1, false});
   double done = 0;
-  const auto layer = [&](bool moe, double extra, int chunk) {
-    const double share = 0.5 / std::max(1.0, layers);
-    out.push_back({(moe ? lay.shared : lay.dense_mlp) / tp + (moe ? lay.router : 0), moe ? lay.experts / (l.etp * l.ep) : 0,
-                   (done += share), chunk, false});
-    out.push_back({(lay.attention + extra) / tp + lay.duplicated, 0, (done += share), chunk, false});
+  const auto layer = [&](bool moe, double extra, bool weights, int chunk) {
+    const double share = 1 / std::max(1.0, layers), w = weights ? 1 : 0;
+    const double mlp = w * ((moe ? lay.shared : lay.dense_mlp) / tp + (moe ? lay.router : 0)), experts = w * (moe ? lay.experts / (l.etp * l.ep) : 0);
+    const double attention = w * ((lay.attention + extra) / tp + lay.duplicated);
+    if (!halves) {
+      done += share;
+      GradGroup& g = extra > 0 ? out.front() : out.emplace_back(GradGroup{0, 0, 0, chunk, false});
+      g.dense += mlp + attention, g.expert += experts, g.done = done;
+      return;
+    }
+    out.push_back({mlp, experts, (done += share / 2), chunk, false});
+    out.push_back({attention, 0, (done += share / 2), chunk, false});
   };
-  // The MTP layers run after the decoder's, so their backward comes first.
-  for (int d = 0; d < mtp; ++d) layer(mtp_moe_layers(m) > 0, 2 * h * h, split.mtp_stage / split.stages);
+  // The MTP layers run after the decoder's, so their backward comes first; a repeated MTP layer
+  // (mtp_use_repeated_layer) holds its weights once.
+  for (int d = 0; d < mtp; ++d) layer(mtp_moe_layers(m) > 0, 2 * h * h, d == 0 || !m.mtp_use_repeated_layer, mtp_chunk);
   for (int v = static_cast<int>(ranges.size()) - 1; v >= 0; --v)
     for (int i = ranges[static_cast<std::size_t>(v)].second - 1; i >= ranges[static_cast<std::size_t>(v)].first; --i)
-      layer(moe_layers_in(m, i, i + 1) > 0, 0, v);
+      layer(moe_layers_in(m, i, i + 1) > 0, 0, true, v);
   out.push_back({V * h / tp, 0, 1, 0, true});
   return out;
 }

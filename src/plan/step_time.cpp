@@ -162,8 +162,10 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   // its own last backward, k cooldown slots before the first stage's ends.
   // The distributed optimizer's all-gather follows the optimizer step; with overlap_param_gather
   // it runs under the next forward, which waits for the first bucket of each kind (on a GPU under
-  // VPP with align_param_gather, for the first chunk's whole gather, dispatched at once), and
-  // stage k's, one bucket, under the k forward slots of the pipeline's fill.
+  // VPP with align_param_gather, for the first chunk's whole gather, dispatched at once). Stage
+  // k's one bucket starts with the step where every stage's does (align_param_gather, or epx's
+  // runtime, which sends them all after the step) and runs under the k forward slots of the
+  // pipeline's fill; else Megatron starts it at the stage's first forward, which waits for all of it.
   const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
   const double chunks = lp.split.chunks, backward_slot = last_backward / chunks, forward_slot = (micro_batch - last_backward) / chunks;
   const double grads = comm.dp_s - comm.dp_gather_s - comm.step_allreduces_s;
@@ -181,8 +183,8 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   };
   double gather = comm.dp_gather_s;
   if (c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty()) {
-    const bool whole_chunk = target_gpu(c).cuda() && c.ddp.align_param_gather && lp.split.chunks > 1;
-    gather = later(comm.later_stage_gather_s, forward_slot);
+    const bool gpu = target_gpu(c).cuda(), whole_chunk = gpu && c.ddp.align_param_gather && lp.split.chunks > 1;
+    gather = later(comm.later_stage_gather_s, whole_chunk || !gpu ? forward_slot : 0);
     double first = 0;
     for (const CommPlan::Bucket& b : comm.first_stage_buckets)
       if (whole_chunk ? b.chunk == 0 : b.first_needed) first += b.gather_s;

@@ -1334,7 +1334,7 @@ TEST(Plan, OverlappedReductionLeavesItsLastBucketsExposed) {
             1);
   const CommPlan::Bucket& last = *std::find_if(deep.first_stage_buckets.begin(), deep.first_stage_buckets.end(),
                                                [](const CommPlan::Bucket& b) { return b.first_needed; });
-  EXPECT_EQ(last.ready, 1);
+  EXPECT_EQ(&last, &deep.first_stage_buckets.back());  // the dense kind's only (EDP is 1)
   EXPECT_GE(last.reduce_s, 2 * 0.5 * 4096 * 256 * 2 / net);
   EXPECT_GE(s16.dp, last.reduce_s + deep.step_allreduces_s);
   EXPECT_GT(deep.dp_s - shallow.dp_s, 2 * (s16.dp - s4.dp));
@@ -1365,14 +1365,57 @@ TEST(Plan, InterleavedGpuRunsLaunchAChunksBucketsAtItsEnd) {
     const auto count = [&](auto&& pred) { return std::count_if(comm.first_stage_buckets.begin(), comm.first_stage_buckets.end(), pred); };
     const bool h100 = std::string(name) == "h100";
     // Chunk 1 (layers 4 and 5): one bucket a kind (dense, expert) on the GPU; on cpu one a weight
-    // group (bucket size 1), each layer's MLP and attention, experts in the MLP's.
-    EXPECT_EQ(count([](const CommPlan::Bucket& b) { return b.chunk == 1; }), h100 ? 2 : 2 * 2 + 2) << name;
-    // Chunk 0's at the end on the GPU; on cpu the last layer's attention, its experts, and the
-    // embedding (the attention and the embedding are one bucket of full ones, as both close there).
-    EXPECT_EQ(count([](const CommPlan::Bucket& b) { return b.chunk == 0 && b.ready < 1; }), h100 ? 0 : 2 * 2 + 1) << name;
-    EXPECT_EQ(comm.later_stage_reduce_s.size(), 1u) << name;
-    EXPECT_GT(comm.later_stage_reduce_s[0], 0) << name;
+    // group (bucket size 1), a layer's, each kind.
+    EXPECT_EQ(count([](const CommPlan::Bucket& b) { return b.chunk == 1; }), h100 ? 2 : 2 * 2) << name;
+    // Chunk 0's all at the end on the GPU; on cpu layer 1's before it (layer 0's and the
+    // embedding's complete at the end).
+    EXPECT_EQ(count([](const CommPlan::Bucket& b) { return b.chunk == 0 && b.ready < 1; }), h100 ? 0 : 2) << name;
   }
+}
+
+TEST(Plan, TheBucketsHoldTheFirstStagesWeights) {
+  // The weight groups the buckets are made of add up to the first stage's parameters, on a GPU
+  // (a layer's MLP and attention apart) and on cpu (a layer whole, the MTP layers with the head),
+  // with MTP layers and with one repeated MTP layer.
+  for (const char* gpu_name : {"h100", "cpu"})
+    for (const char* repeated : {"false", "true"}) {
+      const GpuInfo gpu = *find_gpu(gpu_name);
+      const Config c = resolved("deepseek_v3_mla_proxy", {"target.num_gpus=2", std::string("target.gpu=") + gpu_name,
+                                                          "model.mtp_num_layers=2", std::string("model.mtp_use_repeated_layer=") + repeated});
+      const LayoutPlan lp = plan_layout(c, gpu);
+      double dense = 0, expert = 0, done = 0;
+      for (const GradGroup& g : first_stage_grad_groups(c, lp)) {
+        dense += g.dense, expert += g.expert;
+        EXPECT_GE(g.done, done) << gpu_name;
+        done = g.done;
+      }
+      const StageParams p = stage_params(c, lp, 0);
+      EXPECT_NEAR(dense, p.dense, 1e-6 * p.dense) << gpu_name << " repeated " << repeated;
+      EXPECT_NEAR(expert, p.expert, 1e-6 * p.expert) << gpu_name << " repeated " << repeated;
+      EXPECT_DOUBLE_EQ(done, 1) << gpu_name;
+    }
+}
+
+TEST(Plan, ALaterStagesReductionRunsPastTheFirstStagesCooldown) {
+  // PP 2 on a slow link, the second stage holding 7 of 8 layers and the head: its one bucket
+  // starts after its own last backward, one backward slot before the first stage's ends, and
+  // what it needs beyond that slot is exposed.
+  GpuInfo gpu = *find_gpu("cpu");
+  gpu.rates.network_gb_s = 0.001;
+  const Config c = resolved("qwen3_30b_a3b_proxy", {"target.num_gpus=4", "target.gpu=cpu", "target.gpus_per_node=1",
+                                                    "model.num_layers=8", "model.pipeline_model_parallel_size=2",
+                                                    "model.num_layers_in_first_pipeline_stage=1", "train.global_batch_size=32",
+                                                    "ddp.overlap_grad_reduce=true", "ddp.bucket_size=100000"});
+  const LayoutPlan lp = plan_layout(c, gpu);
+  const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
+  const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  const StepCosts s = step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall);
+  ASSERT_EQ(comm.later_stage_reduce_s.size(), 1u);
+  const double slot = 2.0 / 3.0 * (s.compute + s.memory_bound + s.host);
+  double first_stage = 0;
+  for (const CommPlan::Bucket& b : comm.first_stage_buckets) first_stage += b.reduce_s;
+  ASSERT_GT(comm.later_stage_reduce_s[0] - slot, first_stage);  // the later stage's is the longer tail
+  EXPECT_NEAR(s.dp, comm.later_stage_reduce_s[0] - slot + comm.step_allreduces_s + comm.embedding_stages_s, 1e-9);
 }
 
 TEST(Plan, DetachedMtpHeadsSkipTheirOutputWeightsGradient) {

@@ -91,6 +91,13 @@ struct MemoryPlan {
   double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
+// The parameters on a rank of pipeline stage `stage`: dense (with the embedding, an MTP stage's
+// own embedding and the output layer) and expert.
+struct StageParams {
+  double dense = 0, expert = 0, embedding = 0, mtp_embedding = 0, output = 0;
+};
+StageParams stage_params(const Config& resolved, const LayoutPlan& layout, int stage);
+
 // The first pipeline stage's weights (the stage whose backward ends a step) in the order its
 // last backward completes their gradients: the head where it is the last stage too, the MTP
 // layers, the decoder layers last to first (each its MLP, then its attention), chunk after chunk,
