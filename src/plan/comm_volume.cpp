@@ -30,12 +30,14 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const HardwareRates& hw = gpu.rates;
   const double nvl = std::max(1e-9, hw.nvlink_gb_s * hw.nvlink_efficiency) * 1e9;
   const double net = std::max(1e-9, hw.network_gb_s * hw.network_efficiency) * 1e9;
-  const auto crosses_nodes = [&](GroupKind kind) {
+  // A group inside an NVLink domain (a node, or a GB200 / GB300 rack's segment) talks over
+  // NVLink, else over the network.
+  const auto leaves_nvlink = [&](GroupKind kind) {
     for (const GroupPlacement& g : lp.groups)
-      if (g.kind == kind) return !g.within_node;
+      if (g.kind == kind) return !g.within_nvlink;
     return false;
   };
-  const auto link = [&](GroupKind kind) { return crosses_nodes(kind) ? net : nvl; };
+  const auto link = [&](GroupKind kind) { return leaves_nvlink(kind) ? net : nvl; };
   const auto latency = [&](bool inter) { return (inter ? hw.network_latency_us : hw.nvlink_latency_us) * 1e-6; };
   CommPlan out;
 
@@ -70,7 +72,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     // Each exchange also pays a fixed cost: 5 per MoE layer and micro-batch, the 4 and the
     // token counts exchanged before the dispatch.
     out.token_exchange_s = std::max(out.token_inter / net, out.token_intra / nvl) +
-                           5 * moe_layers * latency(crosses_nodes(GroupKind::ep));
+                           5 * moe_layers * latency(leaves_nvlink(GroupKind::ep));
   }
 
   // Gradient reduction over DP (dense) and EDP (experts) in the weights' dtype (FP32 with
@@ -89,22 +91,21 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const auto reduce = [&](double params, double d) { return grads(params, d) + gather(params, d); };
   const double dp = l.dp * l.cp;
   out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
-  out.dp_inter = crosses_nodes(GroupKind::dp_cp) || crosses_nodes(GroupKind::edp);
+  out.dp_inter = leaves_nvlink(GroupKind::dp_cp) || leaves_nvlink(GroupKind::edp);
   // Fixed costs: a bucket per group that reduces, and the step's two small all-reduces over the
   // world (the grad norm and the logged loss).
   const int reductions = (dp > 1) + (l.edp > 1);
   const double rate = out.dp_inter ? net : nvl, fixed = latency(out.dp_inter || lp.nodes > 1);
   out.step_allreduces_s = (l.world > 1 ? 2 : 0) * fixed;
-  out.dp_gather_s = (gather(memory.dense_params, dp) + gather(memory.expert_params, l.edp)) / rate;
   out.dp_s = out.dp_bytes / rate + reductions * fixed + out.step_allreduces_s;
   // The first stage's weights in the order its backward completes them (the embedding last).
   const std::vector<GradGroup> groups = first_stage_grad_groups(c, lp);
   if (c.ddp.reduce_embedding_rows && dp > 1) {
-    const double rate = crosses_nodes(GroupKind::dp_cp) ? net : nvl;
+    const double rate = leaves_nvlink(GroupKind::dp_cp) ? net : nvl;
     const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
     out.embedding_dp_s = reduce(groups.back().dense, dp) / rate;
     out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +
-                           2 * latency(crosses_nodes(GroupKind::dp_cp));
+                           2 * latency(leaves_nvlink(GroupKind::dp_cp));
   }
 
   // Megatron's buckets (param_and_grad_buffer.py), per kind (experts in the dense buffer where EP
@@ -117,13 +118,13 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   // bucket after a whole weight group (a layer) and starts each as it completes. Without
   // overlap_grad_reduce, one bucket per kind. The rows split's table is a bucket of its own,
   // complete before the last micro-batch; its rows are reduced after the backward.
+  const bool experts_apart = l.ep > 1 || l.etp != l.tp;
   if (c.ddp.overlap_grad_reduce || (distributed && c.ddp.overlap_param_gather)) {
     constexpr double kWhole = std::numeric_limits<double>::infinity();
     const double size = !c.ddp.overlap_grad_reduce ? kWhole
                         : c.ddp.bucket_size        ? static_cast<double>(*c.ddp.bucket_size)
                                                    : std::max(40e6, 1e6 * dp);
     const bool gpu = target_gpu(c).cuda(), aligned = gpu && lp.split.chunks > 1;
-    const bool experts_apart = l.ep > 1 || l.etp != l.tp;
     const bool rows = out.embedding_dp_s > 0 && micro_batches_per_dp_rank(c, l) >= 2;
     for (const bool expert : {false, true}) {
       const double d = expert ? l.edp : dp;
@@ -133,7 +134,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
       const auto add = [&](double params, double ready, int chunk) {
         needed = static_cast<int>(out.first_stage_buckets.size());
         out.first_stage_buckets.push_back(
-            {ready, grads(params, d) / link(kind) + latency(crosses_nodes(kind)), gather(params, d) / link(kind), chunk});
+            {ready, grads(params, d) / link(kind) + latency(leaves_nvlink(kind)), gather(params, d) / link(kind), chunk});
       };
       double held = 0, ready = 0;
       int chunk = -1;
@@ -165,14 +166,15 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     }
     std::stable_sort(out.first_stage_buckets.begin(), out.first_stage_buckets.end(),
                      [](const CommPlan::Bucket& a, const CommPlan::Bucket& b) { return a.ready < b.ready; });
-    for (int k = 1; k < l.pp; ++k) {
-      const StageParams stage = stage_params(c, lp, k);
-      const double dense = stage.dense + (experts_apart ? 0 : stage.expert), expert = experts_apart ? stage.expert : 0;
-      out.later_stage_reduce_s.push_back(grads(dense, dp) / link(GroupKind::dp_cp) + grads(expert, l.edp) / link(GroupKind::edp) +
-                                         (dp > 1) * latency(crosses_nodes(GroupKind::dp_cp)) +
-                                         (expert > 0 && l.edp > 1) * latency(crosses_nodes(GroupKind::edp)));
-      out.later_stage_gather_s.push_back(gather(dense, dp) / link(GroupKind::dp_cp) + gather(expert, l.edp) / link(GroupKind::edp));
-    }
+  }
+  // Each stage's reduction as one bucket (Megatron buckets only the first stage) and its all-gather.
+  for (int k = 0; k < l.pp; ++k) {
+    const StageParams stage = stage_params(c, lp, k);
+    const double dense = stage.dense + (experts_apart ? 0 : stage.expert), expert = experts_apart ? stage.expert : 0;
+    out.stage_reduce_s.push_back(grads(dense, dp) / link(GroupKind::dp_cp) + grads(expert, l.edp) / link(GroupKind::edp) +
+                                 (dp > 1) * latency(leaves_nvlink(GroupKind::dp_cp)) +
+                                 (expert > 0 && l.edp > 1) * latency(leaves_nvlink(GroupKind::edp)));
+    out.stage_gather_s.push_back(gather(dense, dp) / link(GroupKind::dp_cp) + gather(expert, l.edp) / link(GroupKind::edp));
   }
 
   // TP: sequence-parallel all-gather and reduce-scatter around attention and MLP, forward and
@@ -190,7 +192,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     const double grad = c.ddp.grad_reduce_in_fp32 ? 4 : element_bytes(m);
     out.embedding_stages_s = 2 * (k - 1) / k * static_cast<double>(padded_vocab_size(m)) * static_cast<double>(m.hidden_size) /
                                  l.tp * grad / link(GroupKind::pp) +
-                             latency(crosses_nodes(GroupKind::pp));
+                             latency(leaves_nvlink(GroupKind::pp));
   }
   // PP: one activation forward and one gradient back per micro-batch and model chunk boundary;
   // from a standalone MTP stage on, each carries the MTP depths' hidden states too (the stage

@@ -152,43 +152,45 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   s.tp_cp_pp = comm.tp_cp_s + comm.pp_s;
   // The optimizer step: Adam reads and writes about 30 bytes per parameter of its shard.
   s.optimizer = 30 * memory.optimizer_params / hbm;
-  // The DP reduction after the last backward. Without overlap_grad_reduce all of it. With it, the
-  // first stage's buckets go out one after another on the comm stream as the last backward
-  // (about two thirds of a micro-batch's compute) completes them, the rows split's table under
-  // the last micro-batch (the plain schedule) or only its backward (the EP-overlap schedule merged
-  // its forward with the previous backward): what runs past the backward's end is exposed, at
-  // least the last bucket, the embedding's (measured on epx's runtime, bench/RESULTS.md "The
-  // exposed DP reduction against the model's depth"). Stage k >= 1 reduces its one bucket after
-  // its own last backward, k cooldown slots before the first stage's ends.
-  // The distributed optimizer's all-gather follows the optimizer step; with overlap_param_gather
-  // it runs under the next forward, which waits for the first bucket of each kind (on a GPU under
-  // VPP with align_param_gather, for the first chunk's whole gather, dispatched at once). Stage
-  // k's one bucket starts with the step where every stage's does (align_param_gather, or epx's
+  // The DP reduction after the last backward. Each stage starts its own after its last backward,
+  // stage k k cooldown slots before the first stage's ends, and the optimizer step waits for
+  // every stage's. Without overlap_grad_reduce all of it runs then. With it, the first stage's
+  // buckets go out one after another on the comm stream as the last backward (about two thirds of
+  // a micro-batch's compute) completes them, the rows split's table under the last micro-batch
+  // (the plain schedule) or only its backward (the EP-overlap schedule merged its forward with the
+  // previous backward): what runs past the backward's end is exposed, at least the last bucket,
+  // the embedding's (measured on epx's runtime, bench/RESULTS.md "The exposed DP reduction against
+  // the model's depth").
+  // The distributed optimizer's all-gather follows the optimizer step on every stage at once;
+  // with overlap_param_gather it runs under the next forward, which waits for the first bucket of
+  // each kind and the rest past the first forward's length (on a GPU under VPP with
+  // align_param_gather, for the first chunk's whole gather, dispatched at once). A later stage's
+  // one bucket starts with the step where every stage's does (align_param_gather, or epx's
   // runtime, which sends them all after the step) and runs under the k forward slots of the
   // pipeline's fill; else Megatron starts it at the stage's first forward, which waits for all of it.
   const double micro_batch = s.compute + s.memory_bound + s.host, last_backward = 2.0 / 3.0 * micro_batch;
   const double chunks = lp.split.chunks, backward_slot = last_backward / chunks, forward_slot = (micro_batch - last_backward) / chunks;
-  const double grads = comm.dp_s - comm.dp_gather_s - comm.step_allreduces_s;
-  const auto later = [](const std::vector<double>& stages, double slot) {
+  // The longest of the stages' times past the first's end, from stage `from` on.
+  const auto past = [](const std::vector<double>& stages, double slot, std::size_t from) {
     double most = 0;
-    for (std::size_t k = 0; k < stages.size(); ++k) most = std::max(most, stages[k] - static_cast<double>(k + 1) * slot);
+    for (std::size_t k = from; k < stages.size(); ++k) most = std::max(most, stages[k] - static_cast<double>(k) * slot);
     return most;
   };
   const auto exposed = [&](double table_window) {
-    if (!c.ddp.overlap_grad_reduce) return grads;
+    if (!c.ddp.overlap_grad_reduce) return past(comm.stage_reduce_s, backward_slot, 0);
     double done = -table_window;
     for (const CommPlan::Bucket& b : comm.first_stage_buckets)
       done = std::max(done, b.ready == CommPlan::kBeforeLastMicroBatch ? -table_window : b.ready * last_backward) + b.reduce_s;
-    return std::max({0.0, done - last_backward, later(comm.later_stage_reduce_s, backward_slot)});
+    return std::max({0.0, done - last_backward, past(comm.stage_reduce_s, backward_slot, 1)});
   };
-  double gather = comm.dp_gather_s;
+  double gather = past(comm.stage_gather_s, 0, 0);
   if (c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty()) {
     const bool gpu = target_gpu(c).cuda(), whole_chunk = gpu && c.ddp.align_param_gather && lp.split.chunks > 1;
-    gather = later(comm.later_stage_gather_s, whole_chunk || !gpu ? forward_slot : 0);
     double first = 0;
     for (const CommPlan::Bucket& b : comm.first_stage_buckets)
       if (whole_chunk ? b.chunk == 0 : b.first_needed) first += b.gather_s;
-    gather = std::max(gather, first);
+    if (!whole_chunk) first = std::max(first, comm.stage_gather_s.front() - forward_slot);
+    gather = std::max(first, past(comm.stage_gather_s, whole_chunk || !gpu ? forward_slot : 0, 1));
   }
   s.dp = exposed(micro_batch - last_backward) + gather + comm.step_allreduces_s;
   s.dp_merged = exposed(0) + gather + comm.step_allreduces_s;

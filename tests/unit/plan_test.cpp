@@ -1345,8 +1345,9 @@ TEST(Plan, OverlappedReductionLeavesItsLastBucketsExposed) {
   // fields with the distributed optimizer.
   const auto [sharded, after] = plan(16, {"ddp.use_distributed_optimizer=true", "comm_overlap.overlap_param_gather=false", "comm_overlap.bucket_size=1"});
   const auto [same, under] = plan(16, {"ddp.use_distributed_optimizer=true", "comm_overlap.overlap_param_gather=true", "comm_overlap.bucket_size=1"});
-  EXPECT_GT(sharded.dp_gather_s, 0);
-  EXPECT_NEAR(after.dp - under.dp, sharded.dp_gather_s - 0.5 * 4096 * 256 * 2 / net, 1e-9);
+  ASSERT_EQ(sharded.stage_gather_s.size(), 1u);
+  EXPECT_GT(sharded.stage_gather_s[0], 0);
+  EXPECT_NEAR(after.dp - under.dp, sharded.stage_gather_s[0] - 0.5 * 4096 * 256 * 2 / net, 1e-9);
 }
 
 TEST(Plan, InterleavedGpuRunsLaunchAChunksBucketsAtItsEnd) {
@@ -1410,12 +1411,17 @@ TEST(Plan, ALaterStagesReductionRunsPastTheFirstStagesCooldown) {
   const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
   const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
   const StepCosts s = step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall);
-  ASSERT_EQ(comm.later_stage_reduce_s.size(), 1u);
+  ASSERT_EQ(comm.stage_reduce_s.size(), 2u);
   const double slot = 2.0 / 3.0 * (s.compute + s.memory_bound + s.host);
   double first_stage = 0;
   for (const CommPlan::Bucket& b : comm.first_stage_buckets) first_stage += b.reduce_s;
-  ASSERT_GT(comm.later_stage_reduce_s[0] - slot, first_stage);  // the later stage's is the longer tail
-  EXPECT_NEAR(s.dp, comm.later_stage_reduce_s[0] - slot + comm.step_allreduces_s + comm.embedding_stages_s, 1e-9);
+  ASSERT_GT(comm.stage_reduce_s[1] - slot, first_stage);  // the later stage's is the longer tail
+  EXPECT_NEAR(s.dp, comm.stage_reduce_s[1] - slot + comm.step_allreduces_s + comm.embedding_stages_s, 1e-9);
+  // Without overlap_grad_reduce the same: each stage reduces after its own backward.
+  Config plain = c;
+  plain.ddp.overlap_grad_reduce = false;
+  const CommPlan at_end = plan_comm(plain, lp, gpu, Dispatcher::alltoall, mem);
+  EXPECT_NEAR(step_costs(plain, lp, gpu, at_end, mem, Dispatcher::alltoall).dp, s.dp, 1e-9);
 }
 
 TEST(Plan, DetachedMtpHeadsSkipTheirOutputWeightsGradient) {

@@ -122,7 +122,6 @@ struct CommPlan {
   double token_intra = 0, token_inter = 0;  // dispatch + combine, forward + backward
   double token_exchange_s = 0;              // per micro-batch, all MoE layers
   double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
-  double dp_gather_s = 0;                   // of dp_s, the distributed optimizer's parameter all-gather
   double step_allreduces_s = 0;             // of dp_s, the grad norm's and the logged loss's, after the step
   // The first stage's buckets (first_stage_grad_groups, bucketed as Megatron's DDP does) in launch
   // order, under ddp.overlap_grad_reduce (or one per kind, for the distributed optimizer's
@@ -137,9 +136,9 @@ struct CommPlan {
   };
   static constexpr double kBeforeLastMicroBatch = -1;
   std::vector<Bucket> first_stage_buckets;
-  // Stage k >= 1 (index k - 1): its one bucket's reduction (Megatron buckets only the first
-  // stage), and its all-gather.
-  std::vector<double> later_stage_reduce_s, later_stage_gather_s;
+  // Each pipeline stage's reduction as one bucket (Megatron buckets only the first stage; so does
+  // the reduction without overlap_grad_reduce), and its all-gather.
+  std::vector<double> stage_reduce_s, stage_gather_s;
   // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
