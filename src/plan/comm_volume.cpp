@@ -23,8 +23,7 @@ double miss(double experts, double block, double k) {
 
 }  // namespace
 
-CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Dispatcher dispatcher,
-                   const MemoryPlan& memory) {
+CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Dispatcher dispatcher) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
   const HardwareRates& hw = gpu.rates;
@@ -90,18 +89,12 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   const auto gather = [&](double params, double d) { return distributed && d > 1 ? (d - 1) / d * params * element_bytes(m) : 0.0; };
   const auto reduce = [&](double params, double d) { return grads(params, d) + gather(params, d); };
   const double dp = l.dp * l.cp;
-  out.dp_bytes = reduce(memory.dense_params, dp) + reduce(memory.expert_params, l.edp);
-  out.dp_inter = leaves_nvlink(GroupKind::dp_cp) || leaves_nvlink(GroupKind::edp);
-  // Fixed costs: a bucket per group that reduces, and the step's two small all-reduces over the
-  // world (the grad norm and the logged loss).
-  const int reductions = (dp > 1) + (l.edp > 1);
-  const double rate = out.dp_inter ? net : nvl, fixed = latency(out.dp_inter || lp.nodes > 1);
-  out.step_allreduces_s = (l.world > 1 ? 2 : 0) * fixed;
-  out.dp_s = out.dp_bytes / rate + reductions * fixed + out.step_allreduces_s;
+  // The step's two small all-reduces over the world (the grad norm and the logged loss).
+  out.step_allreduces_s = (l.world > 1 ? 2 : 0) * latency(leaves_nvlink(GroupKind::dp_cp) || leaves_nvlink(GroupKind::edp) || lp.nodes > 1);
   // The first stage's weights in the order its backward completes them (the embedding last).
   const std::vector<GradGroup> groups = first_stage_grad_groups(c, lp);
   if (c.ddp.reduce_embedding_rows && dp > 1) {
-    const double rate = leaves_nvlink(GroupKind::dp_cp) ? net : nvl;
+    const double rate = link(GroupKind::dp_cp);
     const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
     out.embedding_dp_s = reduce(groups.back().dense, dp) / rate;
     out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +

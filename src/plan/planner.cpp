@@ -166,7 +166,7 @@ Plan make_plan(const Config& c) {
   }
   for (Dispatcher d : dispatchers) {
     const MemoryPlan mem_plain = plan_memory(c, p.layout, d, false), mem_overlap = plan_memory(c, p.layout, d, true);
-    const CommPlan comm = plan_comm(c, p.layout, p.gpu, d, mem_plain);
+    const CommPlan comm = plan_comm(c, p.layout, p.gpu, d);
     const StepCosts costs = step_costs(c, p.layout, p.gpu, comm, mem_plain, d);
     if (l.pp > 1) p.stage_compute_s = costs.stage_compute;  // the same for every dispatcher
     for (auto [overlap, delay] : schedules) {

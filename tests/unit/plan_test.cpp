@@ -323,7 +323,7 @@ TEST(Plan, TheBubbleIsTheOtherStagesFillAndDrain) {
     const Config c = resolved("qwen3_30b_a3b_proxy", o);
     const LayoutPlan lp = plan_layout(c, gpu);
     const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-    const StepCosts costs = step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall, mem), mem, Dispatcher::alltoall);
+    const StepCosts costs = step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall), mem, Dispatcher::alltoall);
     if (out) *out = costs;
     const StepTime t = step_time(costs, 8, vpp, false, false), one = step_time(costs, 1, vpp, false, false);
     return std::pair{t.bubble, one.layers};  // the bubble, and one micro-batch on the slowest stage
@@ -1266,17 +1266,19 @@ TEST(Plan, EachExchangeAndReductionPaysTheLinkLatency) {
   gpu.rates.nvlink_latency_us = 0;
   const LayoutPlan lp = plan_layout(c, gpu);
   const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-  const CommPlan base = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  const CommPlan base = plan_comm(c, lp, gpu, Dispatcher::alltoall);
   gpu.rates.nvlink_latency_us = 100;
-  const CommPlan slow = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  const CommPlan slow = plan_comm(c, lp, gpu, Dispatcher::alltoall);
   EXPECT_NEAR(slow.token_exchange_s - base.token_exchange_s, 2 * 5 * 100e-6, 1e-12);
-  EXPECT_NEAR(slow.dp_s - base.dp_s, 3 * 100e-6, 1e-12);
+  EXPECT_NEAR(slow.stage_reduce_s[0] + slow.step_allreduces_s - base.stage_reduce_s[0] - base.step_allreduces_s, 3 * 100e-6,
+              1e-12);
   // The proxy is BF16 with grad_reduce_in_fp32 false: BF16 buckets, as epx's runtime sends them;
   // FP32 with the flag.
-  EXPECT_NEAR(base.dp_bytes, 2 * mem.dense_params, 1);
+  const double nvl = gpu.rates.nvlink_gb_s * gpu.rates.nvlink_efficiency * 1e9;
+  EXPECT_NEAR(base.stage_reduce_s[0], 2 * mem.dense_params / nvl, 1e-12);
   Config fp32 = c;
   fp32.ddp.grad_reduce_in_fp32 = true;
-  EXPECT_NEAR(plan_comm(fp32, lp, gpu, Dispatcher::alltoall, mem).dp_bytes, 4 * mem.dense_params, 1);
+  EXPECT_NEAR(plan_comm(fp32, lp, gpu, Dispatcher::alltoall).stage_reduce_s[0], 4 * mem.dense_params / nvl + 100e-6, 1e-12);
 }
 
 TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
@@ -1292,9 +1294,9 @@ TEST(Plan, EmbeddingRowsMoveTheTableOffTheTail) {
   const LayoutPlan lp = plan_layout(rows, gpu);
   const MemoryPlan mem = plan_memory(rows, lp, Dispatcher::alltoall, false);
   EXPECT_DOUBLE_EQ(mem.embedding_params, 4096.0 * 256);
-  const CommPlan cd = plan_comm(dense, lp, gpu, Dispatcher::alltoall, mem), cr = plan_comm(rows, lp, gpu, Dispatcher::alltoall, mem);
+  const CommPlan cd = plan_comm(dense, lp, gpu, Dispatcher::alltoall), cr = plan_comm(rows, lp, gpu, Dispatcher::alltoall);
   EXPECT_EQ(cd.embedding_dp_s, 0);
-  EXPECT_DOUBLE_EQ(cr.dp_s, cd.dp_s);
+  EXPECT_EQ(cr.stage_reduce_s, cd.stage_reduce_s);
   const double net = gpu.rates.network_gb_s * gpu.rates.network_efficiency * 1e9, lat = gpu.rates.network_latency_us * 1e-6;
   EXPECT_NEAR(cr.embedding_dp_s, 2 * 0.5 * 4096 * 256 * 2 / net, 1e-12);
   EXPECT_NEAR(cr.embedding_rows_s, 256 * (256 * 2 + 8) / net + 2 * lat, 1e-12);
@@ -1317,7 +1319,7 @@ TEST(Plan, OverlappedReductionLeavesItsLastBucketsExposed) {
     const Config c = resolved("qwen3_30b_a3b_proxy", o);
     const LayoutPlan lp = plan_layout(c, gpu);
     const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall);
     return std::pair{comm, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall)};
   };
   const auto [shallow, s4] = plan(4, {});
@@ -1337,8 +1339,8 @@ TEST(Plan, OverlappedReductionLeavesItsLastBucketsExposed) {
   EXPECT_EQ(&last, &deep.first_stage_buckets.back());  // the dense kind's only (EDP is 1)
   EXPECT_GE(last.reduce_s, 2 * 0.5 * 4096 * 256 * 2 / net);
   EXPECT_GE(s16.dp, last.reduce_s + deep.step_allreduces_s);
-  EXPECT_GT(deep.dp_s - shallow.dp_s, 2 * (s16.dp - s4.dp));
-  EXPECT_LT(s16.dp, 0.5 * deep.dp_s);
+  EXPECT_GT(deep.stage_reduce_s[0] - shallow.stage_reduce_s[0], 2 * (s16.dp - s4.dp));
+  EXPECT_LT(s16.dp, 0.5 * deep.stage_reduce_s[0]);
   // The distributed optimizer's all-gather: after the optimizer step, or under the next forward
   // but for the first bucket it needs, the embedding's (bucket_size 1: the embedding alone, 4096 x
   // 256 BF16 weights, half of them from the other rank). Bridge's comm_overlap sets the DDP's
@@ -1362,7 +1364,7 @@ TEST(Plan, InterleavedGpuRunsLaunchAChunksBucketsAtItsEnd) {
                                                       "model.virtual_pipeline_model_parallel_size=2", "train.global_batch_size=32",
                                                       "ddp.overlap_grad_reduce=true", "ddp.bucket_size=1"});
     const LayoutPlan lp = plan_layout(c, gpu);
-    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, plan_memory(c, lp, Dispatcher::alltoall, false));
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall);
     const auto count = [&](auto&& pred) { return std::count_if(comm.first_stage_buckets.begin(), comm.first_stage_buckets.end(), pred); };
     const bool h100 = std::string(name) == "h100";
     // Chunk 1 (layers 4 and 5): one bucket a kind (dense, expert) on the GPU; on cpu one a weight
@@ -1409,7 +1411,7 @@ TEST(Plan, ALaterStagesReductionRunsPastTheFirstStagesCooldown) {
                                                     "ddp.overlap_grad_reduce=true", "ddp.bucket_size=100000"});
   const LayoutPlan lp = plan_layout(c, gpu);
   const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-  const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+  const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall);
   const StepCosts s = step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall);
   ASSERT_EQ(comm.stage_reduce_s.size(), 2u);
   const double slot = 2.0 / 3.0 * (s.compute + s.memory_bound + s.host);
@@ -1420,7 +1422,7 @@ TEST(Plan, ALaterStagesReductionRunsPastTheFirstStagesCooldown) {
   // Without overlap_grad_reduce the same: each stage reduces after its own backward.
   Config plain = c;
   plain.ddp.overlap_grad_reduce = false;
-  const CommPlan at_end = plan_comm(plain, lp, gpu, Dispatcher::alltoall, mem);
+  const CommPlan at_end = plan_comm(plain, lp, gpu, Dispatcher::alltoall);
   EXPECT_NEAR(step_costs(plain, lp, gpu, at_end, mem, Dispatcher::alltoall).dp, s.dp, 1e-9);
 }
 
@@ -1434,7 +1436,7 @@ TEST(Plan, DetachedMtpHeadsSkipTheirOutputWeightsGradient) {
                                                           "model.mtp_num_layers=2", detach});
       const LayoutPlan lp = plan_layout(c, gpu);
       const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-      return step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall, mem), mem, Dispatcher::alltoall).compute;
+      return step_costs(c, lp, gpu, plan_comm(c, lp, gpu, Dispatcher::alltoall), mem, Dispatcher::alltoall).compute;
     };
     const Config c = resolved("deepseek_v3_mla_proxy", {"target.num_gpus=2", "model.mtp_num_layers=2"});
     const double skipped = 2 * 2.0 * static_cast<double>(c.model.hidden_size) * static_cast<double>(padded_vocab_size(c.model)) *
@@ -1461,7 +1463,7 @@ TEST(Plan, TiedEmbeddingsAndMtpOverStagesSumTheEmbeddingsGradientBetweenThem) {
     const Config c = resolved("qwen3_30b_a3b_proxy", all);
     const LayoutPlan lp = plan_layout(c, gpu);
     const MemoryPlan mem = plan_memory(c, lp, Dispatcher::alltoall, false);
-    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall, mem);
+    const CommPlan comm = plan_comm(c, lp, gpu, Dispatcher::alltoall);
     return std::tuple{comm.embedding_stages_s, step_costs(c, lp, gpu, comm, mem, Dispatcher::alltoall).dp, comm.pp_s};
   };
   const auto [untied_s, untied_dp, untied_pp] = costs({});

@@ -121,8 +121,7 @@ MemoryPlan plan_stage_memory(const Config& resolved, const LayoutPlan& layout, D
 struct CommPlan {
   double token_intra = 0, token_inter = 0;  // dispatch + combine, forward + backward
   double token_exchange_s = 0;              // per micro-batch, all MoE layers
-  double dp_bytes = 0, dp_s = 0;            // gradient reduction (DP dense, EDP experts) + param gather
-  double step_allreduces_s = 0;             // of dp_s, the grad norm's and the logged loss's, after the step
+  double step_allreduces_s = 0;             // the grad norm's and the logged loss's, after the step
   // The first stage's buckets (first_stage_grad_groups, bucketed as Megatron's DDP does) in launch
   // order, under ddp.overlap_grad_reduce (or one per kind, for the distributed optimizer's
   // overlap_param_gather). `ready`: the share of that stage's last backward done when the bucket
@@ -139,17 +138,15 @@ struct CommPlan {
   // Each pipeline stage's reduction as one bucket (Megatron buckets only the first stage; so does
   // the reduction without overlap_grad_reduce), and its all-gather.
   std::vector<double> stage_reduce_s, stage_gather_s;
-  // ddp.reduce_embedding_rows: the embedding table's part of dp_s, and the all-gather of the last
+  // ddp.reduce_embedding_rows: the embedding table's reduction, and the all-gather of the last
   // micro-batch's gradient rows that replaces it after the backward.
   double embedding_dp_s = 0, embedding_rows_s = 0;
   // Tied embeddings or MTP over pipeline stages: the embedding's gradient all-reduced over the
   // stages that hold it after the DP reduction, exposed (per iteration).
   double embedding_stages_s = 0;
   double tp_cp_s = 0, pp_s = 0;             // per micro-batch
-  bool dp_inter = false;
 };
-CommPlan plan_comm(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, Dispatcher dispatcher,
-                   const MemoryPlan& memory);
+CommPlan plan_comm(const Config& resolved, const LayoutPlan& layout, const GpuInfo& gpu, Dispatcher dispatcher);
 
 // Communication is the wall when this share of the step is exposed (the planner's rows and
 // epx diagnose's verdict).
