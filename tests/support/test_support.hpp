@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "epx/base/error.hpp"
 #include "epx/config/config.hpp"
 
 namespace epx::test {
@@ -13,11 +14,13 @@ inline std::string recipe_path(const std::string& name) {
   return std::string(EPX_RECIPES) + "/" + name + ".yaml";
 }
 
-// The message of the ConfigError `fn` throws, "(no error)" when it throws none.
-inline std::string error_of(const std::function<void()>& fn) {
+// The message of the error `fn` throws (a ConfigError, or an InputError with
+// error_of<InputError>), "(no error)" when it throws none.
+template <class Error = ConfigError>
+std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const ConfigError& e) {
+  } catch (const Error& e) {
     return e.what();
   }
   return "(no error)";

@@ -827,12 +827,8 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
   std::string notes;
   for (const std::string& n : diagnose(run, std::nullopt, find_gpu("cpu")).notes) notes += n + "\n";
   EXPECT_NE(notes.find("the LM loss is NaN or infinite from iteration 2: the training diverged"), std::string::npos) << notes;
-  try {
-    read_run(results("8", "1e300"), std::nullopt);
-    ADD_FAILURE() << "a step of 1e300 s was read";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("iterations[1].step_time_s is 1e+300: beyond any run's"), std::string::npos) << e.what();
-  }
+  const std::string huge_step = test::error_of<InputError>([&] { read_run(results("8", "1e300"), std::nullopt); });
+  EXPECT_NE(huge_step.find("iterations[1].step_time_s is 1e+300: beyond any run's"), std::string::npos) << huge_step;
   // A byte-order mark before the JSON is read past; an empty file is named so.
   const std::string plain = [&] {
     std::ifstream in(results("8", "1"));
@@ -841,44 +837,27 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
   std::ofstream(path) << "\xEF\xBB\xBF" << plain;
   EXPECT_EQ(read_run(path.string(), std::nullopt).kind, "epx results");
   std::ofstream(path) << " \n";
-  try {
-    read_run(path.string(), std::nullopt);
-    ADD_FAILURE() << "an empty file was read";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(": the file is empty"), std::string::npos) << e.what();
-  }
+  const std::string empty = test::error_of<InputError>([&] { read_run(path.string(), std::nullopt); });
+  EXPECT_NE(empty.find(": the file is empty"), std::string::npos) << empty;
   // Past a double, or a key given twice: input errors naming the file, not the parser's exceptions.
   for (const auto& [step, message] : {std::pair<std::string, std::string>{"1e999", ":2: not a valid epx results file: the "
                                                                                    "number 1e999 is beyond a double's range"},
                                       {"1, \"step_time_s\": 2", ": not a valid epx results file: the key \"step_time_s\" "
                                                                 "appears twice"}}) {
-    try {
-      read_run(results("8", step), std::nullopt);
-      ADD_FAILURE() << step << " was read";
-    } catch (const InputError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind(path.string() + message, 0), 0u) << e.what();
-    }
+    const std::string e = test::error_of<InputError>([&] { read_run(results("8", step), std::nullopt); });
+    EXPECT_EQ(e.rfind(path.string() + message, 0), 0u) << step << ": " << e;
   }
   // A trace given as the run is named as a JSON array.
   std::ofstream(path) << "[1, 2, 3]\n";
-  try {
-    read_run(path.string(), std::nullopt);
-    ADD_FAILURE() << "a JSON array was read as a run";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(": a JSON array, not an `epx run --results` file"), std::string::npos) << e.what();
-  }
+  const std::string array = test::error_of<InputError>([&] { read_run(path.string(), std::nullopt); });
+  EXPECT_NE(array.find(": a JSON array, not an `epx run --results` file"), std::string::npos) << array;
   // A trace time past any run is named as such, not taken for another run's trace.
   const auto trace = std::filesystem::temp_directory_path() / fmt::format("epx_trace_{}.json", getpid());
   std::ofstream(trace) << R"([{"ph": "X", "pid": 0, "tid": 0, "name": "optimizer step", "cat": "compute", "ts": 1e300, "dur": 1}])";
-  try {
-    read_run(results("8", "1"), trace.string());
-    ADD_FAILURE() << "a ts of 1e300 was read";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("event 0 ('optimizer step') has ts 1e+300 and dur 1 (microseconds from the run's "
-                                         "start): past any run"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string late = test::error_of<InputError>([&] { read_run(results("8", "1"), trace.string()); });
+  EXPECT_NE(late.find("event 0 ('optimizer step') has ts 1e+300 and dur 1 (microseconds from the run's start): past any run"),
+            std::string::npos)
+      << late;
   std::filesystem::remove(trace);
   std::filesystem::remove(path);
 }
@@ -964,14 +943,7 @@ TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {
              "6.758929E+00 | loss scale 64.0 |\n");
   EXPECT_DOUBLE_EQ(run.final_loss, 6.758929);
   // Not Megatron's: the generic refusal (not the iteration's range); a wrapped paste is named.
-  const auto refusal = [&](const std::string& text) {
-    try {
-      read(text);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("read");
-  };
+  const auto refusal = [&](const std::string& text) { return test::error_of<InputError>([&] { read(text); }); };
   EXPECT_NE(refusal("Training epoch 0, iteration 0/149 | lr: 1e-05 | reduced_train_loss: 4.4 | train_step_timing in s: 2.1\n")
                 .find("neither an `epx run --results` JSON nor a Megatron training log"),
             std::string::npos);
@@ -1033,13 +1005,8 @@ TEST(RunEvidence, MegatronLogsAsMegatronLMAndBridgeWriteThem) {
     // An iteration past the run's total is two lines run together, not a run.
     const auto bad = std::filesystem::temp_directory_path() / fmt::format("epx_megatron_{}_bad.log", getpid());
     std::ofstream(bad) << line(10, 9000) << " iteration        4/       2 | elapsed time per iteration (ms): 9000 |\n";
-    try {
-      read_run(bad.string(), std::nullopt);
-      ADD_FAILURE() << "iteration 4/2 was read";
-    } catch (const InputError& e) {
-      EXPECT_NE(std::string(e.what()).find(":2: iteration 4/2: past the run's 2 iterations (train_iters)"), std::string::npos)
-          << e.what();
-    }
+    const std::string e = test::error_of<InputError>([&] { read_run(bad.string(), std::nullopt); });
+    EXPECT_NE(e.find(":2: iteration 4/2: past the run's 2 iterations (train_iters)"), std::string::npos) << e;
     std::filesystem::remove(bad);
   }
   EXPECT_EQ(run.ranks, 16);
