@@ -117,7 +117,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
     const double size = !c.ddp.overlap_grad_reduce ? kWhole
                         : c.ddp.bucket_size        ? static_cast<double>(*c.ddp.bucket_size)
                                                    : std::max(40e6, 1e6 * dp);
-    const bool gpu = target_gpu(c).cuda(), aligned = gpu && lp.split.chunks > 1;
+    const bool cuda = gpu.cuda(), aligned = cuda && lp.split.chunks > 1;
     const bool rows = out.embedding_dp_s > 0 && micro_batches_per_dp_rank(c, l) >= 2;
     for (const bool expert : {false, true}) {
       const double d = expert ? l.edp : dp;
@@ -135,7 +135,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
         const double params = expert ? g.expert : g.dense + (experts_apart ? 0 : g.expert);
         if (params <= 0) continue;
         // epx's runtime keeps one bucket across the chunks without overlap_grad_reduce.
-        if (g.chunk != chunk && held > 0 && (gpu || size < kWhole)) add(held, ready, chunk), held = 0;
+        if (g.chunk != chunk && held > 0 && (cuda || size < kWhole)) add(held, ready, chunk), held = 0;
         chunk = g.chunk;
         if (rows && g.embedding) {
           if (held > 0) add(held, ready, chunk), held = 0;
@@ -144,9 +144,9 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
           continue;
         }
         ready = aligned && g.chunk == 0 ? 1 : g.done;
-        const double limit = gpu && g.chunk > 0 ? kWhole : size;
+        const double limit = cuda && g.chunk > 0 ? kWhole : size;
         held += params;
-        if (g.embedding || (!gpu && held >= limit)) {
+        if (g.embedding || (!cuda && held >= limit)) {
           add(held, ready, chunk), held = 0;
         } else if (held >= limit) {  // the full buckets, sent together; the rest stays open
           const double full = std::floor(held / limit) * limit;

@@ -185,12 +185,12 @@ StepCosts step_costs(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, 
   };
   double gather = past(comm.stage_gather_s, 0, 0);
   if (c.ddp.overlap_param_gather && !comm.first_stage_buckets.empty()) {
-    const bool gpu = target_gpu(c).cuda(), whole_chunk = gpu && c.ddp.align_param_gather && lp.split.chunks > 1;
+    const bool whole_chunk = gpu.cuda() && c.ddp.align_param_gather && lp.split.chunks > 1;
     double first = 0;
     for (const CommPlan::Bucket& b : comm.first_stage_buckets)
       if (whole_chunk ? b.chunk == 0 : b.first_needed) first += b.gather_s;
     if (!whole_chunk) first = std::max(first, comm.stage_gather_s.front() - forward_slot);
-    gather = std::max(first, past(comm.stage_gather_s, whole_chunk || !gpu ? forward_slot : 0, 1));
+    gather = std::max(first, past(comm.stage_gather_s, whole_chunk || !gpu.cuda() ? forward_slot : 0, 1));
   }
   s.dp = exposed(micro_batch - last_backward) + gather + comm.step_allreduces_s;
   s.dp_merged = exposed(0) + gather + comm.step_allreduces_s;
