@@ -161,8 +161,9 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
                      [](const CommPlan::Bucket& a, const CommPlan::Bucket& b) { return a.ready < b.ready; });
   }
   // Each stage's reduction as one bucket (Megatron buckets only the first stage) and its all-gather.
+  const double vocabulary = embedding_rows(c);
   for (int k = 0; k < l.pp; ++k) {
-    const StageParams stage = stage_params(c, lp, k);
+    const StageParams stage = stage_params(c, lp, k, vocabulary);
     const double dense = stage.dense + (experts_apart ? 0 : stage.expert), expert = experts_apart ? stage.expert : 0;
     out.stage_reduce_s.push_back(grads(dense, dp) / link(GroupKind::dp_cp) + grads(expert, l.edp) / link(GroupKind::edp) +
                                  (dp > 1) * latency(leaves_nvlink(GroupKind::dp_cp)) +

@@ -98,8 +98,6 @@ PipelineStage busiest_moe_stage(const ModelConfig& m, const PipelineSplit& split
   return best;
 }
 
-namespace {
-
 // The embedding's rows: Bridge's setup pads the vocabulary only where it takes it from the
 // tokenizer (tokenizer.use_tokenizer_vocab_size, as from-scratch recipes set it), and keeps a
 // preset vocab_size as it is, as epx's configs have; its FLOPs formula pads it either way
@@ -111,12 +109,10 @@ double embedding_rows(const Config& c) {
   return static_cast<double>(padded ? padded_vocab : *c.model.vocab_size);
 }
 
-}  // namespace
-
-StageParams stage_params(const Config& c, const LayoutPlan& lp, int stage) {
+StageParams stage_params(const Config& c, const LayoutPlan& lp, int stage, double V) {
   const ModelConfig& m = c.model;
   const ParallelLayout& l = lp.layout;
-  const double h = static_cast<double>(m.hidden_size), V = embedding_rows(c), tp = l.tp;
+  const double h = static_cast<double>(m.hidden_size), tp = l.tp;
   const PipelineStage st = pipeline_stage(m, lp.split, stage);
   const double moe_layers = st.moe_layers, mtp = st.mtp_layers;
   const LayerParams lay = layer_params(m);
@@ -149,7 +145,7 @@ MemoryPlan plan_stage_memory(const Config& c, const LayoutPlan& lp, Dispatcher d
   const double dense_layers = st.layers + mtp - moe_layers;
 
   MemoryPlan out;
-  const StageParams params = stage_params(c, lp, stage);
+  const StageParams params = stage_params(c, lp, stage, V);
   out.dense_params = params.dense;
   out.expert_params = params.expert;
   out.embedding_params = params.embedding;

@@ -1359,7 +1359,7 @@ TEST(Plan, TheBucketsHoldTheFirstStagesWeights) {
         EXPECT_GE(g.done, done) << gpu_name;
         done = g.done;
       }
-      const StageParams p = stage_params(c, lp, 0);
+      const StageParams p = stage_params(c, lp, 0, embedding_rows(c));
       EXPECT_NEAR(dense, p.dense, 1e-6 * p.dense) << gpu_name << " repeated " << repeated;
       EXPECT_NEAR(expert, p.expert, 1e-6 * p.expert) << gpu_name << " repeated " << repeated;
       EXPECT_DOUBLE_EQ(done, 1) << gpu_name;

@@ -91,12 +91,14 @@ struct MemoryPlan {
   double optimizer_params = 0;                 // the optimizer's shard of them
   double in_flight = 1;                        // micro-batches' activations held at the peak
 };
+// The embedding's rows: the vocabulary, padded where Bridge takes it from the tokenizer.
+double embedding_rows(const Config& resolved);
 // The parameters on a rank of pipeline stage `stage`: dense (with the embedding, an MTP stage's
-// own embedding and the output layer) and expert.
+// own embedding and the output layer) and expert; `embedding_rows` as above, read once a plan.
 struct StageParams {
   double dense = 0, expert = 0, embedding = 0, mtp_embedding = 0, output = 0;
 };
-StageParams stage_params(const Config& resolved, const LayoutPlan& layout, int stage);
+StageParams stage_params(const Config& resolved, const LayoutPlan& layout, int stage, double embedding_rows);
 
 // The first pipeline stage's weights (the stage whose backward ends a step) in the order its
 // last backward completes their gradients: the head where it is the last stage too, the MTP
