@@ -9,7 +9,8 @@
 # from the trace (rank 0, steady state, per iteration): the token exchanges (dispatch, combine
 # and their backward) in flight, the part of them no compute covered (exposed) and the share
 # hidden, and all communication exposed (with the DP gradient all-reduce, which EP overlap does
-# not touch), and the peak memory (max over ranks; the merged schedule holds two micro-batches).
+# not touch), rank 0's CPU time (all its threads: with one core a rank, no step is shorter),
+# and the peak memory (max over ranks; the merged schedule holds two micro-batches).
 # Step times on this 2-core machine vary by 10-20% from run to run: REPEATS > 1 runs each row
 # that many times and reports the run with the median step time.
 #   bash bench/overlap_bench.sh [STEPS] [LINK_GBIT] [REPEATS] [SECTIONS]
@@ -56,17 +57,17 @@ row() {  # row LABEL LAUNCH... -- RUN ARGS...; the first row of a table is its b
   [ -n "$base" ] || base=$t
   awk -v l="$label" -v t="$t" -v b="$base" -v x="$(field "$r" token_exchange_s)" -v xe="$(field "$r" exposed_token_exchange_s)" \
       -v ce="$(field "$r" exposed_comm_s)" -v mem="$(field "$r" peak_memory_bytes)" -v loss="$(field "$r" final_lm_loss)" \
-      -v n="$n" -v dp="$dp" -v dpe="$dpe" 'BEGIN {
-    printf "| %s | %.3f | %+.1f%% | %.3f | %.3f | %.0f%% | %.3f / %.3f | %.3f | %.1f | %.6f |\n", l, t, 100 * (t / b - 1),
-      x / n, xe / n, (x > 0 ? 100 * (1 - xe / x) : 0), dp, dpe, ce / n, mem / 1e6, loss }'
+      -v n="$n" -v dp="$dp" -v dpe="$dpe" -v cpu="$(field "$r" process_cpu_s)" 'BEGIN {
+    printf "| %s | %.3f | %+.1f%% | %.3f | %.3f | %.0f%% | %.3f / %.3f | %.3f | %.3f | %.1f | %.6f |\n", l, t, 100 * (t / b - 1),
+      x / n, xe / n, (x > 0 ? 100 * (1 - xe / x) : 0), dp, dpe, ce / n, cpu / n, mem / 1e6, loss }'
 }
 header() {
   base=""
   echo
   echo "$1"
   echo
-  echo "| run | step time (s) | vs first row | token exchanges in flight (s/iter) | exposed (s/iter) | hidden | DP reduction in flight / exposed (s/iter) | all comm exposed (s/iter) | peak memory (MB) | final loss |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| run | step time (s) | vs first row | token exchanges in flight (s/iter) | exposed (s/iter) | hidden | DP reduction in flight / exposed (s/iter) | all comm exposed (s/iter) | rank 0's CPU (s/iter) | peak memory (MB) | final loss |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 }
 ab() {  # ab LABEL LAUNCH... -- RUN ARGS...: the three rows
   local label=$1; shift

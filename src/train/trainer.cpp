@@ -33,6 +33,13 @@ using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Every thread of this process: the compute thread, the communication streams, MPI's own.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // A NaN as Python prints it, without the sign bit fmt would show ("-nan").
 double python_nan(double x) { return std::isnan(x) ? std::fabs(x) : x; }
 
@@ -139,6 +146,7 @@ class Trainer {
   // The steady state's figures, taken as its last iteration ends (--steady-to may end it early).
   struct SteadyState {
     trace::Clock::time_point begin, end = trace::Clock::time_point::max();
+    double cpu_begin_s = 0, cpu_s = 0;  // the process's CPU clock (every thread of this rank)
     CommStream::Stats stream, grad_stream;
     PipelineTiming pipeline;
   };
@@ -516,6 +524,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
     result.pipeline = pipeline_stats(steady.pipeline, n);
   result.comm_in_flight_s = steady.stream.busy_s + steady.grad_stream.busy_s;
   result.comm_thread_cpu_s = steady.stream.cpu_s + steady.grad_stream.cpu_s;
+  result.process_cpu_s = steady.cpu_s;
   if (options_.trace_path) {
     result.traced = trace::summarize(steady.begin, steady.end);
     trace::enable(false);
@@ -529,7 +538,8 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       "  throughput: {:.4f} TFLOP/s per rank ({:.3g} model FLOPs per iteration)\n"
       "  peak memory: {:.4f} GB = {:.4f} GiB (mem-max-allocated, max over ranks)\n"
       "  final lm loss: {:.6f} (iteration {}){}\n{}"
-      "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}",
+      "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}"
+      "  CPU time (rank 0, all its threads): {:.3f} s per iteration, {:.2f} cores busy on average\n",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
@@ -557,7 +567,8 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
           ? fmt::format("  DP gradient reduction (rank 0): {:.3f} s in flight, {:.3f} s exposed ({:.0f}% hidden)\n",
                         result.traced->dp_reduce_s, result.traced->dp_reduce_exposed_s,
                         100 * (1 - result.traced->dp_reduce_exposed_s / result.traced->dp_reduce_s))
-          : "");
+          : "",
+      result.process_cpu_s / n, result.process_cpu_s / (result.mean_step_s * n));
   if (const auto& p = result.pipeline) {
     out_ << fmt::format("  pipeline {}, {} micro-batches: ideal bubble (PP-1)/({}m) = {:.1f}% of the compute\n",
                         job_.pipeline.describe(), p->micro_batches, p->chunks > 1 || job_.pipeline.interleaved ? "VPP x " : "",
@@ -602,6 +613,7 @@ TrainResult Trainer::run() {
       grad_stream_.reset_stats();
       pipeline_timing_ = {};
       steady.begin = Clock::now();
+      steady.cpu_begin_s = process_cpu_seconds();
     }
     result.iterations.push_back(train_step(it));
     if (const double loss = result.iterations.back().lm_loss; !std::isfinite(loss) && job_.check_for_nan_in_loss) {
@@ -622,6 +634,7 @@ TrainResult Trainer::run() {
     }
     if (it == result.steady_last) {
       steady.end = Clock::now();
+      steady.cpu_s = process_cpu_seconds() - steady.cpu_begin_s;
       steady.stream = stream_.stats();
       steady.grad_stream = grad_stream_.stats();
       steady.pipeline = pipeline_timing_;
@@ -667,6 +680,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"ep_rank_load_max_over_mean", ep_rank_load},
                          {"comm_in_flight_s", comm_in_flight_s},
                          {"comm_thread_cpu_s", comm_thread_cpu_s},
+                         {"process_cpu_s", process_cpu_s},
                          {"layout", layout},
                          {"dispatcher", dispatcher},
                          {"schedule", schedule},

@@ -17,6 +17,13 @@ expect "$dir/log" 'Step Time : [0-9.]+s GPU utilization: [0-9.]+MODEL_TFLOP/s/GP
 expect "$dir/log" 'mem-max-allocated-gigabytes: [0-9.]+'
 expect "$dir/log" 'steady-state step time: [0-9.]+ s \(mean of iterations 3..3\)'
 expect "$dir/r.json" '"mean_step_time_s"'
+# The rank's CPU time over the steady state: every thread's, so at least its comm threads'.
+expect "$dir/log" 'CPU time \(rank 0, all its threads\): [0-9.]+ s per iteration, [0-9.]+ cores busy on average'
+python3 - "$dir/r.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+assert 0 < s["comm_thread_cpu_s"] <= s["process_cpu_s"], s
+PY
 expect "$dir/r.json" '"expert_model_parallel_size": 2'
 expect "$dir/r.json" '"lm_loss"'
 expect "$dir/t.json" '"name":"dispatch"'

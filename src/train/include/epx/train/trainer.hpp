@@ -73,6 +73,9 @@ struct TrainResult {
   double expert_load = 0, ep_rank_load = 0;  // IterationLog's, the steady state's mean
   double comm_in_flight_s = 0;           // this rank's two comm streams (exchanges, gradient reduction), summed, steady state
   double comm_thread_cpu_s = 0;          // the CPU time their threads used meanwhile
+  // This rank's CPU time over the steady state, every thread (compute, communication, MPI's): with
+  // one core a rank, as on the emulated cluster, a step can take no less than this per iteration.
+  double process_cpu_s = 0;
   std::optional<trace::Breakdown> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::optional<PipelineStats> pipeline;  // with PP > 1
   std::string layout, dispatcher, schedule, recompute;
