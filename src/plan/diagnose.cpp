@@ -326,6 +326,10 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
     host.share = run.trace->idle_s / run.trace->step_s;
     host.evidence += fmt::format("; the compute thread idle {:.0f}% of the step (host gaps)", 100 * host.share);
   }
+  // An epx run's CPU: its communication threads' work shares the rank's cores with the compute.
+  const double cores_busy = run.cores_per_rank > 0 ? run.cpu_s_per_iteration / (run.mean_step_s * run.cores_per_rank) : -1;
+  if (cores_busy >= 0)
+    host.evidence += fmt::format("; rank 0's threads kept its {:.3g} core(s) {:.0f}% busy", run.cores_per_rank, 100 * cores_busy);
   d.walls.push_back(host);
 
   // Idle gaps are the host's; a low rate without them is the kernels' (small or unfused).
@@ -353,6 +357,15 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
   if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
+  // Overlap hides a wait only under idle cores: where the exposed communication is more than they
+  // leave, the rest of it is CPU time (the communication threads' own work).
+  if (const double idle = 1 - std::min(1.0, cores_busy); cores_busy >= 0 && run.trace && comm.share > idle)
+    d.notes.push_back(fmt::format(
+        "rank 0's threads kept its {:.3g} core(s) {:.0f}% busy ({:.3g} s of CPU per iteration): more overlap can cut at "
+        "most their idle {:.0f}% of the step, not all of the {:.0f}% of communication exposed; the communication threads' "
+        "work (MPI over TCP, on the emulated cluster the network's too) runs on the cores the compute needs; fewer ranks "
+        "per core or less traffic cut it",
+        run.cores_per_rank, 100 * cores_busy, run.cpu_s_per_iteration, 100 * idle, 100 * comm.share));
   // The planner times balanced routing; over EP ranks, the rank holding the busiest experts
   // computes and receives more, and the others wait for it. The EP ranks' load says how long
   // (results before it was measured have only the experts').

@@ -209,6 +209,12 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     run.expert_load = amount(s, "summary", "expert_load_max_over_mean", path);
   if (s.contains("ep_rank_load_max_over_mean"))
     run.ep_rank_load = amount(s, "summary", "ep_rank_load_max_over_mean", path);
+  if (s.contains("process_cpu_s") && s.contains("cores_per_rank") && run.steady_last > 0) {  // since 2026-11-28
+    const double cores = amount(s, "summary", "cores_per_rank", path);
+    if (!(cores > 0)) throw bad("summary.cores_per_rank is 0: a rank runs on some core");
+    run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", path) / (run.steady_last - run.steady_first + 1);
+    run.cores_per_rank = cores;
+  }
   run.layout = text_or(s, "layout");
   run.dispatcher = text_or(s, "dispatcher");
   run.schedule = text_or(s, "schedule");

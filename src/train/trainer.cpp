@@ -25,6 +25,7 @@
 #include "epx/train/job_spec.hpp"
 #include "epx/train/optimizer.hpp"
 #include "grad_reducer.hpp"
+#include "rank_cpu.hpp"
 
 namespace epx {
 namespace {
@@ -32,13 +33,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// Every thread of this process: the compute thread, the communication streams, MPI's own.
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 // A NaN as Python prints it, without the sign bit fmt would show ("-nan").
 double python_nan(double x) { return std::isnan(x) ? std::fabs(x) : x; }
@@ -525,6 +519,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
   result.comm_in_flight_s = steady.stream.busy_s + steady.grad_stream.busy_s;
   result.comm_thread_cpu_s = steady.stream.cpu_s + steady.grad_stream.cpu_s;
   result.process_cpu_s = steady.cpu_s;
+  result.cores_per_rank = cores_per_rank(world_);
   if (options_.trace_path) {
     result.traced = trace::summarize(steady.begin, steady.end);
     trace::enable(false);
@@ -539,7 +534,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
       "  peak memory: {:.4f} GB = {:.4f} GiB (mem-max-allocated, max over ranks)\n"
       "  final lm loss: {:.6f} (iteration {}){}\n{}"
       "  communication streams (rank 0, summed): {:.3f} s in flight over the steady state ({:.3f} s of CPU){}\n{}{}"
-      "  CPU time (rank 0, all its threads): {:.3f} s per iteration, {:.2f} cores busy on average\n",
+      "  CPU time (rank 0, all its threads): {:.3f} s per iteration, {:.0f}% of its {:.3g} core(s) busy on average\n",
       world_.size(), result.layout, result.mean_step_s, result.steady_first, result.steady_last,
       result.tflops_per_rank, flops_per_iteration_, static_cast<double>(result.peak_memory_bytes) / 1e9,
       static_cast<double>(result.peak_memory_bytes) / 1073741824.0,
@@ -568,7 +563,7 @@ void Trainer::summarize(TrainResult& result, trace::Clock::time_point origin, co
                         result.traced->dp_reduce_s, result.traced->dp_reduce_exposed_s,
                         100 * (1 - result.traced->dp_reduce_exposed_s / result.traced->dp_reduce_s))
           : "",
-      result.process_cpu_s / n, result.process_cpu_s / (result.mean_step_s * n));
+      result.process_cpu_s / n, 100 * result.cpu_busy(), result.cores_per_rank);
   if (const auto& p = result.pipeline) {
     out_ << fmt::format("  pipeline {}, {} micro-batches: ideal bubble (PP-1)/({}m) = {:.1f}% of the compute\n",
                         job_.pipeline.describe(), p->micro_batches, p->chunks > 1 || job_.pipeline.interleaved ? "VPP x " : "",
@@ -681,6 +676,7 @@ nlohmann::json TrainResult::to_json() const {
                          {"comm_in_flight_s", comm_in_flight_s},
                          {"comm_thread_cpu_s", comm_thread_cpu_s},
                          {"process_cpu_s", process_cpu_s},
+                         {"cores_per_rank", cores_per_rank},
                          {"layout", layout},
                          {"dispatcher", dispatcher},
                          {"schedule", schedule},

@@ -18,7 +18,7 @@ expect "$dir/log" 'mem-max-allocated-gigabytes: [0-9.]+'
 expect "$dir/log" 'steady-state step time: [0-9.]+ s \(mean of iterations 3..3\)'
 expect "$dir/r.json" '"mean_step_time_s"'
 # The rank's CPU time over the steady state: every thread's, so at least its comm threads'.
-expect "$dir/log" 'CPU time \(rank 0, all its threads\): [0-9.]+ s per iteration, [0-9.]+ cores busy on average'
+expect "$dir/log" 'CPU time \(rank 0, all its threads\): [0-9.]+ s per iteration, [0-9]+% of its [0-9.]+ core\(s\) busy on average'
 python3 - "$dir/r.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["summary"]

@@ -808,6 +808,30 @@ TEST(Diagnose, AnExposedDpTailWithOverlapOnSuggestsTheEmbeddingRows) {
             std::string::npos);
 }
 
+TEST(Diagnose, ExposedCommunicationBeyondTheCoresIdleTimeIsCpuTime) {
+  // A rank that kept its core 90% busy and waited 40% of the step on communication: overlap can
+  // cut only the 10% idle; kept 50% busy, the note is not given.
+  const auto notes = [](double cpu_s) {
+    RunEvidence run;
+    run.mean_step_s = 1;
+    run.cpu_s_per_iteration = cpu_s, run.cores_per_rank = 1;
+    run.trace = TraceBreakdown{};
+    run.trace->step_s = 1, run.trace->iterations = 1;
+    run.trace->comm_s = run.trace->token_exchange_s = 0.8;
+    run.trace->exposed_s = run.trace->token_exchange_exposed_s = 0.4;
+    const Diagnosis d = diagnose(run, std::nullopt, find_gpu("cpu"));
+    std::string all = d.walls.back().evidence + "\n";
+    for (const std::string& n : d.notes) all += n + "\n";
+    return all;
+  };
+  EXPECT_NE(notes(0.9).find("rank 0's threads kept its 1 core(s) 90% busy (0.9 s of CPU per iteration): more overlap can "
+                            "cut at most their idle 10% of the step, not all of the 40% of communication exposed"),
+            std::string::npos)
+      << notes(0.9);
+  EXPECT_EQ(notes(0.5).find("more overlap can cut at most"), std::string::npos) << notes(0.5);
+  EXPECT_NE(notes(0.5).find("rank 0's threads kept its 1 core(s) 50% busy"), std::string::npos) << notes(0.5);
+}
+
 // epx run writes a NaN loss as null (a diverged run with check_for_nan_in_loss off): read as NaN
 // and named; a value past any run's is refused, not summed into an overflow.
 TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
@@ -822,6 +846,7 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
     return path.string();
   };
   const RunEvidence run = read_run(results("null", "1"), std::nullopt);
+  EXPECT_EQ(run.cpu_s_per_iteration, 0) << "results before the CPU time was measured";
   EXPECT_TRUE(std::isnan(run.iterations[1].lm_loss));
   EXPECT_TRUE(std::isnan(run.final_loss));
   std::string notes;
@@ -847,6 +872,18 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
     const std::string e = test::error_of<InputError>([&] { read_run(results("8", step), std::nullopt); });
     EXPECT_EQ(e.rfind(path.string() + message, 0), 0u) << step << ": " << e;
   }
+  // The rank's CPU time per steady iteration and its cores; a rank of no core is refused.
+  const auto with_cpu = [&](const std::string& cores) {
+    std::string text = plain;  // into the summary, the last object
+    text.insert(text.rfind("}}"), fmt::format(R"(, "process_cpu_s": 3, "cores_per_rank": {})", cores));
+    std::ofstream(path) << text;
+    return path.string();
+  };
+  const RunEvidence cpu_run = read_run(with_cpu("0.5"), std::nullopt);
+  EXPECT_EQ(cpu_run.cpu_s_per_iteration, 1.5);
+  EXPECT_EQ(cpu_run.cores_per_rank, 0.5);
+  const std::string no_core = test::error_of<InputError>([&] { read_run(with_cpu("0"), std::nullopt); });
+  EXPECT_NE(no_core.find("summary.cores_per_rank is 0"), std::string::npos) << no_core;
   // A trace given as the run is named as a JSON array.
   std::ofstream(path) << "[1, 2, 3]\n";
   const std::string array = test::error_of<InputError>([&] { read_run(path.string(), std::nullopt); });

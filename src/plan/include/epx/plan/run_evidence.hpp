@@ -70,6 +70,9 @@ struct RunEvidence {
   double mean_step_s = 0, tflops_per_gpu = 0, peak_memory_gb = 0, final_loss = 0;
   double expert_load = 0;   // epx results: the busiest expert's tokens against the mean; 0: not measured
   double ep_rank_load = 0;  // the busiest EP rank's (its local experts') against the mean; 0: not measured
+  // epx results: rank 0's CPU time per steady iteration, all its threads, and the cores it had (its
+  // machine's shared among the ranks there); 0: not measured.
+  double cpu_s_per_iteration = 0, cores_per_rank = 0;
   // Megatron logs its throughput only with --log-throughput (off by default), Bridge on a line of
   // its own: without it on every line of the steady state the rate is unknown here, not 0.
   bool throughput_logged = true;

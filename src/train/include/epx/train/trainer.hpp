@@ -76,6 +76,11 @@ struct TrainResult {
   // This rank's CPU time over the steady state, every thread (compute, communication, MPI's): with
   // one core a rank, as on the emulated cluster, a step can take no less than this per iteration.
   double process_cpu_s = 0;
+  double cores_per_rank = 1;  // the cores it may use, shared with the ranks on its machine (rank_cpu.hpp)
+  // The share of those cores its threads kept busy over the steady state.
+  double cpu_busy() const {
+    return process_cpu_s / (mean_step_s * (steady_last - steady_first + 1) * cores_per_rank);
+  }
   std::optional<trace::Breakdown> traced;  // with a trace: rank 0's steady-state summary (exposed communication)
   std::optional<PipelineStats> pipeline;  // with PP > 1
   std::string layout, dispatcher, schedule, recompute;

@@ -1,0 +1,18 @@
+// A rank's CPU: the time its threads used, and the cores it has. On a machine whose cores the
+// ranks share (the emulated cluster: every node is this machine), the rank's CPU time per
+// iteration is the floor of its step once overlap hides its waits.
+#pragma once
+
+#include "epx/comm/comm.hpp"
+
+namespace epx {
+
+// The CPU time of every thread of this process (compute, communication streams, MPI's own), s.
+double process_cpu_seconds();
+
+// The cores this rank can run on, less what the other ranks on the same machine (the same kernel:
+// its boot id, which the emulated cluster's namespaces share) take: the cores it may use divided by
+// the ranks there, at most the cores its affinity allows. Collective over `world`.
+double cores_per_rank(Communicator& world);
+
+}  // namespace epx
