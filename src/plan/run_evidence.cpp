@@ -211,7 +211,8 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     run.ep_rank_load = amount(s, "summary", "ep_rank_load_max_over_mean", path);
   if (s.contains("process_cpu_s") && s.contains("cores_per_rank") && run.steady_last > 0) {  // since 2026-11-28
     const double cores = amount(s, "summary", "cores_per_rank", path);
-    if (!(cores > 0)) throw bad("summary.cores_per_rank is 0: a rank runs on some core");
+    if (cores < 1e-3)  // 1000 ranks on a core
+      throw bad(fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
     run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", path) / (run.steady_last - run.steady_first + 1);
     run.cores_per_rank = cores;
   }
