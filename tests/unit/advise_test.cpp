@@ -115,12 +115,8 @@ TEST(Advise, ProbeFilesNameTheFileAndLine) {
   EXPECT_TRUE(a.has(Dispatcher::deepep));
   EXPECT_FALSE(a.has(Dispatcher::hybridep));
   std::ofstream(path) << "deepep: true\nhybridep: maybe\n";
-  try {
-    read_probe_file(path.string());
-    FAIL() << "a bad value was accepted";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(path.string() + ":2:"), std::string::npos) << e.what();
-  }
+  const std::string bad_value = test::error_of<InputError>([&] { read_probe_file(path.string()); });
+  EXPECT_NE(bad_value.find(path.string() + ":2:"), std::string::npos) << bad_value;
   // A key that is not a name (a flow sequence), and malformed YAML: the file and line, not a
   // yaml-cpp conversion error.
   for (const char* text : {"deepep: true\n? [a]\n: true\n", "deepep: true\nhybridep: [\n"}) {

@@ -10,6 +10,7 @@
 #include "epx/base/error.hpp"
 #include "epx/tensor/safetensors.hpp"
 #include "gradcheck.hpp"
+#include "test_support.hpp"
 
 namespace epx {
 namespace {
@@ -26,12 +27,7 @@ void write_raw(const std::string& path, const std::string& header, std::size_t d
 }
 
 std::string error_of(const std::string& path) {
-  try {
-    read_safetensors(path);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::error_of<InputError>([&] { read_safetensors(path); });
 }
 
 TEST(Tensor, AlignedZeroedAndAccounted) {
@@ -129,12 +125,7 @@ TEST(Safetensors, ExpectTensorChecksPresenceShapeAndDtype) {
   const TensorMap m{{"x", Tensor({2, 3}, DType::F32)}, {"n", Tensor({2}, DType::I64)}};
   EXPECT_NO_THROW(expect_tensor(m, "x", {2, 3}, "f"));
   auto msg = [&](const std::string& name, const Shape& s) {
-    try {
-      expect_tensor(m, name, s, "f.safetensors");
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::error_of<InputError>([&] { expect_tensor(m, name, s, "f.safetensors"); });
   };
   EXPECT_NE(msg("y", {2, 3}).find("tensor 'y' is missing"), std::string::npos);
   EXPECT_NE(msg("x", {3, 2}).find("has shape [2, 3]; expected [3, 2]"), std::string::npos);
@@ -143,12 +134,8 @@ TEST(Safetensors, ExpectTensorChecksPresenceShapeAndDtype) {
   TensorMap bad{{"f", Tensor({2, 2}, DType::F32)}, {"b", Tensor({3}, DType::BF16)}};
   bad.at("f").set(3, std::nanf(""));
   bad.at("b").set(1, -INFINITY);
-  try {
-    expect_tensor(bad, "f", {2, 2}, "w.safetensors");
-    ADD_FAILURE() << "a NaN passed";
-  } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("w.safetensors: tensor 'f' holds NaN at element 3"), std::string::npos) << e.what();
-  }
+  const std::string nan = test::error_of<InputError>([&] { expect_tensor(bad, "f", {2, 2}, "w.safetensors"); });
+  EXPECT_NE(nan.find("w.safetensors: tensor 'f' holds NaN at element 3"), std::string::npos) << nan;
   EXPECT_THROW(expect_tensor(bad, "b", {3}, "w.safetensors"), InputError);
 }
 
