@@ -357,15 +357,16 @@ Diagnosis diagnose(const RunEvidence& run, const std::optional<Config>& config, 
 
   for (std::string& n : log_notes(run)) d.notes.push_back(std::move(n));
   if (auto n = rank_note(run)) d.notes.push_back(std::move(*n));
-  // Overlap hides a wait only under idle cores: where the exposed communication is more than they
-  // leave, the rest of it is CPU time (the communication threads' own work).
-  if (const double idle = 1 - std::min(1.0, cores_busy); cores_busy >= 0 && run.trace && comm.share > idle)
+  // Overlap hides a wait only under idle cores: where rank 0's exposed communication (its own
+  // trace's, not a pipeline's stage waits) is more than they leave, the rest of it is CPU time.
+  const double exposed = run.trace ? run.trace->exposed_s / run.trace->step_s : 0;
+  if (const double idle = 1 - std::min(1.0, cores_busy); cores_busy >= 0 && exposed > idle)
     d.notes.push_back(fmt::format(
         "rank 0's threads kept its {:.3g} core(s) {:.0f}% busy ({:.3g} s of CPU per iteration): more overlap can cut at "
         "most their idle {:.0f}% of the step, not all of the {:.0f}% of communication exposed; the communication threads' "
-        "work (MPI over TCP, on the emulated cluster the network's too) runs on the cores the compute needs; fewer ranks "
-        "per core or less traffic cut it",
-        run.cores_per_rank, 100 * cores_busy, run.cpu_s_per_iteration, 100 * idle, 100 * comm.share));
+        "work (MPI's progress and copies, and over TCP the network stack's) runs on the cores the compute needs; more "
+        "cores per rank or less traffic cut it",
+        run.cores_per_rank, 100 * cores_busy, run.cpu_s_per_iteration, 100 * idle, 100 * exposed));
   // The planner times balanced routing; over EP ranks, the rank holding the busiest experts
   // computes and receives more, and the others wait for it. The EP ranks' load says how long
   // (results before it was measured have only the experts').

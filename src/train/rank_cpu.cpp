@@ -2,15 +2,43 @@
 
 #include <sched.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "epx/comm/collectives.hpp"
 
 namespace epx {
+namespace {
+
+// The CPUs this process may run on.
+std::set<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.insert(c);
+  return cpus;
+}
+
+// The cgroup's CPU quota in cores (cgroup v2 cpu.max: "QUOTA PERIOD" or "max PERIOD"); 0: none.
+double cgroup_quota_cores() {
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  try {
+    return std::stod(quota) / period;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
 
 double process_cpu_seconds() {
   timespec ts{};
@@ -19,17 +47,28 @@ double process_cpu_seconds() {
 }
 
 double cores_per_rank(Communicator& world) {
+  // Every rank's "BOOT_ID CPU CPU ...": the ranks with this rank's boot id share its machine.
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  const std::vector<std::string> ids = allgather_text(world, boot_id);
-  const std::string& mine = ids[static_cast<std::size_t>(world.rank())];  // as gathered (padded)
-  const auto sharing = std::count(ids.begin(), ids.end(), mine);  // this rank included
-  const long online = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int allowed = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(online);
-  // An unreadable boot id ("" on every rank) counts every rank as sharing: the cautious floor.
-  return std::min(static_cast<double>(allowed), static_cast<double>(online) / static_cast<double>(sharing));
+  const std::set<int> mine = allowed_cpus();
+  std::ostringstream text;
+  text << (boot_id.empty() ? "unknown" : boot_id);
+  for (int c : mine) text << ' ' << c;
+  std::set<int> machine_cpus;
+  int sharing = 0;
+  for (const std::string& rank : allgather_text(world, text.str())) {
+    std::istringstream in(rank);
+    std::string id;
+    in >> id;
+    if (id != (boot_id.empty() ? "unknown" : boot_id)) continue;
+    ++sharing;
+    for (int c; in >> c;) machine_cpus.insert(c);
+  }
+  // The CPUs the machine's ranks may use between them, shared evenly; at most this rank's own.
+  double cores = static_cast<double>(std::max<std::size_t>(1, machine_cpus.size())) / std::max(1, sharing);
+  cores = std::min(cores, static_cast<double>(std::max<std::size_t>(1, mine.size())));
+  if (const double quota = cgroup_quota_cores(); quota > 0) cores = std::min(cores, quota / std::max(1, sharing));
+  return cores;
 }
 
 }  // namespace epx

@@ -10,9 +10,10 @@ namespace epx {
 // The CPU time of every thread of this process (compute, communication streams, MPI's own), s.
 double process_cpu_seconds();
 
-// The cores this rank can run on, less what the other ranks on the same machine (the same kernel:
-// its boot id, which the emulated cluster's namespaces share) take: the cores it may use divided by
-// the ranks there, at most the cores its affinity allows. Collective over `world`.
+// The cores this rank has: the CPUs the ranks on its machine (the same kernel, by boot id, which
+// the emulated cluster's namespaces share) may run on between them, divided by those ranks; at
+// most the CPUs its own affinity allows, and its share of a cgroup CPU quota (cpu.max).
+// Collective over `world`.
 double cores_per_rank(Communicator& world);
 
 }  // namespace epx
