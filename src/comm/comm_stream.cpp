@@ -1,23 +1,14 @@
 #include "epx/comm/comm_stream.hpp"
 
+#include "epx/base/cpu_clock.hpp"
 #include "epx/trace/trace.hpp"
 
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
 
 namespace epx {
-namespace {
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-}  // namespace
 
 void CommEvent::wait() const {
   if (!state_) return;
@@ -83,14 +74,14 @@ void CommStream::loop() {
     lock.unlock();
 
     const auto wall0 = std::chrono::steady_clock::now();
-    const double cpu0 = thread_cpu_seconds();
+    const double cpu0 = cpu_clock_seconds(CLOCK_THREAD_CPUTIME_ID);
     std::exception_ptr error;
     try {
       task();
     } catch (...) {
       error = std::current_exception();
     }
-    const double cpu = thread_cpu_seconds() - cpu0;
+    const double cpu = cpu_clock_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu0;
     const auto wall1 = std::chrono::steady_clock::now();
     const double wall = std::chrono::duration<double>(wall1 - wall0).count();
     trace::record(track_, name, wall0, wall1);

@@ -1,7 +1,6 @@
 #include "rank_cpu.hpp"
 
 #include <sched.h>
-#include <time.h>
 
 #include <algorithm>
 #include <fstream>
@@ -40,34 +39,29 @@ double cgroup_quota_cores() {
 
 }  // namespace
 
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 double cores_per_rank(Communicator& world) {
   // Every rank's "BOOT_ID CPU CPU ...": the ranks with this rank's boot id share its machine.
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  if (boot_id.empty()) boot_id = "unknown";  // then every rank counts as sharing: the cautious floor
   const std::set<int> mine = allowed_cpus();
   std::ostringstream text;
-  text << (boot_id.empty() ? "unknown" : boot_id);
+  text << boot_id;
   for (int c : mine) text << ' ' << c;
   std::set<int> machine_cpus;
-  int sharing = 0;
+  int sharing = 0;  // this rank's own entry included: at least 1
   for (const std::string& rank : allgather_text(world, text.str())) {
     std::istringstream in(rank);
     std::string id;
     in >> id;
-    if (id != (boot_id.empty() ? "unknown" : boot_id)) continue;
+    if (id != boot_id) continue;
     ++sharing;
     for (int c; in >> c;) machine_cpus.insert(c);
   }
   // The CPUs the machine's ranks may use between them, shared evenly; at most this rank's own.
-  double cores = static_cast<double>(std::max<std::size_t>(1, machine_cpus.size())) / std::max(1, sharing);
+  double cores = static_cast<double>(std::max<std::size_t>(1, machine_cpus.size())) / sharing;
   cores = std::min(cores, static_cast<double>(std::max<std::size_t>(1, mine.size())));
-  if (const double quota = cgroup_quota_cores(); quota > 0) cores = std::min(cores, quota / std::max(1, sharing));
+  if (const double quota = cgroup_quota_cores(); quota > 0) cores = std::min(cores, quota / sharing);
   return cores;
 }
 

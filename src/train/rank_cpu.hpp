@@ -1,14 +1,11 @@
-// A rank's CPU: the time its threads used, and the cores it has. On a machine whose cores the
-// ranks share (the emulated cluster: every node is this machine), the rank's CPU time per
-// iteration is the floor of its step once overlap hides its waits.
+// The cores a rank has. On a machine whose cores the ranks share (the emulated cluster: every node
+// is this machine), the rank's CPU time per iteration (epx/base/cpu_clock.hpp, the process clock)
+// over these cores is the floor of its step once overlap hides its waits.
 #pragma once
 
 #include "epx/comm/comm.hpp"
 
 namespace epx {
-
-// The CPU time of every thread of this process (compute, communication streams, MPI's own), s.
-double process_cpu_seconds();
 
 // The cores this rank has: the CPUs the ranks on its machine (the same kernel, by boot id, which
 // the emulated cluster's namespaces share) may run on between them, divided by those ranks; at

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "epx/base/cpu_clock.hpp"
 #include "epx/base/error.hpp"
 #include "epx/comm/collectives.hpp"
 #include "epx/comm/comm_stream.hpp"
@@ -608,7 +609,7 @@ TrainResult Trainer::run() {
       grad_stream_.reset_stats();
       pipeline_timing_ = {};
       steady.begin = Clock::now();
-      steady.cpu_begin_s = process_cpu_seconds();
+      steady.cpu_begin_s = cpu_clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
     }
     result.iterations.push_back(train_step(it));
     if (const double loss = result.iterations.back().lm_loss; !std::isfinite(loss) && job_.check_for_nan_in_loss) {
@@ -629,7 +630,7 @@ TrainResult Trainer::run() {
     }
     if (it == result.steady_last) {
       steady.end = Clock::now();
-      steady.cpu_s = process_cpu_seconds() - steady.cpu_begin_s;
+      steady.cpu_s = cpu_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - steady.cpu_begin_s;
       steady.stream = stream_.stats();
       steady.grad_stream = grad_stream_.stats();
       steady.pipeline = pipeline_timing_;
