@@ -106,7 +106,7 @@ std::vector<std::string> suggest_sections(const std::string& name) {
   return out;
 }
 
-Config load_config_yaml(const std::string& text, const std::string& source_name);
+Config load_config_root(const YAML::Node& root, const std::string& source_name);
 
 bool is_modelled_section(const std::string& s) {
   const auto& all = schema_sections();
@@ -159,8 +159,19 @@ void load_section(Config& c, const std::string& sec, const YAML::Node& body) {
 
 Config load_config_text(const std::string& text, const std::string& source_name) {
   try {
-    return load_config_yaml(text, source_name);
+    return load_config_root(parse_yaml_bounded(text, source_name), source_name);
   } catch (const YAML::Exception& e) {  // e.g. a non-scalar key: still the file's fault
+    throw ConfigError(fmt::format("{}:{}:{}: {}", source_name, e.mark.line + 1, e.mark.column + 1,
+                                  e.msg));
+  }
+}
+
+Config load_config_node(YAML::Node node, const std::string& source_name) {
+  try {
+    check_yaml_bounds(node, source_name);
+    read_yaml11_integers(node);
+    return load_config_root(node, source_name);
+  } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}:{}:{}: {}", source_name, e.mark.line + 1, e.mark.column + 1,
                                   e.msg));
   }
@@ -203,10 +214,9 @@ std::string read_config_text(const std::filesystem::path& path) {
 
 namespace {
 
-Config load_config_yaml(const std::string& text, const std::string& source_name) {
+Config load_config_root(const YAML::Node& root, const std::string& source_name) {
   Config c;
   c.source = source_name;
-  const YAML::Node root = parse_yaml_bounded(text, source_name);
   if (root.IsNull())
     throw ConfigError(fmt::format("{}: the file is empty; a config needs at least a model: "
                                   "section (see recipes/)",

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 #include <string_view>
+#include <utility>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "epx/base/error.hpp"
 #include "epx/config/schema.hpp"
@@ -99,31 +101,111 @@ nlohmann::json parse_json(const std::string& text, const std::string& path, cons
   return j;
 }
 
-// `object` (as "summary" or "iterations[3]") names where `key` sits in the file: JSON has no
-// lines to cite once parsed.
-double number(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
+// Where a value of a results file sits, for a message. The JSON parser keeps no positions, so
+// the text is read again as YAML (JSON is YAML, and yaml-cpp marks each node), once and only
+// when a message needs a line.
+class ResultsFile {
+ public:
+  ResultsFile(const std::string& text, const std::string& path) : path(path), text_(text) {}
+  const std::string& path;
+
+  // "PATH:LINE" of the value at `at` ("summary.mean_step_time_s", "iterations[3].lm_loss"), or
+  // of the nearest one holding it where it is missing; PATH alone where the text reads as no YAML.
+  std::string place(std::string_view at) const {
+    YAML::Node n = yaml();
+    if (!n.IsDefined() || n.IsNull()) return path;
+    for (std::size_t from = 0; from < at.size();) {
+      const std::size_t end = std::min(at.find_first_of(".[", from + 1), at.size());
+      const std::string_view part = at.substr(from, end - from);
+      from = end;
+      const bool index = part.starts_with('[');
+      const std::string key(part.substr(part.starts_with('.') || index ? 1 : 0));
+      const std::size_t k = index ? std::strtoull(key.c_str(), nullptr, 10) : 0;
+      if (index) from += from < at.size() && at[from] == ']';
+      const YAML::Node next = index ? (n.IsSequence() && k < n.size() ? std::as_const(n)[k] : YAML::Node(YAML::NodeType::Undefined))
+                                    : (n.IsMap() ? std::as_const(n)[key] : YAML::Node(YAML::NodeType::Undefined));
+      if (!next.IsDefined()) break;  // missing (a const lookup's invalid node, too)
+      n.reset(next);
+    }
+    return fmt::format("{}:{}", path, n.Mark().line + 1);
+  }
+  // The text as YAML; null where it reads as none (or is too large to read again for a message).
+  const YAML::Node& yaml() const {
+    if (!yaml_) {
+      yaml_ = YAML::Node();
+      try {
+        if (text_.size() <= kMaxReread) yaml_ = YAML::Load(text_);
+      } catch (const YAML::Exception&) {  // e.g. nested past yaml-cpp's depth: no line, then
+      }
+    }
+    return *yaml_;
+  }
+  // A results-file error at `at`.
+  InputError bad(std::string_view at, const std::string& why) const {
+    return InputError(fmt::format("{}: {}; is this the JSON `epx run --results` writes?", place(at), why));
+  }
+
+ private:
+  static constexpr std::size_t kMaxReread = std::size_t{16} << 20;
+  const std::string& text_;
+  mutable std::optional<YAML::Node> yaml_;
+};
+
+// The top-level object's value at `key` in the valid JSON `text`, read as YAML where it sits in
+// the file (blank lines and spaces before it), so that its nodes' marks are the file's lines and
+// columns; undefined where the key is not found plainly (an escaped name) or yaml-cpp cannot read it.
+YAML::Node top_level_value(const std::string& text, std::string_view key) {
+  int depth = 0;
+  std::size_t begin = std::string::npos;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '"') {
+      const std::size_t open = i;
+      for (++i; i < text.size() && text[i] != '"'; ++i) i += text[i] == '\\';
+      const std::size_t colon = text.find_first_not_of(" \t\r\n", i + 1);
+      if (depth == 1 && begin == std::string::npos && std::string_view(text).substr(open + 1, i - open - 1) == key &&
+          colon != std::string::npos && text[colon] == ':')
+        begin = text.find_first_not_of(" \t\r\n", colon + 1);
+    } else if (ch == '{' || ch == '[') {
+      ++depth;
+    } else if ((ch == '}' || ch == ']') && --depth == 1 && begin != std::string::npos && i >= begin) {
+      const std::size_t line_start = text.rfind('\n', begin) + 1;  // npos + 1: the first line
+      std::string at_its_place(line_of(text, begin) - 1, '\n');
+      at_its_place.append(begin - line_start, ' ').append(text, begin, i + 1 - begin);
+      try {
+        return YAML::Load(at_its_place);
+      } catch (const YAML::Exception&) {
+        break;
+      }
+    }
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
+// `object` (as "summary" or "iterations[3]") holds `key`.
+double number(const nlohmann::json& j, const std::string& object, const char* key, const ResultsFile& file) {
   const auto it = j.find(key);
-  if (it == j.end() || !it->is_number())
-    throw InputError(fmt::format("{}: {}.{} is missing or not a number; is this the JSON `epx run --results` writes?", path,
-                                 object, key));
+  const std::string at = object + "." + key;
+  if (it == j.end() || !it->is_number()) throw file.bad(at, fmt::format("{} is missing or not a number", at));
   return it->get<double>();
 }
 
 // A loss: a number, or null where the run diverged (epx run writes a NaN loss as JSON's null).
-double loss(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
+double loss(const nlohmann::json& j, const std::string& object, const char* key, const ResultsFile& file) {
   const auto it = j.find(key);
-  return it != j.end() && it->is_null() ? std::numeric_limits<double>::quiet_NaN() : number(j, object, key, path);
+  return it != j.end() && it->is_null() ? std::numeric_limits<double>::quiet_NaN() : number(j, object, key, file);
 }
 
 // A time, rate, size or count: never negative, and within what a run measures (larger ones
 // would overflow the sums and shares they feed).
-double amount(const nlohmann::json& j, const std::string& object, const char* key, const std::string& path) {
-  const double v = number(j, object, key, path);
+double amount(const nlohmann::json& j, const std::string& object, const char* key, const ResultsFile& file) {
+  const double v = number(j, object, key, file);
+  const std::string at = object + "." + key;
   if (v < 0)
-    throw InputError(fmt::format("{}: {}.{} is {}: a time, rate, size or count is never negative", path, object, key, v));
+    throw InputError(fmt::format("{}: {} is {}: a time, rate, size or count is never negative", file.place(at), at, v));
   if (v > 1e15)
-    throw InputError(fmt::format("{}: {}.{} is {}: beyond any run's time, rate, size or count (at most 1e15)", path, object,
-                                 key, v));
+    throw InputError(
+        fmt::format("{}: {} is {}: beyond any run's time, rate, size or count (at most 1e15)", file.place(at), at, v));
   return v;
 }
 
@@ -132,30 +214,32 @@ std::string text_or(const nlohmann::json& j, const char* key) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-PipelineEvidence read_pipeline(const nlohmann::json& j, const std::string& path) {
-  const auto bad = [&](const std::string& why) {
-    return InputError(fmt::format("{}: summary.pipeline {}; is this the JSON `epx run --results` writes?", path, why));
-  };
-  if (!j.is_object()) throw bad("is not an object");
-  PipelineEvidence p;
+PipelineEvidence read_pipeline(const nlohmann::json& j, const ResultsFile& file) {
   const std::string at = "summary.pipeline";
-  const double stages = amount(j, at, "stages", path), chunks = amount(j, at, "virtual_stages_per_stage", path),
-               micro_batches = amount(j, at, "micro_batches", path);
+  const auto bad = [&](const std::string& where, const std::string& why) { return file.bad(where, at + " " + why); };
+  if (!j.is_object()) throw bad(at, "is not an object");
+  PipelineEvidence p;
+  const double stages = amount(j, at, "stages", file), chunks = amount(j, at, "virtual_stages_per_stage", file),
+               micro_batches = amount(j, at, "micro_batches", file);
   if (stages < 1 || stages > 1e6 || chunks < 1 || chunks > 1e6 || micro_batches > 1e9)
-    throw bad(fmt::format("has {} stages of {} chunks and {} micro-batches", stages, chunks, micro_batches));
+    throw bad(at, fmt::format("has {} stages of {} chunks and {} micro-batches", stages, chunks, micro_batches));
   p.stages = static_cast<int>(stages), p.chunks = static_cast<int>(chunks), p.micro_batches = static_cast<int>(micro_batches);
-  p.ideal_bubble = amount(j, at, "ideal_bubble", path);
+  p.ideal_bubble = amount(j, at, "ideal_bubble", file);
   for (const auto& [key, into] : {std::pair{"stage_schedule_s", &p.schedule_s}, std::pair{"stage_wait_s", &p.wait_s}}) {
     const auto it = j.find(key);
+    const std::string list = at + "." + key;
     if (it == j.end() || !it->is_array() || it->size() != static_cast<std::size_t>(p.stages))
-      throw bad(fmt::format("'{}' is not a list of {} times", key, p.stages));
-    for (const nlohmann::json& t : *it) {
-      if (!t.is_number() || t.get<double>() < 0) throw bad(fmt::format("'{}' holds {}, not a time", key, t.dump()));
+      throw bad(list, fmt::format("'{}' is not a list of {} times", key, p.stages));
+    for (std::size_t k = 0; k < it->size(); ++k) {
+      const nlohmann::json& t = (*it)[k];
+      if (!t.is_number() || t.get<double>() < 0)
+        throw bad(fmt::format("{}[{}]", list, k), fmt::format("'{}' holds {}, not a time", key, t.dump()));
       into->push_back(t.get<double>());
     }
   }
   for (std::size_t k = 0; k < p.wait_s.size(); ++k)
-    if (p.wait_s[k] > p.schedule_s[k] * (1 + 1e-6)) throw bad(fmt::format("stage {} waits longer than its schedule runs", k));
+    if (p.wait_s[k] > p.schedule_s[k] * (1 + 1e-6))
+      throw bad(fmt::format("{}.stage_wait_s[{}]", at, k), fmt::format("stage {} waits longer than its schedule runs", k));
   return p;
 }
 
@@ -165,24 +249,24 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     throw InputError(fmt::format("{}:1: a JSON file without 'summary' and 'iterations': not an `epx run --results` file", path));
   run.kind = "epx results";
   const nlohmann::json& s = j["summary"];
-  const auto bad = [&](const std::string& why) {
-    return InputError(fmt::format("{}: {}; is this the JSON `epx run --results` writes?", path, why));
-  };
+  const ResultsFile file(text, path);
+  const auto bad = [&](std::string_view at, const std::string& why) { return file.bad(at, why); };
   for (std::size_t k = 0; k < j["iterations"].size(); ++k) {
     const nlohmann::json& it = j["iterations"][k];
     const std::string at = fmt::format("iterations[{}]", k);
     IterationPoint p;
-    const double iteration = amount(it, at, "iteration", path);
+    const double iteration = amount(it, at, "iteration", file);
     if (iteration < 1 || iteration > 1e9 || iteration != std::floor(iteration))
-      throw bad(fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
+      throw bad(at + ".iteration", fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
     if (!run.iterations.empty() && iteration <= run.iterations.back().iteration)
-      throw bad(fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration, run.iterations.back().iteration));
+      throw bad(at + ".iteration", fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration,
+                                               run.iterations.back().iteration));
     p.iteration = static_cast<int>(iteration);
-    p.step_s = amount(it, at, "step_time_s", path);
-    p.tflops_per_gpu = amount(it, at, "tflops_per_rank", path);
-    p.lm_loss = loss(it, at, "lm_loss", path);
+    p.step_s = amount(it, at, "step_time_s", file);
+    p.tflops_per_gpu = amount(it, at, "tflops_per_rank", file);
+    p.lm_loss = loss(it, at, "lm_loss", file);
     if (!std::isfinite(p.lm_loss) && run.diverged_at == 0) run.diverged_at = p.iteration;
-    p.mem_max_allocated_gb = amount(it, at, "mem_max_allocated_bytes", path) / kGiB;
+    p.mem_max_allocated_gb = amount(it, at, "mem_max_allocated_bytes", file) / kGiB;
     run.iterations.push_back(p);
   }
   if (const auto steady = s.find("steady_state_iterations"); steady != s.end()) {
@@ -190,30 +274,33 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
       return v.is_number_integer() && v.get<std::int64_t>() >= 1 && v.get<std::int64_t>() <= 1000000000;
     };
     if (!steady->is_array() || steady->size() != 2 || !iteration((*steady)[0]) || !iteration((*steady)[1]))
-      throw bad(fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
+      throw bad("summary.steady_state_iterations",
+                fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
     run.steady_first = (*steady)[0].get<int>();
     run.steady_last = (*steady)[1].get<int>();
   }
-  if (run.iterations.empty()) throw bad("'iterations' is empty");
+  if (run.iterations.empty()) throw bad("iterations", "'iterations' is empty");
   if (run.steady_last > 0 && (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
                               run.steady_last > run.iterations.back().iteration))
-    throw bad(fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
+    throw bad("summary.steady_state_iterations",
+              fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
                           run.steady_first, run.steady_last, run.iterations.front().iteration,
                           run.iterations.back().iteration));
-  run.mean_step_s = amount(s, "summary", "mean_step_time_s", path);
-  if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s is 0");
-  run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", path);
-  run.peak_memory_gb = amount(s, "summary", "peak_memory_bytes", path) / kGiB;
-  run.final_loss = loss(s, "summary", "final_lm_loss", path);
+  run.mean_step_s = amount(s, "summary", "mean_step_time_s", file);
+  if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s", "summary.mean_step_time_s is 0");
+  run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", file);
+  run.peak_memory_gb = amount(s, "summary", "peak_memory_bytes", file) / kGiB;
+  run.final_loss = loss(s, "summary", "final_lm_loss", file);
   if (s.contains("expert_load_max_over_mean"))  // results before it was measured lack it
-    run.expert_load = amount(s, "summary", "expert_load_max_over_mean", path);
+    run.expert_load = amount(s, "summary", "expert_load_max_over_mean", file);
   if (s.contains("ep_rank_load_max_over_mean"))
-    run.ep_rank_load = amount(s, "summary", "ep_rank_load_max_over_mean", path);
+    run.ep_rank_load = amount(s, "summary", "ep_rank_load_max_over_mean", file);
   if (s.contains("process_cpu_s") && s.contains("cores_per_rank") && run.steady_last > 0) {  // since 2026-11-28
-    const double cores = amount(s, "summary", "cores_per_rank", path);
+    const double cores = amount(s, "summary", "cores_per_rank", file);
     if (cores < 1e-3)  // 1000 ranks on a core
-      throw bad(fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
-    run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", path) / (run.steady_last - run.steady_first + 1);
+      throw bad("summary.cores_per_rank",
+                fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
+    run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", file) / (run.steady_last - run.steady_first + 1);
     run.cores_per_rank = cores;
   }
   run.layout = text_or(s, "layout");
@@ -222,14 +309,19 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.recompute = text_or(s, "recompute");
   if (const auto ranks = j.find("ranks"); ranks != j.end()) {
     if (!ranks->is_number_integer() || ranks->get<std::int64_t>() < 1 || ranks->get<std::int64_t>() > 1000000)
-      throw bad(fmt::format("'ranks' is {}, not a rank count from 1", shorten(ranks->dump())));
+      throw bad("ranks", fmt::format("'ranks' is {}, not a rank count from 1", shorten(ranks->dump())));
     run.ranks = ranks->get<int>();
   }
-  if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, path);
-  if (j.contains("config") && !j["config"].is_object()) throw bad("'config' is not a mapping of the config's sections");
+  if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, file);
+  if (j.contains("config") && !j["config"].is_object())
+    throw bad("config", "'config' is not a mapping of the config's sections");
   if (j.contains("config")) {
+    // From the file's own text (JSON is YAML), so that what cites the config, now or when it is
+    // checked later, cites the file's lines; where yaml-cpp cannot read it, from the parsed JSON,
+    // whose dump's lines those would be.
+    const YAML::Node config = top_level_value(text, "config");
     try {
-      run.config = load_config_text(j["config"].dump(), path);  // JSON is YAML
+      run.config = config.IsMap() ? load_config_node(config, path) : load_config_text(j["config"].dump(), path);
     } catch (const ConfigError& e) {
       throw InputError(fmt::format("{}: its 'config' does not load: {}", path, e.what()));
     }

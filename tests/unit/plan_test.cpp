@@ -900,6 +900,35 @@ TEST(RunEvidence, EpxResultsOfADivergedRunAndOutOfRangeValues) {
   std::filesystem::remove(path);
 }
 
+// A results file's errors cite its lines: a value's (found again after parsing), a missing
+// key's object, and the config's fields at their line and column in the file, not in a re-dump.
+TEST(RunEvidence, ResultsErrorsCiteTheFilesLines) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("epx_lines_{}.json", getpid());
+  const auto error = [&](const std::string& hidden, const std::string& step, const std::string& loss) {
+    std::ofstream(path) << fmt::format(R"({{
+  "config": {{
+    "model": {{"num_layers": 2,
+      "hidden_size": {}}}
+  }},
+  "iterations": [
+    {{"iteration": 1, "step_time_s": 1, "tflops_per_rank": 1, "lm_loss": 8, "mem_max_allocated_bytes": 1}},
+    {{"iteration": 2, "step_time_s": {}, "tflops_per_rank": 1, {} "mem_max_allocated_bytes": 1}}
+  ],
+  "summary": {{"mean_step_time_s": 1, "tflops_per_rank": 1, "peak_memory_bytes": 1, "final_lm_loss": 8}}
+}}
+)",
+                                       hidden, step, loss);
+    return test::error_of<InputError>([&] { read_run(path.string(), std::nullopt); });
+  };
+  const std::string p = path.string();
+  EXPECT_EQ(error("64", "1e300", R"("lm_loss": 8,)").rfind(p + ":8: iterations[1].step_time_s is 1e+300", 0), 0u)
+      << error("64", "1e300", R"("lm_loss": 8,)");
+  EXPECT_EQ(error("64", "1", "").rfind(p + ":8: iterations[1].lm_loss is missing", 0), 0u) << error("64", "1", "");
+  const std::string hidden = error("1.5", "1", R"("lm_loss": 8,)");
+  EXPECT_NE(hidden.find(p + ":4:22: model.hidden_size expects an integer, got 1.5"), std::string::npos) << hidden;
+  std::filesystem::remove(path);
+}
+
 // Logs as they come from launchers and from other Megatron and Bridge versions (helper-found
 // excerpts of real logs, cut down).
 TEST(RunEvidence, LaunchersAndOlderFormatsReadTheSame) {

@@ -57,6 +57,10 @@ void check_yaml_bounds(const YAML::Node& root, const std::string& source);
 YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source_name);
 std::string read_config_text(const std::filesystem::path& path);
 
+// A config from a node of a document parsed elsewhere (an `epx run --results` file's 'config'),
+// checked as load_config_text checks a file's, its errors citing `source_name` at the node's marks.
+Config load_config_node(YAML::Node node, const std::string& source_name);
+
 // `text` cut to `max` characters (with how long it was), for quoting input in a message.
 std::string shorten(std::string_view text, std::size_t max = 80);
 
