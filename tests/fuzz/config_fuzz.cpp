@@ -3,12 +3,8 @@
 // processes. Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
 // epx", nor a signal); --json must print valid JSON; an exit 2 must name the file, a key, a
 // flag or a line. Usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,60 +12,18 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "fuzz_process.hpp"
+
 namespace {
 
+using fuzz::Outcome;
+using fuzz::read_file;
 namespace fs = std::filesystem;
 constexpr double kTimeLimitS = 10;
-
-struct Outcome {
-  int code = -1;       // exit code; -1: killed by a signal or the time limit
-  bool timed_out = false;
-  std::string out, err;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Outcome run(const std::vector<std::string>& argv, const fs::path& dir) {
-  const fs::path out = dir / "stdout", err = dir / "stderr";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(o, 1);
-    dup2(e, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  Outcome r;
-  const auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(kTimeLimitS)) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      r.timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (!r.timed_out && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
-}
 
 class Mutator {
  public:
@@ -179,11 +133,6 @@ bool names_a_place(const std::string& err, const std::string& file) {
   return false;
 }
 
-void append_env(const char* name, const char* extra) {
-  const char* old = std::getenv(name);
-  setenv(name, (std::string(old ? old : "") + (old && *old ? ":" : "") + extra).c_str(), 1);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,9 +159,7 @@ int main(int argc, char** argv) {
     std::cerr << "no .yaml files in the data directories\n";
     return 2;
   }
-  // Sanitizer reports must not pass for a clean exit 1.
-  append_env("ASAN_OPTIONS", "exitcode=86");
-  append_env("UBSAN_OPTIONS", "exitcode=87");
+  fuzz::fail_on_sanitizer_reports();
   const fs::path dir = fs::temp_directory_path() / ("epx_fuzz_" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string file = (dir / "case.yaml").string();
@@ -281,7 +228,7 @@ int main(int argc, char** argv) {
     const bool json = !show && m.chance(0.5);
     if (json) args.push_back("--json");
 
-    const Outcome r = run(args, dir);
+    const Outcome r = fuzz::run(args, dir, kTimeLimitS);
     std::string problem;
     if (r.timed_out) {
       problem = "did not finish within the time limit";
