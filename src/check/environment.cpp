@@ -52,6 +52,10 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
       } else if (auto r = rates.find(key); r != rates.end()) {
         const double x = v.as<double>();
         if (!(x >= 0 && x < 1e9)) throw YAML::Exception(v.Mark(), "");
+        // A rate past a float's range in the planner's products (1e-320 times a peak is 0, and a
+        // step time infinite): not a measurement either.
+        if (x > 0 && x < 1e-6)
+          throw ConfigError(fmt::format("{}: {:g}: a rate is 0 (not known) or at least 1e-6", where(v, key), x));
         if (key == "memory_gb" && x == 0)
           throw ConfigError(fmt::format("{}: 0: a GPU's memory is above 0 GiB (every layout would fit in it)", where(v, key)));
         // 0 is "not known" for a rate the planner asks for where it needs it; ranks sharing the
@@ -76,7 +80,7 @@ void read_entry(const YAML::Node& node, const std::string& source, GpuInfo& g) {
                                       where(kv.first, key)));
       }
     } catch (const YAML::Exception&) {
-      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a rate: a number from 0 to 1e9; gpus_per_node, "
+      throw ConfigError(fmt::format("{}: '{}' is not a valid value (a rate: 0 or a number from 1e-6 to 1e9; gpus_per_node, "
                                     "nvlink_domain: a whole number from 0 to 2^20; compute_capability: MAJOR.MINOR; "
                                     "device_name: text)",
                                     where(v, key), shorten(YAML::Dump(v))));

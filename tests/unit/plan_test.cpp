@@ -566,7 +566,9 @@ TEST(Plan, HardwareFilesAddAndOverrideEntries) {
   }
   EXPECT_EQ(find_gpu("h100")->rates.nvlink_efficiency, 0.65);
   // An efficiency of 0 divides the work by 0 (inf step times); cores come whole.
-  for (const char* text : {"cpu:\n  shared_core_efficiency: 0\n", "cpu:\n  cores: 0.5\n", "cpu:\n  memory_gb: 1e30\n"}) {
+  // A rate under 1e-6 but not 0 (1e-320 times a peak is 0 again): refused, not a NaN plan.
+  for (const char* text : {"cpu:\n  shared_core_efficiency: 0\n", "cpu:\n  cores: 0.5\n", "cpu:\n  memory_gb: 1e30\n",
+                           "cpu:\n  shared_core_efficiency: 1e-320\n", "cpu:\n  hbm_tb_s: 1e-9\n"}) {
     std::ofstream(path) << text;
     EXPECT_THROW(add_hardware_file(path.string()), ConfigError) << text;
   }
