@@ -1,8 +1,10 @@
 // A seeded fuzzer for epx's config front end: mutated recipes and Megatron-Bridge dumps, odd
-// overrides and flags, fed to `epx check` (text and --json), `epx plan`, `epx advise` and `epx config show` as separate
-// processes. Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
-// epx", nor a signal); --json must print valid JSON; an exit 2 must name the file, a key, a
-// flag or a line. Usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]
+// overrides and flags, fed to `epx check` (text and --json), `epx plan`, `epx advise` and `epx
+// config show` as separate processes, the planner's now and then with a mutated hardware catalog
+// (--hardware). Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a bug in
+// epx", nor a signal); --json must print valid JSON; a plan or advice must print no NaN or
+// infinity; an exit 2 must name the file, a key, a flag or a line.
+// Usage: epx_config_fuzz EPX DATA_DIR... [--hardware CATALOG] [--cases N] [--seed S]
 #include <unistd.h>
 
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -137,16 +140,19 @@ bool names_a_place(const std::string& err, const std::string& file) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: epx_config_fuzz EPX DATA_DIR... [--cases N] [--seed S]\n";
+    std::cerr << "usage: epx_config_fuzz EPX DATA_DIR... [--hardware CATALOG] [--cases N] [--seed S]\n";
     return 2;
   }
   const std::string epx = argv[1];
   std::vector<std::string> corpus;
+  std::string hardware;  // the catalog's text, mutated for --hardware
   int cases = 300;
   unsigned seed = 20261123;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--cases" && i + 1 < argc) {
+    if (a == "--hardware" && i + 1 < argc) {
+      hardware = read_file(argv[++i]);
+    } else if (a == "--cases" && i + 1 < argc) {
       cases = std::atoi(argv[++i]);
     } else if (a == "--seed" && i + 1 < argc) {
       seed = static_cast<unsigned>(std::strtoul(argv[++i], nullptr, 10));
@@ -162,7 +168,7 @@ int main(int argc, char** argv) {
   fuzz::fail_on_sanitizer_reports();
   const fs::path dir = fs::temp_directory_path() / ("epx_fuzz_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  const std::string file = (dir / "case.yaml").string();
+  const std::string file = (dir / "case.yaml").string(), hardware_file = (dir / "hardware.yaml").string();
 
   Mutator m(seed);
   const std::vector<std::vector<std::string>> flag_sets = {
@@ -205,6 +211,8 @@ int main(int argc, char** argv) {
       "target.gpus_per_node=4", "target.num_gpus=304", "model.multi_latent_attention=true", "model.q_lora_rank=0",
       "+env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=3", "model.mtp_num_layers=1"};
 
+  const std::vector<std::string> gpus = {"h100", "gb200", "cpu"};
+  static const std::regex not_a_number(R"((^|[\s:(\[,=])-?(nan|inf)(?![A-Za-z_]))", std::regex::icase);
   int passed = 0, failed = 0;
   for (int i = 0; i < cases; ++i) {
     {
@@ -216,7 +224,11 @@ int main(int argc, char** argv) {
     if (show) {
       args.insert(args.end(), {"config", "show", file});
     } else if (plan) {  // the planner or the advisor on whatever passes the check (a world and a GPU given)
-      args.insert(args.end(), {m.chance(0.7) ? "plan" : "advise", file, "-ng", "16", "-g", m.chance(0.5) ? "h100" : "gb200"});
+      args.insert(args.end(), {m.chance(0.7) ? "plan" : "advise", file, "-ng", "16", "-g", m.pick(gpus)});
+      if (!hardware.empty() && m.chance(0.3)) {
+        std::ofstream(hardware_file, std::ios::binary | std::ios::trunc) << m.mutate(hardware);
+        args.insert(args.end(), {"--hardware", hardware_file});
+      }
     } else {
       args.insert(args.end(), {"check", file});
     }
@@ -236,7 +248,9 @@ int main(int argc, char** argv) {
       problem = "exit " + std::to_string(r.code) + " (want 0, 1 or 2)";
     } else if (json && r.code <= 1 && !nlohmann::json::accept(r.out)) {
       problem = "--json printed invalid JSON";
-    } else if (r.code == 2 && !names_a_place(r.err, file)) {
+    } else if (plan && r.code <= 1 && std::regex_search(r.out, not_a_number)) {
+      problem = "printed a NaN or an infinity";
+    } else if (r.code == 2 && !names_a_place(r.err, file) && !names_a_place(r.err, hardware_file)) {
       problem = "exit 2 without naming a file, key, flag or line";
     }
     if (problem.empty()) {
