@@ -83,6 +83,36 @@ std::string location(const std::string& source, const YAML::Node& n) {
   return fmt::format("{}:{}:{}", source, m.line + 1, m.column + 1);
 }
 
+// YAML 1.1's merge key, as PyYAML (and so OmegaConf) reads it: `<<: *defaults` (or a list of
+// mappings) adds their entries to the mapping it sits in, under its own keys, the first mapping
+// listed first; merged mappings are merged themselves. The values stay the same nodes, so a
+// message cites them where they are written. A quoted '<<' is a plain key.
+void merge_keys(YAML::Node node, const std::string& source) {
+  if (node.IsSequence()) {
+    for (YAML::Node item : node) merge_keys(item, source);
+    return;
+  }
+  if (!node.IsMap()) return;
+  YAML::Node merged(YAML::NodeType::Undefined), merge_key;
+  for (const auto& kv : node) {
+    merge_keys(kv.second, source);
+    if (kv.first.IsScalar() && kv.first.Scalar() == "<<" && kv.first.Tag() == "?") merged.reset(kv.second), merge_key.reset(kv.first);
+  }
+  if (!merged.IsDefined()) return;
+  std::vector<YAML::Node> from;
+  if (merged.IsMap()) from.push_back(merged);
+  if (merged.IsSequence())
+    for (const YAML::Node& m : merged) from.push_back(m);
+  if (from.empty() || std::any_of(from.begin(), from.end(), [](const YAML::Node& m) { return !m.IsMap(); }))
+    throw ConfigError(fmt::format("{}: the merge key '<<' takes a mapping or a list of mappings (e.g. <<: *defaults, "
+                                  "an anchor's alias); quote it ('<<') for a key of that name",
+                                  location(source, merged)));
+  node.remove(merge_key);
+  for (const YAML::Node& m : from)
+    for (const auto& kv : m)  // by name (a node key would match by identity); other keys are refused later
+      if (!kv.first.IsScalar() || !std::as_const(node)[kv.first.Scalar()].IsDefined()) node[kv.first] = kv.second;
+}
+
 // A field's value where it is written; an empty one (`key:` and nothing) has its mark at the
 // next token, so it is cited at its key.
 std::string location(const std::string& source, const YAML::Node& key, const YAML::Node& value) {
@@ -198,6 +228,7 @@ YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source
                                   e.mark.column + 1, e.msg));
   }
   check_yaml_bounds(root, source_name);
+  merge_keys(root, source_name);
   read_yaml11_integers(root);
   return root;
 }

@@ -42,7 +42,7 @@ class Mutator {
         "99999999999999999999", "-1", "0", "null", "None", "[]", "{}", "[[[[", "&a x", "*a",
         "\xff\xfe\xc3", "1e999", "nan", "true", "'h900'", "~", "[1, [2, [3]]]", "{a: {b: c}}",
         "\"\\u0000\"", "!!binary AAAA", "2.5.1", "h100", "flex", "2", "18446744073709551617",
-        std::string(3000, 'a'), "| \n  x", "*undefined_alias"};
+        std::string(3000, 'a'), "| \n  x", "*undefined_alias", "{<<: {a: 1}}", "[{<<: [1]}]"};
     return pick(values);
   }
 
@@ -111,7 +111,7 @@ class Mutator {
     static const std::vector<std::string> keys = {
         "num_moe_experts", "expert_model_parallel_size", "gpu", "num_gpus", "torch_version",
         "moe_router_topk", "moe_token_dispatcher_type", "global_batch_size", "micro_batch_size",
-        "num_moe_expert", "tensor_model_paralel_size", "_target_", "data_parallel_size"};
+        "num_moe_expert", "tensor_model_paralel_size", "_target_", "data_parallel_size", "<<", "'<<'"};
     auto v = lines(text);
     for (int tries = 0; tries < 20 && !v.empty(); ++tries) {
       auto& l = v[below(v.size())];

@@ -270,6 +270,28 @@ TEST(ConfigYaml, IntegersReadAsPyYamlReadsThem) {
             "big.yaml:2:15: model.num_layers expects an integer, got 0x8000000000000000");
 }
 
+TEST(ConfigYaml, MergeKeysReadAsPyYamlReadsThem) {
+  // YAML 1.1's `<<` (OmegaConf reads it through PyYAML): the mapping's own keys win, then the
+  // mappings listed, the first first; a merged mapping's own merge counts; values keep their place.
+  const Config c = load_config_text(
+      "_sizes: &sizes {num_layers: 4, hidden_size: 512}\n"
+      "_more: &more {<<: *sizes, num_attention_heads: 8, hidden_size: 1024}\n"
+      "model:\n  <<: [*more, {ffn_hidden_size: 64, num_attention_heads: 2}]\n  num_layers: 2\n",
+      "m.yaml");
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.hidden_size, 1024);
+  EXPECT_EQ(c.model.num_attention_heads, 8);
+  EXPECT_EQ(c.model.ffn_hidden_size, 64);
+  EXPECT_EQ(error_of([] { load_config_text("_a: &a {seq_length: x}\nmodel:\n  <<: *a\n", "m.yaml"); }),
+            "m.yaml:1:21: model.seq_length expects an integer, got x");
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  <<: 3\n", "m.yaml"); })
+                .rfind("m.yaml:2:7: the merge key '<<' takes a mapping or a list of mappings", 0),
+            0u);
+  // Quoted, '<<' is a key like any other.
+  EXPECT_EQ(error_of([] { load_config_text("model:\n  '<<': {num_layers: 2}\n", "m.yaml"); }).rfind("m.yaml:2:3: unknown key 'model.<<'", 0),
+            0u);
+}
+
 // After Megatron-Core's post-init, a dump has the scope as None and the modules as enum members.
 TEST(ConfigYaml, ReadsCudaGraphModulesAsABridgeDumpWritesThem) {
   const Config c = load_config_text(
