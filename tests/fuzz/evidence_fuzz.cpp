@@ -1,9 +1,10 @@
 // A seeded fuzzer for what `epx diagnose` and `epx report` read back: a real run's results JSON,
 // its trace and its Megatron-format log, mutated (values of the wrong type or out of range,
 // keys and elements dropped or repeated, cut files, stray bytes, numbers in the log's lines
-// replaced), each fed to the two commands as separate processes. Every run must end within a
-// time limit with exit 0, 1 or 2 (never 3, "a bug in epx", nor a signal); --json must print
-// valid JSON; an exit 2 must name the file at fault; a report that fails leaves no page behind.
+// replaced), each fed to the two commands as separate processes (a report now and then beside
+// the run as it was). Every run must end within a time limit with exit 0, 1 or 2 (never 3, "a
+// bug in epx", nor a signal); --json must print valid JSON; an exit 2 must name the file at
+// fault; a report that fails leaves no page behind.
 // Usage: epx_evidence_fuzz EPX RESULTS TRACE LOG [--cases N] [--seed S]
 #include <unistd.h>
 
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
   const std::string epx = argv[1];
   const json results = json::parse(fuzz::read_file(argv[2])), trace = json::parse(fuzz::read_file(argv[3]));
   const std::string log = fuzz::read_file(argv[4]);
+  const std::string seed_run = std::string(argv[2]) + ":" + argv[3];
   int cases = 300;
   unsigned seed = 20261128;
   for (int i = 5; i + 1 < argc; i += 2) {
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
     if (report) {
       fs::remove(page);
       args.insert(args.end(), {"report", from_log ? run : run + ":" + trace_file, "-o", page});
+      if (m.chance(0.3)) args.insert(args.end() - 2, seed_run);  // side by side with the run as it was
     } else {
       args.insert(args.end(), {"diagnose", run});
       if (!from_log) args.insert(args.end(), {"--trace", trace_file});
