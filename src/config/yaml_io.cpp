@@ -22,7 +22,6 @@ namespace {
 // Bounds on what a config may be, so that a hostile or broken file is refused quickly with a
 // message rather than parsed for minutes: a Megatron-Bridge dump is a few tens of kilobytes,
 // a few thousand values, nested four or five levels.
-constexpr std::size_t kMaxConfigBytes = 2 << 20;
 constexpr int kMaxDepth = 32;
 constexpr std::size_t kMaxValues = 20000;  // counted with aliases expanded (copies expand them)
 constexpr Int kMaxDumpedDataParallel = Int{1} << 24;  // check's bound on target.num_gpus
@@ -99,18 +98,22 @@ void merge_keys(YAML::Node node, const std::string& source) {
     if (kv.first.IsScalar() && kv.first.Scalar() == "<<" && kv.first.Tag() == "?") merged.reset(kv.second), merge_key.reset(kv.first);
   }
   if (!merged.IsDefined()) return;
-  std::vector<YAML::Node> from;
+  std::vector<YAML::Node> from;  // an empty list merges nothing
   if (merged.IsMap()) from.push_back(merged);
   if (merged.IsSequence())
     for (const YAML::Node& m : merged) from.push_back(m);
-  if (from.empty() || std::any_of(from.begin(), from.end(), [](const YAML::Node& m) { return !m.IsMap(); }))
+  if ((!merged.IsMap() && !merged.IsSequence()) ||
+      std::any_of(from.begin(), from.end(), [](const YAML::Node& m) { return !m.IsMap(); }))
     throw ConfigError(fmt::format("{}: the merge key '<<' takes a mapping or a list of mappings (e.g. <<: *defaults, "
                                   "an anchor's alias); quote it ('<<') for a key of that name",
-                                  location(source, merged)));
+                                  location(source, merge_key)));
   node.remove(merge_key);
+  // By name (a node key would match by identity; check_yaml_bounds refused keys that are not
+  // scalars). The merged keys follow the mapping's own, where PyYAML puts them first: the same
+  // values, another order of the fields a config keeps unmodelled.
   for (const YAML::Node& m : from)
-    for (const auto& kv : m)  // by name (a node key would match by identity); other keys are refused later
-      if (!kv.first.IsScalar() || !std::as_const(node)[kv.first.Scalar()].IsDefined()) node[kv.first] = kv.second;
+    for (const auto& kv : m)
+      if (!std::as_const(node)[kv.first.Scalar()].IsDefined()) node[kv.first] = kv.second;
 }
 
 // A field's value where it is written; an empty one (`key:` and nothing) has its mark at the
@@ -199,6 +202,7 @@ Config load_config_text(const std::string& text, const std::string& source_name)
 Config load_config_node(YAML::Node node, const std::string& source_name) {
   try {
     check_yaml_bounds(node, source_name);
+    merge_keys(node, source_name);
     read_yaml11_integers(node);
     return load_config_root(node, source_name);
   } catch (const YAML::Exception& e) {

@@ -118,10 +118,9 @@ class ResultsFile {
       const std::size_t end = std::min(at.find_first_of(".[", from + 1), at.size());
       const std::string_view part = at.substr(from, end - from);
       from = end;
-      const bool index = part.starts_with('[');
+      const bool index = part.starts_with('[');  // "[3]": strtoull stops at the ']'
       const std::string key(part.substr(part.starts_with('.') || index ? 1 : 0));
       const std::size_t k = index ? std::strtoull(key.c_str(), nullptr, 10) : 0;
-      if (index) from += from < at.size() && at[from] == ']';
       const YAML::Node next = index ? (n.IsSequence() && k < n.size() ? std::as_const(n)[k] : YAML::Node(YAML::NodeType::Undefined))
                                     : (n.IsMap() ? std::as_const(n)[key] : YAML::Node(YAML::NodeType::Undefined));
       if (!next.IsDefined()) break;  // missing (a const lookup's invalid node, too)
@@ -151,9 +150,10 @@ class ResultsFile {
   mutable std::optional<YAML::Node> yaml_;
 };
 
-// The top-level object's value at `key` in the valid JSON `text`, read as YAML where it sits in
-// the file (blank lines and spaces before it), so that its nodes' marks are the file's lines and
-// columns; undefined where the key is not found plainly (an escaped name) or yaml-cpp cannot read it.
+// The top-level object's object or array at `key` in the valid JSON `text`, read as YAML where it
+// sits in the file (blank lines and spaces before it), so that its nodes' marks are the file's
+// lines and columns; undefined where the key is not found plainly (an escaped name), the value
+// is longer than a YAML input may be, or yaml-cpp cannot read it.
 YAML::Node top_level_value(const std::string& text, std::string_view key) {
   int depth = 0;
   std::size_t begin = std::string::npos;
@@ -166,9 +166,11 @@ YAML::Node top_level_value(const std::string& text, std::string_view key) {
       if (depth == 1 && begin == std::string::npos && std::string_view(text).substr(open + 1, i - open - 1) == key &&
           colon != std::string::npos && text[colon] == ':')
         begin = text.find_first_not_of(" \t\r\n", colon + 1);
+      if (begin != std::string::npos && text[begin] != '{' && text[begin] != '[') break;
     } else if (ch == '{' || ch == '[') {
       ++depth;
     } else if ((ch == '}' || ch == ']') && --depth == 1 && begin != std::string::npos && i >= begin) {
+      if (i + 1 - begin > kMaxConfigBytes) break;
       const std::size_t line_start = text.rfind('\n', begin) + 1;  // npos + 1: the first line
       std::string at_its_place(line_of(text, begin) - 1, '\n');
       at_its_place.append(begin - line_start, ' ').append(text, begin, i + 1 - begin);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -48,9 +49,11 @@ inline Outcome run(const std::vector<std::string>& argv, const fs::path& dir, do
     _exit(127);
   }
   Outcome r;
+  if (pid < 0) return r;  // no process: a failure (code -1), not an exit 0
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
+  for (pid_t w; (w = waitpid(pid, &status, WNOHANG)) != pid;) {
+    if (w < 0 && errno != EINTR) return r;
     if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(time_limit_s)) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);

@@ -284,9 +284,10 @@ TEST(ConfigYaml, MergeKeysReadAsPyYamlReadsThem) {
   EXPECT_EQ(c.model.ffn_hidden_size, 64);
   EXPECT_EQ(error_of([] { load_config_text("_a: &a {seq_length: x}\nmodel:\n  <<: *a\n", "m.yaml"); }),
             "m.yaml:1:21: model.seq_length expects an integer, got x");
-  EXPECT_EQ(error_of([] { load_config_text("model:\n  <<: 3\n", "m.yaml"); })
-                .rfind("m.yaml:2:7: the merge key '<<' takes a mapping or a list of mappings", 0),
+  EXPECT_EQ(error_of([] { load_config_text("_n: &n 3\nmodel:\n  <<: *n\n", "m.yaml"); })
+                .rfind("m.yaml:3:3: the merge key '<<' takes a mapping or a list of mappings", 0),
             0u);
+  EXPECT_EQ(load_config_text("model:\n  <<: []\n  num_layers: 3\n", "m.yaml").model.num_layers, 3);  // nothing merged
   // Quoted, '<<' is a key like any other.
   EXPECT_EQ(error_of([] { load_config_text("model:\n  '<<': {num_layers: 2}\n", "m.yaml"); }).rfind("m.yaml:2:3: unknown key 'model.<<'", 0),
             0u);

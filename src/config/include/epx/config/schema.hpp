@@ -51,14 +51,18 @@ std::vector<std::string> suggest_keys(std::string_view key);
 // more values, aliases expanded, than a config can: bounds the work a bad file can cause.
 void check_yaml_bounds(const YAML::Node& root, const std::string& source);
 
-// A YAML document of at most 2 MiB, within check_yaml_bounds; malformed YAML and oversize
+// What a YAML input may weigh: a Megatron-Bridge dump is a few tens of kilobytes.
+inline constexpr std::size_t kMaxConfigBytes = 2 << 20;
+
+// A YAML document of at most kMaxConfigBytes, within check_yaml_bounds; malformed YAML and oversize
 // input are ConfigErrors naming `source_name` (and the line). Every YAML input epx reads (configs,
 // hardware files) goes through these.
 YAML::Node parse_yaml_bounded(const std::string& text, const std::string& source_name);
 std::string read_config_text(const std::filesystem::path& path);
 
 // A config from a node of a document parsed elsewhere (an `epx run --results` file's 'config'),
-// checked as load_config_text checks a file's, its errors citing `source_name` at the node's marks.
+// within check_yaml_bounds, its merge keys and YAML 1.1 integers read as a file's (the caller
+// bounds its bytes), its errors citing `source_name` at the node's marks.
 Config load_config_node(YAML::Node node, const std::string& source_name);
 
 // `text` cut to `max` characters (with how long it was), for quoting input in a message.
