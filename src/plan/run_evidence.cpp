@@ -203,11 +203,8 @@ double loss(const nlohmann::json& j, const std::string& object, const char* key,
 double amount(const nlohmann::json& j, const std::string& object, const char* key, const ResultsFile& file) {
   const double v = number(j, object, key, file);
   const std::string at = object + "." + key;
-  if (v < 0)
-    throw InputError(fmt::format("{}: {} is {}: a time, rate, size or count is never negative", file.place(at), at, v));
-  if (v > 1e15)
-    throw InputError(
-        fmt::format("{}: {} is {}: beyond any run's time, rate, size or count (at most 1e15)", file.place(at), at, v));
+  if (v < 0) throw file.bad(at, fmt::format("{} is {}: a time, rate, size or count is never negative", at, v));
+  if (v > 1e15) throw file.bad(at, fmt::format("{} is {}: beyond any run's time, rate, size or count (at most 1e15)", at, v));
   return v;
 }
 
@@ -252,16 +249,15 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.kind = "epx results";
   const nlohmann::json& s = j["summary"];
   const ResultsFile file(text, path);
-  const auto bad = [&](std::string_view at, const std::string& why) { return file.bad(at, why); };
   for (std::size_t k = 0; k < j["iterations"].size(); ++k) {
     const nlohmann::json& it = j["iterations"][k];
     const std::string at = fmt::format("iterations[{}]", k);
     IterationPoint p;
     const double iteration = amount(it, at, "iteration", file);
     if (iteration < 1 || iteration > 1e9 || iteration != std::floor(iteration))
-      throw bad(at + ".iteration", fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
+      throw file.bad(at + ".iteration", fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
     if (!run.iterations.empty() && iteration <= run.iterations.back().iteration)
-      throw bad(at + ".iteration", fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration,
+      throw file.bad(at + ".iteration", fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration,
                                                run.iterations.back().iteration));
     p.iteration = static_cast<int>(iteration);
     p.step_s = amount(it, at, "step_time_s", file);
@@ -276,20 +272,20 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
       return v.is_number_integer() && v.get<std::int64_t>() >= 1 && v.get<std::int64_t>() <= 1000000000;
     };
     if (!steady->is_array() || steady->size() != 2 || !iteration((*steady)[0]) || !iteration((*steady)[1]))
-      throw bad("summary.steady_state_iterations",
+      throw file.bad("summary.steady_state_iterations",
                 fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
     run.steady_first = (*steady)[0].get<int>();
     run.steady_last = (*steady)[1].get<int>();
   }
-  if (run.iterations.empty()) throw bad("iterations", "'iterations' is empty");
+  if (run.iterations.empty()) throw file.bad("iterations", "'iterations' is empty");
   if (run.steady_last > 0 && (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
                               run.steady_last > run.iterations.back().iteration))
-    throw bad("summary.steady_state_iterations",
+    throw file.bad("summary.steady_state_iterations",
               fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
                           run.steady_first, run.steady_last, run.iterations.front().iteration,
                           run.iterations.back().iteration));
   run.mean_step_s = amount(s, "summary", "mean_step_time_s", file);
-  if (!(run.mean_step_s > 0)) throw bad("summary.mean_step_time_s", "summary.mean_step_time_s is 0");
+  if (!(run.mean_step_s > 0)) throw file.bad("summary.mean_step_time_s", "summary.mean_step_time_s is 0");
   run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", file);
   run.peak_memory_gb = amount(s, "summary", "peak_memory_bytes", file) / kGiB;
   run.final_loss = loss(s, "summary", "final_lm_loss", file);
@@ -300,7 +296,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   if (s.contains("process_cpu_s") && s.contains("cores_per_rank") && run.steady_last > 0) {  // since 2026-11-28
     const double cores = amount(s, "summary", "cores_per_rank", file);
     if (cores < 1e-3)  // 1000 ranks on a core
-      throw bad("summary.cores_per_rank",
+      throw file.bad("summary.cores_per_rank",
                 fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
     run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", file) / (run.steady_last - run.steady_first + 1);
     run.cores_per_rank = cores;
@@ -311,12 +307,12 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   run.recompute = text_or(s, "recompute");
   if (const auto ranks = j.find("ranks"); ranks != j.end()) {
     if (!ranks->is_number_integer() || ranks->get<std::int64_t>() < 1 || ranks->get<std::int64_t>() > 1000000)
-      throw bad("ranks", fmt::format("'ranks' is {}, not a rank count from 1", shorten(ranks->dump())));
+      throw file.bad("ranks", fmt::format("'ranks' is {}, not a rank count from 1", shorten(ranks->dump())));
     run.ranks = ranks->get<int>();
   }
   if (const auto pp = s.find("pipeline"); pp != s.end()) run.pipeline = read_pipeline(*pp, file);
   if (j.contains("config") && !j["config"].is_object())
-    throw bad("config", "'config' is not a mapping of the config's sections");
+    throw file.bad("config", "'config' is not a mapping of the config's sections");
   if (j.contains("config")) {
     // From the file's own text (JSON is YAML), so that what cites the config, now or when it is
     // checked later, cites the file's lines; where yaml-cpp cannot read it, from the parsed JSON,
