@@ -183,8 +183,13 @@ void GradReducer::add_embedding_rows(float scale) {
 }
 
 void GradReducer::launch(Bucket& b) {
+  b.launched = true;
+  if (b.comm->size() == 1) {  // nothing to send: the gradients stay where they are, finish scales them
+    b.done = CommEvent{};
+    return;
+  }
   const std::int64_t n = b.size;
-  const DType dt = b.comm->size() == 1 ? DType::F32 : reduce_dtype_;  // nothing to send: no rounding
+  const DType dt = reduce_dtype_;
   b.flat = Tensor::uninitialized({n}, dt);
   std::int64_t at = 0;
   for (const Param* p : b.params) {
@@ -197,10 +202,7 @@ void GradReducer::launch(Bucket& b) {
     }
     at += p->grad.numel();
   }
-  b.launched = true;
-  if (b.comm->size() == 1) {
-    b.done = CommEvent{};
-  } else if (distributed_) {
+  if (distributed_) {
     b.shard = Tensor::uninitialized({std::max<std::int64_t>(1, b.shard_end - b.shard_begin)}, dt);
     b.done = stream_.submit(
         [&b, dt] { b.comm->reduce_scatterv(b.flat.raw(), b.shard.raw(), b.shard_counts, dt); },
@@ -210,34 +212,59 @@ void GradReducer::launch(Bucket& b) {
   }
 }
 
-void GradReducer::finish(float scale) {
+void GradReducer::finish(float scale, const std::function<void(const std::vector<Param*>&)>& final_grads) {
   for (Bucket& b : buckets_)
     if (!b.launched) launch(b);
-  for (Bucket& b : buckets_) {
+  // The buckets whose reductions are complete first, then the rest in launch order (the stream's),
+  // so that final_grads' work runs while the last ones are in flight. The rows split's bucket is
+  // final only once the rows are in.
+  const Bucket* late = all_grad_.defined() ? &buckets_[static_cast<std::size_t>(embedding_bucket_)] : nullptr;
+  std::vector<Bucket*> left;
+  for (Bucket& b : buckets_) left.push_back(&b);
+  while (!left.empty()) {
+    auto next = std::find_if(left.begin(), left.end(), [](const Bucket* b) { return b->done.ready(); });
+    if (next == left.end()) next = left.begin();
+    Bucket& b = **next;
+    left.erase(next);
     b.done.wait();
-    const Tensor& sums = b.flat;  // every element's sum; distributed: only the shard's, the rest zero
-    if (distributed_ && b.comm->size() > 1) {
-      const std::size_t es = dtype_size(sums.dtype());
-      std::memset(b.flat.raw(), 0, static_cast<std::size_t>(b.size) * es);
-      std::memcpy(static_cast<std::byte*>(b.flat.raw()) + static_cast<std::size_t>(b.shard_begin) * es, b.shard.raw(),
-                  static_cast<std::size_t>(b.shard_end - b.shard_begin) * es);
-    }
-    std::int64_t at = 0;
+    copy_out(b, scale);
+    if (final_grads && &b != late) final_grads(b.params);
+  }
+  if (late) {
+    add_embedding_rows(scale);
+    if (final_grads) final_grads(late->params);
+  }
+}
+
+void GradReducer::copy_out(Bucket& b, float scale) {
+  if (b.comm->size() == 1) {  // not copied at launch
     for (Param* p : b.params) {
       float* g = p->grad.data<float>();
-      const std::int64_t n = p->grad.numel();
-      if (sums.dtype() == DType::F32) {
-        const float* f = sums.data<float>() + at;
-        for (std::int64_t i = 0; i < n; ++i) g[i] = f[i] * scale;
-      } else {
-        const std::uint16_t* f = sums.data<std::uint16_t>() + at;
-        for (std::int64_t i = 0; i < n; ++i) g[i] = bf16_to_float(f[i]) * scale;
-      }
-      at += n;
+      for (std::int64_t i = 0, n = p->grad.numel(); i < n; ++i) g[i] *= scale;
     }
-    b.flat = b.shard = Tensor();
+    return;
   }
-  if (all_grad_.defined()) add_embedding_rows(scale);
+  const Tensor& sums = b.flat;  // every element's sum; distributed: only the shard's, the rest zero
+  if (distributed_) {
+    const std::size_t es = dtype_size(sums.dtype());
+    std::memset(b.flat.raw(), 0, static_cast<std::size_t>(b.size) * es);
+    std::memcpy(static_cast<std::byte*>(b.flat.raw()) + static_cast<std::size_t>(b.shard_begin) * es, b.shard.raw(),
+                static_cast<std::size_t>(b.shard_end - b.shard_begin) * es);
+  }
+  std::int64_t at = 0;
+  for (Param* p : b.params) {
+    float* g = p->grad.data<float>();
+    const std::int64_t n = p->grad.numel();
+    if (sums.dtype() == DType::F32) {
+      const float* f = sums.data<float>() + at;
+      for (std::int64_t i = 0; i < n; ++i) g[i] = f[i] * scale;
+    } else {
+      const std::uint16_t* f = sums.data<std::uint16_t>() + at;
+      for (std::int64_t i = 0; i < n; ++i) g[i] = bf16_to_float(f[i]) * scale;
+    }
+    at += n;
+  }
+  b.flat = b.shard = Tensor();
 }
 
 void GradReducer::sum_shared_embedding(Communicator& stages) {

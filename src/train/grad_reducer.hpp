@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -57,7 +58,10 @@ class GradReducer {
   bool take_embedding_rows(const Tensor& tokens, const Tensor& dx);
   // Launches the buckets not launched yet, waits for all, and leaves each gradient as its sum
   // over the group times `scale` (distributed: in this rank's shard; zero elsewhere).
-  void finish(float scale);
+  // `final_grads`, if set, gets each bucket's params once their gradients are final, the buckets
+  // already reduced first: the caller's work on them (the norm's sums of squares) runs while the
+  // last buckets are still in flight.
+  void finish(float scale, const std::function<void(const std::vector<Param*>&)>& final_grads = {});
   // After finish: the shared embedding's gradient summed with its copies' over `stages` (the
   // ranks of this pipeline that hold one; Megatron's _allreduce_word_embedding_grads), in FP32.
   // With the distributed optimizer the shared embedding is a bucket of its own on every such
@@ -99,6 +103,7 @@ class GradReducer {
 
  private:
   void launch(Bucket& b);
+  void copy_out(Bucket& b, float scale);  // the reduced bucket into its params' gradients, times scale
   void finish_gather(Bucket& b);
   // The completions that make `group` complete this iteration (the embedding's with the rows
   // split: every micro-batch's but the last).

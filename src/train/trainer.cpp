@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -38,11 +39,18 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // A NaN as Python prints it, without the sign bit fmt would show ("-nan").
 double python_nan(double x) { return std::isnan(x) ? std::fabs(x) : x; }
 
+double grad_sum_of_squares(const Param* p) { return sum_of_squares(p->grad.data<float>(), p->grad.numel()); }
+
 // The gradients' sum of squares per norm group: [0] the main one, [1] the MTP layers' where
-// mtp_detach_heads makes them a group of their own (`mtp`, else empty).
-std::array<double, 2> grad_sums_of_squares(const std::vector<Param*>& params, const std::unordered_set<const Param*>& mtp) {
+// mtp_detach_heads makes them a group of their own (`mtp`, else empty). A param's in `known`
+// (computed once its gradient was final) is taken from there; the sum's order is the params'.
+std::array<double, 2> grad_sums_of_squares(const std::vector<Param*>& params, const std::unordered_set<const Param*>& mtp,
+                                           const std::unordered_map<const Param*, double>& known) {
   std::array<double, 2> s{};
-  for (const Param* p : params) s[mtp.count(p)] += sum_of_squares(p->grad.data<float>(), p->grad.numel());
+  for (const Param* p : params) {
+    const auto it = known.find(p);
+    s[mtp.count(p)] += it != known.end() ? it->second : grad_sum_of_squares(p);
+  }
   return s;
 }
 
@@ -324,23 +332,64 @@ Trainer::ExpertLoad Trainer::update_routers() {
 std::array<double, 2> Trainer::finalize_gradients() {
   Communicator& dp_group = groups_.get(GroupKind::dp_cp);
   Communicator& expert_mp = groups_.get(GroupKind::tp_ep);
-  reducer_.finish(1.f / static_cast<float>(job_.layout.dp));
-  if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
+  Communicator& edp_group = groups_.get(GroupKind::edp);
   // The norm over every weight once: each rank's own experts (summed over EP); with the
   // distributed optimizer each rank holds only its shard of the rest, summed over DP and EDP.
   // Each sum carries one value per norm group (two on every rank where any has the MTP's).
   const int norm_groups = job_.model.mtp_detached ? 2 : 1;
   const auto as_float = [](const std::array<double, 2>& v) { return std::array<float, 2>{static_cast<float>(v[0]), static_cast<float>(v[1])}; };
-  std::array<float, 2> expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_));
-  std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_);
+  // Each gradient's sum of squares as soon as it is final, while the last buckets are in flight
+  // (the same sums in the same order as after them: the same bits); the shared embedding's
+  // changes after the buckets. The experts' EP sum starts once they are all in, on the token
+  // stream (idle now), unless it must follow an EDP sum on the gradient stream.
+  std::unordered_map<const Param*, double> squares;
+  const Param* later = embedding_stages_ ? shared_embedding_ : nullptr;
+  const bool ep_early = !(job_.grad_reduce.distributed && edp_group.size() > 1);
+  std::size_t experts_in = 0;
+  std::array<float, 2> expert_sq{};
+  CommEvent ep_sum;
+  struct Settle {  // an exception must not leave the sum writing expert_sq after it is gone
+    const CommEvent& e;
+    ~Settle() {
+      try {
+        e.wait();
+      } catch (...) {
+      }
+    }
+  } settle{ep_sum};
+  bool ep_started = false;
+  const auto start_ep_sum = [&] {
+    if (expert_mp.size() > 1)
+      ep_sum = stream_.submit([&] { expert_mp.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EP)");
+    ep_started = true;
+  };
+  {
+    trace::Scope scope(trace::Track::compute, "gradient buckets out");
+    reducer_.finish(1.f / static_cast<float>(job_.layout.dp), [&](const std::vector<Param*>& final) {
+      for (const Param* p : final) {
+        if (p != later) squares.emplace(p, grad_sum_of_squares(p));
+        experts_in += p->expert;
+      }
+      if (ep_early && !ep_started && experts_in == experts_.size()) {
+        expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_, squares));
+        start_ep_sum();
+      }
+    });
+  }
+  trace::Scope scope(trace::Track::compute, "grad norm");
+  if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
+  std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_, squares);
   if (job_.grad_reduce.distributed) {
-    Communicator& edp_group = groups_.get(GroupKind::edp);
     std::array<float, 2> shard_sq = as_float(dense_sq);
     if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(shard_sq.data(), norm_groups, DType::F32); }, "grad norm (DP)");
-    if (edp_group.size() > 1) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EDP)");
     dense_sq = {shard_sq[0], shard_sq[1]};
   }
-  if (expert_mp.size() > 1) stream_.run([&] { expert_mp.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EP)");
+  if (!ep_started) {
+    expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_, squares));
+    if (!ep_early) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EDP)");
+    start_ep_sum();
+  }
+  ep_sum.wait();
   std::array<double, 2> sq{dense_sq[0] + expert_sq[0], dense_sq[1] + expert_sq[1]};
   if (Communicator& pp_group = groups_.get(GroupKind::pp); pp_group.size() > 1) {  // each stage's weights
     std::array<float, 2> stage_sq = as_float(sq);
@@ -393,13 +442,13 @@ IterationLog Trainer::train_step(int it) {
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norms = finalize_gradients();
-    const ExpertLoad load = update_routers();
+    const ExpertLoad load = [&] { trace::Scope s(trace::Track::compute, "router update"); return update_routers(); }();
     sums[std::size(sums) - 2] = load.expert;
     sums[std::size(sums) - 1] = load.ep_rank;
     // Every weight the last step gathered is in place before Adam writes this step's (the
     // forward needed each group, so this only waits where one was not).
     reducer_.finish_param_gathers();
-    adam_.step(job_.lr.at(it - 1));
+    { trace::Scope s(trace::Track::compute, "adam"); adam_.step(job_.lr.at(it - 1)); }
     if (job_.grad_reduce.distributed) reducer_.gather_params(job_.grad_reduce.overlap_param_gather);
   }
   float reduced[std::size(sums)];
