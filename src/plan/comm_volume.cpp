@@ -96,7 +96,6 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
   if (c.ddp.reduce_embedding_rows && dp > 1) {
     const double rate = link(GroupKind::dp_cp);
     const double rows = static_cast<double>(m.seq_length) * static_cast<double>(c.train.micro_batch_size.value_or(1)) / l.cp;
-    out.embedding_dp_s = reduce(groups.back().dense, dp) / rate;
     out.embedding_rows_s = (dp - 1) * rows * (static_cast<double>(m.hidden_size) / l.tp * element_bytes(m) + 8) / rate +
                            2 * latency(leaves_nvlink(GroupKind::dp_cp));
   }
@@ -118,7 +117,7 @@ CommPlan plan_comm(const Config& c, const LayoutPlan& lp, const GpuInfo& gpu, Di
                         : c.ddp.bucket_size        ? static_cast<double>(*c.ddp.bucket_size)
                                                    : std::max(40e6, 1e6 * dp);
     const bool cuda = gpu.cuda(), aligned = cuda && lp.split.chunks > 1;
-    const bool rows = out.embedding_dp_s > 0 && micro_batches_per_dp_rank(c, l) >= 2;
+    const bool rows = c.ddp.reduce_embedding_rows && dp > 1 && micro_batches_per_dp_rank(c, l) >= 2;
     for (const bool expert : {false, true}) {
       const double d = expert ? l.edp : dp;
       const GroupKind kind = expert ? GroupKind::edp : GroupKind::dp_cp;

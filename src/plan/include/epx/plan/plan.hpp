@@ -140,9 +140,9 @@ struct CommPlan {
   // Each pipeline stage's reduction as one bucket (Megatron buckets only the first stage; so does
   // the reduction without overlap_grad_reduce), and its all-gather.
   std::vector<double> stage_reduce_s, stage_gather_s;
-  // ddp.reduce_embedding_rows: the embedding table's reduction, and the all-gather of the last
-  // micro-batch's gradient rows that replaces it after the backward.
-  double embedding_dp_s = 0, embedding_rows_s = 0;
+  // ddp.reduce_embedding_rows: the all-gather of the last micro-batch's gradient rows, after the
+  // backward (the table, the earlier micro-batches' sum, is a bucket of first_stage_buckets).
+  double embedding_rows_s = 0;
   // Tied embeddings or MTP over pipeline stages: the embedding's gradient all-reduced over the
   // stages that hold it after the DP reduction, exposed (per iteration).
   double embedding_stages_s = 0;
