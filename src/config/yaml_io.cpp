@@ -108,12 +108,23 @@ void merge_keys(YAML::Node node, const std::string& source) {
                                   "an anchor's alias); quote it ('<<') for a key of that name",
                                   location(source, merge_key)));
   node.remove(merge_key);
-  // By name (a node key would match by identity; check_yaml_bounds refused keys that are not
-  // scalars). The merged keys follow the mapping's own, where PyYAML puts them first: the same
-  // values, another order of the fields a config keeps unmodelled.
-  for (const YAML::Node& m : from)
-    for (const auto& kv : m)
-      if (!std::as_const(node)[kv.first.Scalar()].IsDefined()) node[kv.first] = kv.second;
+  // PyYAML's order (flatten_mapping): the merged mappings' entries, the last listed first, then
+  // the mapping's own; a key keeps the place of its first entry and takes its last (so its value
+  // and its mark, for messages): the own keys win, then the first mapping listed. By name
+  // (check_yaml_bounds refused keys that are not scalars).
+  std::vector<std::pair<YAML::Node, YAML::Node>> entries;
+  std::map<std::string, std::size_t> place;
+  const auto put = [&](const YAML::Node& key, const YAML::Node& value) {
+    const auto [at, fresh] = place.emplace(key.Scalar(), entries.size());
+    if (fresh) entries.emplace_back(key, value);
+    else entries[at->second] = {key, value};
+  };
+  for (auto m = from.rbegin(); m != from.rend(); ++m)
+    for (const auto& kv : *m) put(kv.first, kv.second);
+  std::vector<YAML::Node> own;
+  for (const auto& kv : node) put(kv.first, kv.second), own.push_back(kv.first);
+  for (const YAML::Node& key : own) node.remove(key);  // by identity: these very nodes
+  for (const auto& [key, value] : entries) node.force_insert(key, value);
 }
 
 // A field's value where it is written; an empty one (`key:` and nothing) has its mark at the

@@ -288,6 +288,13 @@ TEST(ConfigYaml, MergeKeysReadAsPyYamlReadsThem) {
                 .rfind("m.yaml:3:3: the merge key '<<' takes a mapping or a list of mappings", 0),
             0u);
   EXPECT_EQ(load_config_text("model:\n  <<: []\n  num_layers: 3\n", "m.yaml").model.num_layers, 3);  // nothing merged
+  // PyYAML's order: the merged entries, the last mapping listed first, then the own; each key
+  // where it first appears, with its winning value (a kept section is dumped back as read).
+  const std::string kept = dump_yaml(load_config_text(
+      "_x: &x {b: 1, a: 2}\n_y: &y {d: 4, b: 6}\n_z:\n  <<: [*x, *y]\n  c: 3\n  a: 5\n", "m.yaml"));
+  const std::size_t z = kept.find("_z:");
+  ASSERT_NE(z, std::string::npos) << kept;
+  EXPECT_EQ(kept.substr(z, kept.find("\n", kept.find("c: 3", z)) - z), "_z:\n  d: 4\n  b: 1\n  a: 5\n  c: 3") << kept;
   // Quoted, '<<' is a key like any other.
   EXPECT_EQ(error_of([] { load_config_text("model:\n  '<<': {num_layers: 2}\n", "m.yaml"); }).rfind("m.yaml:2:3: unknown key 'model.<<'", 0),
             0u);
