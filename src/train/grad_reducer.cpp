@@ -128,6 +128,7 @@ GradReducer::GradReducer(const std::vector<std::vector<Param*>>& groups, std::ve
 
 void GradReducer::start(int micro_batches) {
   micro_batches_ = micro_batches;
+  launches_ = 0;
   std::fill(completions_.begin(), completions_.end(), 0);
   for (Bucket& b : buckets_) b.launched = false;
 }
@@ -184,6 +185,7 @@ void GradReducer::add_embedding_rows(float scale) {
 
 void GradReducer::launch(Bucket& b) {
   b.launched = true;
+  b.launch_order = launches_++;
   if (b.comm->size() == 1) {  // nothing to send: the gradients stay where they are, finish scales them
     b.done = CommEvent{};
     return;
@@ -221,6 +223,7 @@ void GradReducer::finish(float scale, const std::function<void(const std::vector
   const Bucket* late = all_grad_.defined() ? &buckets_[static_cast<std::size_t>(embedding_bucket_)] : nullptr;
   std::vector<Bucket*> left;
   for (Bucket& b : buckets_) left.push_back(&b);
+  std::sort(left.begin(), left.end(), [](const Bucket* x, const Bucket* y) { return x->launch_order < y->launch_order; });
   while (!left.empty()) {
     auto next = std::find_if(left.begin(), left.end(), [](const Bucket* b) { return b->done.ready(); });
     if (next == left.end()) next = left.begin();

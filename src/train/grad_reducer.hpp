@@ -95,6 +95,7 @@ class GradReducer {
     Tensor flat, shard;  // the reduce dtype, from the accounted allocator; held from launch to finish
     CommEvent done;
     bool launched = false;
+    int launch_order = 0;  // this iteration's: the stream runs the reductions in this order
     std::vector<std::int64_t> gather_units;  // per rank of comm: its shard's weights in 2-byte units
     Tensor mine, gathered;  // the parameter all-gather's buffers (2-byte units), while it is in flight
     CommEvent gather_done;
@@ -102,6 +103,8 @@ class GradReducer {
   };
 
  private:
+  // A bucket over a group of one rank is not copied: its gradients are read where they are, in
+  // finish (nothing writes a weight's gradient after its group completed on the last micro-batch).
   void launch(Bucket& b);
   void copy_out(Bucket& b, float scale);  // the reduced bucket into its params' gradients, times scale
   void finish_gather(Bucket& b);
@@ -118,6 +121,7 @@ class GradReducer {
   std::vector<Bucket> buckets_;
   std::vector<int> completions_;  // per group, this iteration
   int micro_batches_ = 1;
+  int launches_ = 0;  // this iteration's, so far
   // ddp.reduce_embedding_rows: the embedding's group and bucket (-1: off), and the last
   // micro-batch's rows: every DP rank's token ids and gradient rows, while they are in flight.
   int embedding_group_ = -1, embedding_bucket_ = -1;

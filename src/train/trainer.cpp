@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -346,21 +347,15 @@ std::array<double, 2> Trainer::finalize_gradients() {
   const Param* later = embedding_stages_ ? shared_embedding_ : nullptr;
   const bool ep_early = !(job_.grad_reduce.distributed && edp_group.size() > 1);
   std::size_t experts_in = 0;
-  std::array<float, 2> expert_sq{};
+  // Shared with the EP sum's task, which an exception here may leave in flight.
+  const auto expert_sq_held = std::make_shared<std::array<float, 2>>();
+  std::array<float, 2>& expert_sq = *expert_sq_held;
   CommEvent ep_sum;
-  struct Settle {  // an exception must not leave the sum writing expert_sq after it is gone
-    const CommEvent& e;
-    ~Settle() {
-      try {
-        e.wait();
-      } catch (...) {
-      }
-    }
-  } settle{ep_sum};
   bool ep_started = false;
   const auto start_ep_sum = [&] {
     if (expert_mp.size() > 1)
-      ep_sum = stream_.submit([&] { expert_mp.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EP)");
+      ep_sum = stream_.submit([sq = expert_sq_held, &expert_mp, norm_groups] { expert_mp.allreduce(sq->data(), norm_groups, DType::F32); },
+                              "grad norm (EP)");
     ep_started = true;
   };
   {
