@@ -116,8 +116,10 @@ void merge_keys(YAML::Node node, const std::string& source) {
   std::map<std::string, std::size_t> place;
   const auto put = [&](const YAML::Node& key, const YAML::Node& value) {
     const auto [at, fresh] = place.emplace(key.Scalar(), entries.size());
-    if (fresh) entries.emplace_back(key, value);
-    else entries[at->second] = {key, value};
+    if (fresh)
+      entries.emplace_back(key, value);
+    else
+      entries[at->second] = {key, value};
   };
   for (auto m = from.rbegin(); m != from.rend(); ++m)
     for (const auto& kv : *m) put(kv.first, kv.second);

@@ -258,7 +258,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
       throw file.bad(at + ".iteration", fmt::format("{}.iteration is {}: an iteration is a whole number from 1", at, iteration));
     if (!run.iterations.empty() && iteration <= run.iterations.back().iteration)
       throw file.bad(at + ".iteration", fmt::format("{}.iteration is {}, after {}: the iterations go up", at, iteration,
-                                               run.iterations.back().iteration));
+                                                    run.iterations.back().iteration));
     p.iteration = static_cast<int>(iteration);
     p.step_s = amount(it, at, "step_time_s", file);
     p.tflops_per_gpu = amount(it, at, "tflops_per_rank", file);
@@ -273,7 +273,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     };
     if (!steady->is_array() || steady->size() != 2 || !iteration((*steady)[0]) || !iteration((*steady)[1]))
       throw file.bad("summary.steady_state_iterations",
-                fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
+                     fmt::format("summary.steady_state_iterations is {}, not [first, last] iterations", shorten(steady->dump())));
     run.steady_first = (*steady)[0].get<int>();
     run.steady_last = (*steady)[1].get<int>();
   }
@@ -281,9 +281,9 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
   if (run.steady_last > 0 && (run.steady_first > run.steady_last || run.steady_first < run.iterations.front().iteration ||
                               run.steady_last > run.iterations.back().iteration))
     throw file.bad("summary.steady_state_iterations",
-              fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
-                          run.steady_first, run.steady_last, run.iterations.front().iteration,
-                          run.iterations.back().iteration));
+                   fmt::format("summary.steady_state_iterations [{}, {}] is not a range of its iterations {}..{}",
+                               run.steady_first, run.steady_last, run.iterations.front().iteration,
+                               run.iterations.back().iteration));
   run.mean_step_s = amount(s, "summary", "mean_step_time_s", file);
   if (!(run.mean_step_s > 0)) throw file.bad("summary.mean_step_time_s", "summary.mean_step_time_s is 0");
   run.tflops_per_gpu = amount(s, "summary", "tflops_per_rank", file);
@@ -297,7 +297,7 @@ void read_epx_results(const std::string& text, const std::string& path, RunEvide
     const double cores = amount(s, "summary", "cores_per_rank", file);
     if (cores < 1e-3)  // 1000 ranks on a core
       throw file.bad("summary.cores_per_rank",
-                fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
+                     fmt::format("summary.cores_per_rank is {:g}: a rank has at least a thousandth of a core", cores));
     run.cpu_s_per_iteration = amount(s, "summary", "process_cpu_s", file) / (run.steady_last - run.steady_first + 1);
     run.cores_per_rank = cores;
   }
