@@ -130,7 +130,7 @@ void GradReducer::start(int micro_batches) {
   micro_batches_ = micro_batches;
   launches_ = 0;
   std::fill(completions_.begin(), completions_.end(), 0);
-  for (Bucket& b : buckets_) b.launched = false;
+  for (Bucket& b : buckets_) b.launch_order = -1;
 }
 
 void GradReducer::grads_ready(int group) {
@@ -139,7 +139,7 @@ void GradReducer::grads_ready(int group) {
   // bucket starts once all of its groups are complete.
   const auto complete = [&](int g) { return completions_[static_cast<std::size_t>(g)] >= needed(g); };
   for (Bucket& b : buckets_)
-    if (!b.launched && b.first_group <= group && group <= b.last_group) {
+    if (!b.launched() && b.first_group <= group && group <= b.last_group) {
       bool all = true;
       for (int g = b.first_group; g <= b.last_group && all; ++g) all = complete(g);
       if (all) launch(b);
@@ -149,7 +149,7 @@ void GradReducer::grads_ready(int group) {
 bool GradReducer::take_embedding_rows(const Tensor& tokens, const Tensor& dx) {
   if (!rows_split() || completions_[static_cast<std::size_t>(embedding_group_)] != micro_batches_ - 1) return false;
   Bucket& b = buckets_[static_cast<std::size_t>(embedding_bucket_)];
-  if (!b.launched) launch(b);  // the earlier micro-batches' sum, if no hook started it
+  if (!b.launched()) launch(b);  // the earlier micro-batches' sum, if no hook started it
   const std::int64_t d = b.comm->size(), T = tokens.numel(), H = dx.dim(1);
   rows_ids_ = tokens.clone();
   rows_grad_ = dx.clone();
@@ -184,7 +184,6 @@ void GradReducer::add_embedding_rows(float scale) {
 }
 
 void GradReducer::launch(Bucket& b) {
-  b.launched = true;
   b.launch_order = launches_++;
   if (b.comm->size() == 1) {  // nothing to send: the gradients stay where they are, finish scales them
     b.done = CommEvent{};
@@ -216,7 +215,7 @@ void GradReducer::launch(Bucket& b) {
 
 void GradReducer::finish(float scale, const std::function<void(const std::vector<Param*>&)>& final_grads) {
   for (Bucket& b : buckets_)
-    if (!b.launched) launch(b);
+    if (!b.launched()) launch(b);
   // The buckets whose reductions are complete first, then the rest in launch order (the stream's),
   // so that final_grads' work runs while the last ones are in flight. The rows split's bucket is
   // final only once the rows are in.

@@ -94,8 +94,8 @@ class GradReducer {
     }
     Tensor flat, shard;  // the reduce dtype, from the accounted allocator; held from launch to finish
     CommEvent done;
-    bool launched = false;
-    int launch_order = 0;  // this iteration's: the stream runs the reductions in this order
+    int launch_order = -1;  // this iteration's (-1: not launched): the stream runs them in this order
+    bool launched() const { return launch_order >= 0; }
     std::vector<std::int64_t> gather_units;  // per rank of comm: its shard's weights in 2-byte units
     Tensor mine, gathered;  // the parameter all-gather's buffers (2-byte units), while it is in flight
     CommEvent gather_done;

@@ -289,6 +289,7 @@ void Trainer::log_start(const TrainResult& r) const {
 // load, summed over this stage's MoE layers: the busiest expert's tokens against the mean, and
 // the busiest EP rank's (its local experts' tokens) against the mean.
 Trainer::ExpertLoad Trainer::update_routers() {
+  trace::Scope scope(trace::Track::compute, "router update");
   const std::vector<MoELayer*> layers = moe_layers();
   if (layers.empty()) return {};
   const MoESpec& spec = *job_.model.moe;
@@ -352,7 +353,9 @@ std::array<double, 2> Trainer::finalize_gradients() {
   std::array<float, 2>& expert_sq = *expert_sq_held;
   CommEvent ep_sum;
   bool ep_started = false;
-  const auto start_ep_sum = [&] {
+  const auto sum_experts = [&] {  // their squares, over EDP where it must come first, then over EP in the background
+    expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_, squares));
+    if (!ep_early) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EDP)");
     if (expert_mp.size() > 1)
       ep_sum = stream_.submit([sq = expert_sq_held, &expert_mp, norm_groups] { expert_mp.allreduce(sq->data(), norm_groups, DType::F32); },
                               "grad norm (EP)");
@@ -365,25 +368,18 @@ std::array<double, 2> Trainer::finalize_gradients() {
         if (p != later) squares.emplace(p, grad_sum_of_squares(p));
         experts_in += p->expert;
       }
-      if (ep_early && !ep_started && experts_in == experts_.size()) {
-        expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_, squares));
-        start_ep_sum();
-      }
+      if (ep_early && !ep_started && experts_in == experts_.size()) sum_experts();
     });
   }
-  trace::Scope scope(trace::Track::compute, "grad norm");
   if (embedding_stages_) reducer_.sum_shared_embedding(*embedding_stages_);
+  trace::Scope scope(trace::Track::compute, "grad norm");
   std::array<double, 2> dense_sq = grad_sums_of_squares(dense_, mtp_norm_group_, squares);
   if (job_.grad_reduce.distributed) {
     std::array<float, 2> shard_sq = as_float(dense_sq);
     if (dp_group.size() > 1) grad_stream_.run([&] { dp_group.allreduce(shard_sq.data(), norm_groups, DType::F32); }, "grad norm (DP)");
     dense_sq = {shard_sq[0], shard_sq[1]};
   }
-  if (!ep_started) {
-    expert_sq = as_float(grad_sums_of_squares(experts_, mtp_norm_group_, squares));
-    if (!ep_early) grad_stream_.run([&] { edp_group.allreduce(expert_sq.data(), norm_groups, DType::F32); }, "grad norm (EDP)");
-    start_ep_sum();
-  }
+  if (!ep_started) sum_experts();
   ep_sum.wait();
   std::array<double, 2> sq{dense_sq[0] + expert_sq[0], dense_sq[1] + expert_sq[1]};
   if (Communicator& pp_group = groups_.get(GroupKind::pp); pp_group.size() > 1) {  // each stage's weights
@@ -437,7 +433,7 @@ IterationLog Trainer::train_step(int it) {
   {
     trace::Scope scope(trace::Track::compute, "optimizer step");
     grad_norms = finalize_gradients();
-    const ExpertLoad load = [&] { trace::Scope s(trace::Track::compute, "router update"); return update_routers(); }();
+    const ExpertLoad load = update_routers();
     sums[std::size(sums) - 2] = load.expert;
     sums[std::size(sums) - 1] = load.ep_rank;
     // Every weight the last step gathered is in place before Adam writes this step's (the
